@@ -1,0 +1,35 @@
+# Two entry points a fresh machine needs: `make demo` and `make test`.
+# Both build .venv on first use (and again when pyproject.toml changes).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,azure,gcp]'
+	touch $@
+
+# The local end-to-end demo on the embedded defaults.
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+# Everything CI checks: lint, types, and the whole test suite.
+test: venv lint
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/mypy --python-version 3.11 functions tests scripts
+
+unit: venv
+	$(BIN)/python -m pytest tests/unit
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The in-VM agent: watches the metadata service and forwards maintenance notices."""

@@ -1,0 +1,1 @@
+"""Cloud-side handlers of maintenance events: one core, thin Azure, GCP and local apps."""

@@ -1,0 +1,253 @@
+"""GCE metadata values: maintenance-event, upcoming-maintenance and preempted.
+
+GCE has no event ids, so design §3.2 derives one: SHA-256 of
+`instance_id|key|anchor`, where the anchor is the first-observed time (persisted
+by the agent) or, for upcoming-maintenance, its stable windowStartTime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any, TypedDict
+
+from functions.core.errors import MalformedDocumentError
+from functions.core.model import Cloud, EventKind, EventStatus, JsonObject, MaintenanceEvent
+from functions.core.timefmt import format_rfc3339, parse_rfc3339
+
+MAINTENANCE_EVENT_KEY = "maintenance-event"
+UPCOMING_MAINTENANCE_KEY = "upcoming-maintenance"
+PREEMPTED_KEY = "preempted"
+
+
+class MaintenanceValue(str, Enum):
+    NONE = "NONE"
+    MIGRATE_ON_HOST_MAINTENANCE = "MIGRATE_ON_HOST_MAINTENANCE"
+    TERMINATE_ON_HOST_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
+
+
+# How long before impact GCE changes the value (reference doc): 60 s before a
+# live migration, 60 min before a terminate (GPU, bare metal).
+NOTICE = {
+    MaintenanceValue.MIGRATE_ON_HOST_MAINTENANCE: timedelta(seconds=60),
+    MaintenanceValue.TERMINATE_ON_HOST_MAINTENANCE: timedelta(minutes=60),
+}
+
+KIND = {
+    MaintenanceValue.MIGRATE_ON_HOST_MAINTENANCE: EventKind.LIVE_MIGRATE,
+    MaintenanceValue.TERMINATE_ON_HOST_MAINTENANCE: EventKind.HOST_TERMINATE,
+}
+
+
+def parse_maintenance_event(text: bytes | str) -> MaintenanceValue:
+    """Parse the value of instance/maintenance-event.
+
+    Raises:
+        MalformedDocumentError: the value is none of the documented ones.
+    """
+    value = _text(text).strip()
+    try:
+        return MaintenanceValue(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in MaintenanceValue)
+        raise MalformedDocumentError(
+            f"maintenance-event value {value[:80]!r} is not one of {allowed}; will retry"
+        ) from None
+
+
+def parse_preempted(text: bytes | str) -> bool:
+    """Parse instance/preempted (TRUE or FALSE)."""
+    value = _text(text).strip().upper()
+    if value not in ("TRUE", "FALSE"):
+        raise MalformedDocumentError(f"preempted value {value[:80]!r} is not TRUE or FALSE; will retry")
+    return value == "TRUE"
+
+
+class UpcomingMaintenanceWire(TypedDict, total=False):
+    """instance/upcoming-maintenance as served (the doc prints canReschedule as a string)."""
+
+    maintenanceType: str
+    canReschedule: bool | str
+    latestWindowStartTime: str
+    maintenanceStatus: str
+    windowEndTime: str
+    windowStartTime: str
+
+
+@dataclass(frozen=True)
+class UpcomingMaintenance:
+    maintenance_type: str
+    status: str
+    can_reschedule: bool | None
+    window_start: datetime | None
+    window_end: datetime | None
+    latest_window_start: datetime | None
+    raw: JsonObject = field(hash=False)
+
+    @property
+    def anchor(self) -> str | None:
+        """What makes this notice's id stable across polls and restarts (design §3.2):
+        its windowStartTime. None when GCE sent no window; then the caller anchors
+        the id on the first-observed time, as for the other keys."""
+        return format_rfc3339(self.window_start) if self.window_start is not None else None
+
+    @property
+    def summary(self) -> str:
+        """One line for people reading the audit log."""
+        start = format_rfc3339(self.window_start) if self.window_start else "?"
+        end = format_rfc3339(self.window_end) if self.window_end else "?"
+        reschedule = {
+            True: "can be rescheduled",
+            False: "cannot be rescheduled",
+            None: "rescheduling unknown",
+        }
+        return (
+            f"{self.maintenance_type or 'UNKNOWN'} maintenance {self.status or 'PENDING'}, window {start} to {end}, "
+            f"{reschedule[self.can_reschedule]}"
+        )
+
+    @property
+    def ongoing(self) -> bool:
+        return self.status == "ONGOING"
+
+
+def parse_upcoming_maintenance(text: bytes | str) -> UpcomingMaintenance:
+    """Parse instance/upcoming-maintenance (valid JSON; booleans may come as strings).
+
+    Raises:
+        MalformedDocumentError: not a JSON object, or a field has the wrong type.
+    """
+    try:
+        document = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise MalformedDocumentError(f"upcoming-maintenance is not JSON ({exc}); will retry") from exc
+    if not isinstance(document, dict):
+        raise MalformedDocumentError("upcoming-maintenance must be a JSON object")
+    maintenance_type = _string(document, "maintenanceType")
+    status = _string(document, "maintenanceStatus")
+    return UpcomingMaintenance(
+        maintenance_type=maintenance_type,
+        status=status,
+        can_reschedule=_boolean(document.get("canReschedule")),
+        window_start=_time(document, "windowStartTime"),
+        window_end=_time(document, "windowEndTime"),
+        latest_window_start=_time(document, "latestWindowStartTime"),
+        raw=dict(document),
+    )
+
+
+def gce_event_id(instance_id: str, key: str, anchor: str | datetime) -> str:
+    """The derived id of a GCE notice: SHA-256 of `instance_id|key|anchor`."""
+    anchor_text = format_rfc3339(anchor) if isinstance(anchor, datetime) else anchor
+    return hashlib.sha256(f"{instance_id}|{key}|{anchor_text}".encode()).hexdigest()
+
+
+def _text(value: bytes | str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedDocumentError(f"metadata value is not UTF-8 text ({exc}); will retry") from exc
+    return value
+
+
+def _string(document: JsonObject, name: str) -> str:
+    value = document.get(name, "")
+    if not isinstance(value, str):
+        raise MalformedDocumentError(f"upcoming-maintenance.{name} must be a string, got {value!r}")
+    return value
+
+
+def _boolean(value: Any) -> bool | None:
+    """true/false as JSON booleans or as the strings "true"/"false" (as the doc shows)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise MalformedDocumentError(f"upcoming-maintenance.canReschedule must be true or false, got {value!r}")
+
+
+def _time(document: JsonObject, name: str) -> datetime | None:
+    value = document.get(name)
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise MalformedDocumentError(f"upcoming-maintenance.{name} must be an RFC 3339 string")
+    try:
+        return parse_rfc3339(value)
+    except ValueError as exc:
+        raise MalformedDocumentError(f"upcoming-maintenance.{name}: {exc}") from exc
+
+
+def maintenance_event(
+    *,
+    value: MaintenanceValue,
+    status: EventStatus,
+    instance_id: str,
+    reporter: str,
+    first_observed: datetime,
+    sequence: str,
+) -> MaintenanceEvent:
+    """The event for a MIGRATE/TERMINATE value first seen at `first_observed`.
+
+    The completion (value back to NONE) is built with the same `value` and
+    `first_observed`, so it carries the same event_id as its scheduled step.
+    """
+    if value is MaintenanceValue.NONE:
+        raise ValueError("NONE is the absence of an event; pass the value that was announced")
+    return MaintenanceEvent(
+        cloud=Cloud.GCE,
+        event_id=gce_event_id(instance_id, MAINTENANCE_EVENT_KEY, first_observed),
+        kind=KIND[value],
+        status=status,
+        reporter=reporter,
+        sequence=sequence,
+        resources=(reporter,),
+        not_before=first_observed + NOTICE[value],
+        description=f"{MAINTENANCE_EVENT_KEY} is {value.value}",
+        raw={"key": MAINTENANCE_EVENT_KEY, "value": value.value},
+    )
+
+
+def upcoming_event(
+    *,
+    upcoming: UpcomingMaintenance,
+    status: EventStatus,
+    instance_id: str,
+    reporter: str,
+    first_observed: datetime,
+    sequence: str,
+) -> MaintenanceEvent:
+    """The advance notice of upcoming-maintenance (kind `upcoming`)."""
+    anchor = upcoming.anchor or format_rfc3339(first_observed)
+    return MaintenanceEvent(
+        cloud=Cloud.GCE,
+        event_id=gce_event_id(instance_id, UPCOMING_MAINTENANCE_KEY, anchor),
+        kind=EventKind.UPCOMING,
+        status=status,
+        reporter=reporter,
+        sequence=sequence,
+        resources=(reporter,),
+        not_before=upcoming.window_start,
+        description=upcoming.summary,
+        raw={"key": UPCOMING_MAINTENANCE_KEY, "value": upcoming.raw},
+    )
+
+
+def preempted_event(*, instance_id: str, reporter: str, first_observed: datetime, sequence: str) -> MaintenanceEvent:
+    """preempted turned TRUE: the VM is stopping now (no completion follows)."""
+    return MaintenanceEvent(
+        cloud=Cloud.GCE,
+        event_id=gce_event_id(instance_id, PREEMPTED_KEY, first_observed),
+        kind=EventKind.PREEMPT,
+        status=EventStatus.STARTED,
+        reporter=reporter,
+        sequence=sequence,
+        resources=(reporter,),
+        not_before=None,
+        description="preempted is TRUE: the VM is being stopped",
+        raw={"key": PREEMPTED_KEY, "value": "TRUE"},
+    )

@@ -1,0 +1,77 @@
+"""Timestamp formats on the wire: RFC 3339 (envelopes) and RFC 1123 (Azure NotBefore).
+
+Written by hand because Python 3.9's `datetime.fromisoformat` rejects the trailing
+"Z" that every cloud API sends.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
+
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
+)
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp into an aware UTC datetime.
+
+    Raises:
+        ValueError: the text is not RFC 3339 with a time zone.
+    """
+    match = _RFC3339.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not an RFC 3339 timestamp such as 2022-04-11T22:26:58Z")
+    year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = match.groups()
+    micros = int((fraction or "0")[:6].ljust(6, "0"))
+    offset = timedelta(0)
+    if not zulu:
+        offset = timedelta(hours=int(off_h), minutes=int(off_m))
+        if sign == "-":
+            offset = -offset
+    local = datetime(
+        int(year),
+        int(month),
+        int(day),
+        int(hour),
+        int(minute),
+        int(second),
+        micros,
+        tzinfo=timezone(offset),
+    )
+    return local.astimezone(timezone.utc)
+
+
+def format_rfc3339(moment: datetime) -> str:
+    """Format an aware datetime as RFC 3339 UTC, with milliseconds only when present."""
+    if moment.tzinfo is None:
+        raise ValueError("refusing a naive datetime: pass an aware one (UTC)")
+    utc = moment.astimezone(timezone.utc)
+    if utc.microsecond:
+        return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc1123(text: str) -> datetime:
+    """Parse Azure's NotBefore ("Mon, 11 Apr 2022 22:26:58 GMT") into aware UTC.
+
+    Raises:
+        ValueError: the text is not an RFC 1123 date.
+    """
+    try:
+        moment = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError) as exc:  # Python 3.9 raises TypeError
+        raise ValueError(f"{text!r} is not an RFC 1123 date such as 'Mon, 11 Apr 2022 22:26:58 GMT'") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
+def format_rfc1123(moment: datetime) -> str:
+    """Format an aware datetime the way Azure IMDS prints NotBefore."""
+    if moment.tzinfo is None:
+        raise ValueError("refusing a naive datetime: pass an aware one (UTC)")
+    return moment.astimezone(timezone.utc).strftime("%a, %d %b %Y %H:%M:%S GMT")
