@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit venv clean
+.PHONY: demo test lint unit venv compat39 clean
 
 venv: $(VENV)/.installed
 
@@ -31,5 +31,12 @@ lint: venv
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
+# The agent and functions/core on the oldest python3 they support (VM images).
+PYTHON39 ?= python3.9
+compat39:
+	$(PYTHON39) -m venv .venv39
+	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml
+	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv39 .pytest_cache .mypy_cache .ruff_cache

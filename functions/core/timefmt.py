@@ -32,16 +32,19 @@ def parse_rfc3339(text: str) -> datetime:
         offset = timedelta(hours=int(off_h), minutes=int(off_m))
         if sign == "-":
             offset = -offset
-    local = datetime(
-        int(year),
-        int(month),
-        int(day),
-        int(hour),
-        int(minute),
-        int(second),
-        micros,
-        tzinfo=timezone(offset),
-    )
+    try:
+        local = datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+            micros,
+            tzinfo=timezone(offset),
+        )
+    except ValueError as exc:  # e.g. month 13: the shape matched but the date does not exist
+        raise ValueError(f"{text!r} is not an RFC 3339 timestamp: {exc}") from exc
     return local.astimezone(timezone.utc)
 
 
