@@ -27,6 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate_cli.configure(simulate)
     simulate.set_defaults(run=simulate_cli.run)
+
+    from agent import main as agent_main
+
+    agent = commands.add_parser(
+        "agent",
+        help="watch this VM's metadata service and forward every maintenance change",
+        description=(
+            "Watch Azure Scheduled Events or GCE maintenance metadata, publish every change as a "
+            "CloudEvent, and carry approvals back. Every flag has an MBRIDGE_* environment variable."
+        ),
+    )
+    agent_main.configure(agent)
+    agent.set_defaults(run=agent_main.run)
     return parser
 
 

@@ -103,7 +103,7 @@ def parse_scheduled_events(body: bytes | str) -> ScheduledEventsDocument:
     entries = document.get("Events")
     if not isinstance(entries, list):
         raise MalformedDocumentError("Events must be a list (empty when nothing is scheduled)")
-    events = tuple(_parse_event(entry, index) for index, entry in enumerate(entries))
+    events = tuple(parse_event(entry, f"Events[{index}]") for index, entry in enumerate(entries))
     seen = set()
     for event in events:
         if event.event_id.lower() in seen:
@@ -112,8 +112,12 @@ def parse_scheduled_events(body: bytes | str) -> ScheduledEventsDocument:
     return ScheduledEventsDocument(incarnation=incarnation, events=events)
 
 
-def _parse_event(entry: Any, index: int) -> AzureScheduledEvent:
-    where = f"Events[{index}]"
+def parse_event(entry: Any, where: str = "event") -> AzureScheduledEvent:
+    """Validate one entry of `Events` (also used to restore an event from saved state).
+
+    Raises:
+        MalformedDocumentError: naming `where` and the field.
+    """
     if not isinstance(entry, dict):
         raise MalformedDocumentError(f"{where} must be an object")
     event_id = entry.get("EventId")

@@ -1,0 +1,206 @@
+"""The agent's settings: command-line flags that default to MBRIDGE_* environment variables,
+validated once at start (a bad setting stops the agent with a message saying what to set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.health import DEFAULT_PORT
+from functions.core.errors import PermanentError
+from functions.core.model import Cloud
+
+TRANSPORTS = ("jsonl", "local", "servicebus", "pubsub")
+DEFAULT_METADATA_URL = {Cloud.AZURE: "http://169.254.169.254", Cloud.GCE: "http://metadata.google.internal"}
+# Azure IMDS allows 5 requests/s per VM; the poller alone must stay well under it.
+MIN_POLL_INTERVAL = 0.25
+
+
+class ConfigError(PermanentError):
+    """A setting is missing or invalid; the message names the flag and its variable."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    cloud: Cloud
+    metadata_url: str
+    vm_name: str | None
+    transport: str
+    jsonl_path: str
+    state_dir: Path
+    bus_path: Path
+    poll_interval: float
+    listen: tuple[str, int] | None
+    dry_run: bool
+    verify_key: str | None
+    servicebus_namespace: str | None
+    servicebus_connection_string: str | None
+    servicebus_topic: str
+    servicebus_commands_queue: str
+    pubsub_project: str | None
+    pubsub_topic: str
+    pubsub_commands_subscription: str | None
+    flush_seconds: float = 10.0
+
+
+def default_state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """/var/lib/mbridge for root (the systemd unit's StateDirectory), else the user's state directory."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/mbridge")
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "mbridge"
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def env_flag(name: str) -> bool:
+    return (env(name) or "").lower() in ("1", "true", "yes", "on")
+
+
+def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bus options shared by `mbridge agent` and `mbridge approve` (design §3.7)."""
+    group = parser.add_argument_group("transport")
+    group.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default=env("MBRIDGE_TRANSPORT", "jsonl"),
+        help="where events go and commands come from [MBRIDGE_TRANSPORT, default jsonl]",
+    )
+    group.add_argument(
+        "--jsonl-path",
+        default=env("MBRIDGE_JSONL_PATH", "-"),
+        help="jsonl: file to append to, - for stdout [MBRIDGE_JSONL_PATH]",
+    )
+    group.add_argument(
+        "--bus-path", default=env("MBRIDGE_BUS_PATH"), help="local: bus file [MBRIDGE_BUS_PATH, <state-dir>/bus.db]"
+    )
+    group.add_argument(
+        "--servicebus-namespace",
+        default=env("MBRIDGE_SERVICEBUS_NAMESPACE"),
+        help="Service Bus FQDN, managed identity [MBRIDGE_SERVICEBUS_NAMESPACE]",
+    )
+    group.add_argument(
+        "--servicebus-connection-string",
+        default=env("MBRIDGE_SERVICEBUS_CONNECTION_STRING"),
+        help="Service Bus connection string instead of managed identity [MBRIDGE_SERVICEBUS_CONNECTION_STRING]",
+    )
+    group.add_argument(
+        "--servicebus-topic",
+        default=env("MBRIDGE_SERVICEBUS_TOPIC", "maintenance-events"),
+        help="[MBRIDGE_SERVICEBUS_TOPIC]",
+    )
+    group.add_argument(
+        "--servicebus-commands-queue",
+        default=env("MBRIDGE_SERVICEBUS_COMMANDS_QUEUE", "maintenance-commands"),
+        help="session-enabled queue [MBRIDGE_SERVICEBUS_COMMANDS_QUEUE]",
+    )
+    group.add_argument("--pubsub-project", default=env("MBRIDGE_PUBSUB_PROJECT"), help="[MBRIDGE_PUBSUB_PROJECT]")
+    group.add_argument(
+        "--pubsub-topic", default=env("MBRIDGE_PUBSUB_TOPIC", "maintenance-events"), help="[MBRIDGE_PUBSUB_TOPIC]"
+    )
+    group.add_argument(
+        "--pubsub-commands-subscription",
+        default=env("MBRIDGE_PUBSUB_COMMANDS_SUBSCRIPTION"),
+        help="[MBRIDGE_PUBSUB_COMMANDS_SUBSCRIPTION, default maintenance-commands-<vm name>]",
+    )
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cloud",
+        choices=[c.value for c in Cloud],
+        default=env("MBRIDGE_CLOUD"),
+        help="which metadata service to watch [MBRIDGE_CLOUD] (required)",
+    )
+    parser.add_argument(
+        "--metadata-url",
+        default=env("MBRIDGE_METADATA_URL"),
+        help="base URL of the metadata service, e.g. a simulator's http://127.0.0.1:PORT "
+        "[MBRIDGE_METADATA_URL, default http://169.254.169.254 or http://metadata.google.internal]",
+    )
+    parser.add_argument(
+        "--vm-name", default=env("MBRIDGE_VM_NAME"), help="this VM's name [MBRIDGE_VM_NAME, default: from metadata]"
+    )
+    parser.add_argument("--state-dir", default=env("MBRIDGE_STATE_DIR"), help="[MBRIDGE_STATE_DIR]")
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=float(env("MBRIDGE_POLL_INTERVAL", "1.0") or 1.0),
+        help="Azure poll interval in seconds [MBRIDGE_POLL_INTERVAL, default 1]",
+    )
+    parser.add_argument(
+        "--listen",
+        default=env("MBRIDGE_LISTEN", f"127.0.0.1:{DEFAULT_PORT}"),
+        help=f"host:port for /healthz /readyz /metrics, or 'off' [MBRIDGE_LISTEN, default 127.0.0.1:{DEFAULT_PORT}]",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=env_flag("MBRIDGE_DRY_RUN"),
+        help="never POST approvals to IMDS; log what would be done [MBRIDGE_DRY_RUN]",
+    )
+    parser.add_argument(
+        "--verify-key",
+        default=env("MBRIDGE_VERIFY_KEY"),
+        help="Ed25519 public key (PEM, base64 or a file): commands must be signed with its private key "
+        "[MBRIDGE_VERIFY_KEY]",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="diagnose metadata access, own name and bus auth, then exit 0 or 1"
+    )
+    add_transport_arguments(parser)
+
+
+def parse_listen(text: str | None) -> tuple[str, int] | None:
+    if text is None or text.lower() in ("", "off", "none"):
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"--listen {text!r}: expected HOST:PORT (port 0 = any free port) or 'off' [MBRIDGE_LISTEN]")
+    return (host.strip("[]") or "127.0.0.1", int(port))
+
+
+def settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    if not args.cloud:
+        raise ConfigError("--cloud azure|gce is required [MBRIDGE_CLOUD]")
+    cloud = Cloud(args.cloud)
+    if args.poll_interval < MIN_POLL_INTERVAL:
+        raise ConfigError(
+            f"--poll-interval {args.poll_interval:g} is below {MIN_POLL_INTERVAL:g} s: Azure IMDS allows 5 requests/s "
+            "per VM, shared with every other IMDS user on it [MBRIDGE_POLL_INTERVAL]"
+        )
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    if args.transport == "servicebus" and not (args.servicebus_namespace or args.servicebus_connection_string):
+        raise ConfigError(
+            "--transport servicebus needs --servicebus-namespace FQDN (managed identity) "
+            "or --servicebus-connection-string [MBRIDGE_SERVICEBUS_NAMESPACE / MBRIDGE_SERVICEBUS_CONNECTION_STRING]"
+        )
+    if args.transport == "pubsub" and not args.pubsub_project:
+        raise ConfigError("--transport pubsub needs --pubsub-project [MBRIDGE_PUBSUB_PROJECT]")
+    return AgentSettings(
+        cloud=cloud,
+        metadata_url=(args.metadata_url or DEFAULT_METADATA_URL[cloud]).rstrip("/"),
+        vm_name=args.vm_name,
+        transport=args.transport,
+        jsonl_path=args.jsonl_path,
+        state_dir=state_dir,
+        bus_path=Path(args.bus_path) if args.bus_path else state_dir / "bus.db",
+        poll_interval=args.poll_interval,
+        listen=parse_listen(args.listen),
+        dry_run=args.dry_run,
+        verify_key=args.verify_key,
+        servicebus_namespace=args.servicebus_namespace,
+        servicebus_connection_string=args.servicebus_connection_string,
+        servicebus_topic=args.servicebus_topic,
+        servicebus_commands_queue=args.servicebus_commands_queue,
+        pubsub_project=args.pubsub_project,
+        pubsub_topic=args.pubsub_topic,
+        pubsub_commands_subscription=args.pubsub_commands_subscription,
+    )

@@ -1,0 +1,271 @@
+"""The agent's threads and how they hand work to each other.
+
+    watchers ──observations──► main loop: diff → state+outbox (one transaction)
+                                                   │
+    publisher ◄────────────── oldest pending row ──┘ → transport.publish, in order, with backoff
+    commands: receive → processor → result into the outbox → settle; held commands when due
+
+Nothing is acknowledged before it is on disk: observations become outbox rows before
+anything is published, and a command is settled only after its result is recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Protocol
+
+from agent.health import Metrics, Readiness
+from agent.state import AgentState
+from agent.timing import Backoff, Clock
+from agent.trackers import Observation, Tracker
+from agent.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
+from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
+from functions.core.errors import MalformedDocumentError, RetryableError
+from functions.core.model import Cloud, CommandResult, MaintenanceEvent
+
+LOGGER = logging.getLogger("mbridge.agent")
+
+
+class CommandHandler(Protocol):
+    """What the loop needs from agent.commands.CommandProcessor."""
+
+    def handle(self, body: bytes) -> CommandResult | None: ...
+
+    def run_due(self) -> list[CommandResult]: ...
+
+    def next_due_at(self) -> datetime | None: ...
+
+
+Watcher = Callable[[threading.Event], None]
+
+
+@dataclass
+class Liveness:
+    last_good_poll: float | None = None  # monotonic
+
+
+def event_message(event: MaintenanceEvent, observed_at: datetime) -> OutboundMessage:
+    envelope = envelope_for_event(event, observed_at)
+    return OutboundMessage(
+        envelope_id=envelope.id,
+        body=encode(envelope),
+        key=event.reporter,
+        attributes={
+            "type": envelope.type,
+            "vm": event.reporter,
+            "cloud": event.cloud.value,
+            "event_id": event.event_id,
+        },
+    )
+
+
+def result_message(result: CommandResult, cloud: Cloud, vm_name: str, at: datetime) -> OutboundMessage:
+    envelope = envelope_for_command_result(result, cloud, at)
+    return OutboundMessage(
+        envelope_id=envelope.id,
+        body=encode(envelope),
+        key=vm_name,
+        attributes={"type": envelope.type, "vm": vm_name, "cloud": cloud.value, "event_id": result.event_id},
+    )
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        cloud: Cloud,
+        vm_name: str,
+        tracker: Tracker,
+        transport: AgentTransport,
+        state: AgentState,
+        readiness: Readiness,
+        metrics: Metrics,
+        clock: Clock,
+        commands: CommandHandler | None = None,
+        flush_seconds: float = 10.0,
+        publish_backoff: Backoff | None = None,
+    ) -> None:
+        self.cloud = cloud
+        self.vm_name = vm_name
+        self._tracker = tracker
+        self._watchers: list[Watcher] = []
+        self._transport = transport
+        self._state = state
+        self._readiness = readiness
+        self._metrics = metrics
+        self._clock = clock
+        self._commands = commands
+        self._flush_seconds = flush_seconds
+        self._publish_backoff = publish_backoff or Backoff(initial=0.5, maximum=30.0)
+        self._observations: queue.Queue[Observation] = queue.Queue()
+        self._stop_sources = threading.Event()
+        self._stop_publisher = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.liveness = Liveness()
+        self._readiness.set_pending_impact(self._tracker.impact_pending())
+
+    # ---- wiring for watchers
+
+    def attach_watchers(self, watchers: Sequence[Watcher]) -> None:
+        """Watchers report through `observe` and `poll_result`, so they are made after the agent."""
+        self._watchers.extend(watchers)
+
+    def observe(self, observation: Observation) -> None:
+        """Called from watcher threads; the main loop does the rest."""
+        self._observations.put(observation)
+
+    def poll_result(self, result: str, kind: str | None) -> None:
+        self._metrics.inc("mbridge_polls_total", result="error" if kind else result)
+        if kind:
+            self._metrics.inc("mbridge_errors_total", kind=kind)
+        else:
+            self.liveness.last_good_poll = self._clock.monotonic()
+
+    # ---- running
+
+    def run(self, stop: threading.Event) -> None:
+        """Run until `stop` is set; then flush the outbox (bounded) and return."""
+        self._start(self._publish_loop, "publisher")
+        for index, watcher in enumerate(self._watchers):
+            self._start(functools.partial(watcher, self._stop_sources), f"watcher-{index}")
+        if self._commands is not None and self._transport.commands is not None:
+            self._start(self._command_loop, "commands")
+        LOGGER.info("agent %s running (%s, transport %s)", self.vm_name, self.cloud.value, self._transport.name)
+        while not stop.is_set():
+            try:
+                observation = self._observations.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.handle_observation(observation)
+        self.shutdown()
+
+    def handle_observation(self, observation: Observation) -> None:
+        try:
+            applied = self._tracker.apply(observation)
+        except MalformedDocumentError as exc:
+            # Keep the previous state; the next poll tries again. Nothing is lost by waiting.
+            self._metrics.inc("mbridge_errors_total", kind="malformed")
+            LOGGER.warning("ignoring a metadata value that does not parse: %s", exc)
+            return
+        messages = [
+            (event_message(e, observation.observed_at), observation.observed_at.timestamp()) for e in applied.events
+        ]
+        self._state.record(messages, {self._tracker.state_name: applied.state_json})
+        self._tracker.commit(applied)
+        self._metrics.observe("mbridge_detection_lag_seconds", observation.lag_bound)
+        for event in applied.events:
+            LOGGER.info(
+                "%s %s %s (%s)",
+                event.kind.value,
+                event.event_id,
+                event.status.value,
+                "concerns this VM" if event.concerns_reporter else "another VM",
+            )
+        self._readiness.set_pending_impact(self._tracker.impact_pending())
+
+    def shutdown(self) -> None:
+        """Stop watching, then give the publisher up to `flush_seconds` to empty the outbox."""
+        self._stop_sources.set()
+        deadline = time.monotonic() + self._flush_seconds
+        while self._state.depth() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = self._state.depth()
+        if left:
+            LOGGER.warning(
+                "stopping with %d envelope(s) still in the outbox; they are published on the next start", left
+            )
+        self._stop_publisher.set()
+        for thread in self._threads:
+            thread.join(timeout=2.0)
+
+    def _start(self, target: Callable[[], Any], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def threads_alive(self) -> dict[str, bool]:
+        return {thread.name: thread.is_alive() for thread in self._threads}
+
+    # ---- publishing
+
+    def _publish_loop(self) -> None:
+        while not self._stop_publisher.is_set():
+            pending = self._state.next_pending()
+            if pending is None:
+                self._state.wait_for_pending(0.2)
+                continue
+            try:
+                self._transport.publish(pending.message)
+            except (TransportUnavailableError, TransportConfigError) as exc:
+                # Never skip ahead: order per VM matters more than latency. A config error is
+                # retried too — a role assignment may still be propagating.
+                self._state.mark_failed(pending.seq, str(exc))
+                delay = self._publish_backoff.next_delay()
+                kind = "publish_config" if isinstance(exc, TransportConfigError) else "publish"
+                self._metrics.inc("mbridge_errors_total", kind=kind)
+                LOGGER.warning("publishing failed (%s), retrying in %.1f s: %s", kind, delay, exc)
+                self._stop_publisher.wait(delay)
+                continue
+            now = self._clock.now().timestamp()
+            self._state.mark_published(pending.seq, now)
+            self._publish_backoff.reset()
+            self._metrics.inc("mbridge_events_published_total", type=pending.message.attributes.get("type", ""))
+            self._metrics.observe("mbridge_publish_lag_seconds", max(0.0, now - pending.observed_at))
+
+    # ---- commands
+
+    def _command_loop(self) -> None:
+        assert self._commands is not None
+        receiver = self._transport.commands
+        assert receiver is not None
+        backoff = Backoff(initial=1.0, maximum=30.0)
+        while not self._stop_sources.is_set():
+            self._record_results(self._commands.run_due())
+            try:
+                received = receiver.receive_commands(self._command_wait())
+            except TransportUnavailableError as exc:
+                delay = backoff.next_delay()
+                self._metrics.inc("mbridge_errors_total", kind="commands")
+                LOGGER.warning("receiving commands failed, retrying in %.1f s: %s", delay, exc)
+                self._stop_sources.wait(delay)
+                continue
+            backoff.reset()
+            for command in received:
+                try:
+                    result = self._commands.handle(command.body)
+                except RetryableError as exc:
+                    # Not settled: the bus redelivers it, and the processor re-validates then.
+                    self._metrics.inc("mbridge_errors_total", kind="command_retry")
+                    delay = backoff.next_delay()
+                    LOGGER.warning("command given back for redelivery in %.1f s: %s", delay, exc)
+                    self._stop_sources.wait(delay)
+                    if command.abandon is not None:
+                        command.abandon()
+                    continue
+                if result is not None:
+                    self._record_results([result])
+                command.settle()
+
+    def _command_wait(self) -> float:
+        assert self._commands is not None
+        due = self._commands.next_due_at()
+        if due is None:
+            return 1.0
+        return max(0.0, min(1.0, (due - self._clock.now()).total_seconds()))
+
+    def _record_results(self, results: Sequence[CommandResult]) -> None:
+        if not results:
+            return
+        now = self._clock.now()
+        messages = [(result_message(r, self.cloud, self.vm_name, now), now.timestamp()) for r in results]
+        self._state.record(messages)
+        for result in results:
+            self._metrics.inc("mbridge_commands_total", result=result.result)
+            LOGGER.info("command %s %s: %s", result.command_id, result.result, result.reason)

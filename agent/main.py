@@ -1,0 +1,289 @@
+"""`mbridge agent`: build the agent from its settings, run it, or diagnose its environment."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import Any, Callable, TextIO, Union
+
+from agent import logs
+from agent.config import AgentSettings, ConfigError, add_agent_arguments, settings_from_args
+from agent.diff import GCE_KEYS, GceIdentity
+from agent.health import HealthServer, Metrics, Readiness
+from agent.loop import Agent, Watcher
+from agent.sources.azure_imds import AzureImdsClient, AzurePoller
+from agent.sources.gce_metadata import GceKeyWatcher, GceMetadataClient
+from agent.sources.http import MetadataUnavailableError
+from agent.state import AgentState
+from agent.timing import Clock, SystemClock
+from agent.trackers import AzureTracker, GceTracker, Tracker
+from agent.transports.base import AgentTransport, TransportConfigError, TransportUnavailableError
+from functions.core.errors import BridgeError
+from functions.core.model import Cloud
+
+LOGGER = logging.getLogger("mbridge.agent")
+READINESS_STATE = "readiness"
+
+MetadataClient = Union[AzureImdsClient, GceMetadataClient]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_agent_arguments(parser)
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING [default INFO]")
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.configure(args.log_level)
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"mbridge agent: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        return check(settings, out=sys.stdout)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        return run_agent(settings, stop)
+    except BridgeError as exc:
+        LOGGER.error("cannot start: %s", exc)
+        return 1
+
+
+def metadata_client(settings: AgentSettings) -> MetadataClient:
+    if settings.cloud is Cloud.AZURE:
+        return AzureImdsClient.for_base_url(settings.metadata_url)
+    return GceMetadataClient.for_base_url(settings.metadata_url)
+
+
+def resolve_vm_name(settings: AgentSettings, client: MetadataClient, stop: threading.Event) -> str:
+    """--vm-name, else the name the metadata service reports (retried: IMDS may be slow at boot)."""
+    if settings.vm_name:
+        return settings.vm_name
+    delay = 1.0
+    while True:
+        try:
+            return client.own_name()
+        except MetadataUnavailableError as exc:
+            LOGGER.warning("cannot read this VM's name yet (%s); retrying in %.0f s", exc, delay)
+            if stop.wait(delay):
+                raise
+            delay = min(delay * 2, 30.0)
+
+
+def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
+    """The chosen transport; cloud SDKs are imported only here, only when chosen."""
+    if settings.transport == "jsonl":
+        from agent.transports.jsonl import JsonlTransport
+
+        return JsonlTransport(settings.jsonl_path)
+    if settings.transport == "local":
+        from agent.transports.local import LocalTransport
+
+        return LocalTransport.open(settings.bus_path, vm_name)
+    from agent.transports.factory import build_cloud_transport
+
+    return build_cloud_transport(settings, vm_name)
+
+
+def run_agent(settings: AgentSettings, stop: threading.Event, clock: Clock | None = None) -> int:
+    clock = clock or SystemClock()
+    client = metadata_client(settings)
+    vm_name = resolve_vm_name(settings, client, stop)
+    state = AgentState(settings.state_dir / "agent.db")
+    transport = build_transport(settings, vm_name)
+    metrics = _metrics()
+    readiness = _readiness(state, follows_commands=transport.commands is not None)
+    tracker, watchers_for = _tracker(settings, client, vm_name, state, stop)
+    commands = _command_processor(settings, client, vm_name, readiness, clock) if transport.commands else None
+    agent = Agent(
+        cloud=settings.cloud,
+        vm_name=vm_name,
+        tracker=tracker,
+        transport=transport,
+        state=state,
+        readiness=readiness,
+        metrics=metrics,
+        clock=clock,
+        commands=commands,
+        flush_seconds=settings.flush_seconds,
+    )
+    agent.attach_watchers(watchers_for(agent, clock))
+    metrics.gauge("mbridge_outbox_depth", lambda: float(state.depth()))
+    metrics.gauge(
+        "mbridge_seconds_since_last_good_poll",
+        lambda: None if agent.liveness.last_good_poll is None else clock.monotonic() - agent.liveness.last_good_poll,
+    )
+    health = _start_health(settings, metrics, readiness, agent)
+    try:
+        agent.run(stop)
+    finally:
+        if health is not None:
+            health.stop()
+        transport.close()
+        state.close()
+        client.close()
+    LOGGER.info("agent %s stopped", vm_name)
+    return 0
+
+
+def _tracker(
+    settings: AgentSettings, client: MetadataClient, vm_name: str, state: AgentState, stop: threading.Event
+) -> tuple[Tracker, Callable[[Agent, Clock], list[Watcher]]]:
+    if isinstance(client, AzureImdsClient):
+        azure_client = client
+
+        def azure_watchers(agent: Agent, clock: Clock) -> list[Watcher]:
+            poller = AzurePoller(
+                azure_client, agent.observe, clock=clock, interval=settings.poll_interval, on_poll=agent.poll_result
+            )
+            return [poller.run]
+
+        return AzureTracker(vm_name, state.load(AzureTracker.state_name)), azure_watchers
+    gce_client = client
+    identity = GceIdentity(instance_id=_retry(gce_client.instance_id, stop), reporter=vm_name)
+
+    def gce_watchers(agent: Agent, clock: Clock) -> list[Watcher]:
+        return [
+            GceKeyWatcher(gce_client, key, agent.observe, clock=clock, on_poll=agent.poll_result).run
+            for key in GCE_KEYS
+        ]
+
+    return GceTracker(identity, state.load(GceTracker.state_name)), gce_watchers
+
+
+def _retry(read: Callable[[], str], stop: threading.Event) -> str:
+    delay = 1.0
+    while True:
+        try:
+            return read()
+        except MetadataUnavailableError as exc:
+            LOGGER.warning("metadata not available yet (%s); retrying in %.0f s", exc, delay)
+            if stop.wait(delay):
+                raise
+            delay = min(delay * 2, 30.0)
+
+
+def _metrics() -> Metrics:
+    metrics = Metrics()
+    metrics.describe("mbridge_polls_total", "counter", "Metadata reads by result (changed, unchanged, error).")
+    metrics.describe("mbridge_errors_total", "counter", "Errors by kind.")
+    metrics.describe("mbridge_events_published_total", "counter", "Envelopes the bus accepted, by type.")
+    metrics.describe("mbridge_commands_total", "counter", "Commands answered, by result.")
+    metrics.describe("mbridge_outbox_depth", "gauge", "Envelopes waiting for the bus.")
+    metrics.describe(
+        "mbridge_seconds_since_last_good_poll", "gauge", "Seconds since the metadata service last answered."
+    )
+    metrics.describe(
+        "mbridge_detection_lag_seconds",
+        "histogram",
+        "Upper bound of how long a change was visible in the metadata service before the agent saw it.",
+    )
+    metrics.describe(
+        "mbridge_publish_lag_seconds", "histogram", "From observing a change to the bus accepting its envelope."
+    )
+    return metrics
+
+
+def _readiness(state: AgentState, *, follows_commands: bool) -> Readiness:
+    saved: Any = state.load(READINESS_STATE) or {}
+
+    def persist(drained: bool, reason: str) -> None:
+        state.record([], {READINESS_STATE: {"drained": drained, "reason": reason}})
+
+    return Readiness(
+        follows_commands=follows_commands,
+        drained=bool(saved.get("drained", False)),
+        reason=str(saved.get("reason", "")),
+        persist=persist,
+    )
+
+
+def _command_processor(
+    settings: AgentSettings, client: MetadataClient, vm_name: str, readiness: Readiness, clock: Clock
+) -> Any:
+    from agent.commands import CommandLedger, CommandProcessor
+
+    verify_key = None
+    if settings.verify_key:
+        from functions.core.signing import load_public_key
+
+        verify_key = load_public_key(settings.verify_key)
+    return CommandProcessor(
+        vm_name=vm_name,
+        cloud=settings.cloud,
+        ledger=CommandLedger(settings.state_dir / "commands.db"),
+        readiness=readiness,
+        approver=client if isinstance(client, AzureImdsClient) else None,
+        verify_key=verify_key,
+        dry_run=settings.dry_run,
+        clock=clock,
+    )
+
+
+def _start_health(settings: AgentSettings, metrics: Metrics, readiness: Readiness, agent: Agent) -> HealthServer | None:
+    if settings.listen is None:
+        return None
+
+    def liveness() -> dict[str, object]:
+        threads = agent.threads_alive()
+        return {"healthy": all(threads.values()), "threads": threads}
+
+    host, port = settings.listen
+    try:
+        server = HealthServer(host, port, metrics=metrics, readiness=readiness, liveness=liveness)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc}); choose another --listen or 'off'") from exc
+    server.start()
+    LOGGER.info("health endpoints on %s", server.address)
+    return server
+
+
+def check(settings: AgentSettings, out: TextIO) -> int:
+    """Diagnose metadata reachability, this VM's name and bus access; 0 healthy, 1 problems."""
+    problems = 0
+
+    def report(ok: bool, text: str) -> None:
+        nonlocal problems
+        problems += 0 if ok else 1
+        print(f"{'ok     ' if ok else 'PROBLEM'} {text}", file=out)
+
+    client = metadata_client(settings)
+    try:
+        if isinstance(client, AzureImdsClient):
+            document = client.fetch_document(first_call=True)
+            report(True, f"Azure Scheduled Events at {client.base_url}: incarnation {document.incarnation}")
+        else:
+            reading = client.read("maintenance-event")
+            report(True, f"GCE maintenance-event at {client.base_url}: {reading.value}")
+    except MetadataUnavailableError as exc:
+        report(
+            False,
+            f"metadata service at {settings.metadata_url}: {exc}. Is this a VM of that cloud, "
+            "and is the link-local address reachable (no proxy, no firewall rule)?",
+        )
+    try:
+        name = client.own_name()
+        note = f" (overridden by --vm-name {settings.vm_name})" if settings.vm_name and settings.vm_name != name else ""
+        report(True, f"this VM's name: {name}{note}")
+    except MetadataUnavailableError as exc:
+        if settings.vm_name:
+            report(True, f"this VM's name: {settings.vm_name} (from --vm-name; metadata did not say: {exc})")
+        else:
+            report(False, f"this VM's name: {exc}")
+    vm_name = settings.vm_name or "unknown-vm"
+    try:
+        transport = build_transport(settings, vm_name)
+        try:
+            report(True, transport.check())
+        finally:
+            transport.close()
+    except (TransportConfigError, TransportUnavailableError, ConfigError) as exc:
+        report(False, f"transport {settings.transport}: {exc}")
+    client.close()
+    print("healthy" if problems == 0 else f"{problems} problem(s)", file=out)
+    return 0 if problems == 0 else 1

@@ -1,0 +1,1 @@
+"""Metadata-service clients and watchers: they translate, they never decide."""

@@ -1,0 +1,171 @@
+"""Azure IMDS: Scheduled Events client and poller (design §4).
+
+The client speaks the documented API: `Metadata: true` on every call, an explicit
+api-version, StartRequests POSTs. The poller reads the document once per interval
+(1 s by default, as the docs recommend), backs off with jitter on 429/5xx/timeouts,
+tolerates the first call taking up to two minutes (Scheduled Events is enabled by
+that first call), and hands a document on only when its DocumentIncarnation changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable
+
+from agent.sources.http import MetadataHttp, MetadataUnavailableError
+from agent.timing import Backoff, Clock, RateLimiter
+from functions.core.azure_document import ScheduledEventsDocument, parse_scheduled_events
+from functions.core.errors import MalformedDocumentError, PermanentError
+
+LOGGER = logging.getLogger("mbridge.azure")
+
+DEFAULT_BASE_URL = "http://169.254.169.254"
+SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
+NAME_PATH = "/metadata/instance/compute/name"
+API_VERSION = "2020-07-01"
+INSTANCE_API_VERSION = "2021-02-01"
+HEADERS = {"Metadata": "true"}
+# IMDS allows 5 requests/s per VM, shared with other IMDS users on it: keep a margin.
+REQUESTS_PER_SECOND = 4.0
+# "You should expect a delayed response in your first call of up to two minutes."
+FIRST_CALL_TIMEOUT = (2.0, 130.0)
+
+
+class ApprovalRefusedError(PermanentError):
+    """IMDS answered 400 to a StartRequests POST (unknown EventId or malformed request)."""
+
+
+@dataclass(frozen=True)
+class AzureObservation:
+    """A document whose incarnation differs from the previous one, and when it was seen.
+
+    `lag_bound` is the longest the change can have been visible before the agent saw it:
+    the time since the previous successful read.
+    """
+
+    document: ScheduledEventsDocument
+    observed_at: datetime
+    lag_bound: float
+
+
+class AzureImdsClient:
+    def __init__(self, http: MetadataHttp, api_version: str = API_VERSION) -> None:
+        self._http = http
+        self._params = {"api-version": api_version}
+
+    @classmethod
+    def for_base_url(cls, base_url: str, api_version: str = API_VERSION) -> AzureImdsClient:
+        return cls(MetadataHttp(base_url, HEADERS, limiter=RateLimiter(REQUESTS_PER_SECOND)), api_version)
+
+    @property
+    def base_url(self) -> str:
+        return self._http.base_url
+
+    def fetch_document(self, *, first_call: bool = False) -> ScheduledEventsDocument:
+        """GET the Scheduled Events document.
+
+        Raises:
+            MetadataUnavailableError: throttled, server error, timeout, or a body that does not parse
+                (kind "malformed"): keep the previous state and retry.
+        """
+        timeout = FIRST_CALL_TIMEOUT if first_call else (2.0, 10.0)
+        response = self._http.get(SCHEDULED_EVENTS_PATH, self._params, timeout=timeout)
+        if response.status_code != 200:
+            raise MetadataUnavailableError(
+                "client_error",
+                f"GET scheduledevents answered {response.status_code}: {response.text.strip()[:200]}",
+                response.status_code,
+            )
+        try:
+            return parse_scheduled_events(response.content)
+        except MalformedDocumentError as exc:
+            raise MetadataUnavailableError("malformed", str(exc)) from exc
+
+    def post_approval(self, event_id: str) -> None:
+        """POST {"StartRequests": [{"EventId": event_id}]}. 200 is success, also when the event
+        was already approved or started (the docs: "always returns a 200 ... for a valid event ID").
+
+        Raises:
+            ApprovalRefusedError: 400 — the id is unknown to IMDS or the request was malformed.
+            MetadataUnavailableError: transient; the caller decides whether to retry.
+        """
+        body = json.dumps({"StartRequests": [{"EventId": event_id}]}).encode("utf-8")
+        response = self._http.post(SCHEDULED_EVENTS_PATH, self._params, body)
+        if response.status_code == 200:
+            return
+        if response.status_code == 400:
+            raise ApprovalRefusedError(f"IMDS refused the approval of {event_id}: {response.text.strip()[:200]}")
+        raise MetadataUnavailableError(
+            "client_error", f"POST scheduledevents answered {response.status_code}", response.status_code
+        )
+
+    def own_name(self) -> str:
+        """This VM's name exactly as IMDS reports it (what Resources contains)."""
+        response = self._http.get(NAME_PATH, {"api-version": INSTANCE_API_VERSION, "format": "text"})
+        name = response.text.strip()
+        if response.status_code != 200 or not name:
+            raise MetadataUnavailableError(
+                "client_error",
+                f"GET compute/name answered {response.status_code}; pass --vm-name to set the name explicitly",
+                response.status_code,
+            )
+        return name
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class AzurePoller:
+    """Polls until stopped; calls `emit` for each document with a new incarnation."""
+
+    def __init__(
+        self,
+        client: AzureImdsClient,
+        emit: Callable[[AzureObservation], None],
+        *,
+        clock: Clock,
+        interval: float = 1.0,
+        backoff: Backoff | None = None,
+        on_poll: Callable[[str, str | None], None] = lambda result, kind: None,
+    ) -> None:
+        self._client = client
+        self._emit = emit
+        self._clock = clock
+        self._interval = interval
+        self._backoff = backoff or Backoff(initial=max(interval, 0.5), maximum=30.0)
+        self._on_poll = on_poll
+        self._incarnation: int | None = None
+        self._last_ok: float | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        first = True
+        while not stop.is_set():
+            delay = self._interval
+            try:
+                self.poll_once(first_call=first)
+                first = False
+                self._backoff.reset()
+            except MetadataUnavailableError as exc:
+                delay = self._backoff.next_delay()
+                self._on_poll("error", exc.kind)
+                LOGGER.warning("scheduled events poll failed (%s), retrying in %.1f s: %s", exc.kind, delay, exc)
+            stop.wait(delay)
+
+    def poll_once(self, *, first_call: bool = False) -> AzureObservation | None:
+        """One GET; returns (and emits) the observation when the incarnation changed."""
+        document = self._client.fetch_document(first_call=first_call)
+        now = self._clock.monotonic()
+        lag = 0.0 if self._last_ok is None else now - self._last_ok
+        self._last_ok = now
+        if document.incarnation == self._incarnation:
+            self._on_poll("unchanged", None)
+            return None
+        self._incarnation = document.incarnation
+        self._on_poll("changed", None)
+        observation = AzureObservation(document=document, observed_at=self._clock.now(), lag_bound=lag)
+        self._emit(observation)
+        return observation

@@ -1,0 +1,161 @@
+"""GCE metadata: long-poll watchers for maintenance-event, upcoming-maintenance and preempted.
+
+Each key has its own watcher thread (design §4): a direct GET first, then
+`wait_for_change=true&last_etag=...&timeout_sec=...` in a loop, so a change is seen the
+moment the metadata server announces it. After every change of `maintenance-event`
+the key is also read directly once more: GCE only gives the 60-second warning to VMs
+that queried that key (not a parent directory) since the last maintenance event.
+503 (seen during maintenance) and other failures are retried with jittered backoff;
+404 means the key is absent, which is a value, not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable
+
+from agent.sources.http import MetadataHttp, MetadataUnavailableError
+from agent.timing import Backoff, Clock
+from functions.core.gce_values import MAINTENANCE_EVENT_KEY
+
+LOGGER = logging.getLogger("mbridge.gce")
+
+DEFAULT_BASE_URL = "http://metadata.google.internal"
+PREFIX = "/computeMetadata/v1/instance/"
+HEADERS = {"Metadata-Flavor": "Google"}
+# The server holds a long-poll up to timeout_sec; the read timeout leaves it room to answer.
+LONG_POLL_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class GceReading:
+    """One answer for one key: its text (None when absent) and ETag."""
+
+    key: str
+    value: str | None
+    etag: str
+
+
+@dataclass(frozen=True)
+class GceObservation:
+    """A key's value changed (or was read for the first time).
+
+    `lag_bound` is the longest the change can have been visible before the agent saw it:
+    the gap between the previous answer and the request that returned it (near zero while
+    a long-poll is waiting, which is the point of long-polling).
+    """
+
+    reading: GceReading
+    observed_at: datetime
+    lag_bound: float
+
+
+class GceMetadataClient:
+    def __init__(self, http: MetadataHttp) -> None:
+        self._http = http
+
+    @classmethod
+    def for_base_url(cls, base_url: str) -> GceMetadataClient:
+        return cls(MetadataHttp(base_url, HEADERS))
+
+    @property
+    def base_url(self) -> str:
+        return self._http.base_url
+
+    def read(self, key: str, *, wait: bool = False, last_etag: str | None = None) -> GceReading:
+        """GET instance/<key>, directly or as a long-poll.
+
+        Raises:
+            MetadataUnavailableError: 503 during maintenance, other errors, timeouts.
+        """
+        params = {}
+        timeout = (2.0, 10.0)
+        if wait:
+            params = {"wait_for_change": "true", "timeout_sec": str(LONG_POLL_SECONDS)}
+            if last_etag:
+                params["last_etag"] = last_etag
+            timeout = (2.0, LONG_POLL_SECONDS + 10.0)
+        response = self._http.get(PREFIX + key, params, timeout=timeout)
+        etag = response.headers.get("ETag", "")
+        if response.status_code == 404:
+            return GceReading(key=key, value=None, etag=etag)
+        if response.status_code != 200:
+            raise MetadataUnavailableError(
+                "client_error", f"GET {key} answered {response.status_code}", response.status_code
+            )
+        return GceReading(key=key, value=response.text, etag=etag)
+
+    def own_name(self) -> str:
+        return self._identity("name")
+
+    def instance_id(self) -> str:
+        return self._identity("id")
+
+    def _identity(self, key: str) -> str:
+        reading = self.read(key)
+        if not reading.value or not reading.value.strip():
+            raise MetadataUnavailableError(
+                "client_error", f"instance/{key} is absent; pass --vm-name to set the name explicitly"
+            )
+        return reading.value.strip()
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class GceKeyWatcher:
+    """Watches one key until stopped; calls `emit` for the first reading and every change."""
+
+    def __init__(
+        self,
+        client: GceMetadataClient,
+        key: str,
+        emit: Callable[[GceObservation], None],
+        *,
+        clock: Clock,
+        backoff: Backoff | None = None,
+        on_poll: Callable[[str, str | None], None] = lambda result, kind: None,
+    ) -> None:
+        self._client = client
+        self.key = key
+        self._emit = emit
+        self._clock = clock
+        self._backoff = backoff or Backoff(initial=1.0, maximum=30.0)
+        self._on_poll = on_poll
+        self._last: GceReading | None = None
+        self._last_answer_at: float | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                # Until the first answer, read directly; afterwards long-poll on the ETag.
+                self.step(wait=self._last is not None)
+                self._backoff.reset()
+            except MetadataUnavailableError as exc:
+                delay = self._backoff.next_delay()
+                self._on_poll("error", exc.kind)
+                LOGGER.warning("reading %s failed (%s), retrying in %.1f s: %s", self.key, exc.kind, delay, exc)
+                stop.wait(delay)
+
+    def step(self, *, wait: bool) -> GceObservation | None:
+        """One request; returns (and emits) an observation when the value changed."""
+        asked_at = self._clock.monotonic()
+        reading = self._client.read(self.key, wait=wait, last_etag=self._last.etag if self._last else None)
+        answered_at = self._clock.monotonic()
+        gap = 0.0 if self._last_answer_at is None else max(0.0, asked_at - self._last_answer_at)
+        self._last_answer_at = answered_at
+        changed = self._last is None or reading.value != self._last.value
+        self._last = reading
+        if not changed:
+            self._on_poll("unchanged", None)
+            return None
+        self._on_poll("changed", None)
+        observation = GceObservation(reading=reading, observed_at=self._clock.now(), lag_bound=gap)
+        self._emit(observation)
+        if self.key == MAINTENANCE_EVENT_KEY and wait:
+            # A direct query after every event, so GCE keeps sending the 60-second warning.
+            self._client.read(self.key)
+        return observation
