@@ -32,6 +32,7 @@ from agent.simulator.store import (
     Timeline,
     parse_event_spec,
 )
+from agent.simulator.traffic import TrafficLog
 
 CONTROL_PREFIX = "/_sim/"
 _WIRE_VERSION = "2020-07-01"  # the control API shows events with every field
@@ -49,6 +50,7 @@ class SimContext:
     store: EventStore
     gce: GceState
     faults: FaultBook
+    traffic: TrafficLog
     vm_names: tuple[str, ...]
     urls: tuple[str, ...]
     default_names: tuple[str, ...] = ()  # the scenario's VM names, for "$N" beyond the VMs given
@@ -194,10 +196,13 @@ class ControlApi:
                 "log": lambda: self._ctx.log.entries(),
                 "faults": lambda: self._ctx.faults.snapshot(),
                 "events": lambda: [event_view(e) for e in self._ctx.store.events()],
+                "traffic": lambda: self._ctx.traffic.snapshot(),
             }
             view = views.get(path)
             if view is None:
-                raise RequestError(404, f"no GET /_sim/{path}; try /_sim/state, approvals, log, faults, events")
+                raise RequestError(
+                    404, f"no GET /_sim/{path}; try /_sim/state, approvals, log, faults, events, traffic"
+                )
             return _json(200, view())
         if method != "POST":
             raise RequestError(405, f"{method} is not supported by the control API; use GET or POST")

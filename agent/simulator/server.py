@@ -33,6 +33,7 @@ from agent.simulator.store import (
     SimLog,
     Timeline,
 )
+from agent.simulator.traffic import TrafficLog
 
 _MAX_BODY = 1 << 20
 _VM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
@@ -53,6 +54,11 @@ class _Router:
         """The answer, or None to drop the connection without one."""
         if request.path.startswith(CONTROL_PREFIX):
             return self._control.handle(request)
+        response = self._metadata(request)
+        self._ctx.traffic.record(request.vm, None if response is None else response.status)
+        return response
+
+    def _metadata(self, request: MetadataRequest) -> Response | None:
         azure = self._ctx.cloud is Cloud.AZURE
         # IMDS documents the slow first call for Scheduled Events; on GCE any first request is delayed.
         first_call = request.path.rstrip("/") == SCHEDULED_EVENTS_PATH if azure else True
@@ -253,6 +259,7 @@ class Simulator:
             store=EventStore(clock, cond, timeline, log, names),
             gce=GceState(clock, cond, log, names),
             faults=FaultBook(clock, cond, log, self.cloud, names),
+            traffic=TrafficLog(names),
             vm_names=names,
             urls=urls,
             default_names=self.scenario.vms if self.scenario is not None else (),
@@ -293,6 +300,10 @@ class Simulator:
     def approvals(self) -> list[dict[str, object]]:
         """The approval log: every POST of StartRequests, also refused ones (GET /_sim/approvals)."""
         return [dict(record) for record in self._started().store.approvals()]
+
+    def traffic(self) -> dict[str, dict[str, object]]:
+        """Metadata requests per VM: total, by status, and the most in any one real second (GET /_sim/traffic)."""
+        return self._started().traffic.snapshot()
 
     def log_entries(self) -> list[dict[str, object]]:
         """What happened, in order (GET /_sim/log)."""

@@ -206,3 +206,20 @@ def test_fault_requests_are_validated(azure: VmClient) -> None:
     assert "explode" in unknown.json()["error"]
     assert "error_burst.status" in bad_status.json()["error"]
     assert "nobody" in bad_vm.json()["error"]
+
+
+def test_traffic_counts_requests_by_status_and_the_busiest_second(start_sim: StartSim) -> None:
+    # GIVEN an Azure VM with the rate limit on
+    sim = start_sim(cloud="azure", vm_names=["vm-0"], rate_limit=True)
+    url = f"{sim.base_urls[0]}/metadata/scheduledevents"
+
+    # WHEN a client sends 8 requests as fast as it can
+    for _ in range(8):
+        requests.get(url, headers={"Metadata": "true"}, params={"api-version": "2020-07-01"}, timeout=5)
+
+    # THEN the simulator counted 5 answered and 3 refused, all within one second
+    traffic = requests.get(f"{sim.base_urls[0]}/_sim/traffic", timeout=5).json()["vm-0"]
+    assert traffic["total"] == 8
+    assert traffic["by_status"] == {"200": 5, "429": 3}
+    assert traffic["max_per_second"] == 8
+    assert sim.traffic() == {"vm-0": traffic}
