@@ -40,6 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent_main.configure(agent)
     agent.set_defaults(run=agent_main.run)
+
+    from agent import approve_cli
+
+    approve = commands.add_parser(
+        "approve",
+        help="ask a VM's agent to approve an Azure scheduled event, and wait for its answer",
+        description=(
+            "Send an approve command to one VM through the bus. The agent re-checks the event against "
+            "IMDS before POSTing. Exit 0 accepted, 1 rejected (reason printed), 2 no answer."
+        ),
+    )
+    approve_cli.configure(approve)
+    approve.set_defaults(run=approve_cli.run)
     return parser
 
 

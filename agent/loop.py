@@ -42,6 +42,10 @@ class CommandHandler(Protocol):
 
     def next_due_at(self) -> datetime | None: ...
 
+    def unreported(self) -> list[CommandResult]: ...
+
+    def mark_reported(self, results: Sequence[CommandResult]) -> None: ...
+
 
 Watcher = Callable[[threading.Event], None]
 
@@ -226,6 +230,8 @@ class Agent:
         receiver = self._transport.commands
         assert receiver is not None
         backoff = Backoff(initial=1.0, maximum=30.0)
+        # Results a previous run decided but did not get into the outbox before it stopped.
+        self._record_results(self._commands.unreported())
         while not self._stop_sources.is_set():
             self._record_results(self._commands.run_due())
             try:
@@ -266,6 +272,8 @@ class Agent:
         now = self._clock.now()
         messages = [(result_message(r, self.cloud, self.vm_name, now), now.timestamp()) for r in results]
         self._state.record(messages)
+        if self._commands is not None:
+            self._commands.mark_reported(results)
         for result in results:
             self._metrics.inc("mbridge_commands_total", result=result.result)
             LOGGER.info("command %s %s: %s", result.command_id, result.result, result.reason)

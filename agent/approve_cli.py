@@ -1,0 +1,98 @@
+"""Flags of `mbridge approve` and the transport it talks through; the logic is agent.approve."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from agent.approve import EXIT_NO_ANSWER, run_approve
+from agent.config import add_transport_arguments, default_state_dir, env
+from agent.timing import SystemClock
+from agent.transports.base import TransportConfigError, TransportUnavailableError
+from agent.transports.factory import DEFAULT_RESULTS_SUBSCRIPTION
+from functions.core.errors import BridgeError
+from functions.core.model import Cloud
+
+DEFAULT_WAIT = 30.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--event-id", required=True, help="the Azure EventId to approve")
+    parser.add_argument("--target", required=True, help="the VM whose agent POSTs the approval")
+    parser.add_argument(
+        "--cloud", choices=[c.value for c in Cloud], default=env("MBRIDGE_CLOUD", "azure"), help="[MBRIDGE_CLOUD]"
+    )
+    waiting = parser.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_WAIT,
+        help=f"seconds to wait for the agent's answer (default {DEFAULT_WAIT:g}); exit 0 accepted, 1 rejected, "
+        "2 no answer",
+    )
+    waiting.add_argument("--no-wait", action="store_true", help="return once the bus accepted the command")
+    parser.add_argument(
+        "--signing-key",
+        default=env("MBRIDGE_SIGNING_KEY"),
+        help="Ed25519 private key (PEM, base64 or a file) to sign the command with [MBRIDGE_SIGNING_KEY]",
+    )
+    parser.add_argument(
+        "--results-subscription",
+        default=env("MBRIDGE_RESULTS_SUBSCRIPTION", DEFAULT_RESULTS_SUBSCRIPTION),
+        help="Service Bus subscription / Pub/Sub subscription on the events topic to read answers from "
+        f"[MBRIDGE_RESULTS_SUBSCRIPTION, default {DEFAULT_RESULTS_SUBSCRIPTION}]",
+    )
+    add_transport_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        operator = build_operator(args)
+        signing_key = None
+        if args.signing_key:
+            from functions.core.signing import load_private_key
+
+            signing_key = load_private_key(args.signing_key)
+    except BridgeError as exc:
+        print(f"mbridge approve: {exc}", file=sys.stderr)
+        return EXIT_NO_ANSWER
+    try:
+        return run_approve(
+            event_id=args.event_id,
+            target=args.target,
+            cloud=Cloud(args.cloud),
+            sender=operator,
+            reader=operator,
+            wait=None if args.no_wait else args.wait,
+            signing_key=signing_key,
+            clock=SystemClock(),
+            out=sys.stdout,
+        )
+    finally:
+        close = getattr(operator, "close", None)
+        if close is not None:
+            close()
+
+
+def build_operator(args: argparse.Namespace) -> Any:
+    """The sender + results reader for the chosen transport."""
+    if args.transport == "jsonl":
+        raise TransportConfigError("the jsonl transport has no command channel: use local, servicebus or pubsub")
+    if args.transport == "local":
+        from agent.transports.local import LocalBus, LocalOperator
+
+        bus_path = Path(args.bus_path) if args.bus_path else default_state_dir() / "bus.db"
+        if not bus_path.exists():
+            raise TransportUnavailableError(f"no local bus at {bus_path}; pass the agent's --bus-path")
+        return LocalOperator(LocalBus(bus_path))
+    if args.transport == "servicebus":
+        from agent.transports import servicebus
+        from agent.transports.factory import servicebus_settings
+
+        return servicebus.build_operator(servicebus_settings(args, args.target, args.results_subscription))
+    from agent.transports import pubsub
+    from agent.transports.factory import pubsub_settings
+
+    return pubsub.build_operator(pubsub_settings(args, args.target, args.results_subscription))

@@ -1,0 +1,84 @@
+"""Building the cloud transports from the shared transport flags (design §3.7).
+
+`mbridge agent` passes its settings, `mbridge approve` its parsed arguments: both carry the
+same option names. Each SDK is imported here only when its transport was chosen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from agent.transports.base import AgentTransport, TransportConfigError
+
+if TYPE_CHECKING:
+    from agent.transports.pubsub import PubSubSettings
+    from agent.transports.servicebus import ServiceBusSettings
+
+
+class TransportOptions(Protocol):
+    """The transport flags, read-only (AgentSettings and argparse namespaces both fit)."""
+
+    @property
+    def transport(self) -> str: ...
+    @property
+    def servicebus_namespace(self) -> str | None: ...
+    @property
+    def servicebus_connection_string(self) -> str | None: ...
+    @property
+    def servicebus_topic(self) -> str: ...
+    @property
+    def servicebus_commands_queue(self) -> str: ...
+    @property
+    def pubsub_project(self) -> str | None: ...
+    @property
+    def pubsub_topic(self) -> str: ...
+    @property
+    def pubsub_commands_subscription(self) -> str | None: ...
+
+
+DEFAULT_RESULTS_SUBSCRIPTION = "operator-results"
+
+
+def servicebus_settings(
+    options: TransportOptions, vm_name: str, results_subscription: str = DEFAULT_RESULTS_SUBSCRIPTION
+) -> ServiceBusSettings:
+    from agent.transports.servicebus import ServiceBusSettings
+
+    settings = ServiceBusSettings(
+        namespace=options.servicebus_namespace,
+        connection_string=options.servicebus_connection_string,
+        topic=options.servicebus_topic,
+        commands_queue=options.servicebus_commands_queue,
+        results_subscription=results_subscription,
+        vm_name=vm_name,
+    )
+    settings.validate()
+    return settings
+
+
+def pubsub_settings(
+    options: TransportOptions, vm_name: str, results_subscription: str = DEFAULT_RESULTS_SUBSCRIPTION
+) -> PubSubSettings:
+    from agent.transports.pubsub import PubSubSettings
+
+    settings = PubSubSettings(
+        project=options.pubsub_project or "",
+        topic=options.pubsub_topic,
+        commands_subscription=options.pubsub_commands_subscription,
+        results_subscription=results_subscription,
+        vm_name=vm_name,
+    )
+    settings.validate()
+    return settings
+
+
+def build_cloud_transport(options: TransportOptions, vm_name: str) -> AgentTransport:
+    if options.transport == "servicebus":
+        from agent.transports import servicebus
+
+        return servicebus.build_agent_transport(servicebus_settings(options, vm_name))
+    if options.transport == "pubsub":
+        from agent.transports import pubsub
+
+        return pubsub.build_agent_transport(pubsub_settings(options, vm_name))
+    raise TransportConfigError(f"unknown transport {options.transport!r}: choose jsonl, local, servicebus or pubsub")

@@ -1,0 +1,176 @@
+"""Run the real agent against the real simulator: in a thread (fast) or as a process (signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import requests
+
+from agent.config import AgentSettings
+from agent.main import run_agent
+from agent.simulator import Simulator
+from functions.core.model import Cloud
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def settings_for(cloud: str, url: str, vm_name: str, state_dir: Path, **overrides: Any) -> AgentSettings:
+    settings = AgentSettings(
+        cloud=Cloud(cloud),
+        metadata_url=url,
+        vm_name=vm_name,
+        transport="jsonl",
+        jsonl_path=str(state_dir / "events.jsonl"),
+        state_dir=state_dir,
+        bus_path=state_dir / "bus.db",
+        poll_interval=0.25,
+        listen=None,
+        dry_run=False,
+        verify_key=None,
+        servicebus_namespace=None,
+        servicebus_connection_string=None,
+        servicebus_topic="maintenance-events",
+        servicebus_commands_queue="maintenance-commands",
+        pubsub_project=None,
+        pubsub_topic="maintenance-events",
+        pubsub_commands_subscription=None,
+        flush_seconds=5.0,
+    )
+    return replace(settings, **overrides)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            detail = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout} s waiting for {detail}")
+        time.sleep(0.05)
+
+
+def play_to_the_end(sim: Simulator, settle: float = 0.7) -> None:
+    """Drive a scenario by jumping the simulator's clock from one timeline entry to the next,
+    after giving the agent `settle` real seconds to see each state (several polls at 0.25 s).
+    Deterministic and fast, whatever the documented timings."""
+    while True:
+        time.sleep(settle)
+        state = requests.get(f"{sim.base_urls[0]}/_sim/state", timeout=5).json()
+        if not state["timeline"]:
+            return
+        due = state["timeline"][0]["at"] - state["clock"]["sim_time"]
+        sim.advance_clock(max(due, 0.0) + 0.001)
+
+
+@dataclass
+class AgentThread:
+    settings: AgentSettings
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    exit_code: int | None = None
+
+    def start(self) -> AgentThread:
+        def run() -> None:
+            self.exit_code = run_agent(self.settings, self.stop)
+
+        self.thread = threading.Thread(target=run, name=f"agent-{self.settings.vm_name}", daemon=True)
+        self.thread.start()
+        return self
+
+    def envelopes(self) -> list[dict[str, Any]]:
+        return read_jsonl(Path(self.settings.jsonl_path))
+
+    def statuses(self) -> list[tuple[str, str, str]]:
+        """(kind, status, event_id) of every envelope so far."""
+        return [(e["data"]["kind"], e["data"]["status"], e["data"]["event_id"]) for e in self.envelopes()]
+
+    def wait_for_count(self, count: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+        wait_until(lambda: len(self.envelopes()) >= count, timeout, lambda: f"{count} envelopes, got {self.statuses()}")
+        return self.envelopes()
+
+    def halt(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=15)
+            assert not self.thread.is_alive(), "the agent did not stop within 15 s"
+
+
+@pytest.fixture
+def agent_thread() -> Iterator[Callable[[AgentSettings], AgentThread]]:
+    started: list[AgentThread] = []
+
+    def start(settings: AgentSettings) -> AgentThread:
+        agent = AgentThread(settings).start()
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.halt()
+
+
+@dataclass
+class AgentProcess:
+    """`mbridge agent` as a separate process, as systemd would run it."""
+
+    args: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> AgentProcess:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "agent.cli", "agent", *self.args],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                cwd=ROOT,
+                env=env,
+            )
+        return self
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float = 20.0) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def agent_process(tmp_path: Path) -> Iterator[Callable[[list[str]], AgentProcess]]:
+    started: list[AgentProcess] = []
+
+    def start(args: list[str]) -> AgentProcess:
+        process = AgentProcess(args, tmp_path / f"agent-{len(started)}.log").start()
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

@@ -1,0 +1,234 @@
+"""`mbridge approve`: what it sends, how it waits, and its exit codes, with in-memory bus fakes."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from agent.approve import run_approve
+from agent.transports.base import OutboundMessage, TransportUnavailableError
+from functions.core.commands import CommandType, decode_command
+from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
+from functions.core.model import Cloud, CommandResult
+from functions.core.signing import generate_keypair, load_private_key, load_public_key, verify
+from tests.factories import azure_event
+
+VM = "WestNO_0"
+EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+START = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+Answer = Callable[[str], list[bytes]]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self._now = START
+        self._monotonic = 0.0
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._monotonic
+
+    def advance(self, seconds: float) -> None:
+        self._now += timedelta(seconds=seconds)
+        self._monotonic += seconds
+
+
+@dataclass
+class FakeSender:
+    sent: list[OutboundMessage] = field(default_factory=list)
+    fail: bool = False
+
+    def send_command(self, message: OutboundMessage) -> None:
+        if self.fail:
+            raise TransportUnavailableError("the bus refused the message: 503")
+        self.sent.append(message)
+
+
+class FakeAgentOnTheBus:
+    """A results reader whose envelopes are produced from what the sender sent.
+
+    `answer(command_id) -> list of envelope bodies` decides what the channel carries once the
+    command is out; each read takes `max_wait` of the fake clock when nothing is left.
+    """
+
+    def __init__(self, clock: FakeClock, sender: FakeSender, answer: Answer) -> None:
+        self._clock = clock
+        self._sender = sender
+        self._answer = answer
+        self._queue: list[bytes] | None = None
+        self.reads: list[float] = []
+
+    def read_results(self, max_wait: float) -> Sequence[bytes]:
+        self.reads.append(max_wait)
+        if self._queue is None:
+            command_id = decode_command(self._sender.sent[-1].body).command.command_id
+            self._queue = list(self._answer(command_id))
+        if not self._queue:
+            self._clock.advance(max_wait)
+            return []
+        batch, self._queue = self._queue[:2], self._queue[2:]
+        return batch
+
+
+def result_body(command_id: str, accepted: bool, reason: str, target: str = VM) -> bytes:
+    result = CommandResult(command_id=command_id, accepted=accepted, event_id=EVENT_ID, target=target, reason=reason)
+    return encode(envelope_for_command_result(result, Cloud.AZURE, START))
+
+
+def run(
+    sender: FakeSender,
+    clock: FakeClock,
+    out: io.StringIO,
+    reader: FakeAgentOnTheBus | None,
+    wait: float | None = 30,
+    signing_key: Ed25519PrivateKey | None = None,
+    cloud: Cloud = Cloud.AZURE,
+) -> int:
+    return run_approve(
+        event_id=EVENT_ID,
+        target=VM,
+        cloud=cloud,
+        sender=sender,
+        reader=reader,
+        wait=wait,
+        signing_key=signing_key,
+        clock=clock,
+        out=out,
+    )
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def sender() -> FakeSender:
+    return FakeSender()
+
+
+@pytest.fixture
+def out() -> io.StringIO:
+    return io.StringIO()
+
+
+def test_no_wait_sends_one_approve_command_and_prints_its_id(
+    sender: FakeSender, clock: FakeClock, out: io.StringIO
+) -> None:
+    # WHEN approve runs with --no-wait
+    code = run(sender, clock, out, reader=None, wait=None)
+
+    # THEN one command went out, addressed to the target, and only its id is printed
+    assert code == 0
+    (message,) = sender.sent
+    command = decode_command(message.body).command
+    assert out.getvalue() == f"{command.command_id}\n"
+    assert message.envelope_id == command.command_id
+    assert message.key == VM
+    assert dict(message.attributes) == {"type": "approve", "target": VM, "event_id": EVENT_ID}
+    assert (command.type, command.target, command.event_id) == (CommandType.APPROVE, VM, EVENT_ID)
+    assert command.issued_at == START
+    assert command.expires_at == START + timedelta(minutes=10)
+    assert command.signature is None
+
+
+def test_a_signing_key_signs_the_command(sender: FakeSender, clock: FakeClock, out: io.StringIO) -> None:
+    # GIVEN the operator's signing key
+    private_pem, public_pem = generate_keypair()
+
+    run(sender, clock, out, reader=None, wait=None, signing_key=load_private_key(private_pem))
+
+    # THEN the command carries a signature the agents' public key verifies
+    received = decode_command(sender.sent[0].body)
+    assert received.command.signature is not None
+    verify(received.canonical, received.command.signature, load_public_key(public_pem))
+
+
+@pytest.mark.parametrize(("accepted", "code"), [(True, 0), (False, 1)])
+def test_exit_code_follows_the_agents_answer(
+    sender: FakeSender, clock: FakeClock, out: io.StringIO, accepted: bool, code: int
+) -> None:
+    # GIVEN the agent answers the command
+    reason = "approved: StartRequests POSTed" if accepted else f"event {EVENT_ID} is already Started"
+    reader = FakeAgentOnTheBus(clock, sender, lambda cid: [result_body(cid, accepted, reason)])
+
+    # WHEN approve waits for it
+    exit_code = run(sender, clock, out, reader)
+
+    # THEN the exit code and the printed reason follow the result
+    assert exit_code == code
+    outcome = "accepted" if accepted else "rejected"
+    assert out.getvalue().splitlines()[-1] == f"{outcome} by {VM}: {reason}"
+
+
+def test_other_envelopes_and_other_commands_results_are_skipped(
+    sender: FakeSender, clock: FakeClock, out: io.StringIO
+) -> None:
+    # GIVEN the channel carries junk, a maintenance event, another command's result, a result for this
+    # command from a VM that is not the target, then the real answer
+    def answer(command_id: str) -> list[bytes]:
+        return [
+            b"not json",
+            json.dumps({"specversion": "1.0"}).encode(),
+            encode(envelope_for_event(azure_event(), START)),
+            result_body("someone-elses-command", True, "approved elsewhere"),
+            result_body(command_id, True, "forged by a neighbour", target="WestNO_1"),
+            result_body(command_id, False, "this VM is not in Resources"),
+        ]
+
+    reader = FakeAgentOnTheBus(clock, sender, answer)
+
+    # WHEN approve waits
+    code = run(sender, clock, out, reader)
+
+    # THEN only this command's answer from the target counts
+    assert code == 1
+    assert out.getvalue().splitlines()[-1] == f"rejected by {VM}: this VM is not in Resources"
+
+
+def test_no_answer_within_the_wait_is_exit_2(sender: FakeSender, clock: FakeClock, out: io.StringIO) -> None:
+    # GIVEN an agent that never answers
+    reader = FakeAgentOnTheBus(clock, sender, lambda cid: [])
+
+    # WHEN approve waits 12 s
+    code = run(sender, clock, out, reader, wait=12)
+
+    # THEN it gives up after the wait (in slices no longer than what remains) and says so
+    assert code == 2
+    assert sum(reader.reads) == pytest.approx(12)
+    assert all(wait <= 5 for wait in reader.reads)
+    assert "no answer for command" in out.getvalue()
+    assert "within 12 s" in out.getvalue()
+
+
+def test_waiting_without_a_reader_is_exit_2_and_names_the_subscription(
+    sender: FakeSender, clock: FakeClock, out: io.StringIO
+) -> None:
+    code = run(sender, clock, out, reader=None, wait=30)
+    assert code == 2
+    assert len(sender.sent) == 1
+    assert "subscription" in out.getvalue()
+    assert "maintenance-events" in out.getvalue()
+
+
+def test_a_send_failure_prints_the_error_and_is_exit_2(clock: FakeClock, out: io.StringIO) -> None:
+    code = run(FakeSender(fail=True), clock, out, reader=None, wait=None)
+    assert code == 2
+    assert "could not send the approve command" in out.getvalue()
+    assert "503" in out.getvalue()
+
+
+def test_gce_is_refused_before_anything_is_sent(sender: FakeSender, clock: FakeClock, out: io.StringIO) -> None:
+    code = run(sender, clock, out, reader=None, wait=None, cloud=Cloud.GCE)
+    assert code == 1
+    assert sender.sent == []
+    assert "perform-maintenance" in out.getvalue()
