@@ -191,7 +191,8 @@ def test_gce_preempted_is_started_once() -> None:
     state, none = gce({}, "preempted", "FALSE", T0)
     state, preempted = gce(state, "preempted", "TRUE", T0 + timedelta(seconds=1))
     _, again = gce(state, "preempted", "TRUE", T0 + timedelta(seconds=2))
-    assert none == [] and again == []
+    assert none == []
+    assert again == []
     assert [(c.kind, c.status) for c in preempted] == [(EventKind.PREEMPT, EventStatus.STARTED)]
 
 
