@@ -90,12 +90,19 @@ def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
     return build_cloud_transport(settings, vm_name)
 
 
-def run_agent(settings: AgentSettings, stop: threading.Event, clock: Clock | None = None) -> int:
+def run_agent(
+    settings: AgentSettings,
+    stop: threading.Event,
+    clock: Clock | None = None,
+    transport: AgentTransport | None = None,
+) -> int:
+    """Run until `stop` is set. `transport` replaces the one the settings name (for embedding
+    the agent, e.g. in the demo, or wrapping it in tests)."""
     clock = clock or SystemClock()
     client = metadata_client(settings)
     vm_name = resolve_vm_name(settings, client, stop)
     state = AgentState(settings.state_dir / "agent.db")
-    transport = build_transport(settings, vm_name)
+    transport = transport or build_transport(settings, vm_name)
     metrics = _metrics()
     readiness = _readiness(state, follows_commands=transport.commands is not None)
     tracker, watchers_for = _tracker(settings, client, vm_name, state, stop)

@@ -33,6 +33,9 @@ HEADERS = {"Metadata": "true"}
 REQUESTS_PER_SECOND = 4.0
 # "You should expect a delayed response in your first call of up to two minutes."
 FIRST_CALL_TIMEOUT = (2.0, 130.0)
+# IMDS throttles per second, and the shortest notice is 30 s (Preempt): backing off longer than
+# a few seconds would trade a refused request for a missed event.
+MAX_BACKOFF = 5.0
 
 
 class ApprovalRefusedError(PermanentError):
@@ -136,7 +139,7 @@ class AzurePoller:
         self._emit = emit
         self._clock = clock
         self._interval = interval
-        self._backoff = backoff or Backoff(initial=max(interval, 0.5), maximum=30.0)
+        self._backoff = backoff or Backoff(initial=max(interval, 0.5), maximum=MAX_BACKOFF)
         self._on_poll = on_poll
         self._incarnation: int | None = None
         self._last_ok: float | None = None

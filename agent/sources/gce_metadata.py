@@ -123,7 +123,8 @@ class GceKeyWatcher:
         self.key = key
         self._emit = emit
         self._clock = clock
-        self._backoff = backoff or Backoff(initial=1.0, maximum=30.0)
+        # Capped low: a live migration is announced only 60 s ahead.
+        self._backoff = backoff or Backoff(initial=1.0, maximum=5.0)
         self._on_poll = on_poll
         self._last: GceReading | None = None
         self._last_answer_at: float | None = None

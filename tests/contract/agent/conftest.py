@@ -20,6 +20,7 @@ import requests
 from agent.config import AgentSettings
 from agent.main import run_agent
 from agent.simulator import Simulator
+from agent.transports.base import AgentTransport
 from functions.core.model import Cloud
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -85,9 +86,11 @@ class AgentThread:
     thread: threading.Thread | None = None
     exit_code: int | None = None
 
+    transport: AgentTransport | None = None
+
     def start(self) -> AgentThread:
         def run() -> None:
-            self.exit_code = run_agent(self.settings, self.stop)
+            self.exit_code = run_agent(self.settings, self.stop, transport=self.transport)
 
         self.thread = threading.Thread(target=run, name=f"agent-{self.settings.vm_name}", daemon=True)
         self.thread.start()
@@ -112,11 +115,11 @@ class AgentThread:
 
 
 @pytest.fixture
-def agent_thread() -> Iterator[Callable[[AgentSettings], AgentThread]]:
+def agent_thread() -> Iterator[Callable[..., AgentThread]]:
     started: list[AgentThread] = []
 
-    def start(settings: AgentSettings) -> AgentThread:
-        agent = AgentThread(settings).start()
+    def start(settings: AgentSettings, transport: AgentTransport | None = None) -> AgentThread:
+        agent = AgentThread(settings, transport=transport).start()
         started.append(agent)
         return agent
 
