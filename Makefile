@@ -35,8 +35,9 @@ unit: venv
 PYTHON39 ?= python3.9
 compat39:
 	$(PYTHON39) -m venv .venv39
-	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml
-	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator
+	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography
+	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator tests/contract/agent \
+		tests/contract/test_commands_against_simulator.py --ignore=tests/unit/transports
 
 clean:
 	rm -rf $(VENV) .venv39 .pytest_cache .mypy_cache .ruff_cache

@@ -36,6 +36,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Handlers first: a SIGTERM during start-up must still end in a clean exit.
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     logs.configure(args.log_level)
     try:
         settings = settings_from_args(args)
@@ -44,9 +48,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.check:
         return check(settings, out=sys.stdout)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     try:
         return run_agent(settings, stop)
     except BridgeError as exc:
@@ -281,7 +282,7 @@ def check(settings: AgentSettings, out: TextIO) -> int:
         if settings.vm_name:
             report(True, f"this VM's name: {settings.vm_name} (from --vm-name; metadata did not say: {exc})")
         else:
-            report(False, f"this VM's name: {exc}")
+            report(False, f"this VM's name: {exc}; pass --vm-name NAME to set it")
     vm_name = settings.vm_name or "unknown-vm"
     try:
         transport = build_transport(settings, vm_name)

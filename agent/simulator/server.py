@@ -33,7 +33,7 @@ from agent.simulator.store import (
     SimLog,
     Timeline,
 )
-from agent.simulator.traffic import TrafficLog
+from agent.simulator.traffic import TrafficLog, VmTraffic
 
 _MAX_BODY = 1 << 20
 _VM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
@@ -301,7 +301,7 @@ class Simulator:
         """The approval log: every POST of StartRequests, also refused ones (GET /_sim/approvals)."""
         return [dict(record) for record in self._started().store.approvals()]
 
-    def traffic(self) -> dict[str, dict[str, object]]:
+    def traffic(self) -> dict[str, VmTraffic]:
         """Metadata requests per VM: total, by status, and the most in any one real second (GET /_sim/traffic)."""
         return self._started().traffic.snapshot()
 

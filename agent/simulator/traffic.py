@@ -7,9 +7,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, TypedDict
 
 _KEEP = 100_000  # request times kept per VM for the rate window
+
+
+class VmTraffic(TypedDict):
+    total: int
+    by_status: dict[str, int]  # "200", "429", ..., "dropped"
+    max_per_second: int
 
 
 class TrafficLog:
@@ -27,14 +33,14 @@ class TrafficLog:
             counts = self._by_status[vm]
             counts[key] = counts.get(key, 0) + 1
 
-    def snapshot(self) -> dict[str, dict[str, object]]:
+    def snapshot(self) -> dict[str, VmTraffic]:
         with self._lock:
             return {
-                vm: {
-                    "total": len(times),
-                    "by_status": dict(self._by_status[vm]),
-                    "max_per_second": _max_in_window(times, 1.0),
-                }
+                vm: VmTraffic(
+                    total=len(times),
+                    by_status=dict(self._by_status[vm]),
+                    max_per_second=_max_in_window(times, 1.0),
+                )
                 for vm, times in self._times.items()
             }
 
