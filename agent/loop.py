@@ -190,9 +190,25 @@ class Agent:
             thread.join(timeout=2.0)
 
     def _start(self, target: Callable[[], Any], name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread = threading.Thread(target=self._guarded, args=(target, name), name=name, daemon=True)
         self._threads.append(thread)
         thread.start()
+
+    def _guarded(self, target: Callable[[], Any], name: str) -> None:
+        """Run a worker; if it ever raises, log it and run it again: one bug must not silently
+        stop the agent from watching, publishing or answering."""
+        backoff = Backoff(initial=1.0, maximum=30.0)
+        # The publisher outlives the other workers: it flushes the outbox after they stopped.
+        stop = self._stop_publisher if name == "publisher" else self._stop_sources
+        while not stop.is_set():
+            try:
+                target()
+                return
+            except Exception:
+                delay = backoff.next_delay()
+                self._metrics.inc("mbridge_errors_total", kind="crash")
+                LOGGER.exception("worker %s failed; restarting it in %.1f s", name, delay)
+                stop.wait(delay)
 
     def threads_alive(self) -> dict[str, bool]:
         return {thread.name: thread.is_alive() for thread in self._threads}
@@ -236,7 +252,8 @@ class Agent:
             self._record_results(self._commands.run_due())
             try:
                 received = receiver.receive_commands(self._command_wait())
-            except TransportUnavailableError as exc:
+            except (TransportUnavailableError, TransportConfigError) as exc:
+                # A missing subscription or role is logged and retried: infra may still be converging.
                 delay = backoff.next_delay()
                 self._metrics.inc("mbridge_errors_total", kind="commands")
                 LOGGER.warning("receiving commands failed, retrying in %.1f s: %s", delay, exc)
