@@ -22,6 +22,7 @@ from agent.main import run_agent
 from agent.simulator import Simulator
 from agent.transports.base import AgentTransport
 from functions.core.model import Cloud
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -55,15 +56,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            detail = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout} s waiting for {detail}")
-        time.sleep(0.05)
 
 
 def play_to_the_end(sim: Simulator, settle: float = 0.7) -> None:

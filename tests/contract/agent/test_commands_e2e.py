@@ -24,7 +24,8 @@ from functions.core.commands import Command, CommandType, encode_command, new_co
 from functions.core.envelope import decode
 from functions.core.model import CommandResult
 from functions.core.signing import generate_keypair, load_private_key, sign_command
-from tests.contract.agent.conftest import AgentThread, settings_for, wait_until
+from tests.contract.agent.conftest import AgentThread, settings_for
+from tests.waiting import wait_until
 
 VM = "vm-0"
 EVENT_ID = "5DD55B64-45AD-49D3-BBC9-F57D4EA97BD7"

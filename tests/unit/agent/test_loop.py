@@ -1,0 +1,170 @@
+"""The agent's loop with in-memory fakes of its ports: ordering, settling, and surviving errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from agent.health import Metrics, Readiness
+from agent.loop import Agent
+from agent.sources.azure_imds import AzureObservation
+from agent.state import AgentState
+from agent.timing import SystemClock
+from agent.trackers import AzureTracker
+from agent.transports.base import InboundCommand, OutboundMessage
+from functions.core.azure_document import parse_scheduled_events
+from functions.core.errors import RetryableError
+from functions.core.model import Cloud, CommandResult
+from tests.fixtures import fixture_text
+from tests.waiting import wait_until
+
+
+@dataclass
+class FakeReceiver:
+    queued: list[InboundCommand] = field(default_factory=list)
+
+    def receive_commands(self, max_wait: float) -> Sequence[InboundCommand]:
+        taken, self.queued = self.queued, []
+        if not taken:
+            threading.Event().wait(min(max_wait, 0.05))
+        return taken
+
+
+@dataclass
+class FakeTransport:
+    name: str = "fake"
+    published: list[OutboundMessage] = field(default_factory=list)
+    receiver: FakeReceiver = field(default_factory=FakeReceiver)
+
+    @property
+    def commands(self) -> FakeReceiver:
+        return self.receiver
+
+    def publish(self, message: OutboundMessage) -> None:
+        self.published.append(message)
+
+    def check(self) -> str:
+        return "fake"
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class FakeProcessor:
+    """Answers every command by echoing its body; raises a retryable error for b"retry"."""
+
+    reported: list[str] = field(default_factory=list)
+
+    def handle(self, body: bytes) -> CommandResult | None:
+        if body == b"retry":
+            raise RetryableError("IMDS is not answering")
+        return CommandResult(command_id=body.decode(), accepted=True, event_id="E1", target="WestNO_0")
+
+    def run_due(self) -> list[CommandResult]:
+        return []
+
+    def next_due_at(self) -> datetime | None:
+        return None
+
+    def unreported(self) -> list[CommandResult]:
+        return [CommandResult(command_id="left-over", accepted=False, event_id="E0", target="WestNO_0")]
+
+    def mark_reported(self, results: Sequence[CommandResult]) -> None:
+        self.reported.extend(r.command_id for r in results)
+
+
+def build(tmp_path: Path, transport: FakeTransport, commands: FakeProcessor | None = None) -> tuple[Agent, Metrics]:
+    metrics = Metrics()
+    agent = Agent(
+        cloud=Cloud.AZURE,
+        vm_name="WestNO_0",
+        tracker=AzureTracker("WestNO_0", None),
+        transport=transport,
+        state=AgentState(tmp_path / "agent.db"),
+        readiness=Readiness(follows_commands=commands is not None),
+        metrics=metrics,
+        clock=SystemClock(),
+        commands=commands,
+        flush_seconds=2.0,
+    )
+    return agent, metrics
+
+
+def observation(n: int) -> AzureObservation:
+    return AzureObservation(
+        document=parse_scheduled_events(fixture_text(f"azure/live-migration-{n}.json")),
+        observed_at=datetime(2022, 4, 11, 22, 11, 50 + n, tzinfo=timezone.utc),
+        lag_bound=0.1,
+    )
+
+
+def test_a_watcher_that_crashes_is_restarted_and_nothing_is_lost(tmp_path: Path) -> None:
+    # GIVEN a watcher that fails once with a bug, then reports the documented documents
+    transport = FakeTransport()
+    agent, metrics = build(tmp_path, transport)
+    calls = []
+
+    def watcher(stop: threading.Event) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        for n in range(1, 5):
+            agent.observe(observation(n))
+        stop.wait()
+
+    agent.attach_watchers([watcher])
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+
+    # WHEN the agent runs
+    wait_until(lambda: len(transport.published) == 3, 10, "three envelopes")
+    stop.set()
+    runner.join(timeout=10)
+
+    # THEN the watcher ran again, the crash was counted, and the three envelopes went out in order
+    assert len(calls) == 2
+    assert metrics.value("mbridge_errors_total", kind="crash") == 1
+    types = [json.loads(m.body)["type"].rsplit(".", 1)[1] for m in transport.published]
+    assert types == ["scheduled", "started", "completed"]
+    assert {m.key for m in transport.published} == {"WestNO_0"}
+
+
+def test_commands_are_settled_after_their_result_is_recorded_and_retryable_ones_are_given_back(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a command that can be answered and one whose IMDS check fails for now
+    transport = FakeTransport()
+    processor = FakeProcessor()
+    agent, metrics = build(tmp_path, transport, processor)
+    events: list[str] = []
+    transport.receiver.queued = [
+        InboundCommand(b"cmd-1", {}, settle=lambda: events.append("settled cmd-1")),
+        InboundCommand(
+            b"retry",
+            {},
+            settle=lambda: events.append("settled retry"),
+            abandon=lambda: events.append("abandoned retry"),
+        ),
+    ]
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+
+    # WHEN the agent runs
+    wait_until(lambda: "abandoned retry" in events and len(transport.published) >= 2, 20, lambda: str(events))
+    stop.set()
+    runner.join(timeout=10)
+
+    # THEN the left-over result of an earlier run and cmd-1's result were published and marked,
+    # cmd-1 was settled, and the retryable one was given back, never settled
+    published = [json.loads(m.body)["subject"] for m in transport.published]
+    assert published[:2] == ["left-over", "cmd-1"]
+    assert processor.reported[:2] == ["left-over", "cmd-1"]
+    assert events == ["settled cmd-1", "abandoned retry"]
+    assert metrics.value("mbridge_errors_total", kind="command_retry") == 1
