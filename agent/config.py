@@ -128,11 +128,17 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vm-name", default=env("MBRIDGE_VM_NAME"), help="this VM's name [MBRIDGE_VM_NAME, default: from metadata]"
     )
-    parser.add_argument("--state-dir", default=env("MBRIDGE_STATE_DIR"), help="[MBRIDGE_STATE_DIR]")
+    parser.add_argument(
+        "--state-dir",
+        default=env("MBRIDGE_STATE_DIR"),
+        help="outbox, state and command ledger [MBRIDGE_STATE_DIR, default /var/lib/mbridge for root, "
+        "else $XDG_STATE_HOME/mbridge]",
+    )
     parser.add_argument(
         "--poll-interval",
         type=float,
-        default=float(env("MBRIDGE_POLL_INTERVAL", "1.0") or 1.0),
+        # A string default goes through `type` too: a bad MBRIDGE_POLL_INTERVAL is a usage error.
+        default=env("MBRIDGE_POLL_INTERVAL", "1.0"),
         help="Azure poll interval in seconds [MBRIDGE_POLL_INTERVAL, default 1]",
     )
     parser.add_argument(

@@ -31,6 +31,8 @@ from functions.core.errors import MalformedDocumentError, RetryableError
 from functions.core.model import Cloud, CommandResult, MaintenanceEvent
 
 LOGGER = logging.getLogger("mbridge.agent")
+KEEP_PUBLISHED_SECONDS = 24 * 3600
+PRUNE_EVERY_SECONDS = 600.0
 
 
 class CommandHandler(Protocol):
@@ -216,7 +218,12 @@ class Agent:
     # ---- publishing
 
     def _publish_loop(self) -> None:
+        next_prune = 0.0
         while not self._stop_publisher.is_set():
+            if self._clock.monotonic() >= next_prune:
+                # Published rows are kept a day for inspection, then forgotten.
+                self._state.prune(published_before=self._clock.now().timestamp() - KEEP_PUBLISHED_SECONDS)
+                next_prune = self._clock.monotonic() + PRUNE_EVERY_SECONDS
             pending = self._state.next_pending()
             if pending is None:
                 self._state.wait_for_pending(0.2)

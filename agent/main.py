@@ -10,7 +10,7 @@ import threading
 from typing import Any, Callable, TextIO, Union
 
 from agent import logs
-from agent.config import AgentSettings, ConfigError, add_agent_arguments, settings_from_args
+from agent.config import AgentSettings, ConfigError, add_agent_arguments, env, settings_from_args
 from agent.diff import GCE_KEYS, GceIdentity
 from agent.health import HealthServer, Metrics, Readiness
 from agent.loop import Agent, Watcher
@@ -32,7 +32,13 @@ MetadataClient = Union[AzureImdsClient, GceMetadataClient]
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_arguments(parser)
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING [default INFO]")
+    parser.add_argument(
+        "--log-level",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        default=env("MBRIDGE_LOG_LEVEL", "INFO"),
+        help="[MBRIDGE_LOG_LEVEL, default INFO]",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
