@@ -196,3 +196,42 @@ def test_events_reach_pubsub_in_order_with_ordering_key_and_attributes(
         ("WestNO_0", "azure", "C7061BAC-AFDC-4513-B24B-AA5F13A16123")
     }
     assert [decode(m.data).id for m in messages] == [m.attributes["envelope_id"] for m in messages]
+
+
+def test_mbridge_approve_exit_codes_over_the_local_bus(
+    tmp_path: Path, agent_thread: Callable[..., AgentThread]
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.contract.agent.conftest import ROOT
+
+    # GIVEN vm-0's agent on the local bus and a scheduled event for it
+    with Simulator(cloud="azure", vm_names=[VM]) as sim:
+        requests.post(
+            f"{sim.base_urls[0]}/_sim/events",
+            json={"event_type": "Reboot", "resources": [VM], "event_id": EVENT_ID},
+            timeout=5,
+        ).raise_for_status()
+        settings = replace(settings_for("azure", sim.base_urls[0], VM, tmp_path), transport="local")
+        agent_thread(settings)
+
+        def approve_cli(event_id: str, target: str, wait: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "agent.cli", "approve", "--event-id", event_id, "--target", target,
+                 "--transport", "local", "--bus-path", str(settings.bus_path), "--wait", wait],
+                capture_output=True, text=True, timeout=60, cwd=ROOT,
+            )  # fmt: skip
+
+        # WHEN an operator approves the event, an unknown event, and an event on a VM with no agent
+        accepted = approve_cli(EVENT_ID, VM, "20")
+        rejected = approve_cli("00000000-0000-0000-0000-000000000000", VM, "20")
+        unanswered = approve_cli(EVENT_ID, "vm-without-agent", "1")
+        approvals = sim.approvals()
+
+    # THEN 0 accepted, 1 rejected with the reason, 2 no answer; IMDS saw the one valid approval
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert rejected.returncode == 1, rejected.stdout + rejected.stderr
+    assert "not in the current Scheduled Events document" in rejected.stdout
+    assert unanswered.returncode == 2, unanswered.stdout + unanswered.stderr
+    assert [(a["event_ids"], a["status"]) for a in approvals] == [([EVENT_ID], 200)]

@@ -127,3 +127,44 @@ def test_bus_down_for_a_while_then_back_delivers_everything_in_order(
             "completed",
         ]
     assert len({e["id"] for e in envelopes}) == 9
+
+
+def test_a_slow_first_call_is_waited_for_not_counted_as_a_failure(
+    tmp_path: Path, agent_thread: Callable[..., AgentThread]
+) -> None:
+    # GIVEN IMDS whose first Scheduled Events answer takes 3 s (the docs: up to two minutes)
+    with Simulator(cloud="azure", vm_names=["vm-0"]) as sim:
+        control(sim, "faults", {"first_call_delay": 3})
+        control(sim, "events", EVENT)
+
+        # WHEN the agent starts
+        agent = agent_thread(settings_for("azure", sim.base_urls[0], "vm-0", tmp_path))
+        envelopes = agent.wait_for_count(1, timeout=20)
+        traffic = sim.traffic()["vm-0"]
+
+    # THEN the event was reported from that first answer, with no failed request before it
+    assert [e["data"]["status"] for e in envelopes] == ["scheduled"]
+    assert set(traffic["by_status"]) == {"200"}
+
+
+def test_gce_gets_the_60_second_warning_for_every_migration(
+    tmp_path: Path, agent_thread: Callable[..., AgentThread]
+) -> None:
+    # GIVEN the agent watching GCE, and a simulator that skips the warning for VMs that did not
+    # query maintenance-event directly since the last event (as GCE does)
+    with Simulator(cloud="gce", vm_names=["gce-vm-0"]) as sim:
+        agent = agent_thread(settings_for("gce", sim.base_urls[0], "gce-vm-0", tmp_path))
+        wait_until(lambda: sim.traffic()["gce-vm-0"]["total"] >= 3, 10, "the agent's first reads")
+
+        # WHEN three live migrations follow one another
+        for _ in range(3):
+            for value in ("MIGRATE_ON_HOST_MAINTENANCE", "NONE"):
+                control(sim, "gce", {"key": "maintenance-event", "value": value})
+                threading.Event().wait(0.5)
+        envelopes = agent.wait_for_count(6, timeout=20)
+        skipped = [e for e in sim.log_entries() if str(e["message"]).startswith("warning skipped")]
+
+    # THEN every warning was shown and reported: scheduled and completed, three times
+    assert skipped == []
+    assert [e["data"]["status"] for e in envelopes] == ["scheduled", "completed"] * 3
+    assert len({e["data"]["event_id"] for e in envelopes}) == 3
