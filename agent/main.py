@@ -71,15 +71,7 @@ def resolve_vm_name(settings: AgentSettings, client: MetadataClient, stop: threa
     """--vm-name, else the name the metadata service reports (retried: IMDS may be slow at boot)."""
     if settings.vm_name:
         return settings.vm_name
-    delay = 1.0
-    while True:
-        try:
-            return client.own_name()
-        except MetadataUnavailableError as exc:
-            LOGGER.warning("cannot read this VM's name yet (%s); retrying in %.0f s", exc, delay)
-            if stop.wait(delay):
-                raise
-            delay = min(delay * 2, 30.0)
+    return _retry(client.own_name, stop, "this VM's name")
 
 
 def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
@@ -159,7 +151,7 @@ def _tracker(
 
         return AzureTracker(vm_name, state.load(AzureTracker.state_name)), azure_watchers
     gce_client = client
-    identity = GceIdentity(instance_id=_retry(gce_client.instance_id, stop), reporter=vm_name)
+    identity = GceIdentity(instance_id=_retry(gce_client.instance_id, stop, "the instance id"), reporter=vm_name)
 
     def gce_watchers(agent: Agent, clock: Clock) -> list[Watcher]:
         return [
@@ -170,13 +162,14 @@ def _tracker(
     return GceTracker(identity, state.load(GceTracker.state_name)), gce_watchers
 
 
-def _retry(read: Callable[[], str], stop: threading.Event) -> str:
+def _retry(read: Callable[[], str], stop: threading.Event, what: str) -> str:
+    """Read an identity value, retrying: the metadata service may be slow while the VM boots."""
     delay = 1.0
     while True:
         try:
             return read()
         except MetadataUnavailableError as exc:
-            LOGGER.warning("metadata not available yet (%s); retrying in %.0f s", exc, delay)
+            LOGGER.warning("cannot read %s yet (%s); retrying in %.0f s", what, exc, delay)
             if stop.wait(delay):
                 raise
             delay = min(delay * 2, 30.0)
