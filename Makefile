@@ -31,13 +31,15 @@ lint: venv
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
-# The agent and functions/core on the oldest python3 they support (VM images).
+# The agent and functions/core on the oldest python3 they support (VM images), with the
+# embedded transports. The cloud SDKs are left out: pip cannot settle their 3.9 releases in a
+# reasonable time, and the transport modules are plain 3.9 syntax checked by ruff and mypy.
 PYTHON39 ?= python3.9
 compat39:
 	$(PYTHON39) -m venv .venv39
 	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography
 	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator tests/contract/agent \
-		tests/contract/test_commands_against_simulator.py --ignore=tests/unit/transports
+		tests/contract/test_commands_against_simulator.py --ignore=tests/unit/transports -k "not pubsub"
 
 clean:
 	rm -rf $(VENV) .venv39 .pytest_cache .mypy_cache .ruff_cache
