@@ -1,0 +1,65 @@
+"""Load-balancer adapters that need no cloud SDK: draining through the agent's /readyz, and
+several balancers at once."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Callable
+
+from functions.core.commands import Command, CommandType, new_command
+from functions.core.ports import CommandSender, JsonObject, LoadBalancer
+
+
+class ReadinessBalancer:
+    """Drains a VM by telling its agent to turn /readyz unready (a `drain` command), so a
+    health-probe load balancer stops sending it traffic; `restore` turns it ready again.
+    No control-plane permission is needed for this path (design §3.3)."""
+
+    def __init__(
+        self,
+        sender: CommandSender,
+        clock: Callable[[], datetime],
+        ttl: timedelta = timedelta(minutes=10),
+        signer: Callable[[Command], Command] | None = None,
+    ) -> None:
+        self._sender = sender
+        self._clock = clock
+        self._ttl = ttl
+        self._signer = signer
+
+    def drain(self, vm: str) -> JsonObject | None:
+        self._send(CommandType.DRAIN, vm)
+        return {"readiness": True}
+
+    def restore(self, vm: str, memento: JsonObject) -> None:
+        if memento.get("readiness"):
+            self._send(CommandType.RESTORE, vm)
+
+    def _send(self, kind: CommandType, vm: str) -> None:
+        now = self._clock()
+        # One id per (kind, VM, minute): a retry within the minute is answered from the agent's
+        # ledger instead of flipping readiness twice.
+        command_id = hashlib.sha256(f"{kind.value}|{vm}|{now:%Y%m%d%H%M}".encode()).hexdigest()[:32]
+        command = new_command(
+            kind, target=vm, event_id=f"{kind.value}-{vm}", issued_at=now, expires_at=now + self._ttl,
+            command_id=command_id,
+        )  # fmt: skip
+        self._sender.send(self._signer(command) if self._signer else command)
+
+
+class CompositeBalancer:
+    """Several balancers as one: a VM is drained from each; the memento keeps each one's part."""
+
+    def __init__(self, balancers: Sequence[tuple[str, LoadBalancer]]) -> None:
+        self._balancers = list(balancers)
+
+    def drain(self, vm: str) -> JsonObject | None:
+        parts = {name: part for name, balancer in self._balancers if (part := balancer.drain(vm)) is not None}
+        return parts or None
+
+    def restore(self, vm: str, memento: JsonObject) -> None:
+        for name, balancer in self._balancers:
+            if name in memento:
+                balancer.restore(vm, memento[name])

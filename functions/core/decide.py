@@ -1,0 +1,145 @@
+"""`decide(event, policy, now)`: what to do about one maintenance event (design §3.4). Pure.
+
+The rules are ordered; the first that matches wins, and its name travels with the decision
+into the audit log, so every action can be traced back to the rule that caused it. Waiting
+never happens here: a drain period travels with the approval (`execute_at`), and a budget
+wait is decided where the budget is (`process`), against stored state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Union
+
+from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
+from functions.core.policy import Policy
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Take these VMs out of their load balancer(s) (one budget unit for the event)."""
+
+    vms: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Approve:
+    """Send one approval to `target`'s agent; it POSTs at `execute_at` (None: at once)."""
+
+    target: str
+    execute_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Put back what this system drained for this event — and nothing else."""
+
+
+@dataclass(frozen=True)
+class PerformMaintenance:
+    """GCE: start the announced maintenance now (instances.performMaintenance)."""
+
+    vm: str
+
+
+Action = Union[Drain, Approve, Restore, PerformMaintenance]
+
+# Kinds whose VM is gone afterwards: restoring it to a load balancer would add a dead backend.
+NO_RESTORE_KINDS = frozenset({EventKind.TERMINATE, EventKind.PREEMPT})
+GCE_DRAIN_KINDS = frozenset({EventKind.LIVE_MIGRATE, EventKind.HOST_TERMINATE, EventKind.PREEMPT})
+
+
+@dataclass(frozen=True)
+class Decision:
+    rule: str
+    reason: str
+    actions: tuple[Action, ...] = ()
+
+
+def decide(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
+    """The actions for `event`, by the first matching rule of design §3.4."""
+    if event.status in (EventStatus.COMPLETED, EventStatus.CANCELED):
+        if event.kind in NO_RESTORE_KINDS:
+            return Decision("1-ended", f"{event.kind.value} {event.status.value}: the VM is gone, nothing to restore")
+        return Decision("1-ended", f"{event.status.value}: restore what this system drained", (Restore(),))
+    if _harmless_freeze(event, policy):
+        if event.status is EventStatus.SCHEDULED:
+            return Decision(
+                "3-short-freeze",
+                f"Freeze of {event.duration_seconds} s: approve at once, no drain",
+                (Approve(_approval_target(event)),),
+            )
+        return Decision("3-short-freeze", f"Freeze of {event.duration_seconds} s started: no action")
+    if event.status is EventStatus.STARTED:
+        # A new event already started (hardware failure, no notice), or the next step of one
+        # handled at `scheduled`: draining is idempotent per VM, so both are the same action.
+        return Decision("2-started", "started without (further) notice: drain the VMs in Resources", _drain(event))
+    if event.cloud is Cloud.GCE:
+        return _gce(event, policy, now)
+    target = _approval_target(event)
+    if event.event_source is EventSource.USER:
+        if not policy.approve_user_events:
+            return Decision("4-user", "user-initiated: drain; approvals of user events are off", _drain(event))
+        return Decision("4-user", "user-initiated: drain, then approve at once", (*_drain(event), Approve(target)))
+    if not policy.approve_platform_events:
+        return Decision("5-platform", "platform event: drain; platform approvals are off", _drain(event))
+    execute_at = now + timedelta(seconds=policy.drain_period_seconds)
+    if event.not_before is not None:
+        latest = event.not_before - timedelta(seconds=policy.not_before_margin_seconds)
+        execute_at = max(now, min(execute_at, latest))
+    return Decision(
+        "5-platform",
+        f"platform {event.kind.value}: drain, approve after the {policy.drain_period_seconds:g} s drain period",
+        (*_drain(event), Approve(target, execute_at=execute_at)),
+    )
+
+
+def _gce(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
+    if event.kind in GCE_DRAIN_KINDS:
+        return Decision("6-gce", f"GCE {event.kind.value}: drain", _drain(event))
+    can_reschedule = _can_reschedule(event)
+    if (
+        policy.gce_upcoming_action == "perform_maintenance"
+        and can_reschedule
+        and policy.in_maintenance_window(now.hour)
+    ):
+        return Decision(
+            "6-gce-upcoming",
+            "upcoming maintenance in the maintenance window: drain and start it now",
+            (*_drain(event), PerformMaintenance(event.reporter)),
+        )
+    return Decision("6-gce-upcoming", "upcoming maintenance: audit only (advance notice)")
+
+
+def _can_reschedule(event: MaintenanceEvent) -> bool:
+    value = event.raw.get("value")
+    flag = value.get("canReschedule") if isinstance(value, dict) else None
+    return flag is True or (isinstance(flag, str) and flag.strip().lower() == "true")
+
+
+def _harmless_freeze(event: MaintenanceEvent, policy: Policy) -> bool:
+    return (
+        event.kind is EventKind.FREEZE
+        and event.duration_seconds is not None
+        and 0 <= event.duration_seconds <= policy.harmless_freeze_seconds
+    )
+
+
+def _approval_target(event: MaintenanceEvent) -> str:
+    """One approval per event: the reporter if it is affected, else the first VM in Resources.
+
+    A VMSS Terminate is always approved by the instance being deleted: its own agent (every
+    report of an event carries the same envelope id, so the first report processed may come
+    from another instance of the placement group).
+    """
+    if event.kind is EventKind.TERMINATE and event.resources:
+        return event.resources[0]
+    if event.concerns_reporter or not event.resources:
+        return event.reporter
+    return event.resources[0]
+
+
+def _drain(event: MaintenanceEvent) -> tuple[Action, ...]:
+    vms = event.resources or (event.reporter,)
+    return (Drain(tuple(vms)),)

@@ -1,0 +1,170 @@
+"""The declarative policy of the functions (design §3.4), read from JSON or YAML.
+
+Every number of the default policy is a setting here; docs/policy.md documents each one.
+A policy is validated once, when the function app starts: a wrong key or value stops it
+with a message naming the key, instead of acting on a half-understood policy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from functions.core.errors import PermanentError
+
+
+class PolicyError(PermanentError):
+    """The policy document is invalid; the message names the key and what it accepts."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """VMs that share a disruption budget (e.g. the members of one load-balancer backend)."""
+
+    name: str
+    vms: frozenset[str]
+    max_drained: int | None  # None: unlimited
+
+
+@dataclass(frozen=True)
+class Policy:
+    # Rule 3: a Freeze this short (and not unknown) is harmless: approve at once, no drain.
+    harmless_freeze_seconds: int = 10
+    # Rule 4: user-initiated events (restart, redeploy from the portal/API) are approved at once.
+    approve_user_events: bool = True
+    # Rule 5: other Azure events are approved after the drain period, never later than
+    # NotBefore minus the margin (so the approval is not moot).
+    approve_platform_events: bool = True
+    drain_period_seconds: float = 30.0
+    not_before_margin_seconds: float = 5.0
+    # Approvals travel as commands that expire after this long.
+    command_ttl_seconds: float = 600.0
+    # Disruption budget: pools and how many of their VMs may be drained at once. A VM in no
+    # pool is in the default pool, whose budget is `default_max_drained` (None: unlimited).
+    pools: tuple[Pool, ...] = ()
+    default_max_drained: int | None = None
+    # GCE upcoming-maintenance: "audit" (default) or "perform_maintenance" when the notice can
+    # be rescheduled and now is inside the window below (UTC hours, start inclusive).
+    gce_upcoming_action: str = "audit"
+    maintenance_window_utc: tuple[int, int] | None = None
+    # Decide and audit, but change nothing (no drain, no approval, no restore).
+    dry_run: bool = False
+
+    def pool_of(self, vm: str) -> Pool:
+        for pool in self.pools:
+            if vm in pool.vms:
+                return pool
+        return Pool(name="default", vms=frozenset(), max_drained=self.default_max_drained)
+
+    def in_maintenance_window(self, hour_utc: int) -> bool:
+        if self.maintenance_window_utc is None:
+            return False
+        start, end = self.maintenance_window_utc
+        return start <= hour_utc < end if start <= end else hour_utc >= start or hour_utc < end
+
+
+DEFAULT_POLICY = Policy()
+
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "harmless_freeze_seconds": (int,),
+    "approve_user_events": (bool,),
+    "approve_platform_events": (bool,),
+    "drain_period_seconds": (int, float),
+    "not_before_margin_seconds": (int, float),
+    "command_ttl_seconds": (int, float),
+    "default_max_drained": (int, type(None)),
+    "gce_upcoming_action": (str,),
+    "dry_run": (bool,),
+}
+
+
+def load_policy(text: str | bytes | None) -> Policy:
+    """Parse a policy document (JSON, or YAML when PyYAML is installed); empty → the default.
+
+    Raises:
+        PolicyError: naming the key that is wrong.
+    """
+    if text is None or not str(text if isinstance(text, str) else text.decode()).strip():
+        return DEFAULT_POLICY
+    document = _parse(text)
+    if not isinstance(document, dict):
+        raise PolicyError("a policy is a JSON/YAML object of settings; see docs/policy.md")
+    return policy_from_mapping(document)
+
+
+def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
+    known = {f.name for f in fields(Policy)}
+    unknown = sorted(set(document) - known)
+    if unknown:
+        raise PolicyError(f"unknown policy setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    values: dict[str, Any] = {}
+    for name, kinds in _SCALARS.items():
+        if name not in document:
+            continue
+        value = document[name]
+        if isinstance(value, bool) and bool not in kinds:
+            raise PolicyError(f"policy setting {name!r} must be a number, not a boolean")
+        if not isinstance(value, kinds):
+            raise PolicyError(f"policy setting {name!r} has the wrong type: {value!r}")
+        values[name] = value
+    for name in ("harmless_freeze_seconds", "drain_period_seconds", "not_before_margin_seconds"):
+        if name in values and values[name] < 0:
+            raise PolicyError(f"policy setting {name!r} must be >= 0")
+    if values.get("command_ttl_seconds", 1) <= 0:
+        raise PolicyError("policy setting 'command_ttl_seconds' must be > 0")
+    if values.get("default_max_drained") is not None and values["default_max_drained"] < 1:
+        raise PolicyError("policy setting 'default_max_drained' must be >= 1, or null for unlimited")
+    if values.get("gce_upcoming_action", "audit") not in ("audit", "perform_maintenance"):
+        raise PolicyError("policy setting 'gce_upcoming_action' is 'audit' or 'perform_maintenance'")
+    if "pools" in document:
+        values["pools"] = _pools(document["pools"])
+    if "maintenance_window_utc" in document:
+        values["maintenance_window_utc"] = _window(document["maintenance_window_utc"])
+    return Policy(**values)
+
+
+def _pools(raw: Any) -> tuple[Pool, ...]:
+    if not isinstance(raw, dict):
+        raise PolicyError('policy setting \'pools\' is an object: {"web": {"vms": [...], "max_drained": 1}}')
+    pools = []
+    seen: dict[str, str] = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict) or set(spec) - {"vms", "max_drained"}:
+            raise PolicyError(f"pool {name!r} takes 'vms' (list of VM names) and 'max_drained' (>= 1 or null)")
+        vms = spec.get("vms", [])
+        if not isinstance(vms, list) or not all(isinstance(vm, str) and vm for vm in vms):
+            raise PolicyError(f"pool {name!r}: 'vms' must be a list of VM names")
+        limit = spec.get("max_drained")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise PolicyError(f"pool {name!r}: 'max_drained' must be an integer >= 1, or null for unlimited")
+        for vm in vms:
+            if vm in seen:
+                raise PolicyError(f"VM {vm!r} is in two pools ({seen[vm]!r} and {name!r}); a VM has one budget")
+            seen[vm] = name
+        pools.append(Pool(name=name, vms=frozenset(vms), max_drained=limit))
+    return tuple(pools)
+
+
+def _window(raw: Any) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    valid = isinstance(raw, list) and len(raw) == 2 and all(isinstance(h, int) and 0 <= h <= 23 for h in raw)
+    if not valid:
+        raise PolicyError("policy setting 'maintenance_window_utc' is [start_hour, end_hour] in UTC, 0-23")
+    return (raw[0], raw[1])
+
+
+def _parse(text: str | bytes) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as json_error:
+        try:
+            import yaml
+        except ImportError:
+            raise PolicyError(f"the policy is not JSON ({json_error}); for YAML install PyYAML") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"the policy is neither JSON nor YAML: {exc}") from exc

@@ -1,0 +1,125 @@
+"""The ports of the function core: every side effect of `process` goes through one of these.
+
+Each cloud app implements them with its SDKs (Azure: Table Storage, azure-mgmt-network,
+Service Bus; GCP: Firestore, google-cloud-compute, Pub/Sub), the local app with SQLite, and
+the tests with in-memory fakes. Implementations raise `RetryableError` for transient failures
+(the platform redelivers the message) and `PermanentError` when retrying cannot help.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any, Protocol
+
+from functions.core.commands import Command
+
+JsonObject = dict[str, Any]
+
+
+class Claim(str, Enum):
+    CLAIMED = "claimed"  # ours to process now
+    DONE = "done"  # processed before: a duplicate, acknowledge it
+    BUSY = "busy"  # another invocation holds a live lease: retry later
+
+
+@dataclass(frozen=True)
+class Parked:
+    """An event waiting for its pool's disruption budget, oldest first."""
+
+    event_key: str
+    envelope: bytes
+    parked_at: datetime
+
+
+class StateStore(Protocol):
+    """Idempotency claims, what this system drained, budget reservations and stored waits.
+
+    Each method is atomic on its own (SQLite transaction, Table Storage ETag, Firestore
+    transaction); `reserve` in particular must never admit two events into the last slot.
+    """
+
+    def claim(self, key: str, now: datetime, lease: timedelta) -> Claim:
+        """Claim an envelope id. A claim whose lease ran out (the invocation died) is taken over."""
+        ...
+
+    def complete(self, key: str, now: datetime) -> None: ...
+
+    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+        """Admit the event into the pool's budget: True when the VMs already reserved plus these
+        stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event."""
+        ...
+
+    def release(self, pool: str, event_key: str) -> None: ...
+
+    def record_drain(self, event_key: str, vm: str, memento: JsonObject) -> None:
+        """Remember that this system drained `vm` for the event, and how to undo it."""
+        ...
+
+    def drains(self, event_key: str) -> Mapping[str, JsonObject]:
+        """VM → memento of everything this system drained for the event."""
+        ...
+
+    def forget_drain(self, event_key: str, vm: str) -> None: ...
+
+    def remember(self, key: str, value: bytes) -> bytes:
+        """Store `value` under `key` unless something is stored there already; return what is stored.
+
+        Makes retries send byte-identical commands: a command re-built on a retry would carry a
+        new issued_at, which the agent refuses as a reused command_id with other content.
+        """
+        ...
+
+    def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None: ...
+
+    def parked(self, pool: str) -> Sequence[Parked]: ...
+
+    def unpark(self, pool: str, event_key: str) -> None: ...
+
+
+class LoadBalancer(Protocol):
+    """Takes a VM out of traffic and puts it back exactly as it was."""
+
+    def drain(self, vm: str) -> JsonObject | None:
+        """Remove `vm` from the pools this adapter manages; return what is needed to undo it,
+        or None when `vm` was in none of them (then nothing will be restored)."""
+        ...
+
+    def restore(self, vm: str, memento: JsonObject) -> None: ...
+
+
+class CommandSender(Protocol):
+    def send(self, command: Command) -> None:
+        """Put the command on the commands channel for `command.target`."""
+        ...
+
+
+class Maintenance(Protocol):
+    """GCE instances.performMaintenance: start announced maintenance now."""
+
+    def perform(self, vm: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One line of the append-only audit log: an event, a decision, an action or a result."""
+
+    time: datetime
+    kind: str  # event | decision | action | command-result | duplicate | malformed | wait
+    envelope_id: str
+    event_id: str
+    vm: str
+    action: str = ""  # drain | approve | restore | wait | none | perform_maintenance
+    status: str = ""
+    rule: str = ""
+    reason: str = ""
+    at: datetime | None = None  # approve: execute_at
+    detail: JsonObject = field(default_factory=dict, hash=False)
+
+
+class AuditLog(Protocol):
+    def append(self, record: AuditRecord) -> None: ...
+
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]: ...

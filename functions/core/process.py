@@ -1,0 +1,277 @@
+"""`process`: one envelope in, its actions done exactly once in effect (design §5).
+
+    decode → claim the envelope id → decide → execute (drain / approve / restore / perform) → complete
+
+- A duplicate (every VM of an availability set reports the same event; buses redeliver) finds
+  its claim done and is acknowledged with no action.
+- A crash between claim and completion leaves a claim whose lease runs out; the redelivery takes
+  it over and executes again. Every action is idempotent for that: drains are recorded per
+  (event, VM) and skipped when recorded, approvals are byte-identical commands with a
+  deterministic command_id (the agent answers a repeat from its ledger and never POSTs twice).
+- Budget waits are stored (`park`), never left to platform redelivery (which would dead-letter):
+  the invocation that frees a slot admits the oldest waiting event of the pool.
+- Malformed envelopes are audited and acknowledged (`PermanentError`); transient adapter
+  failures raise `RetryableError` for the platform to retry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from functions.core.commands import Command, CommandType, decode_command, encode_command, new_command
+from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, Restore, decide
+from functions.core.envelope import Envelope, decode, encode
+from functions.core.errors import MalformedEnvelopeError, RetryableError
+from functions.core.model import CommandResult, MaintenanceEvent
+from functions.core.policy import Policy
+from functions.core.ports import AuditLog, AuditRecord, Claim, CommandSender, LoadBalancer, Maintenance, StateStore
+
+LOGGER = logging.getLogger("mbridge.functions")
+
+# How long one invocation may hold a claim before a redelivery may take it over.
+CLAIM_LEASE = timedelta(minutes=5)
+
+
+class ClaimBusyError(RetryableError):
+    """Another invocation is processing the same envelope right now; retry later."""
+
+
+@dataclass
+class Deps:
+    """Everything `process` touches. `signer` signs commands when the deployment has a key."""
+
+    store: StateStore
+    balancer: LoadBalancer
+    sender: CommandSender
+    audit: AuditLog
+    policy: Policy
+    maintenance: Maintenance | None = None
+    signer: Callable[[Command], Command] | None = None
+
+
+@dataclass
+class Outcome:
+    """What one invocation did; `actions` lists (action, vm, execute_at) in order."""
+
+    envelope_id: str
+    result: str  # processed | duplicate | malformed | command-result
+    decision: Decision | None = None
+    actions: list[tuple[str, str, datetime | None]] = field(default_factory=list)
+
+
+def event_key(event: MaintenanceEvent) -> str:
+    """The event across its statuses (drains and budget belong to the event, not the step)."""
+    event_id = event.event_id.lower() if event.cloud.value == "azure" else event.event_id
+    return f"{event.cloud.value}:{event_id}"
+
+
+def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
+    """Handle one message body from the events channel.
+
+    Raises:
+        RetryableError: a transient failure; the platform must redeliver the message.
+    """
+    try:
+        envelope = decode(body)
+    except MalformedEnvelopeError as exc:
+        digest = hashlib.sha256(body).hexdigest()
+        deps.audit.append(AuditRecord(now, "malformed", digest, "", "", action="none", reason=str(exc)))
+        LOGGER.warning("malformed envelope %s acknowledged: %s", digest[:16], exc)
+        return Outcome(digest, "malformed")
+    if isinstance(envelope.data, CommandResult):
+        _audit_result(envelope, envelope.data, deps, now)
+        return Outcome(envelope.id, "command-result")
+    event = envelope.data
+    claim = deps.store.claim(envelope.id, now, CLAIM_LEASE)
+    if claim is Claim.DONE:
+        deps.audit.append(_record(now, "duplicate", envelope, event, action="none", reason="already processed"))
+        return Outcome(envelope.id, "duplicate")
+    if claim is Claim.BUSY:
+        raise ClaimBusyError(f"envelope {envelope.id} is being processed by another invocation; retry later")
+    outcome = Outcome(envelope.id, "processed")
+    deps.audit.append(_record(now, "event", envelope, event, reason=event.description))
+    _act(envelope, event, deps, now, outcome)
+    deps.store.complete(envelope.id, now)
+    return outcome
+
+
+def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime, outcome: Outcome) -> None:
+    decision = decide(event, deps.policy, now)
+    outcome.decision = decision
+    deps.audit.append(_record(now, "decision", envelope, event, rule=decision.rule, reason=decision.reason))
+    if not decision.actions:
+        _note(deps, outcome, now, envelope, event, "none", event.reporter, decision)
+        return
+    for action in decision.actions:
+        if isinstance(action, Drain):
+            if not _drain(action, envelope, event, deps, now, outcome, decision):
+                return  # parked for the budget: the approval waits with it
+        elif isinstance(action, Approve):
+            _approve(action, envelope, event, deps, now, outcome, decision)
+        elif isinstance(action, Restore):
+            _restore(envelope, event, deps, now, outcome, decision)
+        elif isinstance(action, PerformMaintenance):
+            _perform(action, envelope, event, deps, now, outcome, decision)
+
+
+def _drain(
+    action: Drain,
+    envelope: Envelope,
+    event: MaintenanceEvent,
+    deps: Deps,
+    now: datetime,
+    outcome: Outcome,
+    decision: Decision,
+) -> bool:
+    key = event_key(event)
+    pool = deps.policy.pool_of(action.vms[0])
+    if not deps.store.reserve(pool.name, key, action.vms, pool.max_drained):
+        deps.store.park(pool.name, key, _body(envelope), now)
+        reason = f"pool {pool.name!r} is at its budget of {pool.max_drained}; waiting for a slot"
+        _note(deps, outcome, now, envelope, event, "wait", ",".join(action.vms), decision, reason)
+        return False
+    done = deps.store.drains(key)
+    for vm in action.vms:
+        if vm in done:
+            continue  # drained by an earlier step or attempt of this event
+        if deps.policy.dry_run:
+            _note(deps, outcome, now, envelope, event, "drain", vm, decision, "dry run: not drained")
+            continue
+        memento = deps.balancer.drain(vm)
+        deps.store.record_drain(key, vm, memento or {})
+        reason = decision.reason if memento else f"{decision.reason} ({vm} was in no managed pool)"
+        _note(deps, outcome, now, envelope, event, "drain", vm, decision, reason)
+    return True
+
+
+def _approve(
+    action: Approve,
+    envelope: Envelope,
+    event: MaintenanceEvent,
+    deps: Deps,
+    now: datetime,
+    outcome: Outcome,
+    decision: Decision,
+) -> None:
+    command_id = hashlib.sha256(f"{envelope.id}|approve".encode()).hexdigest()[:32]
+    built = new_command(
+        CommandType.APPROVE,
+        target=action.target,
+        event_id=event.event_id,
+        issued_at=now,
+        execute_at=action.execute_at if action.execute_at and action.execute_at > now else None,
+        expires_at=now + timedelta(seconds=deps.policy.command_ttl_seconds),
+        command_id=command_id,
+    )
+    if deps.signer is not None:
+        built = deps.signer(built)
+    # A retry re-sends the very bytes of the first attempt (see StateStore.remember).
+    command = decode_command(deps.store.remember(f"command:{command_id}", encode_command(built))).command
+    if deps.policy.dry_run:
+        _note(deps, outcome, now, envelope, event, "approve", action.target, decision, "dry run: not sent")
+        return
+    deps.sender.send(command)
+    _note(deps, outcome, now, envelope, event, "approve", action.target, decision, at=command.execute_at)
+
+
+def _restore(
+    envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime, outcome: Outcome, decision: Decision
+) -> None:
+    key = event_key(event)
+    pool = deps.policy.pool_of(event.resources[0] if event.resources else event.reporter)
+    deps.store.unpark(pool.name, key)  # ended while waiting for the budget: nothing to do for it
+    for vm, memento in sorted(deps.store.drains(key).items()):
+        if memento and not deps.policy.dry_run:
+            deps.balancer.restore(vm, memento)
+        deps.store.forget_drain(key, vm)
+        _note(deps, outcome, now, envelope, event, "restore", vm, decision)
+    deps.store.release(pool.name, key)
+    _admit_waiting(pool.name, deps, now, outcome)
+
+
+def _admit_waiting(pool: str, deps: Deps, now: datetime, outcome: Outcome) -> None:
+    """A slot may be free: the oldest waiting events of the pool go, as far as the budget allows."""
+    for parked in deps.store.parked(pool):
+        envelope = decode(parked.envelope)
+        event = envelope.data
+        if not isinstance(event, MaintenanceEvent):
+            deps.store.unpark(pool, parked.event_key)
+            continue
+        before = len(outcome.actions)
+        _act(envelope, event, deps, now, outcome)
+        if outcome.actions[before:] and outcome.actions[before][0] == "wait":
+            return  # still no room; it stays parked (the same entry was re-parked)
+        deps.store.unpark(pool, parked.event_key)
+
+
+def _perform(
+    action: PerformMaintenance,
+    envelope: Envelope,
+    event: MaintenanceEvent,
+    deps: Deps,
+    now: datetime,
+    outcome: Outcome,
+    decision: Decision,
+) -> None:
+    if deps.maintenance is None or deps.policy.dry_run:
+        reason = "dry run: not started" if deps.policy.dry_run else "no maintenance adapter configured"
+        _note(deps, outcome, now, envelope, event, "perform_maintenance", action.vm, decision, reason)
+        return
+    deps.maintenance.perform(action.vm)
+    _note(deps, outcome, now, envelope, event, "perform_maintenance", action.vm, decision)
+
+
+def _note(
+    deps: Deps,
+    outcome: Outcome,
+    now: datetime,
+    envelope: Envelope,
+    event: MaintenanceEvent,
+    action: str,
+    vm: str,
+    decision: Decision,
+    reason: str = "",
+    at: datetime | None = None,
+) -> None:
+    outcome.actions.append((action, vm, at))
+    record = _record(
+        now, "action", envelope, event, action=action, rule=decision.rule, reason=reason or decision.reason
+    )
+    deps.audit.append(replace(record, vm=vm, at=at))
+
+
+def _record(now: datetime, kind: str, envelope: Envelope, event: MaintenanceEvent, **fields: Any) -> AuditRecord:
+    return AuditRecord(
+        time=now,
+        kind=kind,
+        envelope_id=envelope.id,
+        event_id=event.event_id,
+        vm=event.reporter,
+        status=event.status.value,
+        detail={"kind": event.kind.value, "cloud": event.cloud.value, "resources": list(event.resources)},
+        **fields,
+    )
+
+
+def _audit_result(envelope: Envelope, result: CommandResult, deps: Deps, now: datetime) -> None:
+    deps.audit.append(
+        AuditRecord(
+            time=now,
+            kind="command-result",
+            envelope_id=envelope.id,
+            event_id=result.event_id,
+            vm=result.target,
+            action=result.result,
+            reason=result.reason,
+            detail={"command_id": result.command_id},
+        )
+    )
+
+
+def _body(envelope: Envelope) -> bytes:
+    return encode(envelope)

@@ -1,0 +1,22 @@
+"""Commands onto the agent's embedded bus (what the Service Bus / Pub/Sub senders do in the cloud)."""
+
+from __future__ import annotations
+
+from agent.transports.base import OutboundMessage
+from agent.transports.local import LocalBus
+from functions.core.commands import Command, encode_command
+
+
+class LocalCommandSender:
+    def __init__(self, bus: LocalBus) -> None:
+        self._bus = bus
+
+    def send(self, command: Command) -> None:
+        self._bus.send_command(
+            OutboundMessage(
+                envelope_id=command.command_id,
+                body=encode_command(command),
+                key=command.target,
+                attributes={"type": command.type.value, "target": command.target, "event_id": command.event_id},
+            )
+        )

@@ -1,0 +1,218 @@
+"""SQLite implementations of StateStore and AuditLog (one file, WAL; ":memory:" for replay).
+
+Each method runs in its own IMMEDIATE transaction, so concurrent consumers of one file never
+admit two events into the last budget slot, nor take the same claim twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
+from functions.core.timefmt import format_rfc3339, parse_rfc3339
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS claims (
+    key TEXT PRIMARY KEY, state TEXT NOT NULL, lease_until REAL NOT NULL, updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reservations (
+    pool TEXT NOT NULL, event_key TEXT NOT NULL, vms TEXT NOT NULL, PRIMARY KEY (pool, event_key)
+);
+CREATE TABLE IF NOT EXISTS drains (
+    event_key TEXT NOT NULL, vm TEXT NOT NULL, memento TEXT NOT NULL, PRIMARY KEY (event_key, vm)
+);
+CREATE TABLE IF NOT EXISTS remembered (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS parked (
+    pool TEXT NOT NULL, event_key TEXT NOT NULL, envelope BLOB NOT NULL, parked_at REAL NOT NULL,
+    PRIMARY KEY (pool, event_key)
+);
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, time TEXT NOT NULL, kind TEXT NOT NULL, envelope_id TEXT NOT NULL,
+    event_id TEXT NOT NULL, vm TEXT NOT NULL, action TEXT NOT NULL, status TEXT NOT NULL, rule TEXT NOT NULL,
+    reason TEXT NOT NULL, at TEXT, detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_vm ON audit (vm, seq);
+CREATE INDEX IF NOT EXISTS audit_event ON audit (event_id, seq);
+"""
+
+
+_AUDIT_COLUMNS = "time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail"
+
+
+class SqliteStore:
+    """StateStore and AuditLog over one SQLite database."""
+
+    def __init__(self, path: Path | str) -> None:
+        target = str(path)
+        if target != ":memory:":
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(target, timeout=30, check_same_thread=False, isolation_level=None)
+        if target != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # ---- claims
+
+    def claim(self, key: str, now: datetime, lease: timedelta) -> Claim:
+        stamp = now.timestamp()
+        with self._transaction() as db:
+            row = db.execute("SELECT state, lease_until FROM claims WHERE key = ?", (key,)).fetchone()
+            if row is not None and row[0] == "done":
+                return Claim.DONE
+            if row is not None and row[1] > stamp:
+                return Claim.BUSY
+            db.execute(
+                "INSERT INTO claims (key, state, lease_until, updated_at) VALUES (?, 'in-progress', ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET state = 'in-progress', lease_until = excluded.lease_until, "
+                "updated_at = excluded.updated_at",
+                (key, stamp + lease.total_seconds(), stamp),
+            )
+            return Claim.CLAIMED
+
+    def complete(self, key: str, now: datetime) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE claims SET state = 'done', updated_at = ? WHERE key = ?", (now.timestamp(), key))
+
+    # ---- budget
+
+    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM reservations WHERE pool = ? AND event_key = ?", (pool, event_key)).fetchone():
+                return True
+            others = [json.loads(row[0]) for row in db.execute("SELECT vms FROM reservations WHERE pool = ?", (pool,))]
+            drained = {vm for vms_of in others for vm in vms_of}
+            if limit is not None and others and len(drained | set(vms)) > limit:
+                return False
+            db.execute(
+                "INSERT INTO reservations (pool, event_key, vms) VALUES (?, ?, ?)",
+                (pool, event_key, json.dumps(list(vms))),
+            )
+            return True
+
+    def release(self, pool: str, event_key: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM reservations WHERE pool = ? AND event_key = ?", (pool, event_key))
+
+    # ---- drains
+
+    def record_drain(self, event_key: str, vm: str, memento: JsonObject) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO drains (event_key, vm, memento) VALUES (?, ?, ?)",
+                (event_key, vm, json.dumps(memento, sort_keys=True)),
+            )
+
+    def drains(self, event_key: str) -> Mapping[str, JsonObject]:
+        with self._lock:
+            rows = self._db.execute("SELECT vm, memento FROM drains WHERE event_key = ?", (event_key,)).fetchall()
+        return {vm: json.loads(memento) for vm, memento in rows}
+
+    def forget_drain(self, event_key: str, vm: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM drains WHERE event_key = ? AND vm = ?", (event_key, vm))
+
+    # ---- remembered values and waits
+
+    def remember(self, key: str, value: bytes) -> bytes:
+        with self._transaction() as db:
+            db.execute("INSERT OR IGNORE INTO remembered (key, value) VALUES (?, ?)", (key, value))
+            (stored,) = db.execute("SELECT value FROM remembered WHERE key = ?", (key,)).fetchone()
+        return bytes(stored)
+
+    def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
+        with self._transaction() as db:
+            # A later step of a waiting event replaces its envelope but keeps its place in line.
+            db.execute(
+                "INSERT INTO parked (pool, event_key, envelope, parked_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(pool, event_key) DO UPDATE SET envelope = excluded.envelope",
+                (pool, event_key, envelope, now.timestamp()),
+            )
+
+    def parked(self, pool: str) -> Sequence[Parked]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT event_key, envelope, parked_at FROM parked WHERE pool = ? ORDER BY parked_at, event_key",
+                (pool,),
+            ).fetchall()
+        return [Parked(key, bytes(envelope), datetime.fromtimestamp(at, timezone.utc)) for key, envelope, at in rows]
+
+    def unpark(self, pool: str, event_key: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM parked WHERE pool = ? AND event_key = ?", (pool, event_key))
+
+    # ---- audit
+
+    def append(self, record: AuditRecord) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO audit (time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    format_rfc3339(record.time),
+                    record.kind,
+                    record.envelope_id,
+                    record.event_id,
+                    record.vm,
+                    record.action,
+                    record.status,
+                    record.rule,
+                    record.reason,
+                    format_rfc3339(record.at) if record.at else None,
+                    json.dumps(record.detail, sort_keys=True),
+                ),
+            )
+
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
+        clauses, params = [], []
+        if vm is not None:
+            clauses.append("vm = ?")
+            params.append(vm)
+        if event_id is not None:
+            clauses.append("lower(event_id) = lower(?)")
+            params.append(event_id)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        # The clauses are fixed strings; every value is a parameter.
+        sql = f"SELECT {_AUDIT_COLUMNS} FROM audit{where} ORDER BY seq"  # noqa: S608
+        with self._lock:
+            rows = self._db.execute(sql, params).fetchall()
+        return [_audit_record(row) for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _audit_record(row: tuple[Any, ...]) -> AuditRecord:
+    time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail = row
+    return AuditRecord(
+        time=parse_rfc3339(time),
+        kind=kind,
+        envelope_id=envelope_id,
+        event_id=event_id,
+        vm=vm,
+        action=action,
+        status=status,
+        rule=rule,
+        reason=reason,
+        at=parse_rfc3339(at) if at else None,
+        detail=json.loads(detail),
+    )
