@@ -1,3 +1,3 @@
-"""Fixtures shared by the whole suite: the real local peers of tests/peers.py."""
+"""Fixtures shared by the whole suite: the real local peers the tests start themselves."""
 
-pytest_plugins = ["tests.peers"]
+pytest_plugins = ["tests.peers", "tests.peers_azurite", "tests.peers_firestore"]
