@@ -53,6 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     approve_cli.configure(approve)
     approve.set_defaults(run=approve_cli.run)
+
+    from functions.local_app import audit_cli, replay
+
+    replaying = commands.add_parser(
+        "replay",
+        help="run recorded envelopes through the policy and print the actions it takes",
+        description="One JSON line per action (time, event_id, status, vm, action, at, reason), "
+        "on a virtual clock taken from the envelopes; duplicates take no new action.",
+    )
+    replay.configure(replaying)
+    replaying.set_defaults(run=replay.run)
+
+    auditing = commands.add_parser("audit", help="read the local audit log")
+    audit_cli.configure(auditing)
+    auditing.set_defaults(run=audit_cli.run)
     return parser
 
 

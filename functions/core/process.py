@@ -54,14 +54,25 @@ class Deps:
     signer: Callable[[Command], Command] | None = None
 
 
+@dataclass(frozen=True)
+class Taken:
+    """One action as it was taken (or, for `wait` and `none`, not taken), for logs and replay."""
+
+    action: str  # drain | approve | restore | wait | none | perform_maintenance
+    vm: str
+    at: datetime | None  # approve: execute_at
+    reason: str
+    event: MaintenanceEvent
+
+
 @dataclass
 class Outcome:
-    """What one invocation did; `actions` lists (action, vm, execute_at) in order."""
+    """What one invocation did, in order."""
 
     envelope_id: str
     result: str  # processed | duplicate | malformed | command-result
     decision: Decision | None = None
-    actions: list[tuple[str, str, datetime | None]] = field(default_factory=list)
+    actions: list[Taken] = field(default_factory=list)
 
 
 def event_key(event: MaintenanceEvent) -> str:
@@ -136,6 +147,9 @@ def _drain(
         _note(deps, outcome, now, envelope, event, "wait", ",".join(action.vms), decision, reason)
         return False
     done = deps.store.drains(key)
+    if all(vm in done for vm in action.vms):
+        _note(deps, outcome, now, envelope, event, "none", ",".join(action.vms), decision, "already drained")
+        return True
     for vm in action.vms:
         if vm in done:
             continue  # drained by an earlier step or attempt of this event
@@ -185,7 +199,10 @@ def _restore(
     key = event_key(event)
     pool = deps.policy.pool_of(event.resources[0] if event.resources else event.reporter)
     deps.store.unpark(pool.name, key)  # ended while waiting for the budget: nothing to do for it
-    for vm, memento in sorted(deps.store.drains(key).items()):
+    drained = deps.store.drains(key)
+    if not drained:
+        _note(deps, outcome, now, envelope, event, "none", event.reporter, decision, "nothing drained by this system")
+    for vm, memento in sorted(drained.items()):
         if memento and not deps.policy.dry_run:
             deps.balancer.restore(vm, memento)
         deps.store.forget_drain(key, vm)
@@ -204,7 +221,7 @@ def _admit_waiting(pool: str, deps: Deps, now: datetime, outcome: Outcome) -> No
             continue
         before = len(outcome.actions)
         _act(envelope, event, deps, now, outcome)
-        if outcome.actions[before:] and outcome.actions[before][0] == "wait":
+        if outcome.actions[before:] and outcome.actions[before].action == "wait":
             return  # still no room; it stays parked (the same entry was re-parked)
         deps.store.unpark(pool, parked.event_key)
 
@@ -238,10 +255,9 @@ def _note(
     reason: str = "",
     at: datetime | None = None,
 ) -> None:
-    outcome.actions.append((action, vm, at))
-    record = _record(
-        now, "action", envelope, event, action=action, rule=decision.rule, reason=reason or decision.reason
-    )
+    reason = reason or decision.reason
+    outcome.actions.append(Taken(action, vm, at, reason, event))
+    record = _record(now, "action", envelope, event, action=action, rule=decision.rule, reason=reason)
     deps.audit.append(replace(record, vm=vm, at=at))
 
 

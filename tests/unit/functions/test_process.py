@@ -203,14 +203,14 @@ def test_budget_makes_the_second_event_wait_until_the_first_is_over(world: World
     waiting = world.run(second)
 
     # THEN the second waits (stored, no drain, no approval) ...
-    assert [a[0] for a in waiting.actions] == ["wait"]
+    assert [a.action for a in waiting.actions] == ["wait"]
     assert world.pool.drained == ["web-0"]
     assert [c.event_id for c in world.sent.commands] == ["E1"]
 
     # ... and the completion of the first admits it: drained, approved after its drain period
     later = NOW + timedelta(minutes=20)
     done = world.run(reboot(EventStatus.COMPLETED, event_id="E1", resources=("web-0",)), at=later)
-    assert [a[0] for a in done.actions] == ["restore", "drain", "approve"]
+    assert [a.action for a in done.actions] == ["restore", "drain", "approve"]
     assert world.pool.drained == ["web-0", "web-1"]
     assert [c.event_id for c in world.sent.commands] == ["E1", "E2"]
     assert world.sent.commands[1].execute_at == later + timedelta(seconds=30)
@@ -246,7 +246,7 @@ def test_transient_adapter_failure_is_raised_for_retry_and_then_succeeds(world: 
 def test_dry_run_decides_and_audits_but_changes_nothing(world: World) -> None:
     world.policy = Policy(dry_run=True)
     outcome = world.run(reboot(EventStatus.SCHEDULED))
-    assert [a[0] for a in outcome.actions] == ["drain", "drain", "approve"]
+    assert [a.action for a in outcome.actions] == ["drain", "drain", "approve"]
     assert world.pool.drained == []
     assert world.sent.commands == []
     assert {r.reason for r in world.store.query(vm="web-1") if r.kind == "action"} == {"dry run: not drained"}

@@ -1,0 +1,116 @@
+"""`mbridge replay` over the agent's recorded output prints the actions design §3.4 promises."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from functions.local_app.replay import replay
+from tests.fixtures import FIXTURES
+
+ROOT = Path(__file__).resolve().parents[3]
+RECORDINGS = FIXTURES / "agent-output"
+
+
+def run(lines: list[str], policy: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    out, err = io.StringIO(), io.StringIO()
+    assert replay(lines, policy, out, err) == 0
+    return [json.loads(line) for line in out.getvalue().splitlines()], err.getvalue()
+
+
+def actions(name: str) -> list[tuple[str, str, str]]:
+    lines = (RECORDINGS / f"{name}.jsonl").read_text().splitlines()
+    return [(a["status"], a["action"], a["vm"]) for a in run(lines)[0]]
+
+
+@pytest.mark.parametrize(
+    ("recording", "expected"),
+    [
+        # a 5 s Freeze: approved at once, never drained, nothing to restore
+        (
+            "live-migration",
+            [("scheduled", "approve", "WestNO_0"), ("started", "none", "WestNO_0"), ("completed", "none", "WestNO_0")],
+        ),
+        # user-initiated: drained, approved at once, restored after
+        (
+            "user-reboot",
+            [
+                ("scheduled", "drain", "vm-0"),
+                ("scheduled", "approve", "vm-0"),
+                ("started", "none", "vm-0"),
+                ("completed", "restore", "vm-0"),
+            ],
+        ),
+        # platform: every VM in Resources drained, one approval after the drain period, all restored
+        (
+            "platform-reboot",
+            [
+                ("scheduled", "drain", "web-0"),
+                ("scheduled", "drain", "web-1"),
+                ("scheduled", "approve", "web-0"),
+                ("started", "none", "web-0,web-1"),
+                ("completed", "restore", "web-0"),
+                ("completed", "restore", "web-1"),
+            ],
+        ),
+        # canceled while Scheduled: restored, and no further approval
+        (
+            "canceled-redeploy",
+            [("scheduled", "drain", "vm-0"), ("scheduled", "approve", "vm-0"), ("canceled", "restore", "vm-0")],
+        ),
+    ],
+)
+def test_recorded_agent_output_replays_to_the_promised_actions(
+    recording: str, expected: list[tuple[str, str, str]]
+) -> None:
+    assert actions(recording) == expected
+
+
+def test_platform_approval_waits_for_the_drain_period_on_the_virtual_clock() -> None:
+    lines = (RECORDINGS / "platform-reboot.jsonl").read_text().splitlines()
+    (approval,) = [a for a in run(lines)[0] if a["action"] == "approve"]
+    assert approval["at"] > approval["time"]
+    assert approval["reason"].startswith("platform reboot: drain, approve after the 30 s drain period")
+
+
+def test_duplicates_take_no_new_action() -> None:
+    # GIVEN the recording delivered three times over
+    lines = (RECORDINGS / "user-reboot.jsonl").read_text().splitlines()
+    once, _ = run(lines)
+    thrice, _ = run(lines * 3)
+    # THEN the actions are those of one delivery
+    assert thrice == once
+
+
+def test_a_policy_file_changes_the_decisions() -> None:
+    lines = (RECORDINGS / "platform-reboot.jsonl").read_text().splitlines()
+    result, _ = run(lines, json.dumps({"approve_platform_events": False}))
+    assert "approve" not in [a["action"] for a in result]
+
+
+def test_lines_that_are_not_envelopes_are_reported_and_skipped() -> None:
+    lines = ["not json", *(RECORDINGS / "user-reboot.jsonl").read_text().splitlines()]
+    result, err = run(lines)
+    assert "line 1: skipped" in err
+    assert len(result) == 4
+
+
+def test_cli_exit_codes() -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "replay", "--events", str(RECORDINGS / "user-reboot.jsonl")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    missing = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "replay", "--events", "/nonexistent/events.jsonl"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert ok.returncode == 0
+    assert len(ok.stdout.splitlines()) == 4
+    assert missing.returncode == 2
+    assert "cannot read" in missing.stderr
