@@ -24,7 +24,7 @@ from functions.core.commands import Command, CommandType, encode_command, new_co
 from functions.core.envelope import decode
 from functions.core.model import CommandResult
 from functions.core.signing import generate_keypair, load_private_key, sign_command
-from tests.contract.agent.conftest import AgentThread, settings_for
+from tests.agent_runner import AgentThread, settings_for
 from tests.waiting import wait_until
 
 VM = "vm-0"
@@ -157,7 +157,7 @@ def test_events_reach_pubsub_in_order_with_ordering_key_and_attributes(
     from google.cloud import pubsub_v1
 
     from agent.simulator import load_scenario
-    from tests.contract.agent.conftest import play_to_the_end
+    from tests.agent_runner import play_to_the_end
 
     # GIVEN the events topic with an ordered subscription, and the agent publishing to it
     project = f"events-{uuid.uuid4().hex[:8]}"
@@ -204,7 +204,7 @@ def test_mbridge_approve_exit_codes_over_the_local_bus(
     import subprocess
     import sys
 
-    from tests.contract.agent.conftest import ROOT
+    from tests.agent_runner import ROOT
 
     # GIVEN vm-0's agent on the local bus and a scheduled event for it
     with Simulator(cloud="azure", vm_names=[VM]) as sim:

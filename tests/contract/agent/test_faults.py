@@ -13,7 +13,7 @@ import requests
 from agent.simulator import Simulator
 from agent.transports.base import OutboundMessage, TransportUnavailableError
 from agent.transports.jsonl import JsonlTransport
-from tests.contract.agent.conftest import AgentThread, settings_for
+from tests.agent_runner import AgentThread, settings_for
 from tests.waiting import wait_until
 
 EVENT = {"event_type": "Reboot", "resources": ["vm-0"], "event_id": "E1"}

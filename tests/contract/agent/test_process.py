@@ -18,7 +18,7 @@ import requests
 
 from agent.simulator import Simulator, load_scenario
 from agent.state import AgentState
-from tests.contract.agent.conftest import ROOT, AgentProcess, play_to_the_end
+from tests.agent_runner import ROOT, AgentProcess, play_to_the_end
 from tests.waiting import wait_until
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent.config import AgentSettings
 from agent.simulator import Simulator, load_scenario
-from tests.contract.agent.conftest import AgentThread, play_to_the_end, settings_for
+from tests.agent_runner import AgentThread, play_to_the_end, settings_for
 
 # scenario → (reporter, expected (kind, status) sequence)
 EXPECTED = {

@@ -1,4 +1,6 @@
-"""Run the real agent against the real simulator: in a thread (fast) or as a process (signals)."""
+"""Run the real agent against the real simulator: in a thread (fast) or as a process (signals).
+
+Registered as a pytest plugin in tests/conftest.py, so every test folder can use its fixtures."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from agent.transports.base import AgentTransport
 from functions.core.model import Cloud
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def settings_for(cloud: str, url: str, vm_name: str, state_dir: Path, **overrides: Any) -> AgentSettings:

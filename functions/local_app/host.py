@@ -1,0 +1,63 @@
+"""The local function host: consumes the agent's embedded bus and runs the function core on it.
+
+It is the functions' side of the demo and of the end-to-end tests: SQLite state and audit, a
+local load-balancer pool (plus the agents' /readyz through drain/restore commands), commands
+back onto the same bus. Delivery is at least once, like the cloud buses: the read position
+moves only after an envelope was processed, and processing is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+from agent.transports.local import LocalBus
+from functions.core.errors import RetryableError
+from functions.core.policy import Policy
+from functions.core.ports import LoadBalancer
+from functions.core.process import Deps, Outcome, process
+from functions.local_app.commands import LocalCommandSender
+from functions.local_app.store import SqliteStore
+
+LOGGER = logging.getLogger("mbridge.functions.local")
+
+READER = "functions"
+
+
+class LocalFunctionHost:
+    def __init__(
+        self,
+        bus: LocalBus,
+        store: SqliteStore,
+        balancer: LoadBalancer,
+        policy: Policy,
+        clock: Callable[[], datetime],
+        on_outcome: Callable[[Outcome], None] = lambda outcome: None,
+    ) -> None:
+        self._bus = bus
+        self._clock = clock
+        self._on_outcome = on_outcome
+        self.deps = Deps(store=store, balancer=balancer, sender=LocalCommandSender(bus), audit=store, policy=policy)
+
+    def step(self, limit: int = 100) -> int:
+        """Process what is waiting on the bus; return how many envelopes were taken."""
+        position = self._bus.position(READER)
+        taken = 0
+        for message in self._bus.read_events(position, limit):
+            try:
+                outcome = process(message.body, self.deps, self._clock())
+            except RetryableError as exc:
+                # Like a platform retry: the position stays, the envelope comes again next step.
+                LOGGER.warning("envelope %s left for a retry: %s", message.envelope_id[:16], exc)
+                break
+            self._bus.save_position(READER, message.seq)
+            self._on_outcome(outcome)
+            taken += 1
+        return taken
+
+    def run(self, stop: threading.Event, poll_seconds: float = 0.05) -> None:
+        while not stop.is_set():
+            if not self.step():
+                stop.wait(poll_seconds)

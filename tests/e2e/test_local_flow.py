@@ -1,0 +1,80 @@
+"""The whole product on one machine: simulator → agents → embedded bus → function core → commands
+back → IMDS approval → restore. A platform Reboot of two VMs of an availability set."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import requests
+
+from agent.simulator import Simulator
+from agent.transports.local import LocalBus
+from functions.core.policy import Policy
+from functions.local_app.balancer import LocalPool
+from functions.local_app.host import LocalFunctionHost
+from functions.local_app.store import SqliteStore
+from tests.agent_runner import AgentThread, settings_for
+from tests.waiting import wait_until
+
+SET = ["web-0", "web-1", "web-2"]
+EVENT_ID = "A1F7E1C3-0D2B-4E8F-9C51-6B2D0F3E8A44"
+
+
+def test_platform_reboot_is_drained_approved_once_and_restored(
+    tmp_path: Path, agent_thread: Callable[..., AgentThread]
+) -> None:
+    # GIVEN three VMs behind one pool, each with its agent on the embedded bus, and the function
+    # host with the default policy but a 1 s drain period
+    bus_path = tmp_path / "bus.db"
+    pool = LocalPool(tmp_path / "pool.db")
+    pool.add("web", SET)
+    store = SqliteStore(tmp_path / "functions.db")
+    with Simulator(cloud="azure", vm_names=SET, speed=10) as sim:
+        for vm, url in zip(sim.vm_names, sim.base_urls):
+            settings = settings_for("azure", url, vm, tmp_path / vm)
+            agent_thread(replace(settings, transport="local", bus_path=bus_path))
+        host = LocalFunctionHost(
+            LocalBus(bus_path), store, pool, Policy(drain_period_seconds=1.0), lambda: datetime.now(timezone.utc)
+        )
+        stop = threading.Event()
+        runner = threading.Thread(target=host.run, args=(stop,), daemon=True)
+        runner.start()
+        try:
+            # WHEN Azure schedules a platform Reboot of web-0 and web-1 (broadcast to the whole set)
+            requests.post(
+                f"{sim.base_urls[0]}/_sim/events",
+                json={"event_type": "Reboot", "resources": ["web-0", "web-1"], "event_id": EVENT_ID},
+                timeout=5,
+            ).raise_for_status()
+
+            # THEN both leave the pool, one approval reaches IMDS after the drain period, the event starts
+            wait_until(lambda: pool.members("web") == ["web-2"], 20, lambda: f"drained pool, got {pool.members('web')}")
+            wait_until(lambda: len(sim.approvals()) == 1, 20, "the approval POST")
+            wait_until(lambda: _status(sim) == "Started", 20, "the event to start")
+
+            # AND when the maintenance is over, both come back
+            requests.post(f"{sim.base_urls[0]}/_sim/events/{EVENT_ID}/advance", timeout=5).raise_for_status()
+            wait_until(lambda: pool.members("web") == SET, 20, lambda: f"restored pool, got {pool.members('web')}")
+        finally:
+            stop.set()
+            runner.join(timeout=10)
+        approvals = sim.approvals()
+
+    assert [(a["event_ids"], a["status"]) for a in approvals] == [([EVENT_ID], 200)]
+    actions = [(r.action, r.vm) for r in store.query(event_id=EVENT_ID) if r.kind == "action"]
+    assert sorted(a for a in actions if a[0] in ("drain", "restore")) == [
+        ("drain", "web-0"),
+        ("drain", "web-1"),
+        ("restore", "web-0"),
+        ("restore", "web-1"),
+    ]
+    assert [a for a in actions if a[0] == "approve"] in ([("approve", "web-0")], [("approve", "web-1")])
+
+
+def _status(sim: Simulator) -> str | None:
+    events = requests.get(f"{sim.base_urls[0]}/_sim/events", timeout=5).json()
+    return str(events[0]["EventStatus"]) if events else None
