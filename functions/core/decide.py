@@ -9,7 +9,7 @@ wait is decided where the budget is (`process`), against stored state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Union
 
 from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
@@ -60,7 +60,8 @@ class Decision:
 def decide(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
     """The actions for `event`, by the first matching rule of design §3.4."""
     if event.status in (EventStatus.COMPLETED, EventStatus.CANCELED):
-        if event.kind in NO_RESTORE_KINDS:
+        # A canceled Terminate/Preempt never happened: its VM is still there and comes back.
+        if event.kind in NO_RESTORE_KINDS and event.status is EventStatus.COMPLETED:
             return Decision("1-ended", f"{event.kind.value} {event.status.value}: the VM is gone, nothing to restore")
         return Decision("1-ended", f"{event.status.value}: restore what this system drained", (Restore(),))
     if _harmless_freeze(event, policy):
@@ -102,7 +103,7 @@ def _gce(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
     if (
         policy.gce_upcoming_action == "perform_maintenance"
         and can_reschedule
-        and policy.in_maintenance_window(now.hour)
+        and policy.in_maintenance_window(now.astimezone(timezone.utc).hour)
     ):
         return Decision(
             "6-gce-upcoming",
@@ -129,12 +130,10 @@ def _harmless_freeze(event: MaintenanceEvent, policy: Policy) -> bool:
 def _approval_target(event: MaintenanceEvent) -> str:
     """One approval per event: the reporter if it is affected, else the first VM in Resources.
 
-    A VMSS Terminate is always approved by the instance being deleted: its own agent (every
-    report of an event carries the same envelope id, so the first report processed may come
-    from another instance of the placement group).
+    Either way the approving agent is one of the affected VMs — for a VMSS Terminate, an instance
+    being deleted — even when the first report processed came from another VM of the set (every
+    report of an event carries the same envelope id, so only the first one is acted on).
     """
-    if event.kind is EventKind.TERMINATE and event.resources:
-        return event.resources[0]
     if event.concerns_reporter or not event.resources:
         return event.reporter
     return event.resources[0]

@@ -8,6 +8,7 @@ with a message naming the key, instead of acting on a half-understood policy.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -109,11 +110,19 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
         if not isinstance(value, kinds):
             raise PolicyError(f"policy setting {name!r} has the wrong type: {value!r}")
         values[name] = value
-    for name in ("harmless_freeze_seconds", "drain_period_seconds", "not_before_margin_seconds"):
+    for name in ("harmless_freeze_seconds", "drain_period_seconds", "not_before_margin_seconds", "command_ttl_seconds"):
+        if name in values and not math.isfinite(values[name]):
+            raise PolicyError(f"policy setting {name!r} must be a finite number")
         if name in values and values[name] < 0:
             raise PolicyError(f"policy setting {name!r} must be >= 0")
     if values.get("command_ttl_seconds", 1) <= 0:
         raise PolicyError("policy setting 'command_ttl_seconds' must be > 0")
+    drain = values.get("drain_period_seconds", Policy.drain_period_seconds)
+    if drain >= values.get("command_ttl_seconds", Policy.command_ttl_seconds):
+        raise PolicyError(
+            "policy setting 'drain_period_seconds' must be shorter than 'command_ttl_seconds': an approval held "
+            "for the drain period would expire before it is executed"
+        )
     if values.get("default_max_drained") is not None and values["default_max_drained"] < 1:
         raise PolicyError("policy setting 'default_max_drained' must be >= 1, or null for unlimited")
     if values.get("gce_upcoming_action", "audit") not in ("audit", "perform_maintenance"):
@@ -131,6 +140,8 @@ def _pools(raw: Any) -> tuple[Pool, ...]:
     pools = []
     seen: dict[str, str] = {}
     for name, spec in raw.items():
+        if name == "default":
+            raise PolicyError("pool name 'default' is reserved for VMs in no pool (see 'default_max_drained')")
         if not isinstance(spec, dict) or set(spec) - {"vms", "max_drained"}:
             raise PolicyError(f"pool {name!r} takes 'vms' (list of VM names) and 'max_drained' (>= 1 or null)")
         vms = spec.get("vms", [])
@@ -150,7 +161,11 @@ def _pools(raw: Any) -> tuple[Pool, ...]:
 def _window(raw: Any) -> tuple[int, int] | None:
     if raw is None:
         return None
-    valid = isinstance(raw, list) and len(raw) == 2 and all(isinstance(h, int) and 0 <= h <= 23 for h in raw)
+    valid = (
+        isinstance(raw, list)
+        and len(raw) == 2
+        and all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= 23 for h in raw)
+    )
     if not valid:
         raise PolicyError("policy setting 'maintenance_window_utc' is [start_hour, end_hour] in UTC, 0-23")
     return (raw[0], raw[1])

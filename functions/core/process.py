@@ -203,7 +203,11 @@ def _restore(
     if not drained:
         _note(deps, outcome, now, envelope, event, "none", event.reporter, decision, "nothing drained by this system")
     for vm, memento in sorted(drained.items()):
-        if memento and not deps.policy.dry_run:
+        if deps.policy.dry_run:
+            # Keep the record: once dry run is off again, the real completion restores it.
+            _note(deps, outcome, now, envelope, event, "restore", vm, decision, "dry run: not restored")
+            continue
+        if memento:
             deps.balancer.restore(vm, memento)
         deps.store.forget_drain(key, vm)
         _note(deps, outcome, now, envelope, event, "restore", vm, decision)
