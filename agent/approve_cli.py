@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from agent.approve import EXIT_NO_ANSWER, run_approve
 from agent.config import add_transport_arguments, default_state_dir, env
 from agent.timing import SystemClock
-from agent.transports.base import TransportConfigError, TransportUnavailableError
+from agent.transports.base import Operator, TransportConfigError, TransportUnavailableError
 from agent.transports.factory import DEFAULT_RESULTS_SUBSCRIPTION
 from functions.core.errors import BridgeError
 from functions.core.model import Cloud
@@ -71,12 +70,10 @@ def run(args: argparse.Namespace) -> int:
             out=sys.stdout,
         )
     finally:
-        close = getattr(operator, "close", None)
-        if close is not None:
-            close()
+        operator.close()
 
 
-def build_operator(args: argparse.Namespace) -> Any:
+def build_operator(args: argparse.Namespace) -> Operator:
     """The sender + results reader for the chosen transport."""
     if args.transport == "jsonl":
         raise TransportConfigError("the jsonl transport has no command channel: use local, servicebus or pubsub")

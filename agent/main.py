@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any, Callable, TextIO, Union
+from typing import TYPE_CHECKING, Any, Callable, TextIO, Union
 
 from agent import logs
 from agent.config import AgentSettings, ConfigError, add_agent_arguments, env, settings_from_args
@@ -23,6 +23,9 @@ from agent.trackers import AzureTracker, GceTracker, Tracker
 from agent.transports.base import AgentTransport, TransportConfigError, TransportUnavailableError
 from functions.core.errors import BridgeError
 from functions.core.model import Cloud
+
+if TYPE_CHECKING:  # imported lazily at run time: only agents with a command channel need it
+    from agent.commands import CommandProcessor
 
 LOGGER = logging.getLogger("mbridge.agent")
 READINESS_STATE = "readiness"
@@ -212,7 +215,7 @@ def _readiness(state: AgentState, *, follows_commands: bool) -> Readiness:
 
 def _command_processor(
     settings: AgentSettings, client: MetadataClient, vm_name: str, readiness: Readiness, clock: Clock
-) -> Any:
+) -> CommandProcessor:
     from agent.commands import CommandLedger, CommandProcessor
 
     verify_key = None

@@ -91,6 +91,12 @@ class ResultReader(Protocol):
     def read_results(self, max_wait: float) -> Sequence[bytes]: ...
 
 
+class Operator(CommandSender, ResultReader, Protocol):
+    """The operator's side of a transport (`mbridge approve`): send, read answers, close."""
+
+    def close(self) -> None: ...
+
+
 class AgentTransport(EventPublisher, Protocol):
     """What the agent needs from a transport. `commands` is None when the transport has
     no command channel (jsonl): then `/readyz` follows pending events instead."""

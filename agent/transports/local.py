@@ -226,6 +226,9 @@ class LocalOperator:
     def send_command(self, message: OutboundMessage) -> None:
         self._bus.send_command(message)
 
+    def close(self) -> None:
+        self._bus.close()
+
     def read_results(self, max_wait: float) -> Sequence[bytes]:
         deadline = time.monotonic() + max_wait
         while True:
