@@ -1,0 +1,70 @@
+"""The Service Bus topic trigger of the Azure app: one message in, `process` on it, nothing else.
+
+The host settles the message from the outcome of the invocation (autoCompleteMessages in
+host.json): returning completes it; raising abandons it, so Service Bus redelivers it and
+dead-letters it after the subscription's max delivery count. Hence:
+
+- a duplicate and a malformed envelope return (process audits them): completed, never retried;
+- a RetryableError (throttling, a busy claim, an unreachable service) raises: redelivered;
+- a PermanentError from an adapter (a missing role or resource) raises too: the message is
+  kept, in the dead-letter queue at worst, to be resubmitted once the deployment is fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timezone
+
+import azure.functions as func
+
+from functions.azure_app import settings
+from functions.azure_app.wiring import DepsProvider, from_environment
+from functions.core.errors import PermanentError, RetryableError
+from functions.core.process import Deps, Outcome, process
+
+LOGGER = logging.getLogger("mbridge.functions.azure")
+
+FUNCTION_NAME = "maintenance_events"
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]  # the library leaves its constructor unannotated
+
+# Built on the first message, shared by the invocations of this worker.
+DEPS = DepsProvider(from_environment(os.environ))
+
+
+@bp.function_name(FUNCTION_NAME)
+@bp.service_bus_topic_trigger(
+    arg_name="msg",
+    connection=settings.SERVICEBUS_CONNECTION,
+    topic_name=f"%{settings.EVENTS_TOPIC}%",
+    subscription_name=f"%{settings.EVENTS_SUBSCRIPTION}%",
+    cardinality="one",
+)
+def maintenance_events(msg: func.ServiceBusMessage) -> None:
+    handle_message(msg.get_body(), DEPS.get(), datetime.now(timezone.utc))
+
+
+def handle_message(body: bytes, deps: Deps, now: datetime) -> Outcome:
+    """Process one message body; raise to have the message redelivered.
+
+    Raises:
+        RetryableError: a transient failure; the platform redelivers the message.
+        PermanentError: an adapter cannot work as deployed; the message dead-letters after the
+            max delivery count, to be resubmitted once the deployment is fixed.
+    """
+    try:
+        outcome = process(body, deps, now)
+    except RetryableError as exc:
+        LOGGER.warning("transient failure, the message will be redelivered: %s", exc)
+        raise
+    except PermanentError as exc:
+        LOGGER.error("cannot act on the message until the deployment is fixed (it will dead-letter): %s", exc)
+        raise
+    LOGGER.info(
+        "envelope %s: %s; %s",
+        outcome.envelope_id[:16],
+        outcome.result,
+        ", ".join(f"{taken.action} {taken.vm}" for taken in outcome.actions) or "no action",
+    )
+    return outcome

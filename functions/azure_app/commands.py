@@ -1,0 +1,31 @@
+"""CommandSender onto the Service Bus commands queue, over the agent's Service Bus transport.
+
+`agent.transports.servicebus.ServiceBusOperator` already sends a command the way agents expect it
+(session = target VM, MessageId = command_id, the attributes of design §3.3) and maps the SDK's
+errors (TransportUnavailableError is retryable, TransportConfigError names the role to grant);
+this adapter only turns a `Command` into its message.
+"""
+
+from __future__ import annotations
+
+from agent.transports.base import CommandSender as TransportCommandSender
+from agent.transports.base import OutboundMessage
+from functions.core.commands import Command, encode_command
+
+
+class ServiceBusCommandSender:
+    """The core's CommandSender on a transport's `send_command` (a ServiceBusOperator in Azure)."""
+
+    def __init__(self, transport: TransportCommandSender) -> None:
+        self._transport = transport
+
+    def send(self, command: Command) -> None:
+        self._transport.send_command(
+            OutboundMessage(
+                # MessageId = command_id: the queue's duplicate detection drops a re-sent command.
+                envelope_id=command.command_id,
+                body=encode_command(command),
+                key=command.target,
+                attributes={"type": command.type.value, "target": command.target, "event_id": command.event_id},
+            )
+        )

@@ -1,0 +1,381 @@
+"""StateStore and AuditLog on Azure Table Storage (azure-data-tables); same contract as the SQLite store.
+
+Layout: two tables.
+
+The state table (default `mbridgestate`) keeps each concern in its own partitions:
+
+=====================  ==========================  ==============  ==========================================
+concern                PartitionKey                RowKey          properties
+=====================  ==========================  ==============  ==========================================
+idempotency claims     ``claims``                  envelope id     state, lease_until, updated_at (epoch s)
+budget of a pool       ``budget``                  pool            reservations: JSON {event key: [VMs]}
+drains of an event     ``drain:<event key>``       VM              vm, memento (JSON)
+remembered values      ``remembered``              key             value (binary)
+waits for the budget   ``parked:<pool>``           event key       event_key, envelope (binary), parked_at
+=====================  ==========================  ==============  ==========================================
+
+Atomicity comes from ETags, never from locks: a claim is created once (409 on a duplicate) and
+taken over only with If-Match on the expired lease; a pool's reservations live in ONE entity
+updated read-modify-write with If-Match, so two invocations can never both take the last slot
+(the loser's write fails with 412, it re-reads and sees the pool full).
+
+The audit table (default `mbridgeaudit`): PartitionKey = VM name, RowKey = inverted write time
+in nanoseconds + a uuid, so a partition lists a VM's records newest first (the portal and
+`$top` show the latest). `TableAuditLog.query` returns records oldest first, in write order, like
+the SQLite log. `event_id_lower` makes the event query case-insensitive (Azure EventIds are
+upper case in IMDS and lower case in envelope ids).
+
+Keys are escaped: '/', '\\', '#', '?' are not allowed in Table keys, nor are control characters;
+they and the escape character '%' are written as %XX. Values stay readable in properties.
+
+Limits: a property holds at most 64 KiB, which bounds an envelope waiting for the budget and a
+pool's reservations (thousands of events). Nothing expires by itself: claims, remembered
+commands and audit rows accumulate like in the SQLite store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.data.tables import TableClient, TableEntity, UpdateMode
+
+from functions.core.errors import PermanentError, RetryableError
+from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
+from functions.core.timefmt import format_rfc3339, parse_rfc3339
+
+LOGGER = logging.getLogger("mbridge.functions.azure.tables")
+
+TABLE_ROLE = "Storage Table Data Contributor"
+# Read-modify-write attempts on one budget entity before giving up to a redelivery.
+BUDGET_ATTEMPTS = 8
+_MAX_NS = 10**20 - 1  # 20 digits: nanoseconds since 1970 until the year 5138
+
+_CLAIMS, _BUDGET, _REMEMBERED = "claims", "budget", "remembered"
+_IN_PROGRESS, _DONE = "in-progress", "done"
+
+
+def escape_key(value: str) -> str:
+    """A Table Storage key for `value`: distinct values give distinct keys."""
+    return "".join(f"%{ord(c):02X}" if _needs_escape(c) else c for c in value)
+
+
+def _needs_escape(character: str) -> bool:
+    code = ord(character)
+    return character in "%/\\#?" or code < 0x20 or 0x7F <= code <= 0x9F
+
+
+class TableStorageUnavailableError(RetryableError):
+    """Table Storage throttled, failed or could not be reached; the message is redelivered."""
+
+
+class TableStorageConfigError(PermanentError):
+    """The table is missing or the app's identity may not use it; fix the deployment."""
+
+
+@contextmanager
+def table_errors(table: str, action: str) -> Iterator[None]:
+    """Map what azure-data-tables raises to our errors, naming the table and what to do."""
+    try:
+        yield
+    except ClientAuthenticationError as exc:
+        raise TableStorageConfigError(
+            f"cannot {action} in table {table!r}: authentication failed; the function app needs a managed "
+            f"identity (AZURE_CLIENT_ID selects a user-assigned one) or a valid connection string: {exc.message}"
+        ) from exc
+    except HttpResponseError as exc:
+        status = exc.status_code or 0
+        if status == 403:
+            raise TableStorageConfigError(
+                f"not authorised to {action} in table {table!r}: grant the function app's identity the role "
+                f"{TABLE_ROLE!r} on the storage account: {exc.message}"
+            ) from exc
+        if status == 404:
+            raise TableStorageConfigError(
+                f"table {table!r} does not exist: deploy it (infra/) or fix MBRIDGE_STATE_TABLE / "
+                f"MBRIDGE_AUDIT_TABLE: {exc.message}"
+            ) from exc
+        if status in (408, 429) or status >= 500:
+            raise TableStorageUnavailableError(f"cannot {action} in table {table!r} now: {exc.message}") from exc
+        raise TableStorageConfigError(f"table {table!r} refused to {action} (HTTP {status}): {exc.message}") from exc
+    except AzureError as exc:  # connection and timeout errors: no HTTP response at all
+        raise TableStorageUnavailableError(f"cannot reach table {table!r} to {action}: {exc}") from exc
+
+
+class TableStateStore:
+    """StateStore over one table (see the module docstring for the layout)."""
+
+    def __init__(
+        self,
+        table: TableClient,
+        *,
+        attempts: int = BUDGET_ATTEMPTS,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._table = table
+        self._attempts = attempts
+        self._sleep = sleep
+
+    # ---- claims
+
+    def claim(self, key: str, now: datetime, lease: timedelta) -> Claim:
+        stamp = now.timestamp()
+        entity = {
+            "PartitionKey": _CLAIMS,
+            "RowKey": escape_key(key),
+            "state": _IN_PROGRESS,
+            "lease_until": stamp + lease.total_seconds(),
+            "updated_at": stamp,
+        }
+        with self._errors("claim an envelope"):
+            try:
+                self._table.create_entity(entity)
+                return Claim.CLAIMED
+            except ResourceExistsError:
+                pass
+            current = self._table.get_entity(_CLAIMS, escape_key(key))
+            if current["state"] == _DONE:
+                return Claim.DONE
+            if current["lease_until"] > stamp:
+                return Claim.BUSY
+            try:  # the lease ran out: its invocation died; take it over unless someone just did
+                self._replace(entity, current)
+            except ResourceModifiedError:
+                return Claim.BUSY
+            return Claim.CLAIMED
+
+    def complete(self, key: str, now: datetime) -> None:
+        entity = {"PartitionKey": _CLAIMS, "RowKey": escape_key(key), "state": _DONE, "updated_at": now.timestamp()}
+        with self._errors("complete a claim"):
+            try:
+                self._table.update_entity(entity, mode=UpdateMode.MERGE)
+            except ResourceNotFoundError:
+                LOGGER.warning("completing envelope %s that was never claimed; nothing recorded", key)
+
+    # ---- budget
+
+    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+        def admit(reservations: dict[str, list[str]]) -> bool | None:
+            if event_key in reservations:
+                return True
+            drained = {vm for vms_of in reservations.values() for vm in vms_of}
+            if limit is not None and reservations and len(drained | set(vms)) > limit:
+                return False
+            reservations[event_key] = list(vms)
+            return None  # changed: write it
+
+        return self._update_budget(pool, admit, "reserve a budget slot")
+
+    def release(self, pool: str, event_key: str) -> None:
+        def drop(reservations: dict[str, list[str]]) -> bool | None:
+            if reservations.pop(event_key, None) is None:
+                return True  # nothing to write
+            return None
+
+        self._update_budget(pool, drop, "release a budget slot")
+
+    def _update_budget(self, pool: str, change: Callable[[dict[str, list[str]]], bool | None], action: str) -> bool:
+        """Read the pool's reservations, apply `change`, write them back if it returned None.
+
+        The write carries the ETag of the read: a concurrent writer makes it fail (412), and the
+        change is applied again to what that writer left.
+        """
+        row = escape_key(pool)
+        with self._errors(action):
+            for attempt in range(self._attempts):
+                try:
+                    current: TableEntity | None = self._table.get_entity(_BUDGET, row)
+                except ResourceNotFoundError:
+                    current = None
+                reservations: dict[str, list[str]] = json.loads(current["reservations"]) if current else {}
+                answer = change(reservations)
+                if answer is not None:
+                    return answer
+                entity = {"PartitionKey": _BUDGET, "RowKey": row, "reservations": json.dumps(reservations)}
+                try:
+                    if current is None:
+                        self._table.create_entity(entity)
+                    else:
+                        self._replace(entity, current)
+                    return True
+                except (ResourceExistsError, ResourceModifiedError):
+                    # Someone wrote the pool between our read and write; back off a little, with
+                    # jitter so that racing invocations do not collide again in step.
+                    self._sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+        raise TableStorageUnavailableError(
+            f"the budget of pool {pool!r} changed under {self._attempts} attempts to {action}; retry later"
+        )
+
+    # ---- drains
+
+    def record_drain(self, event_key: str, vm: str, memento: JsonObject) -> None:
+        entity = {
+            "PartitionKey": _drain_partition(event_key),
+            "RowKey": escape_key(vm),
+            "vm": vm,
+            "memento": json.dumps(memento, sort_keys=True),
+        }
+        with self._errors("record a drain"):
+            self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+    def drains(self, event_key: str) -> Mapping[str, JsonObject]:
+        with self._errors("read the drains of an event"):
+            rows = self._partition(_drain_partition(event_key))
+            return {row["vm"]: json.loads(row["memento"]) for row in rows}
+
+    def forget_drain(self, event_key: str, vm: str) -> None:
+        with self._errors("forget a drain"):
+            self._table.delete_entity(_drain_partition(event_key), escape_key(vm))
+
+    # ---- remembered values and waits
+
+    def remember(self, key: str, value: bytes) -> bytes:
+        with self._errors("remember a value"):
+            try:
+                self._table.create_entity({"PartitionKey": _REMEMBERED, "RowKey": escape_key(key), "value": value})
+                return value
+            except ResourceExistsError:
+                return bytes(self._table.get_entity(_REMEMBERED, escape_key(key))["value"])
+
+    def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
+        entity = {
+            "PartitionKey": _parked_partition(pool),
+            "RowKey": escape_key(event_key),
+            "event_key": event_key,
+            "envelope": envelope,
+            "parked_at": now.timestamp(),
+        }
+        with self._errors("park an event"):
+            try:
+                self._table.create_entity(entity)
+            except ResourceExistsError:
+                # A later step of a waiting event replaces its envelope but keeps its place in line.
+                update = {"PartitionKey": entity["PartitionKey"], "RowKey": entity["RowKey"], "envelope": envelope}
+                self._table.update_entity(update, mode=UpdateMode.MERGE)
+
+    def parked(self, pool: str) -> Sequence[Parked]:
+        with self._errors("read the waiting events"):
+            rows = self._partition(_parked_partition(pool))
+        ordered = sorted(rows, key=lambda row: (row["parked_at"], row["event_key"]))
+        return [
+            Parked(row["event_key"], bytes(row["envelope"]), datetime.fromtimestamp(row["parked_at"], timezone.utc))
+            for row in ordered
+        ]
+
+    def unpark(self, pool: str, event_key: str) -> None:
+        with self._errors("unpark an event"):
+            self._table.delete_entity(_parked_partition(pool), escape_key(event_key))
+
+    # ---- helpers
+
+    def _replace(self, entity: Mapping[str, Any], current: TableEntity) -> None:
+        self._table.update_entity(
+            dict(entity),
+            mode=UpdateMode.REPLACE,
+            etag=current.metadata["etag"],
+            match_condition=MatchConditions.IfNotModified,
+        )
+
+    def _partition(self, partition: str) -> list[TableEntity]:
+        return list(self._table.query_entities("PartitionKey eq @pk", parameters={"pk": partition}))
+
+    def _errors(self, action: str) -> AbstractContextManager[None]:
+        return table_errors(self._table.table_name, action)
+
+
+def _drain_partition(event_key: str) -> str:
+    return f"drain:{escape_key(event_key)}"
+
+
+def _parked_partition(pool: str) -> str:
+    return f"parked:{escape_key(pool)}"
+
+
+class TableAuditLog:
+    """AuditLog over one table: append-only, one partition per VM (see the module docstring)."""
+
+    def __init__(self, table: TableClient, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._table = table
+        self._clock_ns = clock_ns
+        self._lock = threading.Lock()
+        self._last_ns = 0
+
+    def append(self, record: AuditRecord) -> None:
+        written_ns = self._next_ns()
+        entity = {
+            "PartitionKey": escape_key(record.vm),
+            "RowKey": f"{_MAX_NS - written_ns:020d}-{uuid.uuid4().hex}",
+            "written_ns": str(written_ns),  # as text: Edm.Int64 would come back wrapped
+            "time": format_rfc3339(record.time),
+            "kind": record.kind,
+            "envelope_id": record.envelope_id,
+            "event_id": record.event_id,
+            "event_id_lower": record.event_id.lower(),
+            "vm": record.vm,
+            "action": record.action,
+            "status": record.status,
+            "rule": record.rule,
+            "reason": record.reason,
+            "at": format_rfc3339(record.at) if record.at else "",
+            "detail": json.dumps(record.detail, sort_keys=True),
+        }
+        with table_errors(self._table.table_name, "append an audit record"):
+            self._table.create_entity(entity)
+
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
+        clauses: list[str] = []
+        parameters: dict[str, str] = {}
+        if vm is not None:
+            clauses.append("PartitionKey eq @vm")
+            parameters["vm"] = escape_key(vm)
+        if event_id is not None:
+            clauses.append("event_id_lower eq @event")
+            parameters["event"] = event_id.lower()
+        with table_errors(self._table.table_name, "query the audit log"):
+            if clauses:
+                rows = list(self._table.query_entities(" and ".join(clauses), parameters=parameters))
+            else:
+                rows = list(self._table.list_entities())
+        # Oldest first, in write order, whatever partitions the rows came from.
+        rows.sort(key=lambda row: int(row["written_ns"]))
+        return [_audit_record(row) for row in rows]
+
+    def _next_ns(self) -> int:
+        """The write time, strictly increasing within this process: records appended by one
+        invocation keep their order even when the clock does not move between them."""
+        with self._lock:
+            self._last_ns = max(self._clock_ns(), self._last_ns + 1)
+            return self._last_ns
+
+
+def _audit_record(row: Mapping[str, Any]) -> AuditRecord:
+    return AuditRecord(
+        time=parse_rfc3339(row["time"]),
+        kind=row["kind"],
+        envelope_id=row["envelope_id"],
+        event_id=row["event_id"],
+        vm=row["vm"],
+        action=row["action"],
+        status=row["status"],
+        rule=row["rule"],
+        reason=row["reason"],
+        at=parse_rfc3339(row["at"]) if row["at"] else None,
+        detail=json.loads(row["detail"]),
+    )

@@ -1,0 +1,152 @@
+"""Builds the core's Deps from the app settings, once per worker process, on first use.
+
+Nothing here runs at import: the Functions host imports function_app.py to index the functions,
+and a worker that cannot build its clients should fail the invocation (the message is then
+redelivered, and dead-lettered after the subscription's max delivery count) with a message
+naming the setting, not the indexing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
+
+from agent.transports.servicebus import ServiceBusOperator, ServiceBusSettings
+from functions.azure_app.commands import ServiceBusCommandSender
+from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group
+from functions.azure_app.settings import Settings
+from functions.azure_app.tables import TableAuditLog, TableStateStore, table_errors
+from functions.core.balancers import CompositeBalancer, ReadinessBalancer
+from functions.core.commands import Command
+from functions.core.ports import CommandSender, LoadBalancer
+from functions.core.process import Deps
+from functions.core.signing import sign_command
+
+if TYPE_CHECKING:
+    from azure.core.credentials import TokenCredential
+    from azure.data.tables import TableClient, TableServiceClient
+
+# Names of the balancers inside the memento of a drain. A drain recorded under one name is
+# restored by the balancer of that name, so these must not change between releases.
+AZURE_LB = "azure_lb"
+READINESS = "readiness"
+
+
+def build_deps(settings: Settings, *, credential: TokenCredential | None = None) -> Deps:
+    """The ports on Azure services. `credential` defaults to DefaultAzureCredential (the app's
+    managed identity; AZURE_CLIENT_ID selects a user-assigned one)."""
+    if credential is None:
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    service = _table_service(settings, credential)
+    signer = _signer(settings)
+    sender = ServiceBusCommandSender(
+        ServiceBusOperator(
+            ServiceBusSettings(
+                namespace=settings.servicebus_namespace,
+                connection_string=settings.servicebus_connection_string,
+                commands_queue=settings.commands_queue,
+            ),
+            credential=credential,
+        )
+    )
+    return Deps(
+        store=TableStateStore(_table(service, settings.state_table)),
+        balancer=_balancer(settings, credential, sender, signer),
+        sender=sender,
+        audit=TableAuditLog(_table(service, settings.audit_table)),
+        policy=settings.policy,
+        signer=signer,
+    )
+
+
+def _table_service(settings: Settings, credential: TokenCredential) -> TableServiceClient:
+    from azure.data.tables import TableServiceClient
+
+    if settings.table_connection_string:
+        return TableServiceClient.from_connection_string(settings.table_connection_string)
+    return TableServiceClient(endpoint=settings.table_endpoint or "", credential=credential)
+
+
+def _table(service: TableServiceClient, name: str) -> TableClient:
+    # Infra creates the tables; creating them here too makes a fresh Azurite (or a forgotten
+    # table) work, and costs one request per worker.
+    with table_errors(name, "create the table"):
+        return service.create_table_if_not_exists(name)
+
+
+def _signer(settings: Settings) -> Callable[[Command], Command] | None:
+    key = settings.signing_key
+    if key is None:
+        return None
+    return lambda command: sign_command(command, key)
+
+
+def _balancer(
+    settings: Settings,
+    credential: TokenCredential,
+    sender: CommandSender,
+    signer: Callable[[Command], Command] | None,
+) -> LoadBalancer:
+    balancers: list[tuple[str, LoadBalancer]] = []
+    target = settings.load_balancer
+    if target is not None:
+        from azure.mgmt.network import NetworkManagementClient
+
+        client = NetworkManagementClient(credential, target.subscription_id)
+        lookup = nics_in_resource_group(client, target.nic_resource_group)
+        balancers.append(
+            (AZURE_LB, AzureLoadBalancer(client, target.subscription_id, target.resource_group, target.name, lookup))
+        )
+    if settings.readiness_drain:
+        ttl = timedelta(seconds=settings.policy.command_ttl_seconds)
+        balancers.append((READINESS, ReadinessBalancer(sender, clock=_utc_now, ttl=ttl, signer=signer)))
+    # Always composite, even with one balancer: the memento keeps the same shape when
+    # balancers are added or removed later, so older drains are still restored.
+    return CompositeBalancer(balancers)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class DepsProvider:
+    """The Deps of this worker: built by `build` on first use, then shared by every invocation.
+
+    A failed build is not remembered: the next invocation tries again (a role assignment or a
+    table may have appeared since).
+    """
+
+    def __init__(self, build: Callable[[], Deps]) -> None:
+        self._build = build
+        self._deps: Deps | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Deps:
+        deps = self._deps
+        if deps is not None:
+            return deps
+        with self._lock:
+            if self._deps is None:
+                self._deps = self._build()
+            return self._deps
+
+    @contextmanager
+    def overridden(self, deps: Deps) -> Iterator[Deps]:
+        """Serve `deps` instead for a while: tests and local runs of the registered function."""
+        with self._lock:
+            previous, self._deps = self._deps, deps
+        try:
+            yield deps
+        finally:
+            with self._lock:
+                self._deps = previous
+
+
+def from_environment(environ: Mapping[str, str]) -> Callable[[], Deps]:
+    """A builder reading the settings from `environ` when it is called, not before."""
+    return lambda: build_deps(Settings.from_env(environ))

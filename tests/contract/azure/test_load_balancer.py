@@ -1,0 +1,661 @@
+"""AzureLoadBalancer with the real NetworkManagementClient against a local ARM stand-in over HTTPS.
+
+The stand-in (`FakeArm`) serves what the adapter reads and writes, in the shapes ARM returns
+(NIC list, NIC GET/PUT, backend pool list/GET/PUT); a PUT answers 200 with provisioningState
+Succeeded, so the long-running operation completes at once. It honours If-Match like ARM (412
+when the resource changed) and records every request, so the tests assert the PUT bodies.
+
+azure-mgmt-network sends bearer tokens over HTTPS only, so the server uses a self-signed
+certificate the test makes with `cryptography`, and the client trusts exactly that certificate.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import ipaddress
+import json
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from azure.core.credentials import AccessToken
+from azure.mgmt.network import NetworkManagementClient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from functions.azure_app.load_balancer import (
+    AzureLoadBalancer,
+    LoadBalancerConfigError,
+    LoadBalancerUnavailableError,
+    nics_in_resource_group,
+)
+from functions.core.ports import JsonObject
+from tests.peers import free_port
+
+SUB = "6f1c2d9e-0000-4000-8000-00000000c0de"
+RG = "rg-web"
+LB = "lb-web"
+TOKEN = "test-token"  # noqa: S105  (a bearer token for the local ARM stand-in only)
+ARM_ID = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Network"
+VNET = f"{ARM_ID}/virtualNetworks/vnet-web"
+SUBNET = f"{VNET}/subnets/default"
+POOL_HTTP = f"{ARM_ID}/loadBalancers/{LB}/backendAddressPools/pool-http"
+POOL_IP = f"{ARM_ID}/loadBalancers/{LB}/backendAddressPools/pool-ip"
+OTHER_LB_POOL = f"{ARM_ID}/loadBalancers/lb-internal/backendAddressPools/pool-x"
+THREE_ENTRIES = [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5"), ("web-2-addr", "10.0.1.6")]
+
+
+# ---------------------------------------------------------------- ARM shapes
+
+
+def nic(name: str, vm: str | None, ip: str, pools: list[str]) -> JsonObject:
+    """A NIC as GET networkInterfaces returns it (trimmed of fields the adapter never reads)."""
+    nic_id = f"{ARM_ID}/networkInterfaces/{name}"
+    document: JsonObject = {
+        "name": name,
+        "id": nic_id,
+        "etag": 'W/"00000000-0000-0000-0000-000000000001"',
+        "type": "Microsoft.Network/networkInterfaces",
+        "location": "westeurope",
+        "properties": {
+            "provisioningState": "Succeeded",
+            "resourceGuid": "3c7f41b5-8d2e-4f5a-9d4a-2b8f1a6c0e11",
+            "ipConfigurations": [
+                {
+                    "name": "ipconfig1",
+                    "id": f"{nic_id}/ipConfigurations/ipconfig1",
+                    "etag": 'W/"00000000-0000-0000-0000-000000000001"',
+                    "type": "Microsoft.Network/networkInterfaces/ipConfigurations",
+                    "properties": {
+                        "provisioningState": "Succeeded",
+                        "privateIPAddress": ip,
+                        "privateIPAllocationMethod": "Dynamic",
+                        "subnet": {"id": SUBNET},
+                        "primary": True,
+                        "privateIPAddressVersion": "IPv4",
+                        "loadBalancerBackendAddressPools": [{"id": pool} for pool in pools],
+                    },
+                }
+            ],
+            "dnsSettings": {"dnsServers": [], "appliedDnsServers": [], "internalDomainNameSuffix": "x.ax.internal"},
+            "macAddress": "00-0D-3A-2B-4C-5D",
+            "primary": True,
+            "enableAcceleratedNetworking": False,
+            "enableIPForwarding": False,
+            "nicType": "Standard",
+        },
+    }
+    if vm is not None:
+        # ARM keeps the case the VM was created with; group names often differ in case.
+        vm_id = f"/subscriptions/{SUB}/resourceGroups/{RG.upper()}/providers/Microsoft.Compute/virtualMachines/{vm}"
+        document["properties"]["virtualMachine"] = {"id": vm_id}
+    return document
+
+
+def ip_pool(name: str, entries: list[tuple[str, str]]) -> JsonObject:
+    """An IP-based backend pool: (entry name, IP) in the VNet."""
+    return {
+        "name": name,
+        "id": f"{ARM_ID}/loadBalancers/{LB}/backendAddressPools/{name}",
+        "etag": 'W/"00000000-0000-0000-0000-000000000001"',
+        "type": "Microsoft.Network/loadBalancers/backendAddressPools",
+        "properties": {
+            "provisioningState": "Succeeded",
+            "virtualNetwork": {"id": VNET},
+            "loadBalancerBackendAddresses": [
+                {"name": entry, "properties": {"ipAddress": ip, "virtualNetwork": {"id": VNET}}}
+                for entry, ip in entries
+            ],
+        },
+    }
+
+
+def nic_pool(name: str, ip_configuration_ids: list[str]) -> JsonObject:
+    """A NIC-based backend pool: its members are read-only references to NIC ipConfigurations."""
+    return {
+        "name": name,
+        "id": f"{ARM_ID}/loadBalancers/{LB}/backendAddressPools/{name}",
+        "etag": 'W/"00000000-0000-0000-0000-000000000001"',
+        "type": "Microsoft.Network/loadBalancers/backendAddressPools",
+        "properties": {
+            "provisioningState": "Succeeded",
+            "backendIPConfigurations": [{"id": ipc} for ipc in ip_configuration_ids],
+            "loadBalancerBackendAddresses": [
+                {"name": f"member-{n}", "properties": {"networkInterfaceIPConfiguration": {"id": ipc}}}
+                for n, ipc in enumerate(ip_configuration_ids)
+            ],
+        },
+    }
+
+
+# ---------------------------------------------------------------- the ARM stand-in
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Fault:
+    """Once, for the next request matching `method` and `path_part`: run `before` (someone else
+    acting at that moment), then answer `status`, or handle the request as usual when it is None."""
+
+    method: str
+    path_part: str
+    status: int | None
+    before: Callable[[FakeArm], None] | None = None
+
+
+@dataclass
+class FakeArm:
+    resources: dict[str, JsonObject] = field(default_factory=dict)  # lower-case id → document
+    requests: list[Request] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    versions: int = 1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, document: JsonObject) -> None:
+        self.resources[document["id"].lower()] = document
+
+    def get(self, resource_id: str) -> JsonObject:
+        return self.resources[resource_id.lower()]
+
+    def change(self, resource_id: str, edit: Callable[[JsonObject], None]) -> None:
+        """Another actor edits the resource: its etag changes."""
+        document = self.get(resource_id)
+        edit(document)
+        self.versions += 1
+        document["etag"] = f'W/"00000000-0000-0000-0000-{self.versions:012d}"'
+
+    def puts(self) -> list[Request]:
+        return [request for request in self.requests if request.method == "PUT"]
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, JsonObject]:
+        with self.lock:
+            self.requests.append(Request(method, path, headers, body))
+            for fault in self.faults:
+                if fault.method == method and fault.path_part.lower() in path.lower():
+                    self.faults.remove(fault)
+                    if fault.before is not None:
+                        fault.before(self)
+                    if fault.status is not None:
+                        return fault.status, _error(fault.status)
+                    break
+            if headers.get("authorization") != f"Bearer {TOKEN}":
+                return 401, _error(401)
+            key = path.lower()
+            if method == "GET" and key in self.resources:
+                return 200, self.resources[key]
+            if method == "GET":
+                members = [doc for rid, doc in self.resources.items() if rid.rsplit("/", 1)[0] == key]
+                if members or key.endswith(("/networkinterfaces", "/backendaddresspools")):
+                    return 200, {"value": members}
+                return 404, _error(404)
+            if method == "PUT":
+                return self._put(key, headers, body)
+            return 405, _error(405)
+
+    def _put(self, key: str, headers: dict[str, str], body: JsonObject) -> tuple[int, JsonObject]:
+        current = self.resources.get(key)
+        if current is None:
+            return 404, _error(404)
+        if_match = headers.get("if-match")
+        if if_match and if_match != current["etag"]:
+            return 412, _error(412)
+        stored = copy.deepcopy(body)
+        self.versions += 1
+        stored.update(
+            id=current["id"],
+            name=current["name"],
+            type=current["type"],
+            etag=f'W/"00000000-0000-0000-0000-{self.versions:012d}"',
+        )
+        properties = stored.setdefault("properties", {})
+        # The client leaves read-only properties out of a PUT; ARM keeps them, as here.
+        for name in READ_ONLY_PROPERTIES:
+            if name in current.get("properties", {}):
+                properties[name] = copy.deepcopy(current["properties"][name])
+        properties["provisioningState"] = "Succeeded"
+        self.resources[key] = stored
+        return 200, stored
+
+
+READ_ONLY_PROPERTIES = ("virtualMachine", "macAddress", "resourceGuid", "primary", "backendIPConfigurations")
+
+
+def _error(status: int) -> JsonObject:
+    codes = {
+        401: "AuthenticationFailed",
+        403: "AuthorizationFailed",
+        404: "ResourceNotFound",
+        412: "PreconditionFailed",
+        429: "TooManyRequests",
+        500: "InternalServerError",
+    }
+    code = codes.get(status, "Error")
+    return {"error": {"code": code, "message": f"{code} (from the test's ARM stand-in)"}}
+
+
+def _handler(arm: FakeArm) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self._answer("GET")
+
+        def do_PUT(self) -> None:
+            self._answer("PUT")
+
+        def _answer(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            headers = {key.lower(): value for key, value in self.headers.items()}
+            status, document = arm.handle(method, urlsplit(self.path).path, headers, json.loads(raw) if raw else None)
+            payload = json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("x-ms-request-id", "00000000-0000-0000-0000-000000000000")
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep the test output clean
+
+    return Handler
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "arm.pem", directory / "arm.key"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+class StaticToken:
+    """A TokenCredential that always hands out the same bearer token."""
+
+    def get_token(
+        self,
+        *scopes: str,
+        claims: str | None = None,
+        tenant_id: str | None = None,
+        enable_cae: bool = False,
+        **kwargs: Any,
+    ) -> AccessToken:
+        return AccessToken(TOKEN, int(time.time()) + 3600)
+
+
+@dataclass
+class Arm:
+    fake: FakeArm
+    client: NetworkManagementClient
+
+    def balancer(self, **options: Any) -> AzureLoadBalancer:
+        return AzureLoadBalancer(self.client, SUB, RG, LB, nics_in_resource_group(self.client, RG), **options)
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _self_signed(tmp_path_factory.mktemp("arm-tls"))
+
+
+@pytest.fixture
+def arm(certificate: tuple[Path, Path]) -> Iterator[Arm]:
+    cert_path, key_path = certificate
+    fake = FakeArm()
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _handler(fake))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    client = NetworkManagementClient(
+        StaticToken(),
+        SUB,
+        base_url=f"https://127.0.0.1:{server.server_address[1]}",
+        connection_verify=str(cert_path),
+        retry_total=0,  # one answer per request: the adapter's mapping is under test, not the SDK's retries
+        polling_interval=0,
+    )
+    try:
+        yield Arm(fake, client)
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _pools_of(document: JsonObject) -> list[str]:
+    configuration = document["properties"]["ipConfigurations"][0]["properties"]
+    return [pool["id"] for pool in configuration.get("loadBalancerBackendAddressPools", [])]
+
+
+def _addresses_of(document: JsonObject) -> list[tuple[str, str]]:
+    return [
+        (entry["name"], entry["properties"]["ipAddress"])
+        for entry in document["properties"].get("loadBalancerBackendAddresses", [])
+    ]
+
+
+def _through_the_store(memento: JsonObject | None) -> JsonObject:
+    """What the state store gives back: the memento as JSON."""
+    assert memento is not None
+    loaded: JsonObject = json.loads(json.dumps(memento))
+    return loaded
+
+
+# ---------------------------------------------------------------- NIC-based pools
+
+
+def test_drain_removes_the_nic_from_this_load_balancers_pools_only(arm: Arm) -> None:
+    # GIVEN web-0's NIC in pool-http of our LB and in a pool of another LB
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP, OTHER_LB_POOL]))
+    arm.fake.add(nic_pool("pool-http", [f"{ARM_ID}/networkInterfaces/web-0-nic/ipConfigurations/ipconfig1"]))
+
+    # WHEN web-0 is drained
+    memento = arm.balancer().drain("web-0")
+
+    # THEN one PUT of the NIC, If-Match its etag, keeps only the other LB's pool
+    (put,) = arm.fake.puts()
+    assert put.path.endswith("/networkInterfaces/web-0-nic")
+    assert put.headers["if-match"] == 'W/"00000000-0000-0000-0000-000000000001"'
+    assert _pools_of(put.body) == [OTHER_LB_POOL]
+    assert put.headers["authorization"] == f"Bearer {TOKEN}"
+    # ... and the memento says exactly what was removed
+    assert memento == {
+        "nic": [
+            {"nic_id": f"{ARM_ID}/networkInterfaces/web-0-nic", "ip_configuration": "ipconfig1", "pools": [POOL_HTTP]}
+        ]
+    }
+
+
+def test_restore_puts_the_nic_back_into_exactly_the_pools_it_left(arm: Arm) -> None:
+    # GIVEN web-0 drained from pool-http
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP, OTHER_LB_POOL]))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.drain("web-0"))
+
+    # WHEN it is restored
+    balancer.restore("web-0", memento)
+
+    # THEN the second PUT references pool-http again, and nothing else changed
+    restore_put = arm.fake.puts()[-1]
+    assert sorted(_pools_of(restore_put.body)) == sorted([POOL_HTTP, OTHER_LB_POOL])
+    assert restore_put.body["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] == "10.0.1.4"
+    assert sorted(_pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/web-0-nic"))) == sorted(
+        [POOL_HTTP, OTHER_LB_POOL]
+    )
+
+
+def test_the_vm_is_matched_by_name_case_insensitively_and_never_by_suffix(arm: Arm) -> None:
+    # GIVEN NICs of WEB-0 (upper case in ARM) and of myweb-0, both in pool-http
+    arm.fake.add(nic("web-0-nic", "WEB-0", "10.0.1.4", [POOL_HTTP]))
+    arm.fake.add(nic("myweb-0-nic", "myweb-0", "10.0.1.9", [POOL_HTTP]))
+
+    # WHEN web-0 is drained
+    arm.balancer().drain("web-0")
+
+    # THEN only WEB-0's NIC is written
+    assert [put.path.rsplit("/", 1)[1] for put in arm.fake.puts()] == ["web-0-nic"]
+    assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/myweb-0-nic")) == [POOL_HTTP]
+
+
+def test_a_vm_in_no_pool_of_the_load_balancer_is_left_alone(arm: Arm) -> None:
+    # GIVEN web-0 only in another LB's pool, and an IP-based pool without its IP; a NIC with no VM
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [OTHER_LB_POOL]))
+    arm.fake.add(nic("spare-nic", None, "10.0.1.7", [POOL_HTTP]))
+    arm.fake.add(ip_pool("pool-ip", [("web-1-addr", "10.0.1.5")]))
+
+    # WHEN web-0 and an unknown VM are drained
+    # THEN there is nothing to undo, and nothing was written
+    assert arm.balancer().drain("web-0") is None
+    assert arm.balancer().drain("web-9") is None
+    assert arm.fake.puts() == []
+
+
+def test_restore_of_a_deleted_vms_nic_is_a_no_op(arm: Arm) -> None:
+    # GIVEN a memento of a NIC that no longer exists (a Terminate event deleted the VM)
+    memento = {
+        "nic": [
+            {"nic_id": f"{ARM_ID}/networkInterfaces/gone-nic", "ip_configuration": "ipconfig1", "pools": [POOL_HTTP]}
+        ]
+    }
+
+    # WHEN it is restored
+    arm.balancer().restore("gone", memento)
+
+    # THEN nothing is written and nothing fails
+    assert arm.fake.puts() == []
+
+
+def test_a_nic_changed_between_read_and_write_is_read_again(arm: Arm) -> None:
+    # GIVEN web-0's NIC, which someone else changes right before our first write lands
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP, OTHER_LB_POOL]))
+    nic_id = f"{ARM_ID}/networkInterfaces/web-0-nic"
+
+    def other_writer(fake: FakeArm) -> None:
+        fake.change(nic_id, lambda doc: doc["properties"].update(enableIPForwarding=True))
+
+    arm.fake.faults.append(Fault("PUT", "/networkInterfaces/web-0-nic", None, before=other_writer))
+
+    # WHEN web-0 is drained
+    arm.balancer().drain("web-0")
+
+    # THEN the second write starts from the other change and keeps it
+    stored = arm.fake.get(nic_id)
+    assert stored["properties"]["enableIPForwarding"] is True
+    assert _pools_of(stored) == [OTHER_LB_POOL]
+
+
+# ---------------------------------------------------------------- IP-based pools
+
+
+def test_drain_removes_the_vms_ip_from_an_ip_based_pool(arm: Arm) -> None:
+    # GIVEN web-1 (10.0.1.5) in the IP-based pool with two other VMs, and a NIC-based pool
+    arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
+    arm.fake.add(
+        ip_pool("pool-ip", [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5"), ("web-2-addr", "10.0.1.6")])
+    )
+    arm.fake.add(nic_pool("pool-http", [f"{ARM_ID}/networkInterfaces/web-0-nic/ipConfigurations/ipconfig1"]))
+
+    # WHEN web-1 is drained
+    memento = arm.balancer().drain("web-1")
+
+    # THEN one PUT of the pool, If-Match its etag, without web-1's entry
+    (put,) = arm.fake.puts()
+    assert put.path.endswith("/backendAddressPools/pool-ip")
+    assert put.headers["if-match"] == 'W/"00000000-0000-0000-0000-000000000001"'
+    assert _addresses_of(put.body) == [("web-0-addr", "10.0.1.4"), ("web-2-addr", "10.0.1.6")]
+    # ... and the memento holds the pool and the entry as it was
+    assert memento == {
+        "ip": [
+            {
+                "pool_id": POOL_IP,
+                "address": {"name": "web-1-addr", "ip_address": "10.0.1.5", "virtual_network_id": VNET},
+            }
+        ]
+    }
+
+
+def test_restore_re_adds_exactly_the_removed_entry(arm: Arm) -> None:
+    # GIVEN web-1 drained from the IP-based pool
+    arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
+    arm.fake.add(ip_pool("pool-ip", [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5")]))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.drain("web-1"))
+
+    # WHEN it is restored
+    balancer.restore("web-1", memento)
+
+    # THEN the pool holds the entry again, with its name and network
+    restore_put = arm.fake.puts()[-1]
+    assert _addresses_of(restore_put.body) == [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5")]
+    entry = restore_put.body["properties"]["loadBalancerBackendAddresses"][1]
+    assert entry == {"name": "web-1-addr", "properties": {"ipAddress": "10.0.1.5", "virtualNetwork": {"id": VNET}}}
+
+
+def test_an_ip_the_vm_no_longer_holds_is_not_put_back(arm: Arm) -> None:
+    # GIVEN web-1 drained, then deleted (its NIC is gone; the IP may go to another VM)
+    arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
+    arm.fake.add(ip_pool("pool-ip", [("web-1-addr", "10.0.1.5")]))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.drain("web-1"))
+    del arm.fake.resources[f"{ARM_ID}/networkInterfaces/web-1-nic".lower()]
+
+    # WHEN it is restored
+    balancer.restore("web-1", memento)
+
+    # THEN the pool stays without it
+    assert len(arm.fake.puts()) == 1
+    assert _addresses_of(arm.fake.get(POOL_IP)) == []
+
+
+def test_a_concurrent_drain_from_the_same_pool_is_not_undone(arm: Arm) -> None:
+    # GIVEN web-1 and web-2 in the IP-based pool; another invocation drains web-2 just before our write
+    arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
+    arm.fake.add(
+        ip_pool("pool-ip", [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5"), ("web-2-addr", "10.0.1.6")])
+    )
+
+    def other_drain(fake: FakeArm) -> None:
+        def drop_web_2(doc: JsonObject) -> None:
+            addresses = doc["properties"]["loadBalancerBackendAddresses"]
+            doc["properties"]["loadBalancerBackendAddresses"] = [a for a in addresses if a["name"] != "web-2-addr"]
+
+        fake.change(POOL_IP, drop_web_2)
+
+    arm.fake.faults.append(Fault("PUT", "/backendAddressPools/pool-ip", None, before=other_drain))
+
+    # WHEN web-1 is drained
+    memento = arm.balancer().drain("web-1")
+
+    # THEN our first write was refused (412), and the one made on a fresh read keeps the other drain
+    assert [put.headers["if-match"] for put in arm.fake.puts()] == [
+        'W/"00000000-0000-0000-0000-000000000001"',
+        'W/"00000000-0000-0000-0000-000000000002"',
+    ]
+    assert _addresses_of(arm.fake.get(POOL_IP)) == [("web-0-addr", "10.0.1.4")]
+    assert [a["address"]["name"] for a in (memento or {})["ip"]] == ["web-1-addr"]
+
+
+def test_a_vm_in_both_kinds_of_pool_leaves_both_and_comes_back_to_both(arm: Arm) -> None:
+    # GIVEN web-0 in the NIC-based pool-http and, by its IP, in the IP-based pool-ip
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
+    balancer = arm.balancer()
+
+    # WHEN it is drained
+    memento = _through_the_store(balancer.drain("web-0"))
+
+    # THEN the memento has both parts, and the VM is out of both pools
+    assert sorted(memento) == ["ip", "nic"]
+    assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/web-0-nic")) == []
+    assert "web-0-addr" not in dict(_addresses_of(arm.fake.get(POOL_IP)))
+
+    # ... and restore brings it back to both
+    balancer.restore("web-0", memento)
+    assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/web-0-nic")) == [POOL_HTTP]
+    assert sorted(_addresses_of(arm.fake.get(POOL_IP))) == THREE_ENTRIES
+
+
+def test_a_drain_that_fails_halfway_puts_back_what_it_had_removed(arm: Arm) -> None:
+    # GIVEN web-0 in both kinds of pool, and ARM failing the write of the IP-based pool
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
+    arm.fake.faults.append(Fault("PUT", "/backendAddressPools/pool-ip", 500))
+
+    # WHEN it is drained
+    # THEN the invocation fails for a redelivery, with the NIC back in its pool: the drain that
+    # the redelivery makes records the whole memento, and nothing stays out unrecorded
+    with pytest.raises(LoadBalancerUnavailableError, match="HTTP 500"):
+        arm.balancer().drain("web-0")
+    assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/web-0-nic")) == [POOL_HTTP]
+    assert [put.path.rsplit("/", 1)[1] for put in arm.fake.puts()] == ["web-0-nic", "pool-ip", "web-0-nic"]
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "message"),
+    [
+        (403, LoadBalancerConfigError, "not authorised to drain the NICs of VM 'web-0': grant"),
+        (404, LoadBalancerConfigError, "not found; check MBRIDGE_LB_SUBSCRIPTION_ID"),
+        (429, LoadBalancerUnavailableError, r"now \(HTTP 429\)"),
+        (500, LoadBalancerUnavailableError, r"now \(HTTP 500\)"),
+    ],
+)
+def test_arm_errors_map_to_retryable_or_permanent(arm: Arm, status: int, error: type[Exception], message: str) -> None:
+    # GIVEN ARM answering the NIC list with an error
+    arm.fake.faults.append(Fault("GET", "/networkInterfaces", status))
+
+    # WHEN a VM is drained
+    # THEN the error says whether a redelivery can help, and what to do
+    with pytest.raises(error, match=message):
+        arm.balancer().drain("web-0")
+
+
+def test_a_failed_write_on_restore_is_retryable(arm: Arm) -> None:
+    # GIVEN web-0 drained, and ARM failing the restoring PUT
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.drain("web-0"))
+    arm.fake.faults.append(Fault("PUT", "/networkInterfaces/web-0-nic", 503))
+
+    # WHEN it is restored
+    # THEN the invocation fails for a redelivery
+    with pytest.raises(LoadBalancerUnavailableError, match=r"NIC .*web-0-nic"):
+        balancer.restore("web-0", memento)
+
+
+def test_an_unreachable_arm_is_retryable(certificate: tuple[Path, Path]) -> None:
+    # GIVEN a client pointed at a port nobody listens on
+    client = NetworkManagementClient(
+        StaticToken(),
+        SUB,
+        base_url=f"https://127.0.0.1:{free_port()}",
+        connection_verify=str(certificate[0]),
+        retry_total=0,
+    )
+    balancer = AzureLoadBalancer(client, SUB, RG, LB, nics_in_resource_group(client, RG))
+
+    # WHEN a VM is drained
+    # THEN it is retried later
+    with pytest.raises(LoadBalancerUnavailableError, match="cannot reach Azure Resource Manager"):
+        balancer.drain("web-0")

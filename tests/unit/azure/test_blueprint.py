@@ -1,0 +1,405 @@
+"""The Azure Functions app in-process: function_app.py's registration, the registered Service Bus
+function called with func.ServiceBusMessage objects, and the settings it starts from.
+
+The ports are the SQLite store (":memory:") and in-memory fakes of our own LoadBalancer and
+CommandSender; one test sends through the real ServiceBusOperator onto a fake SDK client, to see
+the command leave with SessionId = target VM.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import azure.functions as func
+import pytest
+from azure.servicebus import ServiceBusMessage as SdkMessage
+
+import function_app
+from agent.transports.servicebus import (
+    ReceiverLike,
+    ServiceBusOperator,
+    ServiceBusSettings,
+    body_bytes,
+)
+from functions.azure_app import settings as names
+from functions.azure_app.blueprint import DEPS, FUNCTION_NAME, handle_message
+from functions.azure_app.commands import ServiceBusCommandSender
+from functions.azure_app.settings import Settings, SettingsError
+from functions.azure_app.wiring import DepsProvider
+from functions.core.commands import Command, decode_command
+from functions.core.envelope import encode, envelope_for_event
+from functions.core.errors import PermanentError, RetryableError
+from functions.core.model import EventKind, EventSource, EventStatus, MaintenanceEvent
+from functions.core.policy import Policy
+from functions.core.ports import CommandSender, JsonObject
+from functions.core.process import CLAIM_LEASE, Deps
+from functions.core.signing import generate_keypair, load_public_key, sign, verify
+from functions.local_app.store import SqliteStore
+from tests.factories import azure_event
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+
+# ---------------------------------------------------------------- fakes of our ports
+
+
+@dataclass
+class FakeBalancer:
+    """VMs in one pool; can fail the next drain as ARM would."""
+
+    members: set[str] = field(default_factory=lambda: {"web-0", "web-1", "web-2"})
+    fail_next: Exception | None = None
+
+    def drain(self, vm: str) -> JsonObject | None:
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+        if vm not in self.members:
+            return None
+        self.members.discard(vm)
+        return {"pool": "web"}
+
+    def restore(self, vm: str, memento: JsonObject) -> None:
+        self.members.add(vm)
+
+
+@dataclass
+class RecordingSender:
+    commands: list[Command] = field(default_factory=list)
+
+    def send(self, command: Command) -> None:
+        self.commands.append(command)
+
+
+@dataclass
+class App:
+    store: SqliteStore
+    balancer: FakeBalancer
+    sender: RecordingSender
+
+    def deps(self, sender: CommandSender | None = None) -> Deps:
+        return Deps(
+            store=self.store,
+            balancer=self.balancer,
+            sender=sender or self.sender,
+            audit=self.store,
+            policy=Policy(),
+        )
+
+    def deliver(self, body: bytes) -> None:
+        """What the host does with a message: call the registered function with it."""
+        with DEPS.overridden(self.deps()):
+            registered_function()(func.ServiceBusMessage(body=body, content_type="application/cloudevents+json"))
+
+
+@pytest.fixture
+def app() -> Iterator[App]:
+    store = SqliteStore(":memory:")
+    yield App(store, FakeBalancer(), RecordingSender())
+    store.close()
+
+
+@functools.cache
+def indexed_functions() -> list[Any]:
+    """What the host's indexing sees. Once: the library refuses to index an app twice (it takes
+    the second pass for duplicate function names)."""
+    return list(function_app.app.get_functions())
+
+
+def registered_function() -> Any:
+    (function,) = indexed_functions()
+    return function.get_user_function()
+
+
+def reboot(status: EventStatus = EventStatus.SCHEDULED, **fields: Any) -> MaintenanceEvent:
+    values: dict[str, Any] = {
+        "kind": EventKind.REBOOT,
+        "status": status,
+        "reporter": "web-0",
+        "resources": ("web-0", "web-1"),
+        "duration_seconds": -1,
+        "not_before": NOW + timedelta(minutes=15),
+        "event_id": "E-REBOOT",
+    }
+    values.update(fields)
+    return azure_event(**values)
+
+
+def message_body(event: MaintenanceEvent) -> bytes:
+    return encode(envelope_for_event(event, NOW))
+
+
+# ---------------------------------------------------------------- registration
+
+
+def test_function_app_registers_exactly_the_service_bus_topic_function() -> None:
+    # GIVEN the app the Functions host indexes
+    # WHEN its functions are built
+    functions = indexed_functions()
+
+    # THEN there is one, with one topic trigger reading its names from app settings
+    assert [f.get_function_name() for f in functions] == [FUNCTION_NAME]
+    (function,) = functions
+    assert json.loads(function.get_function_json()) == {
+        "scriptFile": "function_app.py",
+        "bindings": [
+            {
+                "direction": "IN",
+                "type": "serviceBusTrigger",
+                "name": "msg",
+                "connection": "MBRIDGE_SERVICEBUS",
+                "topicName": "%MBRIDGE_EVENTS_TOPIC%",
+                "subscriptionName": "%MBRIDGE_EVENTS_SUBSCRIPTION%",
+                "cardinality": "ONE",
+            }
+        ],
+    }
+
+
+# ---------------------------------------------------------------- messages through the registered function
+
+
+def test_a_scheduled_reboot_drains_its_vms_and_sends_one_approval(app: App) -> None:
+    # GIVEN a message of a platform Reboot of web-0 and web-1, due in 15 minutes
+    # (the registered function runs on the wall clock: the host gives it no other)
+    before = datetime.now(timezone.utc)
+    event = reboot(not_before=before + timedelta(minutes=15))
+
+    # WHEN the host delivers it
+    app.deliver(message_body(event))
+
+    # THEN both VMs left the pool and web-0's agent got an approval after the drain period
+    after = datetime.now(timezone.utc)
+    assert app.balancer.members == {"web-2"}
+    (approval,) = app.sender.commands
+    assert (approval.type.value, approval.target, approval.event_id) == ("approve", "web-0", "E-REBOOT")
+    assert approval.execute_at is not None
+    drain_period = timedelta(seconds=30)
+    # (commands carry milliseconds)
+    assert before + drain_period - timedelta(milliseconds=1) <= approval.execute_at <= after + drain_period
+
+
+def test_a_duplicate_message_is_acknowledged_without_acting_again(app: App) -> None:
+    # GIVEN a message processed once (web-1 reported the same event: same envelope id)
+    app.deliver(message_body(reboot()))
+
+    # WHEN the same envelope arrives again
+    app.deliver(message_body(reboot()))
+    outcome = handle_message(message_body(reboot()), app.deps(), NOW + timedelta(minutes=1))
+
+    # THEN the function returns (the host completes the message), and nothing more was sent
+    assert outcome.result == "duplicate"
+    assert len(app.sender.commands) == 1
+    assert [r.kind for r in app.store.query(event_id="E-REBOOT")].count("duplicate") == 2
+
+
+def test_a_transient_failure_raises_so_the_message_is_redelivered(app: App) -> None:
+    # GIVEN the load balancer API timing out on the first drain
+    app.balancer.fail_next = RetryableError("ARM answered 503; retry later")
+
+    # WHEN the host delivers the message
+    # THEN the function raises (the host abandons it) and nothing was approved
+    with pytest.raises(RetryableError, match="503"):
+        app.deliver(message_body(reboot()))
+    assert app.sender.commands == []
+
+    # ... and the redelivery after the claim's lease completes the work once
+    later = datetime.now(timezone.utc) + CLAIM_LEASE + timedelta(seconds=1)
+    assert handle_message(message_body(reboot()), app.deps(), later).result == "processed"
+    assert app.balancer.members == {"web-2"}
+    assert len(app.sender.commands) == 1
+
+
+def test_a_malformed_body_is_audited_and_acknowledged(app: App) -> None:
+    # GIVEN a message that is no CloudEvent
+    # WHEN the host delivers it
+    app.deliver(b'{"specversion": "0.3", "data": "not ours"}')
+
+    # THEN the function returns (no endless redelivery) and the audit log says why
+    (record,) = app.store.query()
+    assert (record.kind, record.action) == ("malformed", "none")
+    assert record.reason
+    assert app.sender.commands == []
+
+
+def test_a_deployment_error_raises_to_keep_the_message(app: App) -> None:
+    # GIVEN an identity without the role to change the load balancer
+    app.balancer.fail_next = PermanentError("not authorised to drain web-0: grant the role")
+
+    # WHEN the host delivers the message
+    # THEN it raises: the message stays on the bus (dead-lettered at worst) for a resubmission
+    with pytest.raises(PermanentError, match="grant the role"):
+        app.deliver(message_body(reboot()))
+
+
+def test_the_approval_leaves_on_the_commands_queue_in_the_target_vms_session(app: App) -> None:
+    # GIVEN the real Service Bus sender over an SDK client that records what it is asked to send
+    client = RecordingClient()
+    operator = ServiceBusOperator(
+        ServiceBusSettings(namespace="mybus.servicebus.windows.net", commands_queue="maintenance-commands"),
+        client_factory=lambda _: client,
+    )
+
+    # WHEN a user-initiated Redeploy is handled (drain, then approve at once)
+    event = reboot(kind=EventKind.REDEPLOY, event_source=EventSource.USER)
+    handle_message(message_body(event), app.deps(sender=ServiceBusCommandSender(operator)), NOW)
+
+    # THEN one message went to the queue, in web-0's session, with the command_id as MessageId
+    (sent,) = client.sent["maintenance-commands"]
+    command = decode_command(body_bytes(sent.body)).command
+    assert (sent.session_id, sent.message_id) == ("web-0", command.command_id)
+    assert (command.type.value, command.target) == ("approve", "web-0")
+
+
+# ---------------------------------------------------------------- worker lifetime
+
+
+def test_deps_are_built_once_per_worker_and_a_failed_build_is_tried_again() -> None:
+    # GIVEN a builder that fails the first time (a role assignment not yet effective)
+    builds: list[int] = []
+
+    def build() -> Deps:
+        builds.append(len(builds) + 1)
+        if len(builds) == 1:
+            raise RetryableError("Table Storage is not reachable yet")
+        store = SqliteStore(":memory:")
+        return Deps(store, FakeBalancer(), RecordingSender(), store, Policy())
+
+    provider = DepsProvider(build)
+
+    # WHEN three invocations ask for the deps
+    with pytest.raises(RetryableError):
+        provider.get()
+    first, second = provider.get(), provider.get()
+
+    # THEN the second invocation built them, and the third reused them
+    assert first is second
+    assert builds == [1, 2]
+
+
+# ---------------------------------------------------------------- settings
+
+MINIMAL = {
+    names.EVENTS_TOPIC: "maintenance-events",
+    names.EVENTS_SUBSCRIPTION: "functions",
+    names.SERVICEBUS_NAMESPACE: "mybus.servicebus.windows.net",
+    names.TABLE_ENDPOINT: "https://myaccount.table.core.windows.net",
+}
+
+
+def test_minimal_settings_take_the_documented_defaults() -> None:
+    # GIVEN only the required app settings
+    # WHEN they are read
+    settings = Settings.from_env(MINIMAL)
+
+    # THEN the defaults apply: no load balancer, drains through /readyz, default tables and policy
+    assert settings.commands_queue == "maintenance-commands"
+    assert (settings.state_table, settings.audit_table) == ("mbridgestate", "mbridgeaudit")
+    assert settings.load_balancer is None
+    assert settings.readiness_drain is True
+    assert settings.policy == Policy()
+    assert settings.signing_key is None
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({names.EVENTS_TOPIC: ""}, "MBRIDGE_EVENTS_TOPIC is not set"),
+        ({names.SERVICEBUS_NAMESPACE: None}, "exactly one of MBRIDGE_SERVICEBUS__fullyQualifiedNamespace"),
+        ({names.SERVICEBUS_CONNECTION: "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=s"}, "exactly one of"),
+        ({names.SERVICEBUS_NAMESPACE: "mybus"}, "fully qualified namespace"),
+        ({names.TABLE_CONNECTION_STRING: "UseDevelopmentStorage=true"}, "exactly one of MBRIDGE_TABLE_ENDPOINT"),
+        ({names.TABLE_ENDPOINT: "myaccount"}, "MBRIDGE_TABLE_ENDPOINT is a URL"),
+        ({names.STATE_TABLE: "maintenance-state"}, "MBRIDGE_STATE_TABLE='maintenance-state' is not a Table"),
+        ({names.LB_NAME: "lb-web"}, "MBRIDGE_LB_SUBSCRIPTION_ID, MBRIDGE_LB_RESOURCE_GROUP not set"),
+        ({names.READINESS_DRAIN: "maybe"}, "MBRIDGE_READINESS_DRAIN is true or false"),
+        ({names.POLICY: '{"drain_period": 10}'}, "MBRIDGE_POLICY: unknown policy setting 'drain_period'"),
+        ({names.SIGNING_KEY: "not-a-key"}, "MBRIDGE_SIGNING_KEY: the key is neither PEM"),
+    ],
+)
+def test_a_wrong_setting_is_named_in_the_error(change: dict[str, str | None], message: str) -> None:
+    # GIVEN the minimal settings with one setting wrong
+    environ = {**MINIMAL, **change}
+    clean = {key: value for key, value in environ.items() if value is not None}
+
+    # WHEN they are read
+    # THEN the error names the setting
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(clean)
+
+
+def test_a_full_configuration_is_read_and_keeps_secrets_out_of_its_repr() -> None:
+    # GIVEN every setting, with connection strings and a signing key
+    private_pem, public_pem = generate_keypair()
+    environ = {
+        names.EVENTS_TOPIC: "maintenance-events",
+        names.EVENTS_SUBSCRIPTION: "functions",
+        names.SERVICEBUS_CONNECTION: "Endpoint=sb://mybus.servicebus.windows.net/;SharedAccessKeyName=k;"
+        "SharedAccessKey=sb-secret",
+        names.TABLE_CONNECTION_STRING: "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=table-secret",
+        names.COMMANDS_QUEUE: "commands",
+        names.LB_SUBSCRIPTION_ID: "00000000-0000-0000-0000-000000000000",
+        names.LB_RESOURCE_GROUP: "rg-net",
+        names.LB_NAME: "lb-web",
+        names.LB_NIC_RESOURCE_GROUP: "rg-vms",
+        names.READINESS_DRAIN: "false",
+        names.POLICY: '{"default_max_drained": 1, "drain_period_seconds": 45}',
+        names.SIGNING_KEY: private_pem.decode(),
+    }
+
+    # WHEN it is read
+    settings = Settings.from_env(environ)
+
+    # THEN every value is taken, the key signs verifiably, and no secret shows in logs
+    assert settings.load_balancer is not None
+    assert (settings.load_balancer.resource_group, settings.load_balancer.nic_resource_group) == ("rg-net", "rg-vms")
+    assert (settings.readiness_drain, settings.commands_queue) == (False, "commands")
+    assert (settings.policy.default_max_drained, settings.policy.drain_period_seconds) == (1, 45)
+    assert settings.signing_key is not None
+    verify(b"payload", sign(b"payload", settings.signing_key), load_public_key(public_pem))
+    for secret in ("sb-secret", "table-secret", "PRIVATE KEY"):
+        assert secret not in repr(settings)
+
+
+# ---------------------------------------------------------------- a fake of the Service Bus SDK client
+
+
+@dataclass
+class _QueueSender:
+    queue: list[SdkMessage]
+
+    def send_messages(self, message: SdkMessage, *, timeout: float | None = None) -> None:
+        self.queue.append(message)
+
+    def create_message_batch(self) -> object:
+        return object()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class RecordingClient:
+    """The ServiceBusClient surface ServiceBusOperator sends with; receiving is not expected here."""
+
+    sent: dict[str, list[SdkMessage]] = field(default_factory=dict)
+
+    def get_queue_sender(self, queue_name: str) -> _QueueSender:
+        return _QueueSender(self.sent.setdefault(queue_name, []))
+
+    def get_topic_sender(self, topic_name: str) -> _QueueSender:
+        raise AssertionError("the function app publishes nothing on the events topic")
+
+    def get_queue_receiver(self, queue_name: str, *, session_id: str | None = None) -> ReceiverLike:
+        raise AssertionError("the function app receives no commands")
+
+    def get_subscription_receiver(self, topic_name: str, subscription_name: str) -> ReceiverLike:
+        raise AssertionError("the function app reads no command results")
+
+    def close(self) -> None:
+        pass
