@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Protocol
 
+import google.cloud.pubsub_v1 as pubsub_v1  # type: ignore[import-untyped]  # the library ships no py.typed
 from google.api_core import exceptions as api_errors
 from google.auth import exceptions as auth_errors
-from google.cloud import pubsub_v1  # type: ignore[import-untyped]  # the library ships no py.typed
 from google.cloud.pubsub_v1.publisher import exceptions as publisher_errors  # type: ignore[import-untyped]
 
 from agent.transports.base import (

@@ -169,6 +169,25 @@ class TableStateStore:
             except ResourceNotFoundError:
                 LOGGER.warning("completing envelope %s that was never claimed; nothing recorded", key)
 
+    def abandon(self, key: str, now: datetime) -> None:
+        entity = {"PartitionKey": _CLAIMS, "RowKey": escape_key(key), "lease_until": now.timestamp()}
+        with self._errors("abandon a claim"):
+            try:
+                current = self._table.get_entity(_CLAIMS, escape_key(key))
+            except ResourceNotFoundError:
+                return
+            if current["state"] == _DONE:
+                return
+            try:
+                self._table.update_entity(
+                    entity,
+                    mode=UpdateMode.MERGE,
+                    etag=current.metadata["etag"],
+                    match_condition=MatchConditions.IfNotModified,
+                )
+            except (ResourceModifiedError, ResourceNotFoundError):
+                return  # someone else moved on with it: nothing to give back
+
     # ---- budget
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:

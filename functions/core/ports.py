@@ -47,6 +47,11 @@ class StateStore(Protocol):
 
     def complete(self, key: str, now: datetime) -> None: ...
 
+    def abandon(self, key: str, now: datetime) -> None:
+        """End an in-progress claim's lease now (the invocation failed and will be retried), so the
+        redelivery may take it over at once instead of finding it busy until the lease runs out."""
+        ...
+
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
         """Admit the event into the pool's budget: True when the VMs already reserved plus these
         stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event."""

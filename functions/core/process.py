@@ -105,8 +105,14 @@ def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
     if claim is Claim.BUSY:
         raise ClaimBusyError(f"envelope {envelope.id} is being processed by another invocation; retry later")
     outcome = Outcome(envelope.id, "processed")
-    deps.audit.append(_record(now, "event", envelope, event, reason=event.description))
-    _act(envelope, event, deps, now, outcome)
+    try:
+        deps.audit.append(_record(now, "event", envelope, event, reason=event.description))
+        _act(envelope, event, deps, now, outcome)
+    except Exception:
+        # The platform retries: let that retry take the claim over at once. (If this process
+        # dies instead, the lease runs out and the redelivery takes over then.)
+        deps.store.abandon(envelope.id, now)
+        raise
     deps.store.complete(envelope.id, now)
     return outcome
 

@@ -92,6 +92,13 @@ class SqliteStore:
         with self._transaction() as db:
             db.execute("UPDATE claims SET state = 'done', updated_at = ? WHERE key = ?", (now.timestamp(), key))
 
+    def abandon(self, key: str, now: datetime) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE claims SET lease_until = ?, updated_at = ? WHERE key = ? AND state = 'in-progress'",
+                (now.timestamp(), now.timestamp(), key),
+            )
+
     # ---- budget
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:

@@ -54,7 +54,7 @@ def bus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bus]:
         )
         return
     request.getfixturevalue("pubsub_emulator")
-    from google.cloud import pubsub_v1  # type: ignore[import-untyped]
+    import google.cloud.pubsub_v1 as pubsub_v1  # type: ignore[import-untyped]
 
     from agent.transports.pubsub import PubSubOperator, PubSubSettings
 
@@ -154,7 +154,7 @@ def test_only_the_valid_signed_approval_reaches_imds(
 def test_events_reach_pubsub_in_order_with_ordering_key_and_attributes(
     pubsub_emulator: str, tmp_path: Path, agent_thread: Callable[..., AgentThread]
 ) -> None:
-    from google.cloud import pubsub_v1
+    import google.cloud.pubsub_v1 as pubsub_v1
 
     from agent.simulator import load_scenario
     from tests.agent_runner import play_to_the_end

@@ -98,6 +98,22 @@ def test_a_first_claim_is_ours_and_a_second_is_busy_while_the_lease_runs(stores:
     assert (first, second) == (Claim.CLAIMED, Claim.BUSY)
 
 
+def test_an_abandoned_claim_is_taken_over_at_once_but_a_done_one_stays_done(stores: Stores) -> None:
+    # GIVEN a claim whose invocation failed and gave it back, and another that completed
+    stores.state.claim("envelope-1", NOW, LEASE)
+    stores.state.abandon("envelope-1", NOW + timedelta(seconds=1))
+    stores.state.claim("envelope-2", NOW, LEASE)
+    stores.state.complete("envelope-2", NOW)
+    stores.state.abandon("envelope-2", NOW)
+
+    # WHEN both are claimed again seconds later, well within the lease
+    again = stores.state.claim("envelope-1", NOW + timedelta(seconds=2), LEASE)
+    done = stores.state.claim("envelope-2", NOW + timedelta(seconds=2), LEASE)
+
+    # THEN the abandoned one is ours at once; abandoning never undoes a completion
+    assert (again, done) == (Claim.CLAIMED, Claim.DONE)
+
+
 def test_a_completed_claim_answers_done_for_ever(stores: Stores) -> None:
     # GIVEN an envelope processed to the end
     stores.state.claim("envelope-1", NOW, LEASE)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import google.cloud.pubsub_v1 as pubsub_v1  # type: ignore[import-untyped]  # the library ships no py.typed
 import pytest
 from google.api_core import exceptions as api_errors
-from google.cloud import pubsub_v1  # type: ignore[import-untyped]  # the library ships no py.typed
 from google.cloud.pubsub_v1.publisher import exceptions as publisher_errors  # type: ignore[import-untyped]
 
 from agent.transports.base import InboundCommand, OutboundMessage, TransportConfigError, TransportUnavailableError

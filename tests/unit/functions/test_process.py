@@ -283,3 +283,18 @@ class _FailAfterSend:
 
 def _envelope_id(event: MaintenanceEvent) -> str:
     return envelope_for_event(event, NOW).id
+
+
+def test_a_transient_failure_gives_the_claim_back_so_the_next_delivery_proceeds_at_once(world: World) -> None:
+    # GIVEN an invocation that failed on a transient load-balancer error
+    world.pool.fail_next_drain = True
+    event = reboot(EventStatus.SCHEDULED)
+    with pytest.raises(RetryableError):
+        world.run(event)
+
+    # WHEN the platform retries a few seconds later (well within the claim's lease)
+    world.run(event, at=NOW + timedelta(seconds=10))
+
+    # THEN the retry was not refused as busy: it drained both VMs and sent the approval
+    assert sorted(world.pool.drained) == ["web-0", "web-1"]
+    assert len(world.sent.commands) == 1

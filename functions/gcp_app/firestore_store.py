@@ -1,0 +1,404 @@
+"""Firestore implementations of the StateStore and AuditLog ports (design §5), on
+google-cloud-firestore. They behave as the SQLite store of functions/local_app/store.py does.
+
+Collections (each name starts with a prefix, `mbridge_` by default, so that two deployments
+can share one database):
+
+    claims/{h(key)}          key, state (in-progress | done), lease_until, updated_at, expire_at
+    budget_pools/{h(pool)}   pool, reservations: [{event_key, vms}]   one document per pool
+    drains/{h(event_key)}    event_key, vms: {vm: memento as JSON text}
+    remembered/{h(key)}      key, value (bytes)
+    parked/{h(pool, key)}    pool, event_key, envelope (bytes), parked_at
+    audit/{time-ordered id}  the AuditRecord fields, event_id_lower, recorded_at (server time)
+
+Document ids are SHA-256 hex digests of the keys (envelope ids, "azure:<guid>", pool and VM
+names may hold '/' or other characters Firestore refuses in ids); the keys themselves are kept
+as fields for people reading the console.
+
+Every method is atomic on its own: single-document writes (`create`, `delete`) are atomic in
+Firestore, and every read-modify-write runs in a transaction (`@firestore.transactional`),
+which Firestore retries when another invocation wrote the same document meanwhile. The whole
+budget of a pool is one document, so two events racing for its last slot are serialised by that
+document and never both admitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from google.api_core import exceptions as api_errors
+from google.auth import exceptions as auth_errors
+from google.cloud import firestore
+
+from functions.core.errors import BridgeError, PermanentError, RetryableError
+from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
+
+DEFAULT_PREFIX = "mbridge_"
+DATASTORE_ROLE = "roles/datastore.user"
+IN_PROGRESS = "in-progress"
+DONE = "done"
+# Claims carry `expire_at` for an optional Firestore TTL policy (docs/gcp.md). A claim must
+# outlive every redelivery of its envelope: Pub/Sub keeps a message at most 7 days, and an agent
+# republishes only events that are still current.
+CLAIM_RETENTION = timedelta(days=30)
+
+_RETRYABLE = (
+    api_errors.Aborted,  # transaction contention the library's own attempts did not resolve
+    api_errors.ServiceUnavailable,
+    api_errors.DeadlineExceeded,
+    api_errors.GatewayTimeout,
+    api_errors.TooManyRequests,
+    api_errors.ResourceExhausted,
+    api_errors.InternalServerError,
+    api_errors.Unknown,
+    api_errors.RetryError,  # the library's own retries ran out of time
+    auth_errors.TransportError,  # the metadata server could not be reached for a token
+)
+_CREDENTIALS = (api_errors.Unauthenticated, auth_errors.DefaultCredentialsError, auth_errors.RefreshError)
+
+
+class FirestoreUnavailableError(RetryableError):
+    """Firestore cannot be reached or is contended right now; the message is redelivered."""
+
+
+class FirestoreConfigError(PermanentError):
+    """Firestore refused the operation for a reason retrying cannot fix; the message says what to set."""
+
+
+def doc_id(*parts: str) -> str:
+    """A document id for a key: hex SHA-256 (no '/', fixed length, never a reserved `__x__` id)."""
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()
+
+
+@contextmanager
+def firestore_errors(database: str, action: str) -> Iterator[None]:
+    """Translate library errors into RetryableError / PermanentError naming what to do."""
+    try:
+        yield
+    except BridgeError:
+        raise
+    except api_errors.Forbidden as error:  # PermissionDenied (gRPC) is a Forbidden (HTTP 403)
+        raise FirestoreConfigError(
+            f"not allowed to {action} in Firestore database {database}: grant {DATASTORE_ROLE} on it to the "
+            f"function's service account: {error}"
+        ) from error
+    except api_errors.NotFound as error:
+        raise FirestoreConfigError(
+            f"Firestore database {database} was not found while trying to {action}: create it (Native mode) or "
+            f"set MBRIDGE_FIRESTORE_DATABASE / MBRIDGE_GCP_PROJECT: {error}"
+        ) from error
+    except api_errors.FailedPrecondition as error:
+        raise FirestoreConfigError(
+            f"Firestore refused to {action} in database {database}; a query without its composite index fails "
+            f"this way: create the indexes listed in docs/gcp.md: {error}"
+        ) from error
+    except _CREDENTIALS as error:
+        raise FirestoreConfigError(
+            f"Google credentials were missing or rejected while trying to {action} in Firestore: attach a service "
+            f"account to the function, or set FIRESTORE_EMULATOR_HOST for the emulator: {error}"
+        ) from error
+    except _RETRYABLE as error:
+        raise FirestoreUnavailableError(f"cannot {action} in Firestore database {database} now: {error}") from error
+    except ValueError as error:
+        # A transaction that kept colliding with other writers: the library gives up with a
+        # ValueError caused by Aborted. Any other ValueError is a bug and propagates as is.
+        if isinstance(error.__cause__, api_errors.Aborted):
+            raise FirestoreUnavailableError(
+                f"cannot {action} in Firestore database {database} now: too much contention ({error})"
+            ) from error
+        raise
+    except api_errors.GoogleAPICallError as error:
+        raise FirestoreConfigError(f"Firestore refused to {action} in database {database}: {error}") from error
+
+
+def _utc(moment: datetime) -> datetime:
+    """A plain aware UTC datetime (Firestore returns its own subclass with nanoseconds)."""
+    utc = moment.astimezone(timezone.utc)
+    return datetime(
+        utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second, utc.microsecond, tzinfo=timezone.utc
+    )
+
+
+def _milliseconds(moment: datetime) -> datetime:
+    """The audit log's precision, as the SQLite store keeps it (RFC 3339 with milliseconds)."""
+    utc = _utc(moment)
+    return utc.replace(microsecond=utc.microsecond // 1000 * 1000)
+
+
+# ---------------------------------------------------------------- transactions
+# Module-level functions: `firestore.transactional` re-runs the whole function when the commit
+# is aborted by a concurrent writer, so each must read everything it decides on through `transaction`.
+
+
+@firestore.transactional
+def _take_over_claim(
+    transaction: firestore.Transaction, ref: firestore.DocumentReference, fields: JsonObject, now: datetime
+) -> Claim:
+    snapshot = ref.get(transaction=transaction)
+    if snapshot.exists:
+        current = snapshot.to_dict() or {}
+        if current.get("state") == DONE:
+            return Claim.DONE
+        if current.get("lease_until") is not None and current["lease_until"] > now:
+            return Claim.BUSY
+    transaction.set(ref, fields)
+    return Claim.CLAIMED
+
+
+@firestore.transactional
+def _complete_claim(transaction: firestore.Transaction, ref: firestore.DocumentReference, now: datetime) -> None:
+    if ref.get(transaction=transaction).exists:
+        transaction.update(ref, {"state": DONE, "updated_at": now, "expire_at": now + CLAIM_RETENTION})
+
+
+@firestore.transactional
+def _abandon_claim(transaction: firestore.Transaction, ref: firestore.DocumentReference, now: datetime) -> None:
+    snapshot = ref.get(transaction=transaction)
+    if snapshot.exists and (snapshot.to_dict() or {}).get("state") != DONE:
+        transaction.update(ref, {"lease_until": now, "updated_at": now})
+
+
+@firestore.transactional
+def _reserve(
+    transaction: firestore.Transaction,
+    ref: firestore.DocumentReference,
+    pool: str,
+    event_key: str,
+    vms: Sequence[str],
+    limit: int | None,
+) -> bool:
+    snapshot = ref.get(transaction=transaction)
+    reservations: list[JsonObject] = list((snapshot.to_dict() or {}).get("reservations", [])) if snapshot.exists else []
+    if any(entry["event_key"] == event_key for entry in reservations):
+        return True  # idempotent per event
+    drained = {vm for entry in reservations for vm in entry["vms"]}
+    if limit is not None and reservations and len(drained | set(vms)) > limit:
+        return False
+    reservations.append({"event_key": event_key, "vms": list(vms)})
+    transaction.set(ref, {"pool": pool, "reservations": reservations})
+    return True
+
+
+@firestore.transactional
+def _release(transaction: firestore.Transaction, ref: firestore.DocumentReference, event_key: str) -> None:
+    snapshot = ref.get(transaction=transaction)
+    if not snapshot.exists:
+        return
+    document = snapshot.to_dict() or {}
+    kept = [entry for entry in document.get("reservations", []) if entry["event_key"] != event_key]
+    if kept:
+        transaction.set(ref, {**document, "reservations": kept})
+    else:
+        transaction.delete(ref)
+
+
+@firestore.transactional
+def _change_drains(
+    transaction: firestore.Transaction,
+    ref: firestore.DocumentReference,
+    event_key: str,
+    vm: str,
+    memento: str | None,
+) -> None:
+    """Set (memento given) or remove (None) one VM's entry of an event's drains."""
+    snapshot = ref.get(transaction=transaction)
+    vms: dict[str, str] = dict((snapshot.to_dict() or {}).get("vms", {})) if snapshot.exists else {}
+    if memento is None:
+        vms.pop(vm, None)
+    else:
+        vms[vm] = memento
+    if vms:
+        transaction.set(ref, {"event_key": event_key, "vms": vms})
+    elif snapshot.exists:
+        transaction.delete(ref)
+
+
+@firestore.transactional
+def _park(transaction: firestore.Transaction, ref: firestore.DocumentReference, fields: JsonObject) -> None:
+    if ref.get(transaction=transaction).exists:
+        # A later step of a waiting event replaces its envelope but keeps its place in line.
+        transaction.update(ref, {"envelope": fields["envelope"]})
+    else:
+        transaction.set(ref, fields)
+
+
+# ---------------------------------------------------------------- the ports
+
+
+class FirestoreStateStore:
+    """StateStore on Firestore: idempotency claims, budget reservations, drains, remembered
+    command bytes and budget waits."""
+
+    def __init__(self, client: firestore.Client, *, prefix: str = DEFAULT_PREFIX, database: str = "(default)") -> None:
+        self._client = client
+        self._database = database
+        self._claims = client.collection(f"{prefix}claims")
+        self._pools = client.collection(f"{prefix}budget_pools")
+        self._drains = client.collection(f"{prefix}drains")
+        self._remembered = client.collection(f"{prefix}remembered")
+        self._parked = client.collection(f"{prefix}parked")
+
+    def _errors(self, action: str) -> AbstractContextManager[None]:
+        return firestore_errors(self._database, action)
+
+    # ---- claims
+
+    def claim(self, key: str, now: datetime, lease: timedelta) -> Claim:
+        ref = self._claims.document(doc_id(key))
+        fields = {"key": key, "state": IN_PROGRESS, "lease_until": now + lease, "updated_at": now}
+        with self._errors("claim envelope " + key):
+            try:
+                ref.create(fields)  # the common case: first delivery, one round trip
+                return Claim.CLAIMED
+            except api_errors.AlreadyExists:
+                pass
+            claim: Claim = _take_over_claim(self._client.transaction(), ref, fields, now)
+            return claim
+
+    def complete(self, key: str, now: datetime) -> None:
+        with self._errors("complete the claim of envelope " + key):
+            _complete_claim(self._client.transaction(), self._claims.document(doc_id(key)), now)
+
+    def abandon(self, key: str, now: datetime) -> None:
+        with self._errors("abandon the claim of envelope " + key):
+            _abandon_claim(self._client.transaction(), self._claims.document(doc_id(key)), now)
+
+    # ---- budget
+
+    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+        with self._errors(f"reserve budget in pool {pool}"):
+            admitted: bool = _reserve(
+                self._client.transaction(), self._pools.document(doc_id(pool)), pool, event_key, vms, limit
+            )
+            return admitted
+
+    def release(self, pool: str, event_key: str) -> None:
+        with self._errors(f"release budget in pool {pool}"):
+            _release(self._client.transaction(), self._pools.document(doc_id(pool)), event_key)
+
+    # ---- drains
+
+    def record_drain(self, event_key: str, vm: str, memento: JsonObject) -> None:
+        # JSON text, as the SQLite store keeps it: a memento round-trips exactly, whatever it nests
+        # (Firestore refuses arrays directly inside arrays).
+        text = json.dumps(memento, sort_keys=True)
+        with self._errors(f"record the drain of {vm}"):
+            _change_drains(self._client.transaction(), self._drains.document(doc_id(event_key)), event_key, vm, text)
+
+    def drains(self, event_key: str) -> Mapping[str, JsonObject]:
+        with self._errors("read drains of " + event_key):
+            snapshot = self._drains.document(doc_id(event_key)).get()
+        vms: Mapping[str, str] = (snapshot.to_dict() or {}).get("vms", {}) if snapshot.exists else {}
+        return {vm: json.loads(memento) for vm, memento in vms.items()}
+
+    def forget_drain(self, event_key: str, vm: str) -> None:
+        with self._errors(f"forget the drain of {vm}"):
+            _change_drains(self._client.transaction(), self._drains.document(doc_id(event_key)), event_key, vm, None)
+
+    # ---- remembered values and waits
+
+    def remember(self, key: str, value: bytes) -> bytes:
+        ref = self._remembered.document(doc_id(key))
+        with self._errors("remember " + key):
+            try:
+                ref.create({"key": key, "value": value})
+                return value
+            except api_errors.AlreadyExists:
+                pass
+            stored = ref.get().get("value")
+        return bytes(stored)
+
+    def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
+        fields = {"pool": pool, "event_key": event_key, "envelope": envelope, "parked_at": now}
+        with self._errors(f"park {event_key} in pool {pool}"):
+            _park(self._client.transaction(), self._parked.document(doc_id(pool, event_key)), fields)
+
+    def parked(self, pool: str) -> Sequence[Parked]:
+        # An equality filter only (served by the automatic single-field index); the few waiting
+        # events of a pool are put in line here, oldest first, as the SQLite store orders them.
+        query = self._parked.where(filter=firestore.FieldFilter("pool", "==", pool))
+        with self._errors(f"read the events waiting in pool {pool}"):
+            documents = [snapshot.to_dict() or {} for snapshot in query.stream()]
+        waiting = [
+            Parked(document["event_key"], bytes(document["envelope"]), _utc(document["parked_at"]))
+            for document in documents
+        ]
+        return sorted(waiting, key=lambda parked: (parked.parked_at, parked.event_key))
+
+    def unpark(self, pool: str, event_key: str) -> None:
+        with self._errors(f"unpark {event_key} from pool {pool}"):
+            self._parked.document(doc_id(pool, event_key)).delete()
+
+
+class FirestoreAuditLog:
+    """The append-only audit log on Firestore, queryable by VM and by event id.
+
+    Records come back in the order they were written: by `recorded_at` (Firestore's commit time)
+    and, for writes within the same tick, by document id, which starts with this process's
+    nanosecond clock and a counter (Firestore orders equal values by document id). The write
+    rate of this log is a few documents per second, far below where sequential ids would make
+    a hot spot.
+    """
+
+    def __init__(self, client: firestore.Client, *, prefix: str = DEFAULT_PREFIX, database: str = "(default)") -> None:
+        self._collection = client.collection(f"{prefix}audit")
+        self._database = database
+        self._counter = itertools.count()
+
+    def append(self, record: AuditRecord) -> None:
+        fields = {
+            "time": _milliseconds(record.time),
+            "kind": record.kind,
+            "envelope_id": record.envelope_id,
+            "event_id": record.event_id,
+            "event_id_lower": record.event_id.lower(),  # event ids are matched case-insensitively
+            "vm": record.vm,
+            "action": record.action,
+            "status": record.status,
+            "rule": record.rule,
+            "reason": record.reason,
+            "at": _milliseconds(record.at) if record.at else None,
+            "detail": json.dumps(record.detail, sort_keys=True),
+            "recorded_at": firestore.SERVER_TIMESTAMP,
+        }
+        with firestore_errors(self._database, "append to the audit log"):
+            self._collection.document(self._next_id()).create(fields)
+
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
+        query: Any = self._collection
+        if vm is not None:
+            query = query.where(filter=firestore.FieldFilter("vm", "==", vm))
+        if event_id is not None:
+            query = query.where(filter=firestore.FieldFilter("event_id_lower", "==", event_id.lower()))
+        # With a filter this needs a composite index (docs/gcp.md); its last key, the document
+        # id, is Firestore's own tie-breaker.
+        query = query.order_by("recorded_at")
+        with firestore_errors(self._database, "query the audit log"):
+            return [_audit_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
+
+    def _next_id(self) -> str:
+        return f"{time.time_ns():020d}-{next(self._counter) % 1_000_000:06d}-{secrets.token_hex(4)}"
+
+
+def _audit_record(document: Mapping[str, Any]) -> AuditRecord:
+    return AuditRecord(
+        time=_utc(document["time"]),
+        kind=document["kind"],
+        envelope_id=document["envelope_id"],
+        event_id=document["event_id"],
+        vm=document["vm"],
+        action=document["action"],
+        status=document["status"],
+        rule=document["rule"],
+        reason=document["reason"],
+        at=_utc(document["at"]) if document.get("at") else None,
+        detail=json.loads(document["detail"]),
+    )

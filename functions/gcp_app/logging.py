@@ -1,0 +1,99 @@
+"""Structured log lines for Cloud Logging: one JSON object per line on stdout.
+
+Cloud Functions (gen2) and Cloud Run turn each JSON line into a log entry and lift the special
+fields out of it: `severity`, `message`, `time`, `logging.googleapis.com/labels` (string values
+only; indexed, so a query such as `labels.event_id="..."` finds every line of one event) and
+`logging.googleapis.com/sourceLocation`. Other keys stay in `jsonPayload`.
+
+Callers attach labels and payload through `extra`:
+
+    LOG.info("processed", extra={"labels": {"event_id": ...}, "payload": {"actions": [...]}})
+
+An exception's traceback goes into `message`, where Error Reporting finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+ROOT_LOGGER = "mbridge"
+LABELS_KEY = "logging.googleapis.com/labels"
+SOURCE_KEY = "logging.googleapis.com/sourceLocation"
+_SEVERITY = {
+    logging.DEBUG: "DEBUG",
+    logging.INFO: "INFO",
+    logging.WARNING: "WARNING",
+    logging.ERROR: "ERROR",
+    logging.CRITICAL: "CRITICAL",
+}
+
+
+def severity(levelno: int) -> str:
+    """Cloud Logging's name for a logging level (levels in between round down)."""
+    for level in sorted(_SEVERITY, reverse=True):
+        if levelno >= level:
+            return _SEVERITY[level]
+    return "DEFAULT"
+
+
+def structured(record: logging.LogRecord) -> dict[str, Any]:
+    """The JSON object of one log record."""
+    message = record.getMessage()
+    if record.exc_info:
+        message = f"{message}\n{''.join(traceback.format_exception(*record.exc_info)).rstrip()}"
+    labels: dict[str, str] = {"logger": record.name}
+    extra_labels = getattr(record, "labels", None)
+    if isinstance(extra_labels, Mapping):
+        labels.update({str(key): str(value) for key, value in extra_labels.items() if value is not None})
+    entry: dict[str, Any] = {}
+    payload = getattr(record, "payload", None)
+    if isinstance(payload, Mapping):
+        entry.update(payload)
+    entry.update(
+        {
+            "severity": severity(record.levelno),
+            "message": message,
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat().replace("+00:00", "Z"),
+            LABELS_KEY: labels,
+            SOURCE_KEY: {"file": record.pathname, "line": str(record.lineno), "function": record.funcName},
+        }
+    )
+    return entry
+
+
+class StructuredHandler(logging.Handler):
+    """Writes `structured(record)` as one line to the current sys.stdout.
+
+    The stream is looked up at every write rather than kept: test runners and the functions
+    framework may swap sys.stdout after this handler is installed.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = json.dumps(structured(record), ensure_ascii=False, default=str)
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except Exception:  # a log line must never fail the invocation
+            self.handleError(record)
+
+
+def configure(level: str = "INFO", logger_name: str = ROOT_LOGGER) -> logging.Logger:
+    """Send this project's records (`mbridge.*`) as structured lines, once per process; a later
+    call only changes the level.
+
+    Only our namespace is configured, and it stops propagating: the functions framework may
+    configure the root logger itself (plain lines, execution ids), and each record must appear
+    once. Library loggers keep the root configuration.
+    """
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(handler, StructuredHandler) for handler in logger.handlers):
+        logger.addHandler(StructuredHandler())
+    logger.setLevel(level)
+    logger.propagate = False
+    return logger

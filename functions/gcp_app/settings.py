@@ -1,0 +1,171 @@
+"""Settings of the Google Cloud Functions app: MBRIDGE_* environment variables, read and validated
+once per instance (docs/gcp.md lists every one).
+
+A wrong value stops the first invocation with a message naming the variable: the invocation
+fails (HTTP 500), Pub/Sub redelivers, and nothing is acted on with a half-understood setting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from functions.core.errors import PermanentError
+from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, load_policy
+
+ENV_PROJECT = "MBRIDGE_GCP_PROJECT"
+# Set by Google's runtimes and by `gcloud` tooling; used when MBRIDGE_GCP_PROJECT is not.
+ENV_PROJECT_FALLBACK = "GOOGLE_CLOUD_PROJECT"
+ENV_FIRESTORE_DATABASE = "MBRIDGE_FIRESTORE_DATABASE"
+ENV_FIRESTORE_PREFIX = "MBRIDGE_FIRESTORE_COLLECTION_PREFIX"
+ENV_COMMANDS_TOPIC = "MBRIDGE_PUBSUB_COMMANDS_TOPIC"
+ENV_INSTANCE_GROUPS = "MBRIDGE_INSTANCE_GROUPS"
+ENV_MAINTENANCE_ZONES = "MBRIDGE_MAINTENANCE_ZONES"
+ENV_READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
+ENV_POLICY = "MBRIDGE_POLICY"
+ENV_SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
+ENV_COMPUTE_TIMEOUT = "MBRIDGE_COMPUTE_TIMEOUT_SECONDS"
+ENV_LOG_LEVEL = "MBRIDGE_LOG_LEVEL"
+
+DEFAULT_DATABASE = "(default)"
+DEFAULT_PREFIX = "mbridge_"
+DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
+DEFAULT_COMPUTE_TIMEOUT = 120.0
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+# GCE resource names (RFC 1035 labels): zones like us-central1-a, groups like web-ig.
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class SettingsError(PermanentError):
+    """An environment variable is missing or invalid; the message names it and what it accepts."""
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """One unmanaged instance group (zonal), as `zone/name`."""
+
+    zone: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.zone}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    project: str
+    firestore_database: str = DEFAULT_DATABASE
+    firestore_prefix: str = DEFAULT_PREFIX
+    commands_topic: str = DEFAULT_COMMANDS_TOPIC
+    instance_groups: tuple[GroupRef, ...] = ()
+    maintenance_zones: tuple[str, ...] = ()
+    readiness_drain: bool = True
+    policy: Policy = DEFAULT_POLICY
+    signing_key: str | None = None
+    compute_timeout: float = DEFAULT_COMPUTE_TIMEOUT
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        """Read and validate every MBRIDGE_* variable.
+
+        Raises:
+            SettingsError: naming the variable that is missing or wrong.
+        """
+
+        def get(name: str) -> str:
+            return environ.get(name, "").strip()
+
+        project = get(ENV_PROJECT) or get(ENV_PROJECT_FALLBACK)
+        if not project:
+            raise SettingsError(
+                f"{ENV_PROJECT} is not set: give the Google Cloud project id of the Firestore database, "
+                "the commands topic and the instance groups"
+            )
+        groups = _groups(get(ENV_INSTANCE_GROUPS))
+        zones = _zones(get(ENV_MAINTENANCE_ZONES)) or tuple(dict.fromkeys(group.zone for group in groups))
+        prefix = environ.get(ENV_FIRESTORE_PREFIX, DEFAULT_PREFIX).strip()
+        if not _PREFIX.match(prefix):
+            raise SettingsError(f"{ENV_FIRESTORE_PREFIX}={prefix!r}: use up to 64 letters, digits, '_' or '-'")
+        level = (get(ENV_LOG_LEVEL) or "INFO").upper()
+        if level not in LOG_LEVELS:
+            raise SettingsError(f"{ENV_LOG_LEVEL}={level!r}: use one of {', '.join(LOG_LEVELS)}")
+        readiness = _boolean(ENV_READINESS_DRAIN, get(ENV_READINESS_DRAIN), default=True)
+        if not groups and not readiness:
+            raise SettingsError(
+                f"nothing can drain a VM: set {ENV_INSTANCE_GROUPS} (zone/name,...) or leave {ENV_READINESS_DRAIN} "
+                "on (the agent's /readyz for health-probe load balancers)"
+            )
+        return cls(
+            project=project,
+            firestore_database=get(ENV_FIRESTORE_DATABASE) or DEFAULT_DATABASE,
+            firestore_prefix=prefix,
+            commands_topic=get(ENV_COMMANDS_TOPIC) or DEFAULT_COMMANDS_TOPIC,
+            instance_groups=groups,
+            maintenance_zones=zones,
+            readiness_drain=readiness,
+            policy=_policy(environ.get(ENV_POLICY)),
+            signing_key=environ.get(ENV_SIGNING_KEY) or None,
+            compute_timeout=_seconds(ENV_COMPUTE_TIMEOUT, get(ENV_COMPUTE_TIMEOUT), DEFAULT_COMPUTE_TIMEOUT),
+            log_level=level,
+        )
+
+
+def _groups(text: str) -> tuple[GroupRef, ...]:
+    groups: list[GroupRef] = []
+    for item in _items(text):
+        zone, _, name = item.partition("/")
+        if not (_NAME.match(zone) and _NAME.match(name)):
+            raise SettingsError(
+                f"{ENV_INSTANCE_GROUPS}: {item!r} is not zone/name (e.g. us-central1-a/web-ig); "
+                "separate several groups with commas"
+            )
+        groups.append(GroupRef(zone, name))
+    return tuple(dict.fromkeys(groups))
+
+
+def _zones(text: str) -> tuple[str, ...]:
+    zones = _items(text)
+    for zone in zones:
+        if not _NAME.match(zone):
+            raise SettingsError(f"{ENV_MAINTENANCE_ZONES}: {zone!r} is not a zone name such as us-central1-a")
+    return tuple(dict.fromkeys(zones))
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _boolean(name: str, text: str, *, default: bool) -> bool:
+    if not text:
+        return default
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise SettingsError(f"{name}={text!r}: use true or false")
+
+
+def _seconds(name: str, text: str, default: float) -> float:
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(f"{name}={text!r}: give a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise SettingsError(f"{name}={text!r}: give a number of seconds between 0 and 3600")
+    return value
+
+
+def _policy(text: str | None) -> Policy:
+    try:
+        return load_policy(text)
+    except PolicyError as exc:
+        raise SettingsError(f"{ENV_POLICY}: {exc}") from exc

@@ -1,0 +1,159 @@
+"""Builds the `Deps` of the Cloud Functions app: once per instance, on first use.
+
+Nothing is built at import: the functions framework imports main.py before serving, and a
+client created then would read credentials before they are needed (and in tests, without any).
+A function instance handles several requests at a time (gen2 concurrency), so the first build
+is guarded by a lock and every later invocation shares the same clients.
+
+Tests replace the whole `Deps` with `override(deps)`; nothing else in this module is patched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from google.cloud import compute_v1, firestore
+
+from agent.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSettings, new_publisher
+from functions.core.balancers import CompositeBalancer, ReadinessBalancer
+from functions.core.commands import Command
+from functions.core.ports import LoadBalancer, Maintenance
+from functions.core.process import Deps
+from functions.core.signing import load_private_key, sign_command
+from functions.gcp_app import logging as logs
+from functions.gcp_app.commands import PubSubCommandSender
+from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
+from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
+from functions.gcp_app.settings import Settings
+
+LOG = logging.getLogger("mbridge.gcp.wiring")
+
+# Names of the parts of a drain memento (CompositeBalancer): kept stable, because mementos
+# stored under them are restored by later invocations, possibly after a configuration change.
+INSTANCE_GROUPS = "instance_groups"
+READINESS = "readiness"
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_firestore_client(settings: Settings) -> firestore.Client:
+    """Honours FIRESTORE_EMULATOR_HOST (then no credentials are needed)."""
+    return firestore.Client(project=settings.project, database=settings.firestore_database)
+
+
+@dataclass(frozen=True)
+class Clients:
+    """Factories of the Google clients; the defaults use Application Default Credentials."""
+
+    firestore: Callable[[Settings], firestore.Client] = new_firestore_client
+    instance_groups: Callable[[], compute_v1.InstanceGroupsClient] = compute_v1.InstanceGroupsClient
+    zone_operations: Callable[[], compute_v1.ZoneOperationsClient] = compute_v1.ZoneOperationsClient
+    instances: Callable[[], compute_v1.InstancesClient] = compute_v1.InstancesClient
+    publisher: PublisherFactory = new_publisher
+
+
+def build_deps(settings: Settings, clients: Clients | None = None, clock: Callable[[], datetime] = utc_now) -> Deps:
+    """Every adapter the settings ask for. Compute clients are created only when instance groups
+    or maintenance zones are configured.
+
+    Raises:
+        KeyFormatError / SigningUnavailableError (PermanentError): MBRIDGE_SIGNING_KEY is unusable.
+    """
+    clients = clients or Clients()
+    signer = _signer(settings.signing_key)
+    firestore_client = clients.firestore(settings)
+    names = {"prefix": settings.firestore_prefix, "database": settings.firestore_database}
+    operator = PubSubOperator(
+        PubSubSettings(project=settings.project, commands_topic=settings.commands_topic),
+        publisher_factory=clients.publisher,
+    )
+    sender = PubSubCommandSender(operator)
+    parts: list[tuple[str, LoadBalancer]] = []
+    if settings.instance_groups:
+        groups = InstanceGroupBalancer(
+            clients.instance_groups(),
+            clients.zone_operations(),
+            settings.project,
+            settings.instance_groups,
+            timeout=settings.compute_timeout,
+        )
+        parts.append((INSTANCE_GROUPS, groups))
+    if settings.readiness_drain:
+        parts.append((READINESS, ReadinessBalancer(sender, clock, signer=signer)))
+    maintenance: Maintenance | None = None
+    if settings.maintenance_zones:
+        maintenance = ComputeMaintenance(
+            clients.instances(), settings.project, settings.maintenance_zones, timeout=settings.compute_timeout
+        )
+    return Deps(
+        store=FirestoreStateStore(firestore_client, **names),
+        balancer=CompositeBalancer(parts),
+        sender=sender,
+        audit=FirestoreAuditLog(firestore_client, **names),
+        policy=settings.policy,
+        maintenance=maintenance,
+        signer=signer,
+    )
+
+
+def _signer(key_source: str | None) -> Callable[[Command], Command] | None:
+    if key_source is None:
+        return None
+    private_key = load_private_key(key_source)
+    return lambda command: sign_command(command, private_key)
+
+
+_lock = threading.Lock()
+_built: Deps | None = None
+_override: Deps | None = None
+
+
+def deps() -> Deps:
+    """The instance's Deps: the override when a test set one, else built from the environment
+    on first use (which also configures structured logging).
+
+    Raises:
+        SettingsError: an MBRIDGE_* variable is missing or wrong (the invocation fails; fix and redeploy).
+    """
+    global _built
+    if _override is not None:
+        return _override
+    with _lock:
+        if _built is None:
+            settings = Settings.from_env()
+            logs.configure(settings.log_level)
+            _built = build_deps(settings)
+            LOG.info(
+                "wired: project %s, Firestore database %s, commands topic %s, instance groups %s, readiness %s",
+                settings.project,
+                settings.firestore_database,
+                settings.commands_topic,
+                ", ".join(map(str, settings.instance_groups)) or "none",
+                "on" if settings.readiness_drain else "off",
+            )
+        return _built
+
+
+@contextmanager
+def override(replacement: Deps) -> Iterator[Deps]:
+    """Make `deps()` return `replacement` inside the block (the test seam)."""
+    global _override
+    previous, _override = _override, replacement
+    try:
+        yield replacement
+    finally:
+        _override = previous
+
+
+def reset() -> None:
+    """Forget the built Deps; the next `deps()` builds them again from the environment."""
+    global _built
+    with _lock:
+        _built = None

@@ -1,0 +1,430 @@
+"""The Compute Engine adapters with the real google-cloud-compute clients (REST transport) against a
+local stand-in for compute.googleapis.com.
+
+The stand-in answers the paths and JSON shapes of the Compute Engine v1 API (instanceGroups
+listInstances / removeInstances / addInstances, zoneOperations wait, instances
+performMaintenance, and the API's error bodies), keeps group membership, and records every
+request, so each test asserts on what went over the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import compute_v1
+
+from functions.core.errors import PermanentError, RetryableError
+from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
+from functions.gcp_app.settings import GroupRef
+
+PROJECT = "shop-prod"
+ZONE_B, ZONE_C = "europe-west1-b", "europe-west1-c"
+BASE = "https://www.googleapis.com/compute/v1"
+API_PREFIX = f"/compute/v1/projects/{PROJECT}/zones"
+_ROUTE = re.compile(
+    r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/"
+    r"(?P<collection>instanceGroups|instances|operations)/(?P<name>[^/]+)(?:/(?P<verb>[A-Za-z]+))?$"
+)
+
+
+def anonymous() -> Credentials:
+    return AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
+
+
+def instance_url(zone: str, vm: str) -> str:
+    return f"{BASE}/projects/{PROJECT}/zones/{zone}/instances/{vm}"
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    body: Any
+
+
+@dataclass
+class ComputeApi:
+    """State and scripted answers of the stand-in. `fail[suffix]` answers the next calls whose path
+    ends with `suffix` (a verb, or "group/verb") with (status, reason) errors; `running` makes
+    operations start RUNNING and finish on `wait`."""
+
+    members: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    instances: dict[str, str] = field(default_factory=dict)  # vm -> zone
+    fail: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    running: bool = False
+    never_done: bool = False
+    operation_error: tuple[int, str, str] | None = None  # (http status, code, message) of a finished operation
+    requests: list[Request] = field(default_factory=list)
+    _operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def verbs(self) -> list[str]:
+        return [request.path.rsplit("/", 1)[-1] for request in self.requests]
+
+    def answer(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.requests.append(Request(method, path, body))
+            match = _ROUTE.match(path)
+            if match is None or match["project"] != PROJECT:
+                return _error(404, "notFound", f"The resource '{path}' was not found")
+            zone, name, verb = str(match["zone"]), str(match["name"]), str(match["verb"] or "get")
+            failures = next((queue for suffix, queue in self.fail.items() if path.endswith(suffix) and queue), None)
+            if failures:
+                status, reason = failures.pop(0)
+                return _error(status, reason, f"scripted {reason} for {verb}")
+            if match["collection"] == "instanceGroups":
+                return self._group(zone, name, verb, body)
+            if match["collection"] == "operations":
+                return self._wait(name)
+            if self.instances.get(name) != zone:
+                return _error(
+                    404, "notFound", f"The resource 'projects/{PROJECT}/zones/{zone}/instances/{name}' was not found"
+                )
+            return 200, self._operation(zone, "compute.instances.performMaintenance", f"instances/{name}")
+
+    def _group(self, zone: str, name: str, verb: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if (zone, name) not in self.members:
+            return _error(
+                404, "notFound", f"The resource 'projects/{PROJECT}/zones/{zone}/instanceGroups/{name}' was not found"
+            )
+        members = self.members[(zone, name)]
+        link = f"{BASE}/projects/{PROJECT}/zones/{zone}/instanceGroups/{name}"
+        if verb == "listInstances":
+            items = [{"instance": url, "status": "RUNNING"} for url in members]
+            listing = {
+                "kind": "compute#instanceGroupsListInstances",
+                "id": f"{link}/listInstances",
+                "selfLink": f"{link}/listInstances",
+            }
+            return 200, {**listing, "items": items} if items else listing
+        urls = [entry["instance"] for entry in body.get("instances", [])]
+        if verb == "removeInstances":
+            members[:] = [url for url in members if url not in urls]
+        elif verb == "addInstances":
+            members.extend(url for url in urls if url not in members)
+        return 200, self._operation(zone, f"compute.instanceGroups.{verb}", f"instanceGroups/{name}")
+
+    def _operation(self, zone: str, kind: str, target: str) -> dict[str, Any]:
+        name = f"operation-{int(time.time() * 1000)}-{len(self._operations):04d}-abcdef"
+        zone_link = f"{BASE}/projects/{PROJECT}/zones/{zone}"
+        operation: dict[str, Any] = {
+            "kind": "compute#operation",
+            "id": str(4_000_000_000_000_000_000 + len(self._operations)),
+            "name": name,
+            "zone": zone_link,
+            "operationType": kind.rsplit(".", 1)[-1],
+            "targetLink": f"{zone_link}/{target}",
+            "targetId": "8034920389429348923",
+            "status": "RUNNING" if self.running else "DONE",
+            "user": "mbridge-functions@shop-prod.iam.gserviceaccount.com",
+            "progress": 0 if self.running else 100,
+            "insertTime": "2026-03-01T04:00:00.000-08:00",
+            "startTime": "2026-03-01T04:00:00.100-08:00",
+            "selfLink": f"{zone_link}/operations/{name}",
+        }
+        self._operations[name] = operation
+        return self._finished(name) if not self.running else operation
+
+    def _wait(self, name: str) -> tuple[int, dict[str, Any]]:
+        if name not in self._operations:
+            return _error(404, "notFound", f"The resource 'operations/{name}' was not found")
+        if self.never_done:
+            time.sleep(0.05)  # the real wait holds the request up to 2 minutes
+            return 200, self._operations[name]
+        return 200, self._finished(name)
+
+    def _finished(self, name: str) -> dict[str, Any]:
+        operation = {
+            **self._operations[name],
+            "status": "DONE",
+            "progress": 100,
+            "endTime": "2026-03-01T04:00:01.000-08:00",
+        }
+        if self.operation_error is not None:
+            status, code, message = self.operation_error
+            operation["error"] = {"errors": [{"code": code, "message": message}]}
+            operation["httpErrorStatusCode"] = status
+            operation["httpErrorMessage"] = {403: "FORBIDDEN", 400: "BAD REQUEST"}.get(status, "ERROR")
+        return operation
+
+
+def _error(status: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
+    return status, {
+        "error": {
+            "code": status,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": reason}],
+        }
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: ComputeApi
+
+    def do_POST(self) -> None:  # every call these adapters make is a POST
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path = self.path.split("?", 1)[0]
+        status, document = self.api.answer("POST", path, json.loads(raw) if raw else None)
+        payload = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the test asserts on the recorded requests instead."""
+
+
+@dataclass
+class Fixture:
+    api: ComputeApi
+    url: str
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "credentials": anonymous(),
+            "client_options": {"api_endpoint": self.url},
+            "transport": "rest",
+        }
+
+    def balancer(self, groups: list[GroupRef], timeout: float = 10.0) -> InstanceGroupBalancer:
+        return InstanceGroupBalancer(
+            compute_v1.InstanceGroupsClient(**self.options()),
+            compute_v1.ZoneOperationsClient(**self.options()),
+            PROJECT,
+            groups,
+            timeout=timeout,
+        )
+
+    def maintenance(self, zones: list[str]) -> ComputeMaintenance:
+        return ComputeMaintenance(compute_v1.InstancesClient(**self.options()), PROJECT, zones, timeout=10.0)
+
+
+@pytest.fixture
+def compute() -> Iterator[Fixture]:
+    api = ComputeApi()
+    handler = type("Handler", (_Handler,), {"api": api})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield Fixture(api, f"http://127.0.0.1:{server.server_address[1]}")
+    server.shutdown()
+    server.server_close()
+
+
+WEB_B, WEB_C, API_B = GroupRef(ZONE_B, "web-b"), GroupRef(ZONE_C, "web-c"), GroupRef(ZONE_B, "api-b")
+
+
+def given_groups(compute: Fixture) -> None:
+    """web-0 is in web-b and api-b (zone b); web-1 in web-b; web-2 in web-c (zone c)."""
+    compute.api.members.update(
+        {
+            (ZONE_B, "web-b"): [instance_url(ZONE_B, "web-0"), instance_url(ZONE_B, "web-1")],
+            (ZONE_B, "api-b"): [instance_url(ZONE_B, "web-0")],
+            (ZONE_C, "web-c"): [instance_url(ZONE_C, "web-2")],
+        }
+    )
+
+
+# ---------------------------------------------------------------- drain
+
+
+def test_drain_removes_the_vm_from_every_configured_group_that_lists_it(compute: Fixture) -> None:
+    # GIVEN web-0 in two of the three configured groups
+    given_groups(compute)
+    # WHEN it is drained
+    memento = compute.balancer([WEB_B, WEB_C, API_B]).drain("web-0")
+    # THEN each group was listed (all instance states), and it was removed from exactly its two
+    assert memento == {
+        "instance_groups": [
+            {"zone": ZONE_B, "name": "web-b", "instance": instance_url(ZONE_B, "web-0")},
+            {"zone": ZONE_B, "name": "api-b", "instance": instance_url(ZONE_B, "web-0")},
+        ]
+    }
+    assert compute.api.requests[:3] == [
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/web-b/listInstances", {"instanceState": "ALL"}),
+        Request("POST", f"{API_PREFIX}/{ZONE_C}/instanceGroups/web-c/listInstances", {"instanceState": "ALL"}),
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/listInstances", {"instanceState": "ALL"}),
+    ]
+    removal = {"instances": [{"instance": instance_url(ZONE_B, "web-0")}]}
+    assert compute.api.requests[3:] == [
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/web-b/removeInstances", removal),
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/removeInstances", removal),
+    ]
+    assert compute.api.members[(ZONE_B, "web-b")] == [instance_url(ZONE_B, "web-1")]
+    assert compute.api.members[(ZONE_B, "api-b")] == []
+
+
+def test_a_vm_in_no_configured_group_is_not_drained(compute: Fixture) -> None:
+    given_groups(compute)
+    assert compute.balancer([WEB_B, WEB_C]).drain("db-0") is None
+    assert compute.api.verbs() == ["listInstances", "listInstances"]
+
+
+def test_a_running_operation_is_awaited_with_zone_operations_wait(compute: Fixture) -> None:
+    # GIVEN an API whose operations start RUNNING
+    given_groups(compute)
+    compute.api.running = True
+    # WHEN web-2 is drained THEN the adapter waited on the operation before returning
+    compute.balancer([WEB_C]).drain("web-2")
+    assert compute.api.verbs() == ["listInstances", "removeInstances", "wait"]
+    assert re.fullmatch(rf"{API_PREFIX}/{ZONE_C}/operations/operation-[0-9a-z-]+/wait", compute.api.requests[2].path)
+
+
+def test_an_operation_that_never_finishes_is_retried_later(compute: Fixture) -> None:
+    given_groups(compute)
+    compute.api.running = compute.api.never_done = True
+    with pytest.raises(RetryableError, match="still not done"):
+        compute.balancer([WEB_C], timeout=0.5).drain("web-2")
+
+
+def test_a_failed_operation_names_the_permission_to_grant(compute: Fixture) -> None:
+    given_groups(compute)
+    compute.api.operation_error = (403, "PERMISSION_DENIED", "Required 'compute.instanceGroups.update' permission")
+    with pytest.raises(PermanentError, match=r"compute\.instanceGroups\.update") as raised:
+        compute.balancer([WEB_C]).drain("web-2")
+    assert "instanceGroups/web-c" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [(503, "backendError"), (500, "internalError"), (429, "rateLimitExceeded"), (504, "deadlineExceeded")],
+)
+def test_transient_api_errors_are_retryable(compute: Fixture, status: int, reason: str) -> None:
+    given_groups(compute)
+    compute.api.fail["listInstances"] = [(status, reason)]
+    with pytest.raises(RetryableError, match="instanceGroups/web-b"):
+        compute.balancer([WEB_B]).drain("web-0")
+
+
+def test_a_missing_permission_is_permanent_and_names_resource_and_permission(compute: Fixture) -> None:
+    given_groups(compute)
+    compute.api.fail["listInstances"] = [(403, "forbidden")]
+    with pytest.raises(PermanentError) as raised:
+        compute.balancer([WEB_B]).drain("web-0")
+    message = str(raised.value)
+    assert f"projects/{PROJECT}/zones/{ZONE_B}/instanceGroups/web-b" in message
+    assert "compute.instanceGroups.list" in message
+
+
+def test_a_missing_group_is_permanent_and_names_the_setting(compute: Fixture) -> None:
+    given_groups(compute)
+    with pytest.raises(PermanentError, match="MBRIDGE_INSTANCE_GROUPS") as raised:
+        compute.balancer([GroupRef(ZONE_B, "gone")]).drain("web-0")
+    assert "instanceGroups/gone" in str(raised.value)
+
+
+def test_a_drain_that_fails_halfway_puts_the_vm_back_before_asking_for_a_retry(compute: Fixture) -> None:
+    # GIVEN web-0 in two groups, and the second removal failing
+    given_groups(compute)
+    compute.api.fail["api-b/removeInstances"] = [(503, "backendError")]
+    # WHEN it is drained
+    with pytest.raises(RetryableError):
+        compute.balancer([WEB_B, API_B]).drain("web-0")
+    # THEN it was removed from web-b, then added back: the retry starts from where it was
+    assert compute.api.verbs()[-3:] == ["removeInstances", "removeInstances", "addInstances"]
+    assert instance_url(ZONE_B, "web-0") in compute.api.members[(ZONE_B, "web-b")]
+
+
+# ---------------------------------------------------------------- restore
+
+
+def test_restore_adds_the_vm_back_to_exactly_the_groups_of_its_memento(compute: Fixture) -> None:
+    # GIVEN web-0 drained from its two groups
+    given_groups(compute)
+    balancer = compute.balancer([WEB_B, WEB_C, API_B])
+    memento = balancer.drain("web-0")
+    assert memento is not None
+    compute.api.requests.clear()
+    # WHEN it is restored
+    balancer.restore("web-0", memento)
+    # THEN it is back in web-b and api-b only, added by its instance URL
+    addition = {"instances": [{"instance": instance_url(ZONE_B, "web-0")}]}
+    assert [r for r in compute.api.requests if r.path.endswith("addInstances")] == [
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/web-b/addInstances", addition),
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/addInstances", addition),
+    ]
+    assert compute.api.members[(ZONE_C, "web-c")] == [instance_url(ZONE_C, "web-2")]
+    assert instance_url(ZONE_B, "web-0") in compute.api.members[(ZONE_B, "api-b")]
+
+
+def test_a_repeated_restore_adds_nothing_twice(compute: Fixture) -> None:
+    given_groups(compute)
+    balancer = compute.balancer([WEB_B])
+    memento = balancer.drain("web-1")
+    assert memento is not None
+    balancer.restore("web-1", memento)
+    balancer.restore("web-1", memento)  # the redelivery of a completion
+    assert compute.api.verbs().count("addInstances") == 1
+    assert compute.api.members[(ZONE_B, "web-b")].count(instance_url(ZONE_B, "web-1")) == 1
+
+
+def test_restore_uses_the_memento_even_for_a_group_no_longer_configured(compute: Fixture) -> None:
+    given_groups(compute)
+    memento = compute.balancer([WEB_B, API_B]).drain("web-0")
+    assert memento is not None
+    compute.balancer([WEB_B]).restore("web-0", memento)
+    assert instance_url(ZONE_B, "web-0") in compute.api.members[(ZONE_B, "api-b")]
+
+
+def test_a_memento_of_another_shape_is_refused_with_what_to_do(compute: Fixture) -> None:
+    with pytest.raises(PermanentError, match="restore it by hand"):
+        compute.balancer([WEB_B]).restore("web-0", {"instance_groups": "web-b"})
+    assert compute.api.requests == []
+
+
+# ---------------------------------------------------------------- performMaintenance
+
+
+def test_perform_maintenance_finds_the_vm_in_its_zone(compute: Fixture) -> None:
+    # GIVEN web-2 in zone c, and the adapter configured for zones b and c
+    compute.api.instances["web-2"] = ZONE_C
+    # WHEN maintenance is started THEN zone b answered 404 and zone c accepted it
+    compute.maintenance([ZONE_B, ZONE_C]).perform("web-2")
+    assert compute.api.requests == [
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instances/web-2/performMaintenance", None),
+        Request("POST", f"{API_PREFIX}/{ZONE_C}/instances/web-2/performMaintenance", None),
+    ]
+
+
+def test_perform_maintenance_of_an_unknown_vm_names_the_zones(compute: Fixture) -> None:
+    with pytest.raises(PermanentError, match=rf"none of the zones {ZONE_B}, {ZONE_C}.*MBRIDGE_MAINTENANCE_ZONES"):
+        compute.maintenance([ZONE_B, ZONE_C]).perform("ghost")
+
+
+def test_perform_maintenance_without_permission_names_it(compute: Fixture) -> None:
+    compute.api.instances["web-2"] = ZONE_C
+    compute.api.fail["performMaintenance"] = [(403, "forbidden")]
+    with pytest.raises(PermanentError, match=r"compute\.instances\.performMaintenance") as raised:
+        compute.maintenance([ZONE_C]).perform("web-2")
+    assert f"zones/{ZONE_C}/instances/web-2" in str(raised.value)
+
+
+def test_perform_maintenance_refused_by_the_operation_is_permanent(compute: Fixture) -> None:
+    compute.api.instances["web-2"] = ZONE_C
+    compute.api.operation_error = (400, "INVALID_OPERATION", "No pending maintenance for the instance")
+    with pytest.raises(PermanentError, match="No pending maintenance"):
+        compute.maintenance([ZONE_C]).perform("web-2")
+
+
+def test_perform_maintenance_retries_when_the_api_is_unavailable(compute: Fixture) -> None:
+    compute.api.instances["web-2"] = ZONE_C
+    compute.api.fail["performMaintenance"] = [(503, "backendError")]
+    with pytest.raises(RetryableError):
+        compute.maintenance([ZONE_C]).perform("web-2")
+
+
+def test_maintenance_without_zones_is_a_configuration_error() -> None:
+    with pytest.raises(PermanentError, match="MBRIDGE_MAINTENANCE_ZONES"):
+        ComputeMaintenance(compute_v1.InstancesClient(credentials=anonymous()), PROJECT, [])

@@ -1,0 +1,498 @@
+"""The Cloud Functions app around the core: its entry point called as Eventarc calls it (directly
+with a CloudEvent, and over HTTP through the functions framework in both CloudEvents encodings),
+and its settings, wiring, command sender and log lines.
+
+Deps are the SQLite store and small fakes of our own ports, set through `wiring.override`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import functions_framework
+import pytest
+from cloudevents.conversion import to_binary, to_structured
+from cloudevents.http import CloudEvent
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import compute_v1, firestore
+
+from functions.core.commands import Command, CommandType, decode_command
+from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
+from functions.core.errors import PermanentError, RetryableError
+from functions.core.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
+from functions.core.policy import Policy
+from functions.core.ports import JsonObject
+from functions.core.process import Deps
+from functions.core.signing import generate_keypair, load_public_key, verify
+from functions.gcp_app import logging as logs
+from functions.gcp_app import wiring
+from functions.gcp_app.commands import PubSubCommandSender
+from functions.gcp_app.compute import ComputeMaintenance, ComputeUnavailableError
+from functions.gcp_app.entry import MESSAGE_PUBLISHED, handle_message, message_body, on_maintenance_event
+from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
+from functions.gcp_app.settings import GroupRef, Settings, SettingsError
+from functions.local_app.store import SqliteStore
+from tests.factories import azure_event
+
+ROOT = Path(__file__).resolve().parents[3]
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+PROJECT = "shop-prod"
+SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/eventarc-europe-west1-mbridge-events-123-sub-456"
+
+
+# ---------------------------------------------------------------- fakes of our ports
+
+
+@dataclass
+class FakeBalancer:
+    drained: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    def drain(self, vm: str) -> JsonObject | None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.drained.append(vm)
+        return {"pools": ["web"]}
+
+    def restore(self, vm: str, memento: JsonObject) -> None:
+        self.restored.append(vm)
+
+
+@dataclass
+class RecordingSender:
+    commands: list[Command] = field(default_factory=list)
+
+    def send(self, command: Command) -> None:
+        self.commands.append(command)
+
+
+@dataclass
+class World:
+    store: SqliteStore
+    balancer: FakeBalancer
+    sender: RecordingSender
+    deps: Deps
+
+    def kinds(self) -> list[str]:
+        return [record.kind for record in self.store.query()]
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    store = SqliteStore(":memory:")
+    balancer, sender = FakeBalancer(), RecordingSender()
+    deps = Deps(store=store, balancer=balancer, sender=sender, audit=store, policy=Policy())
+    with wiring.override(deps):
+        yield World(store, balancer, sender, deps)
+    store.close()
+
+
+def reboot(status: EventStatus = EventStatus.SCHEDULED) -> MaintenanceEvent:
+    return azure_event(
+        kind=EventKind.REBOOT,
+        status=status,
+        event_id="E-REBOOT",
+        reporter="web-0",
+        resources=("web-0", "web-1"),
+        duration_seconds=-1,
+        not_before=NOW + timedelta(minutes=15),
+    )
+
+
+def body_of(event: MaintenanceEvent) -> bytes:
+    return encode(envelope_for_event(event, NOW))
+
+
+def published(data: bytes | str | None, message_id: str = "11223344556677", **attributes: str) -> CloudEvent:
+    """A messagePublished CloudEvent as Eventarc delivers it for a Pub/Sub message with `data`
+    (bytes are base64-encoded here; a str is sent as it is; None leaves `data` out)."""
+    message: dict[str, Any] = {
+        "@type": "type.googleapis.com/google.pubsub.v1.PubsubMessage",
+        "attributes": {"type": "org.maintenancebridge.maintenance.scheduled", "vm": "web-0", **attributes},
+        "messageId": message_id,
+        "message_id": message_id,
+        "publishTime": "2026-03-01T12:00:00.481Z",
+        "publish_time": "2026-03-01T12:00:00.481Z",
+        "orderingKey": "web-0",
+    }
+    if data is not None:
+        message["data"] = base64.b64encode(data).decode() if isinstance(data, bytes) else data
+    return CloudEvent(
+        {
+            "specversion": "1.0",
+            "type": MESSAGE_PUBLISHED,
+            "source": f"//pubsub.googleapis.com/projects/{PROJECT}/topics/maintenance-events",
+            "id": message_id,
+            "time": "2026-03-01T12:00:00.481Z",
+            "datacontenttype": "application/json",
+        },
+        {"message": message, "subscription": SUBSCRIPTION},
+    )
+
+
+# ---------------------------------------------------------------- the entry point, called directly
+
+
+def test_a_published_event_is_processed_and_acknowledged(world: World) -> None:
+    # GIVEN a scheduled reboot of web-0 and web-1 published on the events topic
+    event = published(body_of(reboot()))
+    # WHEN Eventarc delivers it THEN the function returns (acknowledged) having drained both VMs
+    # and sent one approval to the reporter
+    assert on_maintenance_event(event) is None
+    assert world.balancer.drained == ["web-0", "web-1"]
+    assert [(c.type, c.target) for c in world.sender.commands] == [(CommandType.APPROVE, "web-0")]
+    assert world.kinds()[:2] == ["event", "decision"]
+
+
+def test_a_redelivered_event_is_acknowledged_without_acting_again(world: World) -> None:
+    on_maintenance_event(published(body_of(reboot()), message_id="1"))
+    on_maintenance_event(published(body_of(reboot()), message_id="2"))  # another reporter or a redelivery
+    assert world.balancer.drained == ["web-0", "web-1"]
+    assert len(world.sender.commands) == 1
+    assert world.kinds()[-1] == "duplicate"
+
+
+def test_a_transient_failure_fails_the_invocation_so_pubsub_redelivers(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.balancer.fail_with = RetryableError("the instance groups API timed out")
+    with pytest.raises(RetryableError, match="timed out"):
+        on_maintenance_event(published(body_of(reboot()), message_id="77"))
+    warning = next(r for r in caplog.records if r.name == "mbridge.gcp.entry")
+    assert (warning.levelname, getattr(warning, "labels", {})) == ("WARNING", {"message_id": "77"})
+
+
+def test_a_configuration_failure_of_an_adapter_also_fails_the_invocation(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN an adapter that lacks a role: the event was not acted on, so it must not be acknowledged
+    world.balancer.fail_with = PermanentError("not allowed to remove web-0 from instance group web-b")
+    with pytest.raises(PermanentError):
+        on_maintenance_event(published(body_of(reboot())))
+    assert any("dead-letter topic" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+
+
+def test_a_malformed_envelope_is_audited_and_acknowledged(world: World) -> None:
+    assert on_maintenance_event(published(b'{"specversion": "1.0", "id": "x"}')) is None
+    (malformed,) = [record for record in world.store.query() if record.kind == "malformed"]
+    assert "source" in malformed.reason
+    assert world.balancer.drained == []
+
+
+def test_a_message_without_data_is_audited_as_malformed(world: World) -> None:
+    on_maintenance_event(published(None))
+    assert world.kinds() == ["malformed"]
+
+
+def test_data_that_is_not_base64_is_logged_and_acknowledged(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    assert on_maintenance_event(published("this is not base64 ***")) is None
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("acknowledged without processing" in m and "not base64" in m for m in errors)
+    assert world.kinds() == []  # nothing to key an audit record on
+
+
+def test_an_event_of_another_type_is_logged_and_acknowledged(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    event = published(body_of(reboot()))
+    event["type"] = "google.cloud.storage.object.v1.finalized"
+    on_maintenance_event(event)
+    assert any("the trigger must be the Pub/Sub events topic" in r.getMessage() for r in caplog.records)
+    assert world.balancer.drained == []
+
+
+def test_an_agents_command_result_is_audited(world: World) -> None:
+    result = CommandResult(command_id="c-1", accepted=False, event_id="E-REBOOT", target="web-0", reason="expired")
+    on_maintenance_event(published(encode(envelope_for_command_result(result, Cloud.AZURE, NOW))))
+    (audited,) = world.store.query()
+    assert (audited.kind, audited.action, audited.reason) == ("command-result", "rejected", "expired")
+
+
+def test_handle_message_returns_what_was_done(world: World) -> None:
+    outcome = handle_message(body_of(reboot()), world.deps, NOW)
+    assert [(taken.action, taken.vm) for taken in outcome.actions] == [
+        ("drain", "web-0"),
+        ("drain", "web-1"),
+        ("approve", "web-0"),
+    ]
+
+
+def test_message_body_is_the_decoded_pubsub_data() -> None:
+    assert message_body(published(b"\x00raw bytes\xff")) == b"\x00raw bytes\xff"
+
+
+# ---------------------------------------------------------------- over HTTP, through the functions framework
+
+
+@pytest.fixture(scope="module")
+def app() -> Any:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    application = functions_framework.create_app(  # type: ignore[no-untyped-call]  # the framework leaves it unannotated
+        target="on_maintenance_event", source=str(ROOT / "main.py"), signature_type="cloudevent"
+    )
+    yield application
+    root.handlers[:], root.level = handlers, level
+
+
+Encoder = Callable[[CloudEvent], tuple[dict[str, str], bytes]]
+ENCODINGS = [pytest.param(to_structured, id="structured"), pytest.param(to_binary, id="binary")]
+
+
+def post(app: Any, encoder: Encoder, event: CloudEvent) -> Any:
+    headers, body = encoder(event)
+    return app.test_client().post("/", headers=headers, data=body)
+
+
+@pytest.mark.parametrize("encoder", ENCODINGS)
+def test_over_http_processed_and_duplicate_events_are_acknowledged(world: World, app: Any, encoder: Encoder) -> None:
+    first = post(app, encoder, published(body_of(reboot()), message_id="1"))
+    second = post(app, encoder, published(body_of(reboot()), message_id="2"))
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert world.balancer.drained == ["web-0", "web-1"]
+    assert len(world.sender.commands) == 1
+
+
+@pytest.mark.parametrize("encoder", ENCODINGS)
+def test_over_http_a_transient_failure_answers_500(world: World, app: Any, encoder: Encoder) -> None:
+    world.balancer.fail_with = RetryableError("Firestore is unavailable")
+    response = post(app, encoder, published(body_of(reboot())))
+    assert response.status_code == 500
+
+
+@pytest.mark.parametrize("encoder", ENCODINGS)
+def test_over_http_a_malformed_envelope_is_acknowledged_and_audited(world: World, app: Any, encoder: Encoder) -> None:
+    response = post(app, encoder, published(b"not a cloudevent"))
+    assert response.status_code == 200
+    assert world.kinds() == ["malformed"]
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_settings_read_every_variable() -> None:
+    settings = Settings.from_env(
+        {
+            "MBRIDGE_GCP_PROJECT": PROJECT,
+            "MBRIDGE_FIRESTORE_DATABASE": "mbridge",
+            "MBRIDGE_FIRESTORE_COLLECTION_PREFIX": "prod_",
+            "MBRIDGE_PUBSUB_COMMANDS_TOPIC": "projects/hub/topics/commands",
+            "MBRIDGE_INSTANCE_GROUPS": "europe-west1-b/web-b, europe-west1-c/web-c",
+            "MBRIDGE_READINESS_DRAIN": "false",
+            "MBRIDGE_POLICY": '{"drain_period_seconds": 45}',
+            "MBRIDGE_SIGNING_KEY": "/secrets/signing.pem",
+            "MBRIDGE_COMPUTE_TIMEOUT_SECONDS": "300",
+            "MBRIDGE_LOG_LEVEL": "debug",
+        }
+    )
+    assert settings == Settings(
+        project=PROJECT,
+        firestore_database="mbridge",
+        firestore_prefix="prod_",
+        commands_topic="projects/hub/topics/commands",
+        instance_groups=(GroupRef("europe-west1-b", "web-b"), GroupRef("europe-west1-c", "web-c")),
+        maintenance_zones=("europe-west1-b", "europe-west1-c"),  # the groups' zones unless set
+        readiness_drain=False,
+        policy=Policy(drain_period_seconds=45),
+        signing_key="/secrets/signing.pem",
+        compute_timeout=300.0,
+        log_level="DEBUG",
+    )
+
+
+def test_settings_defaults_need_only_a_project() -> None:
+    assert Settings.from_env({"GOOGLE_CLOUD_PROJECT": PROJECT}) == Settings(project=PROJECT)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({}, "MBRIDGE_GCP_PROJECT is not set"),
+        ({"MBRIDGE_INSTANCE_GROUPS": "web-b"}, r"MBRIDGE_INSTANCE_GROUPS: 'web-b' is not zone/name"),
+        ({"MBRIDGE_MAINTENANCE_ZONES": "Europe West"}, "MBRIDGE_MAINTENANCE_ZONES"),
+        ({"MBRIDGE_READINESS_DRAIN": "maybe"}, "MBRIDGE_READINESS_DRAIN='maybe': use true or false"),
+        ({"MBRIDGE_READINESS_DRAIN": "off"}, "nothing can drain a VM"),
+        ({"MBRIDGE_POLICY": '{"drain_period": 1}'}, "MBRIDGE_POLICY: unknown policy setting 'drain_period'"),
+        ({"MBRIDGE_COMPUTE_TIMEOUT_SECONDS": "soon"}, "MBRIDGE_COMPUTE_TIMEOUT_SECONDS='soon'"),
+        ({"MBRIDGE_LOG_LEVEL": "loud"}, "MBRIDGE_LOG_LEVEL='LOUD'"),
+        ({"MBRIDGE_FIRESTORE_COLLECTION_PREFIX": "a/b"}, "MBRIDGE_FIRESTORE_COLLECTION_PREFIX"),
+    ],
+)
+def test_settings_errors_name_the_variable(environ: dict[str, str], message: str) -> None:
+    base = {"MBRIDGE_GCP_PROJECT": PROJECT} if "MBRIDGE_GCP_PROJECT" not in message else {}
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env({**base, **environ})
+
+
+# ---------------------------------------------------------------- commands on Pub/Sub
+
+
+@dataclass
+class FakePublisher:
+    """The network edge of the agent's Pub/Sub operator (its PublisherLike port)."""
+
+    published: list[tuple[str, bytes, str, dict[str, str]]] = field(default_factory=list)
+
+    def publish(self, topic: str, data: bytes, ordering_key: str = "", **kwargs: Any) -> Any:
+        attributes = {key: value for key, value in kwargs.items() if key not in ("retry", "timeout")}
+        self.published.append((topic, data, ordering_key, attributes))
+        return self
+
+    def result(self, timeout: float | None = None) -> str:
+        return "message-id"
+
+    def resume_publish(self, topic: str, ordering_key: str) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def anonymous() -> Credentials:
+    return AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
+
+
+def settings_for(**overrides: Any) -> Settings:
+    return Settings(**{"project": PROJECT, **overrides})
+
+
+def offline_clients(publisher: FakePublisher) -> wiring.Clients:
+    """Real clients that make no call until used; compute points at a closed local port."""
+    options: Mapping[str, Any] = {"credentials": anonymous(), "transport": "rest"}
+    endpoint = {"api_endpoint": "http://127.0.0.1:9"}
+    return wiring.Clients(
+        firestore=lambda s: firestore.Client(project=s.project, credentials=anonymous()),
+        instance_groups=lambda: compute_v1.InstanceGroupsClient(**options, client_options=endpoint),
+        zone_operations=lambda: compute_v1.ZoneOperationsClient(**options, client_options=endpoint),
+        instances=lambda: compute_v1.InstancesClient(**options, client_options=endpoint),
+        publisher=lambda: publisher,  # type: ignore[arg-type,return-value]  # a fake of the library's publisher
+    )
+
+
+def test_commands_are_published_with_their_target_as_attribute_and_ordering_key() -> None:
+    # GIVEN the wired sender over a publisher that records what reaches the library
+    publisher = FakePublisher()
+    deps = wiring.build_deps(settings_for(commands_topic="maintenance-commands"), offline_clients(publisher))
+    command = Command(
+        command_id="c" * 32,
+        type=CommandType.APPROVE,
+        target="web-0",
+        event_id="E-REBOOT",
+        issued_at=NOW,
+        expires_at=NOW + timedelta(minutes=10),
+    )
+    # WHEN it sends a command
+    deps.sender.send(command)
+    # THEN the commands topic got the canonical command, keyed and addressed to web-0
+    ((topic, data, key, attributes),) = publisher.published
+    assert (topic, key) == (f"projects/{PROJECT}/topics/maintenance-commands", "web-0")
+    assert decode_command(data).command == command
+    assert attributes == {"type": "approve", "target": "web-0", "event_id": "E-REBOOT", "envelope_id": "c" * 32}
+    assert isinstance(deps.sender, PubSubCommandSender)
+
+
+# ---------------------------------------------------------------- wiring
+
+
+def test_readiness_drains_are_signed_commands_when_a_key_is_configured() -> None:
+    # GIVEN the app wired with a signing key and the readiness balancer only
+    private_pem, public_pem = generate_keypair()
+    publisher = FakePublisher()
+    deps = wiring.build_deps(settings_for(signing_key=private_pem.decode()), offline_clients(publisher))
+    # WHEN a VM is drained
+    memento = deps.balancer.drain("web-0")
+    # THEN the agent got a drain command signed with that key, and the memento says how to undo it
+    assert memento == {"readiness": {"readiness": True}}
+    command = decode_command(publisher.published[0][1]).command
+    assert (command.type, command.target) == (CommandType.DRAIN, "web-0")
+    assert command.signature is not None
+    verify(command.signing_bytes(), command.signature, load_public_key(public_pem))
+    assert deps.signer is not None
+    assert (deps.maintenance, type(deps.store), type(deps.audit)) == (None, FirestoreStateStore, FirestoreAuditLog)
+
+
+def test_instance_groups_and_maintenance_are_wired_when_configured() -> None:
+    # GIVEN groups and zones configured, and the Compute API unreachable
+    deps = wiring.build_deps(
+        settings_for(instance_groups=(GroupRef("europe-west1-b", "web-b"),), maintenance_zones=("europe-west1-b",)),
+        offline_clients(FakePublisher()),
+    )
+    memento = {"instance_groups": {"instance_groups": [{"zone": "europe-west1-b", "name": "web-b", "instance": "u"}]}}
+    # WHEN an instance-group drain is restored THEN it went to the Compute API (and failed for now)
+    with pytest.raises(ComputeUnavailableError):
+        deps.balancer.restore("web-0", memento)
+    assert isinstance(deps.maintenance, ComputeMaintenance)
+
+
+@pytest.fixture
+def mbridge_logger() -> Iterator[logging.Logger]:
+    """The `mbridge` logger, put back as it was after the test configured it."""
+    logger = logging.getLogger(logs.ROOT_LOGGER)
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield logger
+    logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+
+
+def test_deps_are_built_once_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, mbridge_logger: logging.Logger
+) -> None:
+    # GIVEN the environment of a deployment (Firestore through an emulator address: no credentials)
+    monkeypatch.setenv("MBRIDGE_GCP_PROJECT", PROJECT)
+    monkeypatch.setenv("FIRESTORE_EMULATOR_HOST", "127.0.0.1:9")
+    wiring.reset()
+    try:
+        # WHEN two invocations ask for their deps THEN both get the same, built from the variables
+        first, second = wiring.deps(), wiring.deps()
+        assert first is second
+        assert isinstance(first.store, FirestoreStateStore)
+        assert mbridge_logger.level == logging.INFO
+    finally:
+        wiring.reset()
+
+
+def test_override_replaces_the_deps_inside_the_block_only(world: World) -> None:
+    other = Deps(world.store, world.balancer, world.sender, world.store, Policy(dry_run=True))
+    with wiring.override(other):
+        assert wiring.deps() is other
+    assert wiring.deps() is world.deps
+
+
+# ---------------------------------------------------------------- structured logs
+
+
+def test_a_log_line_is_one_json_object_cloud_logging_understands(
+    mbridge_logger: logging.Logger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN structured logging configured
+    logs.configure("INFO")
+    logs.configure("INFO")  # idempotent: still one handler
+    # WHEN a record with labels and an exception is logged
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("mbridge.gcp.test").error(
+            "processed %s", "abc", exc_info=True, extra={"labels": {"event_id": "E-1", "n": 3}, "payload": {"x": 1}}
+        )
+    # THEN stdout holds exactly one JSON line with severity, message (with the traceback), labels
+    (line,) = capsys.readouterr().out.splitlines()
+    entry = json.loads(line)
+    assert entry["severity"] == "ERROR"
+    assert entry["message"].startswith("processed abc\nTraceback")
+    assert "ValueError: boom" in entry["message"]
+    assert entry["logging.googleapis.com/labels"] == {"logger": "mbridge.gcp.test", "event_id": "E-1", "n": "3"}
+    assert entry["logging.googleapis.com/sourceLocation"]["function"] == (
+        "test_a_log_line_is_one_json_object_cloud_logging_understands"
+    )
+    assert (entry["x"], entry["time"].endswith("Z")) == (1, True)
+    assert mbridge_logger.propagate is False
+
+
+def test_info_records_log_at_info_severity(mbridge_logger: logging.Logger, capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure("INFO")
+    logging.getLogger("mbridge.gcp.test").debug("hidden")
+    logging.getLogger("mbridge.gcp.test").info("shown")
+    assert [json.loads(line)["severity"] for line in capsys.readouterr().out.splitlines()] == ["INFO"]
