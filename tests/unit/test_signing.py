@@ -26,6 +26,7 @@ from functions.core.signing import (
     sign_command,
     verify,
 )
+from tests.peers import require_peer
 
 ISSUED = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -186,7 +187,7 @@ def test_openssl_generated_keys_load(tmp_path: Path) -> None:
             capture_output=True,
         )
     except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"openssl cannot make ed25519 keys here: {exc}")
+        require_peer(False, f"openssl cannot make ed25519 keys here: {exc}")
 
     # THEN the files load and work together
     verify(b"x", sign(b"x", load_private_key(tmp_path / "s.pem")), load_public_key(tmp_path / "v.pem"))
