@@ -1,23 +1,27 @@
 """LoadBalancer on Azure Load Balancer backend pools (azure-mgmt-network).
 
-Azure has two kinds of backend pool, and a VM leaves each differently:
+Azure has two kinds of backend pool, and a VM is a member of each differently:
 
 - NIC-based pools: membership is written on the VM's NIC; each ipConfiguration lists the pools
-  it belongs to (`loadBalancerBackendAddressPools`). Draining removes the references to pools of
-  the configured load balancer from the ipConfigurations and PUTs the NIC; references to other
+  it belongs to (`loadBalancerBackendAddressPools`). Removing takes the references to pools of
+  the configured load balancer off the ipConfigurations and PUTs the NIC; references to other
   load balancers stay.
 - IP-based pools: membership is written on the pool, as `loadBalancerBackendAddresses` entries
-  holding an `ipAddress` (and the virtual network or subnet it lives in). Draining removes the
-  entries holding the VM's private IPs and PUTs the pool.
+  holding an `ipAddress` (and the virtual network or subnet it lives in). Removing takes the
+  entries holding the VM's private IPs off the pool and PUTs it.
 
-Each write is a read-modify-write carrying the resource's ETag as If-Match, so a concurrent
-change (another VM drained from the same pool at the same moment) fails with 412; the change is
-then made again on a fresh read instead of overwriting the other one.
-
-The memento says exactly what was removed, and `restore` puts exactly that back:
+A drain is `locate` (read only: where the VM takes traffic, as a memento the core records) and
+then `remove` (take the VM out of exactly what the memento names); `restore` puts exactly that
+back. Both writers are idempotent, so after a failure part way the redelivery just calls them
+again with the recorded memento:
 
     {"nic": [{"nic_id": ..., "ip_configuration": "ipconfig1", "pools": [<pool id>, ...]}],
      "ip":  [{"pool_id": ..., "address": {"name": ..., "ip_address": ..., "virtual_network_id": ...}}]}
+
+Each write is a read-modify-write carrying the resource's ETag as If-Match, so a concurrent
+change (another VM drained from the same pool at the same moment) fails with 412; the change is
+then made again on a fresh read instead of overwriting the other one. A resource that needs no
+change is not written.
 
 A VM's NICs are found by listing the NICs of a resource group (`network_interfaces.list`) and
 keeping those whose `virtualMachine.id` ends with `/virtualMachines/<vm name>` (compared
@@ -31,6 +35,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from azure.core.exceptions import (
@@ -100,7 +105,8 @@ class _ResourceId:
 
 
 class AzureLoadBalancer:
-    """Drains VMs from the backend pools of ONE Azure load balancer (NIC-based and IP-based)."""
+    """The VMs' memberships in the backend pools of ONE Azure load balancer (NIC-based and IP-based):
+    `locate` reads them, `remove` takes a VM out of them, `restore` puts it back."""
 
     def __init__(
         self,
@@ -125,97 +131,100 @@ class AzureLoadBalancer:
 
     # ---- the port
 
-    def drain(self, vm: str) -> JsonObject | None:
-        with self._errors(f"the NICs of VM {vm!r}", "drain"):
+    def locate(self, vm: str) -> JsonObject | None:
+        with self._errors(f"the NICs of VM {vm!r}", "read"):
             nics = list(self._lookup(vm))
         if not nics:
             LOGGER.warning("no NIC of VM %s found: it is in no pool of load balancer %s", vm, self._name)
             return None
-        done: dict[str, list[JsonObject]] = {"nic": [], "ip": []}
-        try:
-            for nic in nics:
-                with self._errors(f"NIC {nic.id}", "drain"):
-                    done["nic"].extend(self._drain_nic(nic))
-            with self._errors(f"the backend pools of load balancer {self._name!r}", "drain"):
-                self._drain_addresses(_addresses_of(nics), done["ip"])
-        except Exception:
-            # The core records a drain only when this returns: undo the half that was done, or
-            # nobody would ever put it back (the redelivery finds the VM already out of it).
-            self._undo(vm, done)
-            raise
-        memento: JsonObject = {kind: parts for kind, parts in done.items() if parts}
+        memento: JsonObject = {}
+        in_nic_pools: list[JsonObject] = []
+        for nic in nics:
+            for ipc in nic.ip_configurations or []:
+                ours = [pool.id for pool in ipc.load_balancer_backend_address_pools or [] if self._is_ours(pool.id)]
+                if ours:
+                    in_nic_pools.append({"nic_id": nic.id, "ip_configuration": ipc.name, "pools": ours})
+        if in_nic_pools:
+            memento["nic"] = in_nic_pools
+        addresses = _addresses_of(nics)
+        if addresses:
+            with self._errors(f"the backend pools of load balancer {self._name!r}", "read"):
+                pools = list(self._client.load_balancer_backend_address_pools.list(self._resource_group, self._name))
+            in_ip_pools = [
+                {"pool_id": pool.id, "address": _address_memento(entry)}
+                for pool in pools
+                for entry in pool.load_balancer_backend_addresses or []
+                if _holds(entry, addresses)
+            ]
+            if in_ip_pools:
+                memento["ip"] = in_ip_pools
         return memento or None
 
-    def _undo(self, vm: str, done: dict[str, list[JsonObject]]) -> None:
-        partial: JsonObject = {kind: parts for kind, parts in done.items() if parts}
-        if not partial:
-            return
-        try:
-            self.restore(vm, partial)
-        except Exception:
-            LOGGER.exception("could not undo the partial drain of %s; put this back by hand: %s", vm, partial)
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        # A failure part way raises: the core has recorded the memento, so the redelivery calls
+        # this again (what is already out is skipped) or `restore` puts back all of it.
+        for nic_id, parts in _parts_by_nic(memento).items():
+            with self._errors(f"NIC {nic_id}", "drain"):
+                self._update_nic(nic_id, partial(_leave_pools, parts=parts), "take out")
+        for pool_id, addresses in self._held_by_pool(vm, memento, "drain").items():
+            with self._errors(f"backend pool {pool_id}", "drain"):
+                self._update_pool(pool_id, partial(_leave_pool, addresses=addresses), "take out")
 
     def restore(self, vm: str, memento: JsonObject) -> None:
-        by_nic: dict[str, list[JsonObject]] = {}
-        for part in memento.get("nic", []):
-            by_nic.setdefault(part["nic_id"], []).append(part)
-        for nic_id, parts in by_nic.items():
+        for nic_id, parts in _parts_by_nic(memento).items():
             with self._errors(f"NIC {nic_id}", "restore"):
-                self._restore_nic(nic_id, parts)
+                self._update_nic(nic_id, partial(_join_pools, parts=parts), "put back")
+        for pool_id, addresses in self._held_by_pool(vm, memento, "restore").items():
+            with self._errors(f"backend pool {pool_id}", "restore"):
+                self._update_pool(pool_id, partial(_join_pool, addresses=addresses), "put back")
+
+    def _held_by_pool(self, vm: str, memento: JsonObject, action: str) -> dict[str, list[JsonObject]]:
+        """The memento's IP-based entries by pool id, keeping only the IPs the VM holds now.
+
+        An IP of a deleted VM may be handed to another VM later: taking it out would drain that
+        other VM, and putting it back would send traffic to it."""
+        parts = memento.get("ip", [])
+        if not parts:
+            return {}
+        with self._errors(f"the NICs of VM {vm!r}", action):
+            held = {ip for ip, _ in _addresses_of(self._lookup(vm))}
         by_pool: dict[str, list[JsonObject]] = {}
-        for part in memento.get("ip", []):
-            by_pool.setdefault(part["pool_id"], []).append(part["address"])
-        if by_pool:
-            with self._errors(f"the backend pools of load balancer {self._name!r}", "restore"):
-                self._restore_addresses(vm, by_pool)
+        for part in parts:
+            address = part["address"]
+            if address["ip_address"] in held:
+                by_pool.setdefault(part["pool_id"], []).append(address)
+            else:
+                LOGGER.warning("VM %s no longer holds %s: %s left as it is", vm, address["ip_address"], part["pool_id"])
+        return by_pool
 
-    # ---- NIC-based pools
+    # ---- read-modify-write
 
-    def _drain_nic(self, nic: Any) -> list[JsonObject]:
-        nic_id: str = nic.id
-        for attempt in range(WRITE_ATTEMPTS):
-            if attempt:
-                nic = self._get_nic(nic_id)
-            removed: list[JsonObject] = []
-            for ip_configuration in nic.ip_configurations or []:
-                pools = list(ip_configuration.load_balancer_backend_address_pools or [])
-                ours = [pool.id for pool in pools if self._is_ours(pool.id)]
-                if ours:
-                    ip_configuration.load_balancer_backend_address_pools = [
-                        pool for pool in pools if not self._is_ours(pool.id)
-                    ]
-                    removed.append({"nic_id": nic_id, "ip_configuration": ip_configuration.name, "pools": ours})
-            if not removed:
-                return []
-            if self._put_nic(nic):
-                return removed
-        raise self._contended(f"NIC {nic_id}")
-
-    def _restore_nic(self, nic_id: str, parts: list[JsonObject]) -> None:
+    def _update_nic(self, nic_id: str, edit: Callable[[Any], bool], verb: str) -> None:
+        """Apply `edit` (True when it changed the NIC) to a fresh read of the NIC and PUT it, again on 412."""
         for _ in range(WRITE_ATTEMPTS):
             try:
                 nic = self._get_nic(nic_id)
             except ResourceNotFoundError:
-                LOGGER.warning("NIC %s is gone (its VM was deleted): nothing to put back", nic_id)
+                LOGGER.warning("NIC %s is gone (its VM was deleted): nothing to %s", nic_id, verb)
                 return
-            changed = False
-            configurations = {ipc.name: ipc for ipc in nic.ip_configurations or []}
-            for part in parts:
-                ip_configuration = configurations.get(part["ip_configuration"])
-                if ip_configuration is None:
-                    LOGGER.warning("NIC %s has no ipConfiguration %s any more", nic_id, part["ip_configuration"])
-                    continue
-                pools = list(ip_configuration.load_balancer_backend_address_pools or [])
-                present = {(pool.id or "").lower() for pool in pools}
-                missing = [pool_id for pool_id in part["pools"] if pool_id.lower() not in present]
-                if missing:
-                    ip_configuration.load_balancer_backend_address_pools = pools + [
-                        BackendAddressPool(id=pool_id) for pool_id in missing
-                    ]
-                    changed = True
-            if not changed or self._put_nic(nic):
+            if not edit(nic) or self._put_nic(nic):
                 return
         raise self._contended(f"NIC {nic_id}")
+
+    def _update_pool(self, pool_id: str, edit: Callable[[Any], bool], verb: str) -> None:
+        """Apply `edit` (True when it changed the pool) to a fresh read of the pool and PUT it, again on 412."""
+        for _ in range(WRITE_ATTEMPTS):
+            try:
+                pool = self._get_pool(_ResourceId.parse(pool_id).name)
+            except ResourceNotFoundError:
+                LOGGER.warning("backend pool %s is gone: nothing to %s", pool_id, verb)
+                return
+            if not edit(pool) or self._put_pool(pool):
+                return
+        raise self._contended(f"backend pool {pool_id}")
+
+    def _is_ours(self, pool_id: str | None) -> bool:
+        return bool(pool_id) and str(pool_id).lower().startswith(self._pool_prefix)
 
     def _get_nic(self, nic_id: str) -> Any:
         where = _ResourceId.parse(nic_id)
@@ -230,59 +239,6 @@ class AzureLoadBalancer:
             ),
             f"NIC {nic.id}",
         )
-
-    def _is_ours(self, pool_id: str | None) -> bool:
-        return bool(pool_id) and str(pool_id).lower().startswith(self._pool_prefix)
-
-    # ---- IP-based pools
-
-    def _drain_addresses(self, addresses: list[tuple[str, str]], removed: list[JsonObject]) -> None:
-        """Drain the addresses from every IP-based pool, adding to `removed` pool by pool."""
-        if not addresses:
-            return
-        for pool in self._client.load_balancer_backend_address_pools.list(self._resource_group, self._name):
-            removed.extend(self._drain_pool(pool, addresses))
-
-    def _drain_pool(self, pool: Any, addresses: list[tuple[str, str]]) -> list[JsonObject]:
-        for attempt in range(WRITE_ATTEMPTS):
-            if attempt:
-                pool = self._get_pool(pool.name)
-            entries = list(pool.load_balancer_backend_addresses or [])
-            matched = [index for index, entry in enumerate(entries) if _holds(entry, addresses)]
-            if not matched:
-                return []
-            pool.load_balancer_backend_addresses = [e for i, e in enumerate(entries) if i not in matched]
-            if self._put_pool(pool):
-                return [{"pool_id": pool.id, "address": _address_memento(entries[i])} for i in matched]
-        raise self._contended(f"backend pool {pool.id}")
-
-    def _restore_addresses(self, vm: str, by_pool: dict[str, list[JsonObject]]) -> None:
-        # An IP of a deleted VM may be handed to another VM later: put back only the IPs the VM holds.
-        current = {ip for ip, _ in _addresses_of(self._lookup(vm))}
-        for pool_id, addresses in by_pool.items():
-            wanted = [address for address in addresses if address["ip_address"] in current]
-            for address in addresses:
-                if address["ip_address"] not in current:
-                    LOGGER.warning("VM %s no longer holds %s: not put back into %s", vm, address["ip_address"], pool_id)
-            if wanted:
-                self._restore_pool(pool_id, wanted)
-
-    def _restore_pool(self, pool_id: str, addresses: list[JsonObject]) -> None:
-        for _ in range(WRITE_ATTEMPTS):
-            try:
-                pool = self._get_pool(_ResourceId.parse(pool_id).name)
-            except ResourceNotFoundError:
-                LOGGER.warning("backend pool %s is gone: nothing to put back", pool_id)
-                return
-            entries = list(pool.load_balancer_backend_addresses or [])
-            present = {entry.ip_address for entry in entries if entry.ip_address}
-            missing = [address for address in addresses if address["ip_address"] not in present]
-            if not missing:
-                return
-            pool.load_balancer_backend_addresses = entries + [_address_from_memento(a) for a in missing]
-            if self._put_pool(pool):
-                return
-        raise self._contended(f"backend pool {pool_id}")
 
     def _get_pool(self, name: str) -> Any:
         return self._client.load_balancer_backend_address_pools.get(self._resource_group, self._name, name)
@@ -354,6 +310,73 @@ def _mapped(exc: HttpResponseError, what: str, action: str) -> Exception:
 def _if_match(resource: Any) -> dict[str, str]:
     etag = getattr(resource, "etag", None)
     return {"If-Match": etag} if etag else {}
+
+
+def _parts_by_nic(memento: JsonObject) -> dict[str, list[JsonObject]]:
+    by_nic: dict[str, list[JsonObject]] = {}
+    for part in memento.get("nic", []):
+        by_nic.setdefault(part["nic_id"], []).append(part)
+    return by_nic
+
+
+def _leave_pools(nic: Any, parts: list[JsonObject]) -> bool:
+    """Take the memento's pool references off the NIC's ipConfigurations; True when any was there."""
+    changed = False
+    configurations = {ipc.name: ipc for ipc in nic.ip_configurations or []}
+    for part in parts:
+        ip_configuration = configurations.get(part["ip_configuration"])
+        if ip_configuration is None:
+            continue  # the ipConfiguration is gone, and its pool memberships with it
+        pools = list(ip_configuration.load_balancer_backend_address_pools or [])
+        named = {pool_id.lower() for pool_id in part["pools"]}
+        kept = [pool for pool in pools if (pool.id or "").lower() not in named]
+        if len(kept) < len(pools):
+            ip_configuration.load_balancer_backend_address_pools = kept
+            changed = True
+    return changed
+
+
+def _join_pools(nic: Any, parts: list[JsonObject]) -> bool:
+    """Add the memento's pool references the NIC's ipConfigurations lack; True when any was missing."""
+    changed = False
+    configurations = {ipc.name: ipc for ipc in nic.ip_configurations or []}
+    for part in parts:
+        ip_configuration = configurations.get(part["ip_configuration"])
+        if ip_configuration is None:
+            LOGGER.warning("NIC %s has no ipConfiguration %s any more", nic.id, part["ip_configuration"])
+            continue
+        pools = list(ip_configuration.load_balancer_backend_address_pools or [])
+        present = {(pool.id or "").lower() for pool in pools}
+        missing = [pool_id for pool_id in part["pools"] if pool_id.lower() not in present]
+        if missing:
+            ip_configuration.load_balancer_backend_address_pools = pools + [
+                BackendAddressPool(id=pool_id) for pool_id in missing
+            ]
+            changed = True
+    return changed
+
+
+def _leave_pool(pool: Any, addresses: list[JsonObject]) -> bool:
+    """Take the IP-based entries holding the memento's IPs off the pool; True when any was there."""
+    ips = {address["ip_address"] for address in addresses}
+    entries = list(pool.load_balancer_backend_addresses or [])
+    # NIC-based pools list their members too, read-only: those are left to the NIC.
+    kept = [e for e in entries if not (e.ip_address in ips and e.network_interface_ip_configuration is None)]
+    if len(kept) == len(entries):
+        return False
+    pool.load_balancer_backend_addresses = kept
+    return True
+
+
+def _join_pool(pool: Any, addresses: list[JsonObject]) -> bool:
+    """Add the memento's entries whose IPs the pool lacks; True when any was missing."""
+    entries = list(pool.load_balancer_backend_addresses or [])
+    present = {entry.ip_address for entry in entries if entry.ip_address}
+    missing = [address for address in addresses if address["ip_address"] not in present]
+    if not missing:
+        return False
+    pool.load_balancer_backend_addresses = entries + [_address_from_memento(a) for a in missing]
+    return True
 
 
 def _addresses_of(nics: Iterable[Any]) -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ from functions.azure_app.tables import TableAuditLog, TableStateStore, table_err
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
 from functions.core.commands import Command
 from functions.core.ports import CommandSender, LoadBalancer
-from functions.core.process import Deps
+from functions.core.process import ClaimWait, Deps
 from functions.core.signing import sign_command
 
 if TYPE_CHECKING:
@@ -61,6 +61,8 @@ def build_deps(settings: Settings, *, credential: TokenCredential | None = None)
         audit=TableAuditLog(_table(service, settings.audit_table)),
         policy=settings.policy,
         signer=signer,
+        # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
+        claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
     )
 
 

@@ -29,9 +29,13 @@ class ReadinessBalancer:
         self._ttl = ttl
         self._signer = signer
 
-    def drain(self, vm: str) -> JsonObject | None:
-        self._send(CommandType.DRAIN, vm)
+    def locate(self, vm: str) -> JsonObject | None:
+        # Every VM with an agent has a /readyz to turn; nothing to read first.
         return {"readiness": True}
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        if memento.get("readiness"):
+            self._send(CommandType.DRAIN, vm)
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         if memento.get("readiness"):
@@ -55,9 +59,14 @@ class CompositeBalancer:
     def __init__(self, balancers: Sequence[tuple[str, LoadBalancer]]) -> None:
         self._balancers = list(balancers)
 
-    def drain(self, vm: str) -> JsonObject | None:
-        parts = {name: part for name, balancer in self._balancers if (part := balancer.drain(vm)) is not None}
+    def locate(self, vm: str) -> JsonObject | None:
+        parts = {name: part for name, balancer in self._balancers if (part := balancer.locate(vm)) is not None}
         return parts or None
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        for name, balancer in self._balancers:
+            if name in memento:
+                balancer.remove(vm, memento[name])
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         for name, balancer in self._balancers:

@@ -85,14 +85,26 @@ class StateStore(Protocol):
 
 
 class LoadBalancer(Protocol):
-    """Takes a VM out of traffic and puts it back exactly as it was."""
+    """Takes a VM out of traffic and puts it back exactly as it was.
 
-    def drain(self, vm: str) -> JsonObject | None:
-        """Remove `vm` from the pools this adapter manages; return what is needed to undo it,
-        or None when `vm` was in none of them (then nothing will be restored)."""
+    A drain is two calls so that a crash can never lose what to put back: `locate` reads where
+    the VM takes traffic (nothing changes), the core records that memento, and only then
+    `remove` changes the pools. A retry after a crash calls `remove` again with the recorded
+    memento; `restore` puts back what the memento names. Both must be idempotent.
+    """
+
+    def locate(self, vm: str) -> JsonObject | None:
+        """Read only: the memberships of `vm` in the pools this adapter manages, as a JSON memento,
+        or None when it is in none of them (then nothing is removed and nothing restored)."""
         ...
 
-    def restore(self, vm: str, memento: JsonObject) -> None: ...
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        """Take `vm` out of what `memento` names; what is already out stays out."""
+        ...
+
+    def restore(self, vm: str, memento: JsonObject) -> None:
+        """Put `vm` back into what `memento` names; what is already in stays as it is."""
+        ...
 
 
 class CommandSender(Protocol):
@@ -116,7 +128,7 @@ class AuditRecord:
     envelope_id: str
     event_id: str
     vm: str
-    action: str = ""  # drain | approve | restore | wait | none | perform_maintenance
+    action: str = ""  # drain | approve | restore | restore_failed | wait | none | perform_maintenance
     status: str = ""
     rule: str = ""
     reason: str = ""

@@ -5,11 +5,21 @@
 - A duplicate (every VM of an availability set reports the same event; buses redeliver) finds
   its claim done and is acknowledged with no action.
 - A crash between claim and completion leaves a claim whose lease runs out; the redelivery takes
-  it over and executes again. Every action is idempotent for that: drains are recorded per
-  (event, VM) and skipped when recorded, approvals are byte-identical commands with a
-  deterministic command_id (the agent answers a repeat from its ledger and never POSTs twice).
+  it over and executes again. Every action is idempotent for that: a drain first records where
+  the VM takes traffic (read only), then removes it, then marks it removed, so a crash at any
+  point is finished by the retry and restored by the completion; approvals are byte-identical
+  commands with a deterministic command_id (the agent answers a repeat from its ledger and
+  never POSTs twice).
+- A delivery that finds its envelope claimed by a live invocation waits for that one to end
+  (`ClaimWait`) rather than bouncing straight back to the bus, whose immediate redeliveries
+  would dead-letter the message long before a dead invocation's lease runs out.
 - Budget waits are stored (`park`), never left to platform redelivery (which would dead-letter):
-  the invocation that frees a slot admits the oldest waiting event of the pool.
+  the invocation that frees a slot admits the oldest waiting event of the pool. An event whose
+  VMs sit in several pools needs a slot in each.
+- A restore that fails does not stop the others, nor hold the budget: the slot is released, the
+  failed VM's drain record is kept, and the error is raised after the rest is done, so a
+  redelivery (or a dead-lettered message resubmitted once the deployment is fixed) retries
+  just that VM.
 - Malformed envelopes are audited and acknowledged (`PermanentError`); transient adapter
   failures raise `RetryableError` for the platform to retry.
 """
@@ -18,7 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,19 +37,45 @@ from typing import Any
 from functions.core.commands import Command, CommandType, decode_command, encode_command, new_command
 from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, Restore, decide
 from functions.core.envelope import Envelope, decode, encode
-from functions.core.errors import MalformedEnvelopeError, RetryableError
+from functions.core.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
 from functions.core.model import CommandResult, MaintenanceEvent
-from functions.core.policy import Policy
-from functions.core.ports import AuditLog, AuditRecord, Claim, CommandSender, LoadBalancer, Maintenance, StateStore
+from functions.core.policy import Policy, Pool
+from functions.core.ports import (
+    AuditLog,
+    AuditRecord,
+    Claim,
+    CommandSender,
+    JsonObject,
+    LoadBalancer,
+    Maintenance,
+    StateStore,
+)
 
 LOGGER = logging.getLogger("mbridge.functions")
 
-# How long one invocation may hold a claim before a redelivery may take it over.
+# How long one invocation may hold a claim before a redelivery may take it over. The platform's
+# function timeout must exceed this plus `ClaimWait.longest` plus the slowest run of actions
+# (host.json functionTimeout is 10 minutes; the Cloud Function's timeout 540 s).
 CLAIM_LEASE = timedelta(minutes=5)
+
+# The drain record of a VM: located (memento recorded, removal not yet confirmed) → removed.
+LOCATED = "located"
+REMOVED = "removed"
 
 
 class ClaimBusyError(RetryableError):
     """Another invocation is processing the same envelope right now; retry later."""
+
+
+@dataclass(frozen=True)
+class ClaimWait:
+    """How a delivery that finds its envelope busy waits for the holder to finish or its lease to
+    run out. Without one (replay, tests), a busy claim raises ClaimBusyError at once."""
+
+    clock: Callable[[], datetime]
+    sleep: Callable[[float], None] = time.sleep
+    longest: timedelta = CLAIM_LEASE + timedelta(seconds=15)
+    poll_seconds: float = 1.0
 
 
 @dataclass
@@ -52,13 +89,14 @@ class Deps:
     policy: Policy
     maintenance: Maintenance | None = None
     signer: Callable[[Command], Command] | None = None
+    claim_wait: ClaimWait | None = None
 
 
 @dataclass(frozen=True)
 class Taken:
     """One action as it was taken (or, for `wait` and `none`, not taken), for logs and replay."""
 
-    action: str  # drain | approve | restore | wait | none | perform_maintenance
+    action: str  # drain | approve | restore | restore_failed | wait | none | perform_maintenance
     vm: str
     at: datetime | None  # approve: execute_at
     reason: str
@@ -99,6 +137,8 @@ def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
         return Outcome(envelope.id, "command-result")
     event = envelope.data
     claim = deps.store.claim(envelope.id, now, CLAIM_LEASE)
+    if claim is Claim.BUSY and deps.claim_wait is not None:
+        claim, now = _wait_for_claim(envelope.id, deps.store, deps.claim_wait)
     if claim is Claim.DONE:
         deps.audit.append(_record(now, "duplicate", envelope, event, action="none", reason="already processed"))
         return Outcome(envelope.id, "duplicate")
@@ -115,6 +155,18 @@ def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
         raise
     deps.store.complete(envelope.id, now)
     return outcome
+
+
+def _wait_for_claim(key: str, store: StateStore, wait: ClaimWait) -> tuple[Claim, datetime]:
+    """Poll the claim until it is done (a duplicate), ours (the holder failed or died), or the wait
+    is over (still busy: the platform redelivers)."""
+    start = wait.clock()
+    while True:
+        wait.sleep(wait.poll_seconds)
+        now = wait.clock()
+        claim = store.claim(key, now, CLAIM_LEASE)
+        if claim is not Claim.BUSY or now - start >= wait.longest:
+            return claim, now
 
 
 def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime, outcome: Outcome) -> None:
@@ -146,27 +198,62 @@ def _drain(
     decision: Decision,
 ) -> bool:
     key = event_key(event)
-    pool = deps.policy.pool_of(action.vms[0])
-    if not deps.store.reserve(pool.name, key, action.vms, pool.max_drained):
-        deps.store.park(pool.name, key, _body(envelope), now)
-        reason = f"pool {pool.name!r} is at its budget of {pool.max_drained}; waiting for a slot"
+    records = deps.store.drains(key)
+    refused = _reserve(key, action.vms, records, deps)
+    if refused is not None:
+        deps.store.park(refused.name, key, _body(envelope), now)
+        reason = f"pool {refused.name!r} is at its budget of {refused.max_drained}; waiting for a slot"
         _note(deps, outcome, now, envelope, event, "wait", ",".join(action.vms), decision, reason)
         return False
-    done = deps.store.drains(key)
-    if all(vm in done for vm in action.vms):
+    if all(records.get(vm, {}).get("state") == REMOVED for vm in action.vms):
         _note(deps, outcome, now, envelope, event, "none", ",".join(action.vms), decision, "already drained")
         return True
     for vm in action.vms:
-        if vm in done:
+        record = records.get(vm)
+        if record is not None and record.get("state") == REMOVED:
             continue  # drained by an earlier step or attempt of this event
         if deps.policy.dry_run:
             _note(deps, outcome, now, envelope, event, "drain", vm, decision, "dry run: not drained")
             continue
-        memento = deps.balancer.drain(vm)
-        deps.store.record_drain(key, vm, memento or {})
+        if record is None:
+            # Where the VM takes traffic is on record before anything changes: whatever dies
+            # after this, the retry finishes the removal and the completion puts it all back.
+            record = {"memento": deps.balancer.locate(vm) or {}, "state": LOCATED}
+            deps.store.record_drain(key, vm, record)
+        memento: JsonObject = record["memento"]
+        if memento:
+            deps.balancer.remove(vm, memento)
+        deps.store.record_drain(key, vm, {"memento": memento, "state": REMOVED})
         reason = decision.reason if memento else f"{decision.reason} ({vm} was in no managed pool)"
         _note(deps, outcome, now, envelope, event, "drain", vm, decision, reason)
     return True
+
+
+def _pools(vms: Sequence[str], policy: Policy) -> dict[str, tuple[Pool, list[str]]]:
+    """The budget pools the VMs belong to, each with its VMs, in name order."""
+    grouped: dict[str, tuple[Pool, list[str]]] = {}
+    for vm in vms:
+        pool = policy.pool_of(vm)
+        grouped.setdefault(pool.name, (pool, []))[1].append(vm)
+    return dict(sorted(grouped.items()))
+
+
+def _reserve(key: str, vms: Sequence[str], records: Mapping[str, JsonObject], deps: Deps) -> Pool | None:
+    """A slot in every pool of the VMs, or none at all: the first pool that refuses is returned.
+
+    Slots this attempt took are given back on a refusal, so two events spanning the same pools
+    never hold one slot each while waiting for the other's (no deadlock); a pool where the event
+    already drained a VM keeps its slot.
+    """
+    taken: list[Pool] = []
+    for pool, members in _pools(vms, deps.policy).values():
+        if not deps.store.reserve(pool.name, key, members, pool.max_drained):
+            for held in taken:
+                if not any(vm in records for vm in _pools(vms, deps.policy)[held.name][1]):
+                    deps.store.release(held.name, key)
+            return pool
+        taken.append(pool)
+    return None
 
 
 def _approve(
@@ -203,22 +290,49 @@ def _restore(
     envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime, outcome: Outcome, decision: Decision
 ) -> None:
     key = event_key(event)
-    pool = deps.policy.pool_of(event.resources[0] if event.resources else event.reporter)
-    deps.store.unpark(pool.name, key)  # ended while waiting for the budget: nothing to do for it
     drained = deps.store.drains(key)
+    pools = _pools([*event.resources, event.reporter, *drained], deps.policy)
+    for name in pools:
+        deps.store.unpark(name, key)  # ended while waiting for the budget: nothing to do for it
     if not drained:
         _note(deps, outcome, now, envelope, event, "none", event.reporter, decision, "nothing drained by this system")
-    for vm, memento in sorted(drained.items()):
+    failures: list[BridgeError] = []
+    for vm, record in sorted(drained.items()):
         if deps.policy.dry_run:
             # Keep the record: once dry run is off again, the real completion restores it.
             _note(deps, outcome, now, envelope, event, "restore", vm, decision, "dry run: not restored")
             continue
-        if memento:
-            deps.balancer.restore(vm, memento)
+        memento: JsonObject = record.get("memento", {})
+        try:
+            if memento:
+                deps.balancer.restore(vm, memento)
+        except BridgeError as error:
+            # Keep its record for the retry; put the others back and free the budget first.
+            failures.append(error)
+            reason = f"could not put {vm} back ({error}); its drain is kept and retried: {memento}"
+            _note(deps, outcome, now, envelope, event, "restore_failed", vm, decision, reason)
+            continue
         deps.store.forget_drain(key, vm)
         _note(deps, outcome, now, envelope, event, "restore", vm, decision)
-    deps.store.release(pool.name, key)
-    _admit_waiting(pool.name, deps, now, outcome)
+    # The event is over: its slots go back even when a VM could not be put back, or every later
+    # event of the pool would wait on a repair (and go undrained when its deadline came).
+    for name in pools:
+        deps.store.release(name, key)
+    for name in pools:
+        _admit_waiting(name, deps, now, outcome)
+    if failures:
+        _raise_restore_failures(failures)
+
+
+def _raise_restore_failures(failures: Sequence[BridgeError]) -> None:
+    retryable = [error for error in failures if isinstance(error, RetryableError)]
+    summary = "; ".join(str(error) for error in failures)
+    if retryable:
+        raise RetryableError(f"some VMs could not be put back yet: {summary}") from retryable[0]
+    raise PermanentError(
+        f"some VMs could not be put back: {summary}. Fix the deployment, then resubmit the dead-lettered "
+        "message: their drain records are kept and only they are restored."
+    ) from failures[0]
 
 
 def _admit_waiting(pool: str, deps: Deps, now: datetime, outcome: Outcome) -> None:

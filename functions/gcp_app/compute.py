@@ -1,13 +1,15 @@
 """Compute Engine adapters (google-cloud-compute): unmanaged instance groups as the LoadBalancer
 port, and instances.performMaintenance as the Maintenance port.
 
-Draining removes a VM from every configured unmanaged instance group that lists it; a backend
-service then stops sending it new requests (after its connection-draining timeout for open
-ones). The memento names exactly those groups and the instance URL, and restoring adds the VM
-back to exactly those — never to a group it was not taken out of by this system.
+Draining is two steps. `locate` lists the configured unmanaged instance groups and returns the
+memento of those that list the VM (and its instance URL), changing nothing; the core records it,
+and only then `remove` takes the VM out of them, so a crash part way never loses what to put
+back. A backend service then stops sending the VM new requests (after its connection-draining
+timeout for open ones). `restore` adds the VM back to exactly the groups of the memento — never to
+a group it was not taken out of by this system.
 
-Both directions are idempotent, because a redelivered message repeats them: drain and restore
-first list the group's members and only change what is not yet as wanted.
+`remove` and `restore` are idempotent, because a redelivered message repeats them: both first
+list the group's members and only change what is not yet as wanted.
 
 Long-running operations are awaited with zoneOperations.wait on a client of our own. The
 library's built-in poller (`ExtendedOperation.result()`) builds its own operations client that
@@ -144,8 +146,8 @@ def _raise_operation_error(operation: compute_v1.Operation, action: str, resourc
 class InstanceGroupBalancer:
     """The LoadBalancer port over unmanaged (zonal) instance groups.
 
-    Memento: `{"instance_groups": [{"zone", "name", "instance"}]}` — each group the VM was removed
-    from and the instance URL it was listed under.
+    Memento: `{"instance_groups": [{"zone", "name", "instance"}]}` — each group that listed the VM
+    when it was located, and the instance URL it was listed under.
     """
 
     def __init__(
@@ -163,38 +165,28 @@ class InstanceGroupBalancer:
         self._groups = tuple(groups)
         self._timeout = timeout
 
-    def drain(self, vm: str) -> JsonObject | None:
+    def locate(self, vm: str) -> JsonObject | None:
+        """Read only: the memento of the configured groups that list `vm`, or None when none does."""
         members = [(group, url) for group in self._groups if (url := self._member_url(group, vm)) is not None]
         if not members:
             return None
-        removed: list[tuple[GroupRef, str]] = []
-        for group, url in members:
-            try:
-                self._change(group, url, remove=True)
-            except BridgeError:
-                # All or nothing: a memento is only recorded when drain returns, so a VM left out
-                # of some groups would never be put back. Undo, then let the message be redelivered.
-                self._undo(removed, vm)
-                raise
-            removed.append((group, url))
         return {MEMENTO_KEY: [{"zone": group.zone, "name": group.name, "instance": url} for group, url in members]}
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        """Take `vm` out of each group of the memento that still lists it.
+
+        A failure part way just raises: the memento is already recorded, so the retry calls this
+        again and skips the groups done before, and `restore` puts back everything the memento names.
+        """
+        for group, _ in _memento_groups(memento, vm):
+            # Removed by the URL the group lists now, which is what removeInstances matches against.
+            if (url := self._member_url(group, vm)) is not None:
+                self._change(group, url, remove=True)
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         for group, url in _memento_groups(memento, vm):
             if self._member_url(group, vm) is None:
                 self._change(group, url, remove=False)
-
-    def _undo(self, removed: Sequence[tuple[GroupRef, str]], vm: str) -> None:
-        for group, url in removed:
-            try:
-                self._change(group, url, remove=False)
-            except BridgeError as error:
-                LOG.error(
-                    "could not put %s back into instance group %s after a failed drain; add it by hand: %s",
-                    vm,
-                    group,
-                    error,
-                )
 
     def _member_url(self, group: GroupRef, vm: str) -> str | None:
         resource = self._describe(group)

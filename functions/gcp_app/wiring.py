@@ -23,7 +23,7 @@ from agent.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSett
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
 from functions.core.commands import Command
 from functions.core.ports import LoadBalancer, Maintenance
-from functions.core.process import Deps
+from functions.core.process import ClaimWait, Deps
 from functions.core.signing import load_private_key, sign_command
 from functions.gcp_app import logging as logs
 from functions.gcp_app.commands import PubSubCommandSender
@@ -100,6 +100,8 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         policy=settings.policy,
         maintenance=maintenance,
         signer=signer,
+        # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
+        claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
     )
 
 

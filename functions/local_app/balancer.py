@@ -1,6 +1,6 @@
 """A local load-balancer pool: which VMs take traffic, in SQLite. It stands in for an Azure
-backend pool or a GCP instance group in the demo and the tests, with the same contract: drain
-returns what was removed, restore puts exactly that back."""
+backend pool or a GCP instance group in the demo and the tests, with the same contract: locate
+says where a VM is, remove takes it out of exactly that, restore puts exactly that back."""
 
 from __future__ import annotations
 
@@ -32,11 +32,16 @@ class LocalPool:
             rows = self._db.execute("SELECT vm FROM members WHERE pool = ? ORDER BY vm", (pool,)).fetchall()
         return [row[0] for row in rows]
 
-    def drain(self, vm: str) -> JsonObject | None:
+    def locate(self, vm: str) -> JsonObject | None:
         with self._lock:
             pools = [row[0] for row in self._db.execute("SELECT pool FROM members WHERE vm = ? ORDER BY pool", (vm,))]
-            self._db.execute("DELETE FROM members WHERE vm = ?", (vm,))
         return {"pools": pools} if pools else None
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        with self._lock:
+            self._db.executemany(
+                "DELETE FROM members WHERE pool = ? AND vm = ?", [(p, vm) for p in memento.get("pools", [])]
+            )
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         self.add_to(memento.get("pools", []), vm)

@@ -28,8 +28,11 @@ from functions.local_app.store import SqliteStore
 class _EveryVmBalancer:
     """Replay has no real pools: every VM counts as drainable, so restores show up too."""
 
-    def drain(self, vm: str) -> JsonObject | None:
+    def locate(self, vm: str) -> JsonObject | None:
         return {"replay": True}
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        return None
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         return None

@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from functions.azure_app.load_balancer import (
+    WRITE_ATTEMPTS,
     AzureLoadBalancer,
     LoadBalancerConfigError,
     LoadBalancerUnavailableError,
@@ -53,6 +54,14 @@ POOL_HTTP = f"{ARM_ID}/loadBalancers/{LB}/backendAddressPools/pool-http"
 POOL_IP = f"{ARM_ID}/loadBalancers/{LB}/backendAddressPools/pool-ip"
 OTHER_LB_POOL = f"{ARM_ID}/loadBalancers/lb-internal/backendAddressPools/pool-x"
 THREE_ENTRIES = [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5"), ("web-2-addr", "10.0.1.6")]
+WEB_0_NIC = f"{ARM_ID}/networkInterfaces/web-0-nic"
+# The memento of web-0 in pool-http (by its NIC) and in pool-ip (by its IP, the first of THREE_ENTRIES).
+WEB_0_IN_BOTH: JsonObject = {
+    "nic": [{"nic_id": WEB_0_NIC, "ip_configuration": "ipconfig1", "pools": [POOL_HTTP]}],
+    "ip": [
+        {"pool_id": POOL_IP, "address": {"name": "web-0-addr", "ip_address": "10.0.1.4", "virtual_network_id": VNET}}
+    ],
+}
 
 
 # ---------------------------------------------------------------- ARM shapes
@@ -380,16 +389,70 @@ def _through_the_store(memento: JsonObject | None) -> JsonObject:
     return loaded
 
 
+def drain(balancer: AzureLoadBalancer, vm: str) -> JsonObject | None:
+    """A drain as the core makes it: locate, record the memento (here: as JSON), then remove."""
+    memento = balancer.locate(vm)
+    if memento is not None:
+        balancer.remove(vm, _through_the_store(memento))
+    return memento
+
+
+def _put_names(fake: FakeArm) -> list[str]:
+    return [put.path.rsplit("/", 1)[1] for put in fake.puts()]
+
+
+# ---------------------------------------------------------------- locate
+
+
+def test_locate_only_reads_and_names_every_pool_the_vm_is_in(arm: Arm) -> None:
+    # GIVEN web-0 in the NIC-based pool-http (and another LB's pool) and, by its IP, in pool-ip
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP, OTHER_LB_POOL]))
+    arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
+    before = copy.deepcopy(arm.fake.resources)
+
+    # WHEN web-0 is located
+    memento = arm.balancer().locate("web-0")
+
+    # THEN only GETs reached ARM, nothing changed, and the memento names both memberships
+    assert arm.fake.requests
+    assert {request.method for request in arm.fake.requests} == {"GET"}
+    assert arm.fake.resources == before
+    assert memento == WEB_0_IN_BOTH
+
+
+def test_locate_finds_nothing_for_a_vm_in_no_pool_of_the_load_balancer(arm: Arm) -> None:
+    # GIVEN web-0 only in another LB's pool, and an IP-based pool without its IP; a NIC with no VM
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [OTHER_LB_POOL]))
+    arm.fake.add(nic("spare-nic", None, "10.0.1.7", [POOL_HTTP]))
+    arm.fake.add(ip_pool("pool-ip", [("web-1-addr", "10.0.1.5")]))
+
+    # WHEN web-0 and a VM without a NIC are located
+    # THEN there is nothing to remove or restore, and nothing was written
+    assert arm.balancer().locate("web-0") is None
+    assert arm.balancer().locate("web-9") is None
+    assert arm.fake.puts() == []
+
+
+def test_locate_without_a_nic_is_none_and_asks_arm_nothing(arm: Arm) -> None:
+    # GIVEN a NIC lookup that finds no NIC (a VMSS Uniform instance, say)
+    balancer = AzureLoadBalancer(arm.client, SUB, RG, LB, lambda vm: [])
+
+    # WHEN the VM is located
+    # THEN it is in no pool, and no request was made
+    assert balancer.locate("web-0") is None
+    assert arm.fake.requests == []
+
+
 # ---------------------------------------------------------------- NIC-based pools
 
 
 def test_drain_removes_the_nic_from_this_load_balancers_pools_only(arm: Arm) -> None:
     # GIVEN web-0's NIC in pool-http of our LB and in a pool of another LB
     arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP, OTHER_LB_POOL]))
-    arm.fake.add(nic_pool("pool-http", [f"{ARM_ID}/networkInterfaces/web-0-nic/ipConfigurations/ipconfig1"]))
+    arm.fake.add(nic_pool("pool-http", [f"{WEB_0_NIC}/ipConfigurations/ipconfig1"]))
 
     # WHEN web-0 is drained
-    memento = arm.balancer().drain("web-0")
+    memento = drain(arm.balancer(), "web-0")
 
     # THEN one PUT of the NIC, If-Match its etag, keeps only the other LB's pool
     (put,) = arm.fake.puts()
@@ -398,18 +461,14 @@ def test_drain_removes_the_nic_from_this_load_balancers_pools_only(arm: Arm) -> 
     assert _pools_of(put.body) == [OTHER_LB_POOL]
     assert put.headers["authorization"] == f"Bearer {TOKEN}"
     # ... and the memento says exactly what was removed
-    assert memento == {
-        "nic": [
-            {"nic_id": f"{ARM_ID}/networkInterfaces/web-0-nic", "ip_configuration": "ipconfig1", "pools": [POOL_HTTP]}
-        ]
-    }
+    assert memento == {"nic": [{"nic_id": WEB_0_NIC, "ip_configuration": "ipconfig1", "pools": [POOL_HTTP]}]}
 
 
 def test_restore_puts_the_nic_back_into_exactly_the_pools_it_left(arm: Arm) -> None:
     # GIVEN web-0 drained from pool-http
     arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP, OTHER_LB_POOL]))
     balancer = arm.balancer()
-    memento = _through_the_store(balancer.drain("web-0"))
+    memento = _through_the_store(drain(balancer, "web-0"))
 
     # WHEN it is restored
     balancer.restore("web-0", memento)
@@ -418,9 +477,7 @@ def test_restore_puts_the_nic_back_into_exactly_the_pools_it_left(arm: Arm) -> N
     restore_put = arm.fake.puts()[-1]
     assert sorted(_pools_of(restore_put.body)) == sorted([POOL_HTTP, OTHER_LB_POOL])
     assert restore_put.body["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] == "10.0.1.4"
-    assert sorted(_pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/web-0-nic"))) == sorted(
-        [POOL_HTTP, OTHER_LB_POOL]
-    )
+    assert sorted(_pools_of(arm.fake.get(WEB_0_NIC))) == sorted([POOL_HTTP, OTHER_LB_POOL])
 
 
 def test_the_vm_is_matched_by_name_case_insensitively_and_never_by_suffix(arm: Arm) -> None:
@@ -429,24 +486,11 @@ def test_the_vm_is_matched_by_name_case_insensitively_and_never_by_suffix(arm: A
     arm.fake.add(nic("myweb-0-nic", "myweb-0", "10.0.1.9", [POOL_HTTP]))
 
     # WHEN web-0 is drained
-    arm.balancer().drain("web-0")
+    drain(arm.balancer(), "web-0")
 
     # THEN only WEB-0's NIC is written
-    assert [put.path.rsplit("/", 1)[1] for put in arm.fake.puts()] == ["web-0-nic"]
+    assert _put_names(arm.fake) == ["web-0-nic"]
     assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/myweb-0-nic")) == [POOL_HTTP]
-
-
-def test_a_vm_in_no_pool_of_the_load_balancer_is_left_alone(arm: Arm) -> None:
-    # GIVEN web-0 only in another LB's pool, and an IP-based pool without its IP; a NIC with no VM
-    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [OTHER_LB_POOL]))
-    arm.fake.add(nic("spare-nic", None, "10.0.1.7", [POOL_HTTP]))
-    arm.fake.add(ip_pool("pool-ip", [("web-1-addr", "10.0.1.5")]))
-
-    # WHEN web-0 and an unknown VM are drained
-    # THEN there is nothing to undo, and nothing was written
-    assert arm.balancer().drain("web-0") is None
-    assert arm.balancer().drain("web-9") is None
-    assert arm.fake.puts() == []
 
 
 def test_restore_of_a_deleted_vms_nic_is_a_no_op(arm: Arm) -> None:
@@ -464,21 +508,34 @@ def test_restore_of_a_deleted_vms_nic_is_a_no_op(arm: Arm) -> None:
     assert arm.fake.puts() == []
 
 
+def test_remove_skips_a_nic_that_is_gone_and_goes_on(arm: Arm) -> None:
+    # GIVEN a memento naming a NIC deleted since it was located, and web-0's NIC
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    gone = {"nic_id": f"{ARM_ID}/networkInterfaces/gone-nic", "ip_configuration": "ipconfig1", "pools": [POOL_HTTP]}
+    memento = {"nic": [gone, *WEB_0_IN_BOTH["nic"]]}
+
+    # WHEN web-0 is removed
+    arm.balancer().remove("web-0", memento)
+
+    # THEN the gone NIC is skipped and web-0's NIC leaves pool-http
+    assert _put_names(arm.fake) == ["web-0-nic"]
+    assert _pools_of(arm.fake.get(WEB_0_NIC)) == []
+
+
 def test_a_nic_changed_between_read_and_write_is_read_again(arm: Arm) -> None:
     # GIVEN web-0's NIC, which someone else changes right before our first write lands
     arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP, OTHER_LB_POOL]))
-    nic_id = f"{ARM_ID}/networkInterfaces/web-0-nic"
 
     def other_writer(fake: FakeArm) -> None:
-        fake.change(nic_id, lambda doc: doc["properties"].update(enableIPForwarding=True))
+        fake.change(WEB_0_NIC, lambda doc: doc["properties"].update(enableIPForwarding=True))
 
     arm.fake.faults.append(Fault("PUT", "/networkInterfaces/web-0-nic", None, before=other_writer))
 
     # WHEN web-0 is drained
-    arm.balancer().drain("web-0")
+    drain(arm.balancer(), "web-0")
 
     # THEN the second write starts from the other change and keeps it
-    stored = arm.fake.get(nic_id)
+    stored = arm.fake.get(WEB_0_NIC)
     assert stored["properties"]["enableIPForwarding"] is True
     assert _pools_of(stored) == [OTHER_LB_POOL]
 
@@ -489,13 +546,11 @@ def test_a_nic_changed_between_read_and_write_is_read_again(arm: Arm) -> None:
 def test_drain_removes_the_vms_ip_from_an_ip_based_pool(arm: Arm) -> None:
     # GIVEN web-1 (10.0.1.5) in the IP-based pool with two other VMs, and a NIC-based pool
     arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
-    arm.fake.add(
-        ip_pool("pool-ip", [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5"), ("web-2-addr", "10.0.1.6")])
-    )
-    arm.fake.add(nic_pool("pool-http", [f"{ARM_ID}/networkInterfaces/web-0-nic/ipConfigurations/ipconfig1"]))
+    arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
+    arm.fake.add(nic_pool("pool-http", [f"{WEB_0_NIC}/ipConfigurations/ipconfig1"]))
 
     # WHEN web-1 is drained
-    memento = arm.balancer().drain("web-1")
+    memento = drain(arm.balancer(), "web-1")
 
     # THEN one PUT of the pool, If-Match its etag, without web-1's entry
     (put,) = arm.fake.puts()
@@ -518,7 +573,7 @@ def test_restore_re_adds_exactly_the_removed_entry(arm: Arm) -> None:
     arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
     arm.fake.add(ip_pool("pool-ip", [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5")]))
     balancer = arm.balancer()
-    memento = _through_the_store(balancer.drain("web-1"))
+    memento = _through_the_store(drain(balancer, "web-1"))
 
     # WHEN it is restored
     balancer.restore("web-1", memento)
@@ -535,7 +590,7 @@ def test_an_ip_the_vm_no_longer_holds_is_not_put_back(arm: Arm) -> None:
     arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
     arm.fake.add(ip_pool("pool-ip", [("web-1-addr", "10.0.1.5")]))
     balancer = arm.balancer()
-    memento = _through_the_store(balancer.drain("web-1"))
+    memento = _through_the_store(drain(balancer, "web-1"))
     del arm.fake.resources[f"{ARM_ID}/networkInterfaces/web-1-nic".lower()]
 
     # WHEN it is restored
@@ -546,12 +601,27 @@ def test_an_ip_the_vm_no_longer_holds_is_not_put_back(arm: Arm) -> None:
     assert _addresses_of(arm.fake.get(POOL_IP)) == []
 
 
+def test_remove_leaves_an_ip_that_now_belongs_to_another_vm(arm: Arm) -> None:
+    # GIVEN web-1 located in pool-ip, then deleted before the removal, and its IP given to web-7
+    arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
+    arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.locate("web-1"))
+    del arm.fake.resources[f"{ARM_ID}/networkInterfaces/web-1-nic".lower()]
+    arm.fake.add(nic("web-7-nic", "web-7", "10.0.1.5", []))
+
+    # WHEN the removal runs (a retry, say)
+    balancer.remove("web-1", memento)
+
+    # THEN web-7 keeps its traffic
+    assert arm.fake.puts() == []
+    assert _addresses_of(arm.fake.get(POOL_IP)) == THREE_ENTRIES
+
+
 def test_a_concurrent_drain_from_the_same_pool_is_not_undone(arm: Arm) -> None:
     # GIVEN web-1 and web-2 in the IP-based pool; another invocation drains web-2 just before our write
     arm.fake.add(nic("web-1-nic", "web-1", "10.0.1.5", []))
-    arm.fake.add(
-        ip_pool("pool-ip", [("web-0-addr", "10.0.1.4"), ("web-1-addr", "10.0.1.5"), ("web-2-addr", "10.0.1.6")])
-    )
+    arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
 
     def other_drain(fake: FakeArm) -> None:
         def drop_web_2(doc: JsonObject) -> None:
@@ -563,7 +633,7 @@ def test_a_concurrent_drain_from_the_same_pool_is_not_undone(arm: Arm) -> None:
     arm.fake.faults.append(Fault("PUT", "/backendAddressPools/pool-ip", None, before=other_drain))
 
     # WHEN web-1 is drained
-    memento = arm.balancer().drain("web-1")
+    memento = drain(arm.balancer(), "web-1")
 
     # THEN our first write was refused (412), and the one made on a fresh read keeps the other drain
     assert [put.headers["if-match"] for put in arm.fake.puts()] == [
@@ -574,6 +644,9 @@ def test_a_concurrent_drain_from_the_same_pool_is_not_undone(arm: Arm) -> None:
     assert [a["address"]["name"] for a in (memento or {})["ip"]] == ["web-1-addr"]
 
 
+# ---------------------------------------------------------------- both kinds, retries
+
+
 def test_a_vm_in_both_kinds_of_pool_leaves_both_and_comes_back_to_both(arm: Arm) -> None:
     # GIVEN web-0 in the NIC-based pool-http and, by its IP, in the IP-based pool-ip
     arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
@@ -581,32 +654,111 @@ def test_a_vm_in_both_kinds_of_pool_leaves_both_and_comes_back_to_both(arm: Arm)
     balancer = arm.balancer()
 
     # WHEN it is drained
-    memento = _through_the_store(balancer.drain("web-0"))
+    memento = _through_the_store(drain(balancer, "web-0"))
 
     # THEN the memento has both parts, and the VM is out of both pools
-    assert sorted(memento) == ["ip", "nic"]
-    assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/web-0-nic")) == []
+    assert memento == WEB_0_IN_BOTH
+    assert _pools_of(arm.fake.get(WEB_0_NIC)) == []
     assert "web-0-addr" not in dict(_addresses_of(arm.fake.get(POOL_IP)))
 
     # ... and restore brings it back to both
     balancer.restore("web-0", memento)
-    assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/web-0-nic")) == [POOL_HTTP]
+    assert _pools_of(arm.fake.get(WEB_0_NIC)) == [POOL_HTTP]
     assert sorted(_addresses_of(arm.fake.get(POOL_IP))) == THREE_ENTRIES
 
 
-def test_a_drain_that_fails_halfway_puts_back_what_it_had_removed(arm: Arm) -> None:
-    # GIVEN web-0 in both kinds of pool, and ARM failing the write of the IP-based pool
+def test_remove_twice_with_the_same_memento_writes_once(arm: Arm) -> None:
+    # GIVEN web-0 in both kinds of pool, removed once
     arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
     arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
-    arm.fake.faults.append(Fault("PUT", "/backendAddressPools/pool-ip", 500))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.locate("web-0"))
+    balancer.remove("web-0", memento)
+    assert _put_names(arm.fake) == ["web-0-nic", "pool-ip"]
+    after_first = copy.deepcopy(arm.fake.resources)
 
-    # WHEN it is drained
-    # THEN the invocation fails for a redelivery, with the NIC back in its pool: the drain that
-    # the redelivery makes records the whole memento, and nothing stays out unrecorded
+    # WHEN the same removal runs again (a redelivery)
+    balancer.remove("web-0", memento)
+
+    # THEN it finds the VM out of everything: no PUT, no change
+    assert _put_names(arm.fake) == ["web-0-nic", "pool-ip"]
+    assert arm.fake.resources == after_first
+
+
+def _storm(status: int, times: int) -> list[Fault]:
+    return [Fault("PUT", "/backendAddressPools/pool-ip", status) for _ in range(times)]
+
+
+@pytest.mark.parametrize(
+    ("faults", "message"),
+    [
+        (_storm(503, 1), r"cannot drain backend pool .*pool-ip now \(HTTP 503\)"),
+        (_storm(412, WRITE_ATTEMPTS), f"pool-ip kept changing during {WRITE_ATTEMPTS} attempts"),
+    ],
+    ids=["unavailable", "412-storm"],
+)
+def test_a_remove_that_fails_part_way_is_finished_by_the_next_and_restored_in_full(
+    arm: Arm, faults: list[Fault], message: str
+) -> None:
+    # GIVEN web-0 in both kinds of pool, located and recorded; ARM failing the writes of pool-ip
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.locate("web-0"))
+    arm.fake.faults.extend(faults)
+
+    # WHEN it is removed
+    # THEN the invocation fails for a redelivery, with the VM out of pool-http but still in pool-ip
+    with pytest.raises(LoadBalancerUnavailableError, match=message):
+        balancer.remove("web-0", memento)
+    assert _pools_of(arm.fake.get(WEB_0_NIC)) == []
+    assert _addresses_of(arm.fake.get(POOL_IP)) == THREE_ENTRIES
+    assert _put_names(arm.fake) == ["web-0-nic"] + ["pool-ip"] * len(faults)
+
+    # WHEN the redelivery removes it with the same memento
+    written = len(arm.fake.puts())
+    balancer.remove("web-0", memento)
+
+    # THEN it writes only pool-ip, without web-0's entry
+    (put,) = arm.fake.puts()[written:]
+    assert put.path.endswith("/backendAddressPools/pool-ip")
+    assert _addresses_of(put.body) == [("web-1-addr", "10.0.1.5"), ("web-2-addr", "10.0.1.6")]
+
+    # WHEN it is restored
+    written = len(arm.fake.puts())
+    balancer.restore("web-0", memento)
+
+    # THEN the NIC is back in pool-http and pool-ip holds web-0's entry again, as it was
+    nic_put, pool_put = arm.fake.puts()[written:]
+    assert nic_put.path.endswith("/networkInterfaces/web-0-nic")
+    assert _pools_of(nic_put.body) == [POOL_HTTP]
+    assert pool_put.path.endswith("/backendAddressPools/pool-ip")
+    assert sorted(_addresses_of(pool_put.body)) == THREE_ENTRIES
+    assert pool_put.body["properties"]["loadBalancerBackendAddresses"][-1] == {
+        "name": "web-0-addr",
+        "properties": {"ipAddress": "10.0.1.4", "virtualNetwork": {"id": VNET}},
+    }
+
+
+def test_restore_after_a_partial_remove_writes_only_what_is_out(arm: Arm) -> None:
+    # GIVEN web-0 out of pool-http but still in pool-ip: its removal failed part way
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    arm.fake.add(ip_pool("pool-ip", THREE_ENTRIES))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.locate("web-0"))
+    arm.fake.faults.extend(_storm(500, 1))
     with pytest.raises(LoadBalancerUnavailableError, match="HTTP 500"):
-        arm.balancer().drain("web-0")
-    assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/web-0-nic")) == [POOL_HTTP]
-    assert [put.path.rsplit("/", 1)[1] for put in arm.fake.puts()] == ["web-0-nic", "pool-ip", "web-0-nic"]
+        balancer.remove("web-0", memento)
+    written = len(arm.fake.puts())
+
+    # WHEN it is restored with the memento (the event is given up, say)
+    balancer.restore("web-0", memento)
+
+    # THEN only the NIC is written; pool-ip keeps its entries as they are
+    (put,) = arm.fake.puts()[written:]
+    assert put.path.endswith("/networkInterfaces/web-0-nic")
+    assert _pools_of(put.body) == [POOL_HTTP]
+    assert _addresses_of(arm.fake.get(POOL_IP)) == THREE_ENTRIES
 
 
 # ---------------------------------------------------------------- errors
@@ -615,7 +767,7 @@ def test_a_drain_that_fails_halfway_puts_back_what_it_had_removed(arm: Arm) -> N
 @pytest.mark.parametrize(
     ("status", "error", "message"),
     [
-        (403, LoadBalancerConfigError, "not authorised to drain the NICs of VM 'web-0': grant"),
+        (403, LoadBalancerConfigError, "not authorised to read the NICs of VM 'web-0': grant"),
         (404, LoadBalancerConfigError, "not found; check MBRIDGE_LB_SUBSCRIPTION_ID"),
         (429, LoadBalancerUnavailableError, r"now \(HTTP 429\)"),
         (500, LoadBalancerUnavailableError, r"now \(HTTP 500\)"),
@@ -625,17 +777,30 @@ def test_arm_errors_map_to_retryable_or_permanent(arm: Arm, status: int, error: 
     # GIVEN ARM answering the NIC list with an error
     arm.fake.faults.append(Fault("GET", "/networkInterfaces", status))
 
-    # WHEN a VM is drained
+    # WHEN a VM is located
     # THEN the error says whether a redelivery can help, and what to do
     with pytest.raises(error, match=message):
-        arm.balancer().drain("web-0")
+        arm.balancer().locate("web-0")
+
+
+def test_a_refused_write_on_remove_is_permanent_and_names_the_role(arm: Arm) -> None:
+    # GIVEN web-0 located, and ARM refusing the identity the write of its NIC
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    balancer = arm.balancer()
+    memento = _through_the_store(balancer.locate("web-0"))
+    arm.fake.faults.append(Fault("PUT", "/networkInterfaces/web-0-nic", 403))
+
+    # WHEN it is removed
+    # THEN the error names the NIC and the role to grant
+    with pytest.raises(LoadBalancerConfigError, match=r"not authorised to drain NIC .*web-0-nic: grant .* custom role"):
+        balancer.remove("web-0", memento)
 
 
 def test_a_failed_write_on_restore_is_retryable(arm: Arm) -> None:
     # GIVEN web-0 drained, and ARM failing the restoring PUT
     arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
     balancer = arm.balancer()
-    memento = _through_the_store(balancer.drain("web-0"))
+    memento = _through_the_store(drain(balancer, "web-0"))
     arm.fake.faults.append(Fault("PUT", "/networkInterfaces/web-0-nic", 503))
 
     # WHEN it is restored
@@ -655,7 +820,7 @@ def test_an_unreachable_arm_is_retryable(certificate: tuple[Path, Path]) -> None
     )
     balancer = AzureLoadBalancer(client, SUB, RG, LB, nics_in_resource_group(client, RG))
 
-    # WHEN a VM is drained
+    # WHEN a VM is located
     # THEN it is retried later
     with pytest.raises(LoadBalancerUnavailableError, match="cannot reach Azure Resource Manager"):
-        balancer.drain("web-0")
+        balancer.locate("web-0")

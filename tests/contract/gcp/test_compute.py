@@ -23,7 +23,8 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
 from functions.core.errors import PermanentError, RetryableError
-from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
+from functions.core.ports import JsonObject
+from functions.gcp_app.compute import ComputeConfigError, ComputeMaintenance, InstanceGroupBalancer
 from functions.gcp_app.settings import GroupRef
 
 PROJECT = "shop-prod"
@@ -54,17 +55,20 @@ class Request:
 @dataclass
 class ComputeApi:
     """State and scripted answers of the stand-in. `fail[suffix]` answers the next calls whose path
-    ends with `suffix` (a verb, or "group/verb") with (status, reason) errors; `running` makes
-    operations start RUNNING and finish on `wait`."""
+    ends with `suffix` (a verb, or "group/verb") with (status, reason) errors; `fail_operation[suffix]`
+    lets the next such calls return an operation that finishes with an (http status, code, message)
+    error and changes nothing; `running` makes operations start RUNNING and finish on `wait`."""
 
     members: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     instances: dict[str, str] = field(default_factory=dict)  # vm -> zone
     fail: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    fail_operation: dict[str, list[tuple[int, str, str]]] = field(default_factory=dict)
     running: bool = False
     never_done: bool = False
     operation_error: tuple[int, str, str] | None = None  # (http status, code, message) of a finished operation
     requests: list[Request] = field(default_factory=list)
     _operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _operation_errors: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def verbs(self) -> list[str]:
@@ -77,12 +81,13 @@ class ComputeApi:
             if match is None or match["project"] != PROJECT:
                 return _error(404, "notFound", f"The resource '{path}' was not found")
             zone, name, verb = str(match["zone"]), str(match["name"]), str(match["verb"] or "get")
-            failures = next((queue for suffix, queue in self.fail.items() if path.endswith(suffix) and queue), None)
+            failures = _scripted(self.fail, path)
             if failures:
                 status, reason = failures.pop(0)
                 return _error(status, reason, f"scripted {reason} for {verb}")
             if match["collection"] == "instanceGroups":
-                return self._group(zone, name, verb, body)
+                doomed = _scripted(self.fail_operation, path)
+                return self._group(zone, name, verb, body, doomed.pop(0) if doomed else None)
             if match["collection"] == "operations":
                 return self._wait(name)
             if self.instances.get(name) != zone:
@@ -91,7 +96,9 @@ class ComputeApi:
                 )
             return 200, self._operation(zone, "compute.instances.performMaintenance", f"instances/{name}")
 
-    def _group(self, zone: str, name: str, verb: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def _group(
+        self, zone: str, name: str, verb: str, body: Any, error: tuple[int, str, str] | None
+    ) -> tuple[int, dict[str, Any]]:
         if (zone, name) not in self.members:
             return _error(
                 404, "notFound", f"The resource 'projects/{PROJECT}/zones/{zone}/instanceGroups/{name}' was not found"
@@ -107,13 +114,17 @@ class ComputeApi:
             }
             return 200, {**listing, "items": items} if items else listing
         urls = [entry["instance"] for entry in body.get("instances", [])]
-        if verb == "removeInstances":
+        if error is not None:
+            pass  # the operation fails, so the membership stays as it was
+        elif verb == "removeInstances":
             members[:] = [url for url in members if url not in urls]
         elif verb == "addInstances":
             members.extend(url for url in urls if url not in members)
-        return 200, self._operation(zone, f"compute.instanceGroups.{verb}", f"instanceGroups/{name}")
+        return 200, self._operation(zone, f"compute.instanceGroups.{verb}", f"instanceGroups/{name}", error)
 
-    def _operation(self, zone: str, kind: str, target: str) -> dict[str, Any]:
+    def _operation(
+        self, zone: str, kind: str, target: str, error: tuple[int, str, str] | None = None
+    ) -> dict[str, Any]:
         name = f"operation-{int(time.time() * 1000)}-{len(self._operations):04d}-abcdef"
         zone_link = f"{BASE}/projects/{PROJECT}/zones/{zone}"
         operation: dict[str, Any] = {
@@ -132,6 +143,8 @@ class ComputeApi:
             "selfLink": f"{zone_link}/operations/{name}",
         }
         self._operations[name] = operation
+        if error is not None:
+            self._operation_errors[name] = error
         return self._finished(name) if not self.running else operation
 
     def _wait(self, name: str) -> tuple[int, dict[str, Any]]:
@@ -149,12 +162,20 @@ class ComputeApi:
             "progress": 100,
             "endTime": "2026-03-01T04:00:01.000-08:00",
         }
-        if self.operation_error is not None:
-            status, code, message = self.operation_error
+        error = self._operation_errors.get(name, self.operation_error)
+        if error is not None:
+            status, code, message = error
             operation["error"] = {"errors": [{"code": code, "message": message}]}
             operation["httpErrorStatusCode"] = status
-            operation["httpErrorMessage"] = {403: "FORBIDDEN", 400: "BAD REQUEST"}.get(status, "ERROR")
+            operation["httpErrorMessage"] = {403: "FORBIDDEN", 400: "BAD REQUEST", 503: "SERVICE UNAVAILABLE"}.get(
+                status, "ERROR"
+            )
         return operation
+
+
+def _scripted(script: dict[str, list[Any]], path: str) -> list[Any] | None:
+    """The queue of scripted answers for the first suffix of `path` that has one left."""
+    return next((queue for suffix, queue in script.items() if path.endswith(suffix) and queue), None)
 
 
 def _error(status: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
@@ -237,64 +258,49 @@ def given_groups(compute: Fixture) -> None:
     )
 
 
-# ---------------------------------------------------------------- drain
+def drained(balancer: InstanceGroupBalancer, vm: str) -> JsonObject:
+    """What the core does to drain: locate, record the memento, then remove."""
+    memento = balancer.locate(vm)
+    assert memento is not None
+    balancer.remove(vm, memento)
+    return memento
 
 
-def test_drain_removes_the_vm_from_every_configured_group_that_lists_it(compute: Fixture) -> None:
-    # GIVEN web-0 in two of the three configured groups
-    given_groups(compute)
-    # WHEN it is drained
-    memento = compute.balancer([WEB_B, WEB_C, API_B]).drain("web-0")
-    # THEN each group was listed (all instance states), and it was removed from exactly its two
-    assert memento == {
+def memento_of(*groups: tuple[GroupRef, str]) -> JsonObject:
+    return {
         "instance_groups": [
-            {"zone": ZONE_B, "name": "web-b", "instance": instance_url(ZONE_B, "web-0")},
-            {"zone": ZONE_B, "name": "api-b", "instance": instance_url(ZONE_B, "web-0")},
+            {"zone": group.zone, "name": group.name, "instance": instance_url(group.zone, vm)} for group, vm in groups
         ]
     }
-    assert compute.api.requests[:3] == [
+
+
+def removal(zone: str, vm: str) -> dict[str, Any]:
+    return {"instances": [{"instance": instance_url(zone, vm)}]}
+
+
+# ---------------------------------------------------------------- locate
+
+
+def test_locate_lists_every_configured_group_and_changes_nothing(compute: Fixture) -> None:
+    # GIVEN web-0 in two of the three configured groups
+    given_groups(compute)
+    # WHEN it is located
+    memento = compute.balancer([WEB_B, WEB_C, API_B]).locate("web-0")
+    # THEN each group was listed (all instance states), only listed, and the memento names its two
+    assert memento == memento_of((WEB_B, "web-0"), (API_B, "web-0"))
+    assert compute.api.requests == [
         Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/web-b/listInstances", {"instanceState": "ALL"}),
         Request("POST", f"{API_PREFIX}/{ZONE_C}/instanceGroups/web-c/listInstances", {"instanceState": "ALL"}),
         Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/listInstances", {"instanceState": "ALL"}),
     ]
-    removal = {"instances": [{"instance": instance_url(ZONE_B, "web-0")}]}
-    assert compute.api.requests[3:] == [
-        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/web-b/removeInstances", removal),
-        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/removeInstances", removal),
-    ]
-    assert compute.api.members[(ZONE_B, "web-b")] == [instance_url(ZONE_B, "web-1")]
-    assert compute.api.members[(ZONE_B, "api-b")] == []
+    assert instance_url(ZONE_B, "web-0") in compute.api.members[(ZONE_B, "web-b")]
+    assert compute.api.members[(ZONE_B, "api-b")] == [instance_url(ZONE_B, "web-0")]
 
 
-def test_a_vm_in_no_configured_group_is_not_drained(compute: Fixture) -> None:
+def test_a_vm_in_no_configured_group_is_located_nowhere(compute: Fixture) -> None:
     given_groups(compute)
-    assert compute.balancer([WEB_B, WEB_C]).drain("db-0") is None
+    assert compute.balancer([WEB_B, WEB_C]).locate("db-0") is None
     assert compute.api.verbs() == ["listInstances", "listInstances"]
-
-
-def test_a_running_operation_is_awaited_with_zone_operations_wait(compute: Fixture) -> None:
-    # GIVEN an API whose operations start RUNNING
-    given_groups(compute)
-    compute.api.running = True
-    # WHEN web-2 is drained THEN the adapter waited on the operation before returning
-    compute.balancer([WEB_C]).drain("web-2")
-    assert compute.api.verbs() == ["listInstances", "removeInstances", "wait"]
-    assert re.fullmatch(rf"{API_PREFIX}/{ZONE_C}/operations/operation-[0-9a-z-]+/wait", compute.api.requests[2].path)
-
-
-def test_an_operation_that_never_finishes_is_retried_later(compute: Fixture) -> None:
-    given_groups(compute)
-    compute.api.running = compute.api.never_done = True
-    with pytest.raises(RetryableError, match="still not done"):
-        compute.balancer([WEB_C], timeout=0.5).drain("web-2")
-
-
-def test_a_failed_operation_names_the_permission_to_grant(compute: Fixture) -> None:
-    given_groups(compute)
-    compute.api.operation_error = (403, "PERMISSION_DENIED", "Required 'compute.instanceGroups.update' permission")
-    with pytest.raises(PermanentError, match=r"compute\.instanceGroups\.update") as raised:
-        compute.balancer([WEB_C]).drain("web-2")
-    assert "instanceGroups/web-c" in str(raised.value)
 
 
 @pytest.mark.parametrize(
@@ -305,14 +311,14 @@ def test_transient_api_errors_are_retryable(compute: Fixture, status: int, reaso
     given_groups(compute)
     compute.api.fail["listInstances"] = [(status, reason)]
     with pytest.raises(RetryableError, match="instanceGroups/web-b"):
-        compute.balancer([WEB_B]).drain("web-0")
+        compute.balancer([WEB_B]).locate("web-0")
 
 
 def test_a_missing_permission_is_permanent_and_names_resource_and_permission(compute: Fixture) -> None:
     given_groups(compute)
     compute.api.fail["listInstances"] = [(403, "forbidden")]
     with pytest.raises(PermanentError) as raised:
-        compute.balancer([WEB_B]).drain("web-0")
+        compute.balancer([WEB_B]).locate("web-0")
     message = str(raised.value)
     assert f"projects/{PROJECT}/zones/{ZONE_B}/instanceGroups/web-b" in message
     assert "compute.instanceGroups.list" in message
@@ -321,20 +327,109 @@ def test_a_missing_permission_is_permanent_and_names_resource_and_permission(com
 def test_a_missing_group_is_permanent_and_names_the_setting(compute: Fixture) -> None:
     given_groups(compute)
     with pytest.raises(PermanentError, match="MBRIDGE_INSTANCE_GROUPS") as raised:
-        compute.balancer([GroupRef(ZONE_B, "gone")]).drain("web-0")
+        compute.balancer([GroupRef(ZONE_B, "gone")]).locate("web-0")
     assert "instanceGroups/gone" in str(raised.value)
 
 
-def test_a_drain_that_fails_halfway_puts_the_vm_back_before_asking_for_a_retry(compute: Fixture) -> None:
-    # GIVEN web-0 in two groups, and the second removal failing
+# ---------------------------------------------------------------- remove
+
+
+def test_remove_takes_the_vm_out_of_exactly_the_groups_of_its_memento(compute: Fixture) -> None:
+    # GIVEN web-0 located in web-b and api-b
     given_groups(compute)
-    compute.api.fail["api-b/removeInstances"] = [(503, "backendError")]
-    # WHEN it is drained
-    with pytest.raises(RetryableError):
-        compute.balancer([WEB_B, API_B]).drain("web-0")
-    # THEN it was removed from web-b, then added back: the retry starts from where it was
-    assert compute.api.verbs()[-3:] == ["removeInstances", "removeInstances", "addInstances"]
+    balancer = compute.balancer([WEB_B, WEB_C, API_B])
+    memento = balancer.locate("web-0")
+    assert memento is not None
+    compute.api.requests.clear()
+    # WHEN it is removed
+    balancer.remove("web-0", memento)
+    # THEN each group of the memento was listed, then the VM removed from it by its instance URL
+    assert compute.api.requests == [
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/web-b/listInstances", {"instanceState": "ALL"}),
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/web-b/removeInstances", removal(ZONE_B, "web-0")),
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/listInstances", {"instanceState": "ALL"}),
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/removeInstances", removal(ZONE_B, "web-0")),
+    ]
+    assert compute.api.members[(ZONE_B, "web-b")] == [instance_url(ZONE_B, "web-1")]
+    assert compute.api.members[(ZONE_B, "api-b")] == []
+    assert compute.api.members[(ZONE_C, "web-c")] == [instance_url(ZONE_C, "web-2")]
+
+
+def test_a_repeated_remove_removes_nothing_twice(compute: Fixture) -> None:
+    # GIVEN web-0 removed from its two groups
+    given_groups(compute)
+    balancer = compute.balancer([WEB_B, API_B])
+    memento = drained(balancer, "web-0")
+    compute.api.requests.clear()
+    # WHEN the same memento is removed again (the redelivery after a crash)
+    balancer.remove("web-0", memento)
+    # THEN the groups were only listed
+    assert compute.api.verbs() == ["listInstances", "listInstances"]
+    assert compute.api.members[(ZONE_B, "web-b")] == [instance_url(ZONE_B, "web-1")]
+
+
+@pytest.mark.parametrize("failure", ["call", "operation"])
+def test_a_remove_that_fails_part_way_is_finished_by_the_retry_and_undone_by_restore(
+    compute: Fixture, failure: str
+) -> None:
+    # GIVEN web-0 located in web-b and api-b, and its removal from api-b failing for now
+    given_groups(compute)
+    balancer = compute.balancer([WEB_B, API_B])
+    memento = balancer.locate("web-0")
+    assert memento is not None
+    if failure == "call":
+        compute.api.fail["api-b/removeInstances"] = [(503, "backendError")]
+    else:
+        compute.api.fail_operation["api-b/removeInstances"] = [(503, "SERVICE_UNAVAILABLE", "backend unavailable")]
+    # WHEN it is removed THEN the failure asks for a retry, with the VM out of web-b only (not put back)
+    with pytest.raises(RetryableError, match="instanceGroups/api-b"):
+        balancer.remove("web-0", memento)
+    assert compute.api.verbs().count("addInstances") == 0
+    assert compute.api.members[(ZONE_B, "web-b")] == [instance_url(ZONE_B, "web-1")]
+    assert compute.api.members[(ZONE_B, "api-b")] == [instance_url(ZONE_B, "web-0")]
+    # WHEN the retry removes it with the same memento THEN only api-b is changed
+    compute.api.requests.clear()
+    balancer.remove("web-0", memento)
+    assert [r for r in compute.api.requests if r.path.endswith(("removeInstances", "addInstances"))] == [
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/removeInstances", removal(ZONE_B, "web-0")),
+    ]
+    assert compute.api.members[(ZONE_B, "api-b")] == []
+    # WHEN it is restored THEN it is back in both groups of the memento
+    compute.api.requests.clear()
+    balancer.restore("web-0", memento)
+    assert [r for r in compute.api.requests if r.path.endswith("addInstances")] == [
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/web-b/addInstances", removal(ZONE_B, "web-0")),
+        Request("POST", f"{API_PREFIX}/{ZONE_B}/instanceGroups/api-b/addInstances", removal(ZONE_B, "web-0")),
+    ]
     assert instance_url(ZONE_B, "web-0") in compute.api.members[(ZONE_B, "web-b")]
+    assert compute.api.members[(ZONE_B, "api-b")] == [instance_url(ZONE_B, "web-0")]
+
+
+def test_a_running_operation_is_awaited_with_zone_operations_wait(compute: Fixture) -> None:
+    # GIVEN an API whose operations start RUNNING
+    given_groups(compute)
+    compute.api.running = True
+    balancer = compute.balancer([WEB_C])
+    memento = memento_of((WEB_C, "web-2"))
+    # WHEN web-2 is removed THEN the adapter waited on the operation before returning
+    balancer.remove("web-2", memento)
+    assert compute.api.verbs() == ["listInstances", "removeInstances", "wait"]
+    assert re.fullmatch(rf"{API_PREFIX}/{ZONE_C}/operations/operation-[0-9a-z-]+/wait", compute.api.requests[2].path)
+
+
+def test_an_operation_that_never_finishes_is_retried_later(compute: Fixture) -> None:
+    given_groups(compute)
+    compute.api.running = compute.api.never_done = True
+    with pytest.raises(RetryableError, match="still not done"):
+        compute.balancer([WEB_C], timeout=0.5).remove("web-2", memento_of((WEB_C, "web-2")))
+
+
+def test_a_failed_operation_names_the_permission_to_grant(compute: Fixture) -> None:
+    given_groups(compute)
+    compute.api.operation_error = (403, "PERMISSION_DENIED", "Required 'compute.instanceGroups.update' permission")
+    with pytest.raises(PermanentError, match=r"compute\.instanceGroups\.update") as raised:
+        compute.balancer([WEB_C]).remove("web-2", memento_of((WEB_C, "web-2")))
+    assert "instanceGroups/web-c" in str(raised.value)
 
 
 # ---------------------------------------------------------------- restore
@@ -344,8 +439,7 @@ def test_restore_adds_the_vm_back_to_exactly_the_groups_of_its_memento(compute: 
     # GIVEN web-0 drained from its two groups
     given_groups(compute)
     balancer = compute.balancer([WEB_B, WEB_C, API_B])
-    memento = balancer.drain("web-0")
-    assert memento is not None
+    memento = drained(balancer, "web-0")
     compute.api.requests.clear()
     # WHEN it is restored
     balancer.restore("web-0", memento)
@@ -362,8 +456,7 @@ def test_restore_adds_the_vm_back_to_exactly_the_groups_of_its_memento(compute: 
 def test_a_repeated_restore_adds_nothing_twice(compute: Fixture) -> None:
     given_groups(compute)
     balancer = compute.balancer([WEB_B])
-    memento = balancer.drain("web-1")
-    assert memento is not None
+    memento = drained(balancer, "web-1")
     balancer.restore("web-1", memento)
     balancer.restore("web-1", memento)  # the redelivery of a completion
     assert compute.api.verbs().count("addInstances") == 1
@@ -372,16 +465,30 @@ def test_a_repeated_restore_adds_nothing_twice(compute: Fixture) -> None:
 
 def test_restore_uses_the_memento_even_for_a_group_no_longer_configured(compute: Fixture) -> None:
     given_groups(compute)
-    memento = compute.balancer([WEB_B, API_B]).drain("web-0")
-    assert memento is not None
+    memento = drained(compute.balancer([WEB_B, API_B]), "web-0")
     compute.balancer([WEB_B]).restore("web-0", memento)
     assert instance_url(ZONE_B, "web-0") in compute.api.members[(ZONE_B, "api-b")]
 
 
-def test_a_memento_of_another_shape_is_refused_with_what_to_do(compute: Fixture) -> None:
-    with pytest.raises(PermanentError, match="restore it by hand"):
-        compute.balancer([WEB_B]).restore("web-0", {"instance_groups": "web-b"})
+@pytest.mark.parametrize("step", ["remove", "restore"])
+@pytest.mark.parametrize(
+    "memento",
+    [
+        {"instance_groups": "web-b"},
+        {"groups": []},
+        {"instance_groups": [{"zone": ZONE_B, "name": "web-b"}]},
+        {"instance_groups": [{"zone": ZONE_B, "name": "web-b", "instance": 7}]},
+    ],
+)
+def test_a_memento_of_another_shape_is_refused_with_what_to_do(
+    compute: Fixture, step: str, memento: JsonObject
+) -> None:
+    given_groups(compute)
+    balancer = compute.balancer([WEB_B])
+    with pytest.raises(ComputeConfigError, match=r"web-0 is not an instance-group memento.*restore it by hand"):
+        getattr(balancer, step)("web-0", memento)
     assert compute.api.requests == []
+    assert instance_url(ZONE_B, "web-0") in compute.api.members[(ZONE_B, "web-b")]
 
 
 # ---------------------------------------------------------------- performMaintenance

@@ -349,9 +349,11 @@ class Recorded:
     restored: list[str] = field(default_factory=list)
     commands: list[Any] = field(default_factory=list)
 
-    def drain(self, vm: str) -> JsonObject | None:
-        self.drained.append(vm)
+    def locate(self, vm: str) -> JsonObject | None:
         return {"pools": ["web"]}
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        self.drained.append(vm)
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         self.restored.append(vm)

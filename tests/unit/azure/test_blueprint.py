@@ -55,14 +55,14 @@ class FakeBalancer:
     members: set[str] = field(default_factory=lambda: {"web-0", "web-1", "web-2"})
     fail_next: Exception | None = None
 
-    def drain(self, vm: str) -> JsonObject | None:
+    def locate(self, vm: str) -> JsonObject | None:
+        return {"pool": "web"} if vm in self.members else None
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
             raise error
-        if vm not in self.members:
-            return None
         self.members.discard(vm)
-        return {"pool": "web"}
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         self.members.add(vm)

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from functions.core.commands import Command
 from functions.core.envelope import encode, envelope_for_event
-from functions.core.errors import RetryableError
+from functions.core.errors import PermanentError, RetryableError
 from functions.core.model import EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, Pool
 from functions.core.ports import JsonObject
-from functions.core.process import CLAIM_LEASE, Deps, process
+from functions.core.process import CLAIM_LEASE, ClaimBusyError, ClaimWait, Deps, process
 from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
@@ -24,23 +27,37 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 SET = ("web-0", "web-1", "web-2")
 
 
+class Killed(BaseException):
+    """The function host killed the invocation: nothing of `process` runs after this."""
+
+
 @dataclass
 class CountingPool:
-    """The local pool, counting every drain and restore, optionally failing the next drain."""
+    """The local pool, counting every removal and restore, failing where a test says."""
 
     pool: LocalPool
     drained: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
     fail_next_drain: bool = False
+    # vm → what its next removal raises after the change went through (the answer was lost)
+    fail_after_removing: dict[str, BaseException] = field(default_factory=dict)
+    fail_restore: dict[str, Exception] = field(default_factory=dict)
 
-    def drain(self, vm: str) -> JsonObject | None:
+    def locate(self, vm: str) -> JsonObject | None:
+        return self.pool.locate(vm)
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
         if self.fail_next_drain:
             self.fail_next_drain = False
             raise RetryableError("the load balancer API timed out")
         self.drained.append(vm)
-        return self.pool.drain(vm)
+        self.pool.remove(vm, memento)
+        if vm in self.fail_after_removing:
+            raise self.fail_after_removing.pop(vm)
 
     def restore(self, vm: str, memento: JsonObject) -> None:
+        if vm in self.fail_restore:
+            raise self.fail_restore[vm]
         self.restored.append(vm)
         self.pool.restore(vm, memento)
 
@@ -117,20 +134,17 @@ def test_three_reporters_three_redeliveries_one_drain_per_vm_one_approval_one_re
 
 
 def test_a_crash_between_claim_and_completion_is_completed_exactly_once_by_the_retry(world: World) -> None:
-    # GIVEN a first attempt that drained web-0, then failed on web-1 (the invocation died)
-    world.pool.fail_next_drain = False
+    # GIVEN a first attempt that drained web-0, then was killed while removing web-1 (before
+    # the change reached the pool)
     event = reboot(EventStatus.SCHEDULED)
-    original_drain = world.pool.drain
-    calls: list[str] = []
 
-    def drain_then_die(vm: str) -> JsonObject | None:
-        calls.append(vm)
-        if len(calls) == 2:
-            raise RetryableError("the invocation died here")
-        return original_drain(vm)
+    def remove_then_die(vm: str, memento: JsonObject) -> None:
+        if vm == "web-1":
+            raise Killed()
+        world.pool.remove(vm, memento)
 
-    with pytest.raises(RetryableError):
-        world.run(event, balancer=_Balancer(drain_then_die, world.pool.restore))
+    with pytest.raises(Killed):
+        world.run(event, balancer=_Balancer(world.pool.locate, remove_then_die, world.pool.restore))
 
     # WHEN the platform redelivers it after the claim's lease ran out
     later = NOW + CLAIM_LEASE + timedelta(seconds=1)
@@ -139,6 +153,27 @@ def test_a_crash_between_claim_and_completion_is_completed_exactly_once_by_the_r
 
     # THEN web-0 was not drained again, web-1 was drained, and exactly one approval went out
     assert world.pool.drained == ["web-0", "web-1"]
+    assert len(world.sent.commands) == 1
+    assert world.pool.pool.members("web") == ["web-2"]
+
+
+@pytest.mark.parametrize("failure", [Killed(), RetryableError("the answer of the load balancer API was lost")])
+def test_a_removal_that_went_through_but_never_answered_is_still_restored(world: World, failure: BaseException) -> None:
+    # GIVEN web-0 taken out of the pool, then the invocation died (or lost the API's answer)
+    # before it could note that the removal was done
+    world.pool.fail_after_removing["web-0"] = failure
+    event = reboot(EventStatus.SCHEDULED)
+    with pytest.raises(type(failure)):
+        world.run(event)
+    assert world.pool.pool.members("web") == ["web-1", "web-2"]
+
+    # WHEN the redelivery finishes the drain and the event later completes
+    world.run(event, at=NOW + CLAIM_LEASE + timedelta(seconds=1))
+    world.run(reboot(EventStatus.COMPLETED), at=NOW + timedelta(minutes=30))
+
+    # THEN both VMs are back: where web-0 was had been recorded before it was touched
+    assert world.pool.pool.members("web") == list(SET)
+    assert sorted(world.pool.restored) == ["web-0", "web-1"]
     assert len(world.sent.commands) == 1
 
 
@@ -169,7 +204,7 @@ def test_the_retry_sends_the_very_same_command_bytes(world: World) -> None:
 
 def test_restore_puts_back_only_what_this_system_drained(world: World) -> None:
     # GIVEN web-1 taken out of the pool by someone else before the event
-    world.pool.pool.drain("web-1")
+    world.pool.pool.remove("web-1", {"pools": ["web"]})
     world.run(reboot(EventStatus.SCHEDULED))
 
     # WHEN the event completes
@@ -261,12 +296,16 @@ def test_audit_is_queryable_by_vm_and_event(world: World) -> None:
 
 @dataclass
 class _Balancer:
-    drain_fn: Any
+    locate_fn: Any
+    remove_fn: Any
     restore_fn: Any
 
-    def drain(self, vm: str) -> JsonObject | None:
-        result: JsonObject | None = self.drain_fn(vm)
+    def locate(self, vm: str) -> JsonObject | None:
+        result: JsonObject | None = self.locate_fn(vm)
         return result
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        self.remove_fn(vm, memento)
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         self.restore_fn(vm, memento)
@@ -298,3 +337,181 @@ def test_a_transient_failure_gives_the_claim_back_so_the_next_delivery_proceeds_
     # THEN the retry was not refused as busy: it drained both VMs and sent the approval
     assert sorted(world.pool.drained) == ["web-0", "web-1"]
     assert len(world.sent.commands) == 1
+
+
+# ---------------------------------------------------------------- a restore that fails
+
+
+def test_a_failed_restore_frees_the_budget_restores_the_rest_and_is_retried_alone(world: World) -> None:
+    # GIVEN a pool that may have two VMs out, an event draining web-0 and web-1, and a second
+    # event waiting for the budget
+    world.policy = Policy(pools=(Pool("web", frozenset(SET), max_drained=2),))
+    world.run(reboot(EventStatus.SCHEDULED))
+    waiting = world.run(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("web-2",), reporter="web-2"))
+    assert [a.action for a in waiting.actions] == ["wait"]
+
+    # WHEN the completion cannot put web-0 back (its pool's API refuses for good)
+    world.pool.fail_restore["web-0"] = PermanentError("the role assignment on the NIC is missing")
+    later = NOW + timedelta(minutes=20)
+    with pytest.raises(PermanentError, match="resubmit"):
+        world.run(reboot(EventStatus.COMPLETED), at=later)
+
+    # THEN web-1 is back, the budget slot went to the waiting event (drained and approved), and
+    # the failure is audited with what to put back by hand
+    assert world.pool.restored == ["web-1"]
+    assert world.pool.pool.members("web") == ["web-1"]
+    assert [c.event_id for c in world.sent.commands] == ["E-REBOOT", "E2"]
+    (failed,) = [r for r in world.store.query(vm="web-0") if r.action == "restore_failed"]
+    assert "role assignment" in failed.reason
+    assert "'pools': ['web']" in failed.reason
+
+    # WHEN the deployment is fixed and the dead-lettered completion is resubmitted
+    del world.pool.fail_restore["web-0"]
+    again = world.run(reboot(EventStatus.COMPLETED), at=later + timedelta(hours=1))
+
+    # THEN only web-0 is restored, and nothing else is done twice
+    assert [(a.action, a.vm) for a in again.actions] == [("restore", "web-0")]
+    assert world.pool.restored == ["web-1", "web-0"]
+    assert world.pool.pool.members("web") == ["web-0", "web-1"]
+    assert len(world.sent.commands) == 2
+
+
+def test_a_transient_restore_failure_is_retried_and_the_retry_restores_it(world: World) -> None:
+    world.run(reboot(EventStatus.SCHEDULED))
+    world.pool.fail_restore["web-1"] = RetryableError("429 from the load balancer API")
+    with pytest.raises(RetryableError, match="not be put back yet"):
+        world.run(reboot(EventStatus.COMPLETED))
+    assert world.pool.restored == ["web-0"]
+
+    del world.pool.fail_restore["web-1"]
+    world.run(reboot(EventStatus.COMPLETED), at=NOW + timedelta(seconds=5))  # the claim was given back
+    assert world.pool.restored == ["web-0", "web-1"]
+    assert world.pool.pool.members("web") == list(SET)
+
+
+# ---------------------------------------------------------------- events spanning pools
+
+
+def two_pools() -> Policy:
+    return Policy(
+        pools=(
+            Pool("web", frozenset({"web-0", "web-1"}), max_drained=1),
+            Pool("api", frozenset({"api-0", "api-1"}), max_drained=1),
+        )
+    )
+
+
+@pytest.fixture
+def wide(world: World) -> World:
+    world.pool.pool.add("api", ("api-0", "api-1"))
+    world.policy = two_pools()
+    return world
+
+
+def test_an_event_spanning_two_pools_takes_a_slot_in_each(wide: World) -> None:
+    # GIVEN an event over web-0 and api-0 (one slot each pool)
+    wide.run(reboot(EventStatus.SCHEDULED, event_id="E1", resources=("web-0", "api-0")))
+
+    # WHEN one event per pool follows
+    web = wide.run(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("web-1",), reporter="web-1"))
+    api = wide.run(reboot(EventStatus.SCHEDULED, event_id="E3", resources=("api-1",), reporter="api-1"))
+
+    # THEN both wait, each on its own pool, and the end of the first admits both
+    assert [a.action for a in web.actions] == [a.action for a in api.actions] == ["wait"]
+    assert [p.event_key for p in wide.store.parked("web")] == ["azure:e2"]
+    assert [p.event_key for p in wide.store.parked("api")] == ["azure:e3"]
+    done = wide.run(reboot(EventStatus.COMPLETED, event_id="E1", resources=("web-0", "api-0")))
+    assert [(a.action, a.vm) for a in done.actions if a.action == "drain"] == [("drain", "api-1"), ("drain", "web-1")]
+    assert [c.event_id for c in wide.sent.commands] == ["E1", "E3", "E2"]
+    assert wide.store.parked("web") == wide.store.parked("api") == []
+
+
+def test_a_refused_event_holds_no_slot_in_the_other_pool(wide: World) -> None:
+    # GIVEN web's only slot taken
+    wide.run(reboot(EventStatus.SCHEDULED, event_id="E1", resources=("web-0",)))
+
+    # WHEN an event over api-0 and web-1 must wait for web
+    waiting = wide.run(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("api-0", "web-1"), reporter="api-0"))
+    assert [a.action for a in waiting.actions] == ["wait"]
+
+    # THEN it holds no api slot while it waits: an api-only event goes ahead
+    api = wide.run(reboot(EventStatus.SCHEDULED, event_id="E3", resources=("api-1",), reporter="api-1"))
+    assert [a.action for a in api.actions] == ["drain", "approve"]
+
+
+# ---------------------------------------------------------------- a busy claim
+
+
+@dataclass
+class FakeTime:
+    now: datetime
+    slept: float = 0.0
+
+    def clock(self) -> datetime:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        self.now += timedelta(seconds=seconds)
+
+
+def test_a_delivery_waits_out_a_dead_invocations_lease_instead_of_bouncing(world: World) -> None:
+    # GIVEN an invocation that claimed the envelope and died (its lease runs for CLAIM_LEASE)
+    event = reboot(EventStatus.SCHEDULED)
+    world.store.claim(_envelope_id(event), NOW, CLAIM_LEASE)
+
+    # WHEN the bus redelivers it a minute later to an invocation that may wait
+    time = FakeTime(NOW + timedelta(minutes=1))
+    outcome = world.run(event, at=time.now, claim_wait=ClaimWait(time.clock, time.sleep, poll_seconds=5))
+
+    # THEN it waited until the lease ran out, took the claim over and did the work once
+    assert outcome.result == "processed"
+    assert CLAIM_LEASE - timedelta(minutes=1) <= timedelta(seconds=time.slept) <= CLAIM_LEASE
+    assert sorted(world.pool.drained) == ["web-0", "web-1"]
+    assert len(world.sent.commands) == 1
+
+
+def test_a_wait_that_outlasts_its_limit_hands_the_message_back(world: World) -> None:
+    event = reboot(EventStatus.SCHEDULED)
+    world.store.claim(_envelope_id(event), NOW, CLAIM_LEASE)
+    time = FakeTime(NOW)
+    wait = ClaimWait(time.clock, time.sleep, longest=timedelta(seconds=30), poll_seconds=10)
+    with pytest.raises(ClaimBusyError):
+        world.run(event, claim_wait=wait)
+    assert time.slept == 30
+    assert world.pool.drained == []
+
+
+def test_a_concurrent_delivery_of_the_same_envelope_waits_and_is_a_duplicate(tmp_path: Path) -> None:
+    # GIVEN two invocations (threads) sharing one store, the first slow in the load balancer
+    store = SqliteStore(tmp_path / "state.db")
+    pool = LocalPool(tmp_path / "pool.db")
+    pool.add("web", SET)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_remove(vm: str, memento: JsonObject) -> None:
+        entered.set()
+        release.wait(10)
+        pool.remove(vm, memento)
+
+    sent = Sent()
+    slow = Deps(store, _Balancer(pool.locate, slow_remove, pool.restore), sent, store, Policy())
+    body = encode(envelope_for_event(reboot(EventStatus.SCHEDULED), NOW))
+
+    def now() -> datetime:
+        return datetime.now(timezone.utc)
+
+    first = ThreadPoolExecutor(1).submit(process, body, slow, now())
+    assert entered.wait(10)
+
+    # WHEN the same envelope arrives meanwhile at an invocation that may wait
+    waiting = Deps(store, pool, sent, store, Policy(), claim_wait=ClaimWait(now, poll_seconds=0.05))
+    second = ThreadPoolExecutor(1).submit(process, body, waiting, now())
+    threading.Timer(0.3, release.set).start()
+
+    # THEN the first does the work and the second, having waited, acknowledges a duplicate
+    assert first.result(10).result == "processed"
+    assert second.result(10).result == "duplicate"
+    assert len(sent.commands) == 1
+    assert pool.members("web") == ["web-2"]
+    store.close()

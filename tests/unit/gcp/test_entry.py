@@ -56,11 +56,13 @@ class FakeBalancer:
     restored: list[str] = field(default_factory=list)
     fail_with: Exception | None = None
 
-    def drain(self, vm: str) -> JsonObject | None:
+    def locate(self, vm: str) -> JsonObject | None:
+        return {"pools": ["web"]}
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
         if self.fail_with is not None:
             raise self.fail_with
         self.drained.append(vm)
-        return {"pools": ["web"]}
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         self.restored.append(vm)
@@ -404,7 +406,10 @@ def test_readiness_drains_are_signed_commands_when_a_key_is_configured() -> None
     publisher = FakePublisher()
     deps = wiring.build_deps(settings_for(signing_key=private_pem.decode()), offline_clients(publisher))
     # WHEN a VM is drained
-    memento = deps.balancer.drain("web-0")
+    memento = deps.balancer.locate("web-0")
+    assert memento is not None
+    assert not publisher.published
+    deps.balancer.remove("web-0", memento)
     # THEN the agent got a drain command signed with that key, and the memento says how to undo it
     assert memento == {"readiness": {"readiness": True}}
     command = decode_command(publisher.published[0][1]).command
