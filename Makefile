@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 
 # The local end-to-end demo on the embedded defaults.
 demo: venv
-	$(BIN)/python scripts/demo.py
+	$(BIN)/mbridge demo --report demo-report.html
 
 # Everything CI checks: lint, types, and the whole test suite.
 test: venv lint

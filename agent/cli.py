@@ -35,6 +35,13 @@ COMMANDS = {
         "Send an approve command to one VM through the bus. The agent re-checks the event against IMDS "
         "before POSTing. Exit 0 accepted, 1 rejected (reason printed), 2 no answer.",
     ),
+    "demo": Command(
+        "functions.local_app.demo.cli",
+        "run the whole product locally on eight maintenance flows and check every expectation",
+        "Simulators for an Azure availability set, a Spot VM, a scale-set instance and a GCE VM; an agent "
+        "per VM; the bus and the functions; a live timeline per event, a summary, and exit 0 only when "
+        "every expectation held.",
+    ),
     "replay": Command(
         "functions.local_app.replay",
         "run recorded envelopes through the policy and print the actions it takes",

@@ -61,6 +61,7 @@ class BusEvent:
     key: str
     body: bytes
     attributes: Mapping[str, str]
+    published_at: float  # Unix seconds, when the bus took it
 
 
 class LocalBus:
@@ -92,10 +93,11 @@ class LocalBus:
 
     def read_events(self, after: int, limit: int = 100) -> list[BusEvent]:
         rows = self._execute(
-            "SELECT seq, envelope_id, key, body, attributes FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+            "SELECT seq, envelope_id, key, body, attributes, published_at FROM events "
+            "WHERE seq > ? ORDER BY seq LIMIT ?",
             (after, limit),
         ).fetchall()
-        return [BusEvent(r[0], r[1], r[2], bytes(r[3]), json.loads(r[4])) for r in rows]
+        return [BusEvent(r[0], r[1], r[2], bytes(r[3]), json.loads(r[4]), r[5]) for r in rows]
 
     def last_event_seq(self) -> int:
         (value,) = self._execute("SELECT COALESCE(MAX(seq), 0) FROM events", ()).fetchone()

@@ -1,0 +1,327 @@
+"""The demo's maintenance flows: what each injects into the simulator, how the demo reacts
+(cancel, end a GCE maintenance), and what the default policy promises for it.
+
+Phase 1 and phase 2 use the same VMs of the availability set, so they run one after the other;
+the flows of a phase run at the same time. Every expectation is checked against what really
+happened: the agents' envelopes on the bus, the functions' audit log, and the simulator's log of
+approval POSTs (what reached IMDS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from functions.core.model import Cloud, EventKind
+from functions.local_app.demo.timeline import EventTimeline
+
+AVAILABILITY_SET = ("web-0", "web-1", "web-2")
+SPOT_VM = "spot-0"
+SCALE_SET_VM = "vmss-0"
+AZURE_VMS = (*AVAILABILITY_SET, SPOT_VM, SCALE_SET_VM)
+GCE_VM = "gce-0"
+
+# What each load-balancer pool of the demo holds (a VM that is gone afterwards stays out).
+POOLS: Mapping[str, tuple[str, ...]] = {
+    "web": AVAILABILITY_SET,
+    "spot": (SPOT_VM,),
+    "scale-set": (SCALE_SET_VM,),
+    "gce": (GCE_VM,),
+}
+POOLS_AFTER: Mapping[str, tuple[str, ...]] = {"web": AVAILABILITY_SET, "spot": (), "scale-set": (), "gce": (GCE_VM,)}
+
+# Documented seconds a Started Azure event lasts (the simulator keeps it at least 2 real s).
+STARTED_FOR = 20
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the checks need to know about the run."""
+
+    drain_period_seconds: float
+
+
+# A check returns None when the expectation held, else what was seen instead.
+Check = Callable[[EventTimeline, Context], Optional[str]]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    text: str
+    check: Check
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """Once `stage` is seen (and `delay` real seconds passed), POST `body` to the simulator's `path`."""
+
+    stage: str
+    delay: float
+    path: str
+    body: Mapping[str, Any] = field(default_factory=dict)
+    says: str = ""
+
+
+@dataclass(frozen=True)
+class Flow:
+    key: str
+    title: str
+    cloud: Cloud
+    phase: int
+    kind: EventKind
+    vms: tuple[str, ...]  # the VMs the maintenance is for
+    inject: tuple[str, Mapping[str, Any]]  # control API path and body
+    expectations: tuple[Expectation, ...]
+    ends_with: tuple[str, ...]  # the stages after which nothing more is expected
+    event_id: str | None = None  # Azure: fixed, so the demo can follow it; GCE: the agent derives it
+    reactions: tuple[Reaction, ...] = ()
+
+
+# ---- checks
+
+
+def drained(*vms: str) -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        return None if sorted(set(timeline.drained)) == sorted(vms) else f"drained {sorted(set(timeline.drained))}"
+
+    return Expectation(f"drained {', '.join(vms)}", check)
+
+
+def drained_once_each() -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        repeats = sorted({vm for vm in timeline.drained if timeline.drained.count(vm) > 1})
+        return f"drained more than once: {repeats}" if repeats else None
+
+    return Expectation("each VM drained once", check)
+
+
+def never_drained() -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        return f"drained {timeline.drained}" if timeline.drained else None
+
+    return Expectation("never drained", check)
+
+
+def restored(*vms: str) -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        return None if sorted(timeline.restored) == sorted(vms) else f"restored {sorted(timeline.restored)}"
+
+    return Expectation(f"restored {', '.join(vms)} once", check)
+
+
+def never_restored() -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        return f"restored {timeline.restored}" if timeline.restored else None
+
+    return Expectation("never restored (the VM is gone)", check)
+
+
+def approved_once(by: tuple[str, ...] | None = None) -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        accepted = timeline.accepted_approvals()
+        if len(accepted) != 1 or len(timeline.approve_commands) != 1:
+            return f"{len(accepted)} approval POSTs accepted by IMDS, {len(timeline.approve_commands)} sent"
+        posts = sorted({approval.vm for approval in timeline.approvals})
+        if by is not None and posts != sorted(by):
+            return f"approval POSTed by {posts}"
+        return None
+
+    who = f" by {', '.join(by)} only" if by else ""
+    return Expectation(f"approved once{who}", check)
+
+
+def approved_at_once() -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        commands = timeline.approve_commands
+        if not commands:
+            return "no approval sent"
+        return None if commands[0].execute_at is None else f"approval held until {commands[0].execute_at:%H:%M:%S}"
+
+    return Expectation("approved at once", check)
+
+
+def approved_after_drain_period() -> Expectation:
+    def check(timeline: EventTimeline, context: Context) -> str | None:
+        drain, approval = timeline.stages.get("drained"), timeline.stages.get("approved")
+        if drain is None or approval is None:
+            return f"drained at {drain}, approved at {approval}"
+        waited = (approval - drain).total_seconds()
+        # The agent POSTs on its next command-loop turn after execute_at: never before it.
+        if waited < context.drain_period_seconds - 0.05:
+            return f"approved {waited:.2f} s after the drain (drain period {context.drain_period_seconds:g} s)"
+        return None
+
+    return Expectation("approved after the drain period", check)
+
+
+def never_approved() -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        accepted = timeline.accepted_approvals()
+        return f"IMDS accepted {len(accepted)} approval(s)" if accepted else None
+
+    return Expectation("never approved", check)
+
+
+def reached(stage: str) -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        return None if stage in timeline.stages else f"never {stage}"
+
+    return Expectation(stage, check)
+
+
+def ended_as(status: str) -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        return None if timeline.ended_as == status else f"ended as {timeline.ended_as or 'nothing yet'}"
+
+    return Expectation(status, check)
+
+
+def restored_after_end() -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        end, back = timeline.stages.get("completed"), timeline.stages.get("restored")
+        if end is None or back is None:
+            return f"ended at {end}, restored at {back}"
+        return None if back >= end else "restored before the maintenance ended"
+
+    return Expectation("restored after NONE", check)
+
+
+# ---- the flows
+
+
+def _azure(event_type: str, event_id: str, resources: tuple[str, ...], **fields: Any) -> tuple[str, dict[str, Any]]:
+    body = {"event_type": event_type, "event_id": event_id, "resources": list(resources), "started_for": STARTED_FOR}
+    return "/_sim/events", {**body, **fields}
+
+
+def _gce(value: str) -> tuple[str, dict[str, Any]]:
+    return "/_sim/gce", {"vm": GCE_VM, "key": "maintenance-event", "value": value}
+
+
+FREEZE_ID = "5E2F8A31-7C44-4B0D-9E15-2A6C8D901F11"
+USER_REBOOT_ID = "9B1D4C77-0E3A-4F62-8A55-3C7E1B2D4F22"
+SPOT_ID = "1C8E5A90-4D2B-4E77-B013-6F9A2C3D5E33"
+SCALE_IN_ID = "7A3F9D12-8B6C-4A01-9C24-5E8B1D7F6A44"
+PLATFORM_REBOOT_ID = "3D6B2E85-1F9A-4C38-A742-8B0E5C2D1A55"
+REDEPLOY_ID = "6F0A7C23-5B8D-4E19-8D36-1A4C9E7B2F66"
+
+FLOWS: tuple[Flow, ...] = (
+    Flow(
+        key="freeze",
+        title="5 s Freeze on web-0, web-1",
+        cloud=Cloud.AZURE,
+        phase=1,
+        kind=EventKind.FREEZE,
+        vms=("web-0", "web-1"),
+        event_id=FREEZE_ID,
+        inject=_azure("Freeze", FREEZE_ID, ("web-0", "web-1"), duration_seconds=5, audience=list(AVAILABILITY_SET)),
+        expectations=(approved_once(), never_drained(), reached("started"), ended_as("completed")),
+        ends_with=("completed",),
+    ),
+    Flow(
+        key="user-reboot",
+        title="user-initiated Reboot of web-2",
+        cloud=Cloud.AZURE,
+        phase=1,
+        kind=EventKind.REBOOT,
+        vms=("web-2",),
+        event_id=USER_REBOOT_ID,
+        inject=_azure("Reboot", USER_REBOOT_ID, ("web-2",), event_source="User", audience=list(AVAILABILITY_SET)),
+        expectations=(
+            drained("web-2"),
+            approved_at_once(),
+            approved_once(),
+            reached("started"),
+            ended_as("completed"),
+            restored("web-2"),
+        ),
+        ends_with=("restored",),
+    ),
+    Flow(
+        key="spot-preempt",
+        title="Spot eviction (Preempt) of spot-0",
+        cloud=Cloud.AZURE,
+        phase=1,
+        kind=EventKind.PREEMPT,
+        vms=(SPOT_VM,),
+        event_id=SPOT_ID,
+        inject=_azure("Preempt", SPOT_ID, (SPOT_VM,), audience=[SPOT_VM]),
+        expectations=(drained(SPOT_VM), ended_as("completed"), never_restored()),
+        ends_with=("completed",),
+    ),
+    Flow(
+        key="scale-in",
+        title="scale-set Terminate of vmss-0",
+        cloud=Cloud.AZURE,
+        phase=1,
+        kind=EventKind.TERMINATE,
+        vms=(SCALE_SET_VM,),
+        event_id=SCALE_IN_ID,
+        inject=_azure("Terminate", SCALE_IN_ID, (SCALE_SET_VM,), audience=[SCALE_SET_VM], description="Scale-in"),
+        expectations=(
+            drained(SCALE_SET_VM),
+            approved_once(by=(SCALE_SET_VM,)),
+            ended_as("completed"),
+            never_restored(),
+        ),
+        ends_with=("completed",),
+    ),
+    Flow(
+        key="gce-migration",
+        title="GCE live migration of gce-0",
+        cloud=Cloud.GCE,
+        phase=1,
+        kind=EventKind.LIVE_MIGRATE,
+        vms=(GCE_VM,),
+        inject=_gce("MIGRATE_ON_HOST_MAINTENANCE"),
+        reactions=(Reaction("drained", 1.0, *_gce("NONE"), says="the migration is over: maintenance-event NONE"),),
+        expectations=(drained(GCE_VM), ended_as("completed"), restored(GCE_VM), restored_after_end()),
+        ends_with=("restored",),
+    ),
+    Flow(
+        key="platform-reboot",
+        title="platform Reboot of web-0, web-1",
+        cloud=Cloud.AZURE,
+        phase=2,
+        kind=EventKind.REBOOT,
+        vms=("web-0", "web-1"),
+        event_id=PLATFORM_REBOOT_ID,
+        inject=_azure("Reboot", PLATFORM_REBOOT_ID, ("web-0", "web-1"), audience=list(AVAILABILITY_SET)),
+        expectations=(
+            drained("web-0", "web-1"),
+            drained_once_each(),
+            approved_after_drain_period(),
+            approved_once(),
+            reached("started"),
+            ended_as("completed"),
+            restored("web-0", "web-1"),
+        ),
+        ends_with=("restored",),
+    ),
+    Flow(
+        key="redeploy-canceled",
+        title="Redeploy of web-2, canceled while Scheduled",
+        cloud=Cloud.AZURE,
+        phase=2,
+        kind=EventKind.REDEPLOY,
+        vms=("web-2",),
+        event_id=REDEPLOY_ID,
+        inject=_azure("Redeploy", REDEPLOY_ID, ("web-2",), audience=list(AVAILABILITY_SET)),
+        reactions=(Reaction("drained", 0.0, f"/_sim/events/{REDEPLOY_ID}/cancel", says="Azure cancels the Redeploy"),),
+        expectations=(drained("web-2"), ended_as("canceled"), restored("web-2"), never_approved()),
+        ends_with=("restored",),
+    ),
+    Flow(
+        key="gce-terminate",
+        title="GCE host maintenance (terminate) of gce-0",
+        cloud=Cloud.GCE,
+        phase=2,
+        kind=EventKind.HOST_TERMINATE,
+        vms=(GCE_VM,),
+        inject=_gce("TERMINATE_ON_HOST_MAINTENANCE"),
+        reactions=(Reaction("drained", 1.0, *_gce("NONE"), says="the VM is back: maintenance-event NONE"),),
+        expectations=(drained(GCE_VM), ended_as("completed"), restored(GCE_VM)),
+        ends_with=("restored",),
+    ),
+)

@@ -1,0 +1,198 @@
+"""The embedded backbone of the demo: simulators, one agent per VM, the SQLite bus, the local
+function host and its load-balancer pool, all in this process (agents and host in threads).
+
+`DemoWorld` is what `play` needs from any backbone: where to inject maintenance, a way to feed
+what happened into an `Observer`, the pools as they are, and where the audit log is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from agent.config import AgentSettings
+from agent.main import run_agent
+from agent.simulator import Simulator
+from agent.transports.local import LocalBus
+from functions.core.model import Cloud
+from functions.core.policy import Policy
+from functions.local_app.balancer import LocalPool
+from functions.local_app.demo.flows import AZURE_VMS, GCE_VM, POOLS
+from functions.local_app.demo.timeline import Observer
+from functions.local_app.host import LocalFunctionHost
+from functions.local_app.store import SqliteStore
+
+# The agents poll twice a second here (the documented once a second also works; it only adds
+# half a second on average to every detection).
+POLL_INTERVAL = 0.5
+READER = "demo"
+
+
+class DemoWorld(Protocol):
+    def control_url(self, cloud: Cloud) -> str:
+        """The simulator's base URL for the control API of `cloud`."""
+        ...
+
+    def poll(self, observer: Observer) -> None:
+        """Feed everything new (envelopes, audit records, approval POSTs) into `observer`."""
+        ...
+
+    def pools(self) -> Mapping[str, Sequence[str]]:
+        """Which VMs take traffic now, by pool."""
+        ...
+
+    def describe(self) -> list[str]:
+        """Lines saying what runs and where to look (audit log, logs)."""
+        ...
+
+
+def agent_settings(cloud: Cloud, url: str, vm: str, state_dir: Path, **transport: object) -> AgentSettings:
+    """An agent of the demo: no health server, quick polls; `transport` picks the bus."""
+    values: dict[str, object] = {
+        "cloud": cloud,
+        "metadata_url": url,
+        "vm_name": vm,
+        "transport": "local",
+        "jsonl_path": "-",
+        "state_dir": state_dir,
+        "bus_path": state_dir / "bus.db",
+        "poll_interval": POLL_INTERVAL,
+        "listen": None,
+        "dry_run": False,
+        "verify_key": None,
+        "servicebus_namespace": None,
+        "servicebus_connection_string": None,
+        "servicebus_topic": "maintenance-events",
+        "servicebus_commands_queue": "maintenance-commands",
+        "pubsub_project": None,
+        "pubsub_topic": "maintenance-events",
+        "pubsub_commands_subscription": None,
+        "flush_seconds": 2.0,
+    }
+    values.update(transport)
+    return AgentSettings(**values)  # type: ignore[arg-type]
+
+
+@dataclass
+class Simulators:
+    """The Azure simulator (availability set, Spot VM, scale-set instance) and the GCE one."""
+
+    azure: Simulator
+    gce: Simulator
+
+    @classmethod
+    def start(cls, speed: float) -> Simulators:
+        azure = Simulator(cloud="azure", vm_names=list(AZURE_VMS), speed=speed).start()
+        gce = Simulator(cloud="gce", vm_names=[GCE_VM], speed=speed).start()
+        return cls(azure, gce)
+
+    def endpoints(self) -> list[tuple[Cloud, str, str]]:
+        """(cloud, VM, metadata URL) of every VM."""
+        return [
+            *((Cloud.AZURE, vm, url) for vm, url in zip(self.azure.vm_names, self.azure.base_urls)),
+            *((Cloud.GCE, vm, url) for vm, url in zip(self.gce.vm_names, self.gce.base_urls)),
+        ]
+
+    def wait_until_watched(self, timeout: float) -> None:
+        """Every VM's agent has asked its metadata service at least once (GCE only warns a VM that
+        watches maintenance-event, so a flow injected earlier would be lost on purpose)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = {**self.azure.traffic(), **self.gce.traffic()}
+            if all(vm in seen and seen[vm]["total"] > 0 for _, vm, _ in self.endpoints()):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"not every agent reached its metadata service within {timeout:g} s")
+
+    def approvals(self) -> list[dict[str, object]]:
+        return self.azure.approvals()
+
+    def stop(self) -> None:
+        self.azure.stop()
+        self.gce.stop()
+
+
+@dataclass
+class AgentThreads:
+    threads: list[threading.Thread] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self, settings: AgentSettings) -> None:
+        thread = threading.Thread(target=run_agent, args=(settings, self.stop), name=f"agent-{settings.vm_name}")
+        thread.daemon = True
+        thread.start()
+        self.threads.append(thread)
+
+    def halt(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=15)
+
+
+class EmbeddedWorld:
+    """Everything on the embedded SQLite bus, in this process."""
+
+    def __init__(self, workdir: Path, policy: Policy, speed: float) -> None:
+        self.workdir = workdir
+        self.bus = LocalBus(workdir / "bus.db")
+        self.store = SqliteStore(workdir / "functions.db")
+        self.pool = LocalPool(workdir / "pool.db")
+        for name, vms in POOLS.items():
+            self.pool.add(name, vms)
+        self.sims = Simulators.start(speed)
+        self.agents = AgentThreads()
+        self._host_stop = threading.Event()
+        clock = lambda: datetime.now(timezone.utc)  # noqa: E731
+        host = LocalFunctionHost(self.bus, self.store, self.pool, policy, clock)
+        self._host = threading.Thread(target=host.run, args=(self._host_stop,), name="function-host", daemon=True)
+        self._position = 0
+        self._audit_seen = 0
+        self._approvals_seen = 0
+
+    def start(self, timeout: float = 15.0) -> EmbeddedWorld:
+        self._host.start()
+        for cloud, vm, url in self.sims.endpoints():
+            state_dir = self.workdir / "agents" / vm
+            self.agents.start(agent_settings(cloud, url, vm, state_dir, bus_path=self.bus.path))
+        self.sims.wait_until_watched(timeout)
+        return self
+
+    def control_url(self, cloud: Cloud) -> str:
+        return self.sims.azure.base_urls[0] if cloud is Cloud.AZURE else self.sims.gce.base_urls[0]
+
+    def poll(self, observer: Observer) -> None:
+        for message in self.bus.read_events(self._position, limit=500):
+            self._position = message.seq
+            observer.envelope(message.body, datetime.fromtimestamp(message.published_at, timezone.utc))
+        records = self.store.query()
+        for record in records[self._audit_seen :]:
+            observer.audit(record)
+        self._audit_seen = len(records)
+        approvals = self.sims.approvals()
+        for entry in approvals[self._approvals_seen :]:
+            observer.approval(entry)
+        self._approvals_seen = len(approvals)
+
+    def pools(self) -> Mapping[str, Sequence[str]]:
+        return {name: self.pool.members(name) for name in POOLS}
+
+    def describe(self) -> list[str]:
+        db = self.workdir / "functions.db"
+        return [
+            f"audit log: {db}  (mbridge audit list --db {db} [--vm NAME] [--event ID])",
+            f"bus: {self.bus.path}; agent state: {self.workdir / 'agents'}; logs: {self.workdir / 'demo.log'}",
+        ]
+
+    def close(self) -> None:
+        self.agents.halt()
+        self._host_stop.set()
+        self._host.join(timeout=10)
+        self.sims.stop()
+        self.store.close()
+        self.pool.close()
+        self.bus.close()
