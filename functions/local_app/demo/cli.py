@@ -10,11 +10,12 @@ import argparse
 import logging
 import sys
 import tempfile
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from functions.core.policy import Policy
-from functions.local_app.demo.flows import FLOWS, Context
+from functions.local_app.demo.flows import FLOWS, Context, Flow
 from functions.local_app.demo.play import play
 from functions.local_app.demo.report import LiveLines, summary, write_html
 from functions.local_app.demo.world import DemoWorld, EmbeddedWorld
@@ -46,12 +47,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_flows(args, FLOWS)
+
+
+def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
+    """The demo on `flows` (the tests play a few flows, or a flow made to fail)."""
     workdir: Path = args.workdir or Path(tempfile.mkdtemp(prefix="mbridge-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    _log_to(workdir / "demo.log")
     live = LiveLines(sys.stdout)
     policy = Policy(drain_period_seconds=args.drain_period)
     with ExitStack() as cleanup:
+        cleanup.enter_context(_logging_to(workdir / "demo.log"))
         live.say(f"maintenance-bridge demo on the {args.bus} bus; work dir {workdir}")
         try:
             world = _world(args.bus, workdir, policy, args.speed, cleanup)
@@ -64,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             f"6 agents (web-0..2 in an availability set, spot-0, vmss-0, gce-0), speed {args.speed:g}x, "
             f"default policy with a {args.drain_period:g} s drain period"
         )
-        result = play(world, FLOWS, Context(args.drain_period), live.stage, live.say)
+        result = play(world, flows, Context(args.drain_period), live.stage, live.say)
         notes = [f"bus: {args.bus}", *world.describe()]
     for line in summary(result):
         print(line)
@@ -92,10 +98,18 @@ def _world(bus: str, workdir: Path, policy: Policy, speed: float, cleanup: ExitS
     return emulated.start()
 
 
-def _log_to(path: Path) -> None:
+@contextmanager
+def _logging_to(path: Path) -> Iterator[None]:
     """Everything the agents and functions log goes to the work dir: the terminal shows the timeline."""
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(threadName)s: %(message)s"))
     root = logging.getLogger()
+    before = (root.handlers[:], root.level)
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.handlers[:], level = before
+        root.setLevel(level)
+        handler.close()

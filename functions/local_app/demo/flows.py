@@ -9,10 +9,11 @@ approval POSTs (what reached IMDS).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from functions.core.decide import NO_RESTORE_KINDS
 from functions.core.model import Cloud, EventKind
 from functions.local_app.demo.timeline import EventTimeline
 
@@ -29,7 +30,6 @@ POOLS: Mapping[str, tuple[str, ...]] = {
     "scale-set": (SCALE_SET_VM,),
     "gce": (GCE_VM,),
 }
-POOLS_AFTER: Mapping[str, tuple[str, ...]] = {"web": AVAILABILITY_SET, "spot": (), "scale-set": (), "gce": (GCE_VM,)}
 
 # Documented seconds a Started Azure event lasts (the simulator keeps it at least 2 real s).
 STARTED_FOR = 20
@@ -76,6 +76,12 @@ class Flow:
     ends_with: tuple[str, ...]  # the stages after which nothing more is expected
     event_id: str | None = None  # Azure: fixed, so the demo can follow it; GCE: the agent derives it
     reactions: tuple[Reaction, ...] = ()
+
+
+def pools_after(flows: Sequence[Flow]) -> dict[str, list[str]]:
+    """The pools once the flows are over: as they were, but for VMs that are gone (Terminate, Preempt)."""
+    gone = {vm for flow in flows if flow.kind in NO_RESTORE_KINDS for vm in flow.vms}
+    return {name: sorted(set(vms) - gone) for name, vms in POOLS.items()}
 
 
 # ---- checks

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 import requests
 
-from functions.local_app.demo.flows import POOLS_AFTER, Context, Flow, Reaction
+from functions.local_app.demo.flows import Context, Flow, Reaction, pools_after
 from functions.local_app.demo.timeline import EventTimeline, Observer, StageListener
 from functions.local_app.demo.world import DemoWorld
 
@@ -80,7 +80,7 @@ def play(
             result.verdicts.append(
                 Verdict(flow.key, flow.title, expectation.text, expectation.check(timeline, context))
             )
-    result.verdicts.extend(_whole_run_verdicts(world, result.seconds))
+    result.verdicts.extend(_whole_run_verdicts(world, pools_after(flows), result.seconds))
     return result
 
 
@@ -123,9 +123,8 @@ def _react(world: DemoWorld, item: _Pending, timeline: EventTimeline, say: Calla
         _post(world.control_url(item.flow.cloud) + item.reaction.path, item.reaction.body)
 
 
-def _whole_run_verdicts(world: DemoWorld, seconds: float) -> list[Verdict]:
+def _whole_run_verdicts(world: DemoWorld, expected: dict[str, list[str]], seconds: float) -> list[Verdict]:
     pools = {name: sorted(vms) for name, vms in world.pools().items()}
-    expected = {name: sorted(vms) for name, vms in POOLS_AFTER.items()}
     wrong = {name: vms for name, vms in pools.items() if vms != expected.get(name)}
     return [
         Verdict("demo", "the load-balancer pools", "back as they were, but for the VMs that are gone",

@@ -1,0 +1,105 @@
+"""The demo's checks: each holds on what the policy promises and fails, saying what was seen, on
+anything else. A check that could not fail would make the demo's exit code meaningless."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from functions.core.model import Cloud, EventKind
+from functions.local_app.demo import flows
+from functions.local_app.demo.flows import FLOWS, POOLS, Context, Expectation, pools_after
+from functions.local_app.demo.timeline import EventTimeline, ImdsApproval, SentApproval
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+CONTEXT = Context(drain_period_seconds=3.0)
+
+
+def timeline(**fields: object) -> EventTimeline:
+    base = EventTimeline("f", Cloud.AZURE, EventKind.REBOOT, "e1", injected_at=T0)
+    for name, value in fields.items():
+        setattr(base, name, value)
+    return base
+
+
+def stages(**ms: int) -> dict[str, datetime]:
+    return {name: T0 + timedelta(milliseconds=value) for name, value in ms.items()}
+
+
+ACCEPTED = ImdsApproval("web-0", "accepted", T0)
+
+CASES: list[tuple[Expectation, EventTimeline, EventTimeline, str]] = [
+    (flows.drained("web-0", "web-1"), timeline(drained=["web-1", "web-0"]), timeline(drained=["web-0"]), "drained"),
+    (
+        flows.drained_once_each(),
+        timeline(drained=["web-0", "web-1"]),
+        timeline(drained=["web-0", "web-0"]),
+        "more than once",
+    ),
+    (flows.never_drained(), timeline(), timeline(drained=["web-0"]), "drained ['web-0']"),
+    (flows.restored("web-2"), timeline(restored=["web-2"]), timeline(restored=["web-2", "web-2"]), "restored"),
+    (flows.never_restored(), timeline(), timeline(restored=["spot-0"]), "restored ['spot-0']"),
+    (
+        flows.approved_once(),
+        timeline(approvals=[ACCEPTED], approve_commands=[SentApproval("web-0", None)]),
+        timeline(approvals=[ACCEPTED, ACCEPTED], approve_commands=[SentApproval("web-0", None)]),
+        "2 approval POSTs accepted",
+    ),
+    (
+        flows.approved_once(by=("vmss-0",)),
+        timeline(approvals=[ImdsApproval("vmss-0", "accepted", T0)], approve_commands=[SentApproval("vmss-0", None)]),
+        timeline(approvals=[ACCEPTED], approve_commands=[SentApproval("web-0", None)]),
+        "POSTed by ['web-0']",
+    ),
+    (
+        flows.approved_at_once(),
+        timeline(approve_commands=[SentApproval("web-2", None)]),
+        timeline(approve_commands=[SentApproval("web-2", T0 + timedelta(seconds=3))]),
+        "held until",
+    ),
+    (
+        flows.approved_after_drain_period(),
+        timeline(stages=stages(drained=200, approved=3300)),
+        timeline(stages=stages(drained=200, approved=900)),
+        "0.70 s after the drain",
+    ),
+    (
+        flows.never_approved(),
+        timeline(approvals=[ImdsApproval("web-2", "unknown-event", T0)]),
+        timeline(approvals=[ACCEPTED]),
+        "accepted 1",
+    ),
+    (flows.reached("started"), timeline(stages=stages(started=1)), timeline(), "never started"),
+    (flows.ended_as("canceled"), timeline(ended_as="canceled"), timeline(ended_as="completed"), "ended as completed"),
+    (
+        flows.restored_after_end(),
+        timeline(stages=stages(completed=1000, restored=1020)),
+        timeline(stages=stages(completed=1000)),
+        "restored at None",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("expectation", "holds", "fails", "seen"), CASES, ids=[c[0].text for c in CASES])
+def test_each_check_holds_on_the_promise_and_fails_on_anything_else(
+    expectation: Expectation, holds: EventTimeline, fails: EventTimeline, seen: str
+) -> None:
+    assert expectation.check(holds, CONTEXT) is None
+    failure = expectation.check(fails, CONTEXT)
+    assert failure is not None
+    assert seen in failure
+
+
+def test_the_flows_cover_what_the_demo_promises() -> None:
+    assert [flow.key for flow in FLOWS] == [
+        "freeze", "user-reboot", "spot-preempt", "scale-in", "gce-migration",
+        "platform-reboot", "redeploy-canceled", "gce-terminate",
+    ]  # fmt: skip
+    assert all(flow.expectations and flow.ends_with for flow in FLOWS)
+    assert len({flow.event_id for flow in FLOWS if flow.event_id}) == 6  # no two Azure flows share an event
+
+
+def test_vms_that_are_gone_stay_out_of_their_pools_and_the_others_come_back() -> None:
+    assert pools_after(FLOWS) == {"web": ["web-0", "web-1", "web-2"], "spot": [], "scale-set": [], "gce": ["gce-0"]}
+    assert pools_after([]) == {name: sorted(vms) for name, vms in POOLS.items()}

@@ -1,0 +1,120 @@
+"""The demo's witnesses: envelopes, audit records and approval POSTs become stages, each once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+from functions.core.envelope import encode, envelope_for_event
+from functions.core.model import Cloud, EventKind, EventStatus
+from functions.core.ports import AuditRecord
+from functions.core.timefmt import format_rfc3339
+from functions.local_app.demo.timeline import EventTimeline, Observer
+from tests.factories import azure_event
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+EVENT_ID = "9B1D4C77-0E3A-4F62-8A55-3C7E1B2D4F22"
+
+
+def at(ms: int) -> datetime:
+    return T0 + timedelta(milliseconds=ms)
+
+
+def watch(*timelines: EventTimeline) -> tuple[Observer, list[tuple[str, str, str]]]:
+    seen: list[tuple[str, str, str]] = []
+    observer = Observer(timelines, lambda timeline, stage, detail: seen.append((timeline.key, stage, detail)))
+    return observer, seen
+
+
+def reboot_timeline() -> EventTimeline:
+    return EventTimeline("user-reboot", Cloud.AZURE, EventKind.REBOOT, EVENT_ID.lower(), injected_at=T0)
+
+
+def body(status: EventStatus, reporter: str, observed_ms: int, **fields: object) -> bytes:
+    event = azure_event(event_id=EVENT_ID, kind=EventKind.REBOOT, status=status, reporter=reporter, **fields)
+    return encode(envelope_for_event(event, at(observed_ms)))
+
+
+def test_every_reporter_and_redelivery_marks_each_stage_once_at_its_first_sighting() -> None:
+    timeline = reboot_timeline()
+    observer, seen = watch(timeline)
+
+    # WHEN three VMs report the scheduled event (one of them twice) and then its start
+    observer.envelope(body(EventStatus.SCHEDULED, "web-1", 300), at(305))
+    observer.envelope(body(EventStatus.SCHEDULED, "web-0", 280), at(310))
+    observer.envelope(body(EventStatus.SCHEDULED, "web-1", 300), at(320))
+    observer.envelope(body(EventStatus.STARTED, "web-2", 1500), at(1502))
+
+    # THEN detected/published come from the first envelope seen, and started from its own
+    assert timeline.elapsed_ms("detected") == 300
+    assert timeline.elapsed_ms("published") == 305
+    assert timeline.elapsed_ms("started") == 1500
+    assert timeline.reporters == {"web-0", "web-1", "web-2"}
+    assert [stage for _, stage, _ in seen] == ["detected", "published", "started"]
+
+
+def test_audit_records_give_decided_drained_sent_and_restored() -> None:
+    timeline = reboot_timeline()
+    observer, seen = watch(timeline)
+
+    def record(kind: str, ms: int, **fields: object) -> AuditRecord:
+        values: dict[str, object] = {"envelope_id": "e", "event_id": EVENT_ID, "vm": "web-2"}
+        values.update(fields)
+        return AuditRecord(at(ms), kind, **values)  # type: ignore[arg-type]
+
+    observer.audit(record("decision", 400, rule="4-user", reason="user-initiated"))
+    observer.audit(record("action", 401, action="drain"))
+    observer.audit(record("action", 402, action="approve"))
+    observer.audit(record("command-result", 900, action="accepted", reason="approved"))
+    observer.audit(record("action", 3000, action="restore"))
+    observer.audit(record("action", 3000, action="restore", event_id="some-other-event"))
+
+    assert (timeline.elapsed_ms("decided"), timeline.elapsed_ms("drained"), timeline.elapsed_ms("restored")) == (
+        400,
+        401,
+        3000,
+    )
+    assert timeline.rules == ["4-user"]
+    assert timeline.drained == ["web-2"]
+    assert timeline.restored == ["web-2"]
+    assert [(c.target, c.execute_at) for c in timeline.approve_commands] == [("web-2", None)]
+    assert timeline.command_results == [("web-2", "accepted", "approved")]
+    assert ("user-reboot", "approval sent", "to web-2, at once") in seen
+
+
+def test_approved_is_when_imds_accepted_a_post_not_when_one_was_refused() -> None:
+    timeline = reboot_timeline()
+    observer, _ = watch(timeline)
+    for ms, outcome in ((700, "rate-limited"), (950, "accepted"), (990, "already-approved")):
+        observer.approval({"event_ids": [EVENT_ID], "vm": "web-2", "outcome": outcome, "time": format_rfc3339(at(ms))})
+
+    assert timeline.elapsed_ms("approved") == 950
+    assert [a.outcome for a in timeline.approvals] == ["rate-limited", "accepted", "already-approved"]
+    assert len(timeline.accepted_approvals()) == 1
+
+
+def test_a_gce_flow_learns_its_event_id_from_the_first_envelope_of_its_kind() -> None:
+    migration = EventTimeline("gce-migration", Cloud.GCE, EventKind.LIVE_MIGRATE, None, injected_at=T0)
+    observer, _ = watch(migration)
+    gce = azure_event(
+        cloud=Cloud.GCE, event_id="gce-1234-abc", kind=EventKind.LIVE_MIGRATE, reporter="gce-0",
+        resources=("gce-0",), duration_seconds=None, event_source=None,
+    )  # fmt: skip
+    observer.envelope(encode(envelope_for_event(gce, at(60))), at(62))
+    observer.envelope(encode(envelope_for_event(replace(gce, status=EventStatus.COMPLETED), at(1100))), at(1102))
+
+    assert migration.event_id == "gce-1234-abc"
+    assert migration.ended_as == "completed"
+    assert migration.elapsed_ms("completed") == 1100
+    # and its audit records are found by that id from now on
+    observer.audit(AuditRecord(at(80), "action", "e", "gce-1234-abc", "gce-0", action="drain"))
+    assert migration.drained == ["gce-0"]
+
+
+def test_a_canceled_event_ends_as_canceled_and_malformed_bodies_are_ignored() -> None:
+    timeline = reboot_timeline()
+    observer, _ = watch(timeline)
+    observer.envelope(b"not json", at(1))
+    observer.envelope(body(EventStatus.CANCELED, "web-0", 700), at(701))
+    assert timeline.ended_as == "canceled"
+    assert "detected" not in timeline.stages
