@@ -15,16 +15,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from functions.core.policy import Policy
+from functions.local_app.demo.errors import DemoSetupError
 from functions.local_app.demo.flows import FLOWS, Context, Flow
 from functions.local_app.demo.play import play
 from functions.local_app.demo.report import LiveLines, summary, write_html
 from functions.local_app.demo.world import DemoWorld, EmbeddedWorld
 
 BUSES = ("embedded", "pubsub-emulator")
-
-
-class DemoSetupError(Exception):
-    """A peer the chosen variant needs is missing; the message says how to get it."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +68,7 @@ def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
             f"default policy with a {args.drain_period:g} s drain period"
         )
         result = play(world, flows, Context(args.drain_period), live.stage, live.say)
-        notes = [f"bus: {args.bus}", *world.describe()]
+        notes = [f"variant: {args.bus}", *world.describe()]
     for line in summary(result):
         print(line)
     for note in notes:
