@@ -1,38 +1,27 @@
 """Google's Firestore emulator, started by the test suite (see tests/peers.py for the rules).
 
-Registered for every test by `pytest_plugins` in tests/conftest.py. Standard library and pytest
-only: this module is imported on the plain Python 3.9 of the compatibility run too.
+Registered for every test by `pytest_plugins` in tests/conftest.py. Standard library, pytest and the
+demo's emulator starter only: this module is imported on the plain Python 3.9 of the
+compatibility run too.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.peers import PeerProcess, free_port, gcloud_sdk_root, require_peer, start_peer
+from functions.local_app.demo.emulators import FIRESTORE
+from tests.peers import PeerProcess, start_emulator
 
-EMULATOR_VARIABLE = "FIRESTORE_EMULATOR_HOST"
-READY_TEXT = "API endpoint"
+EMULATOR_VARIABLE = FIRESTORE.variable
 
 
 def start_firestore_emulator(log_dir: Path) -> PeerProcess:
     """Start Google's Firestore emulator on a free loopback port (skip/fail when it is missing)."""
-    sdk_root = gcloud_sdk_root()
-    require_peer(sdk_root is not None, "the Google Cloud CLI (gcloud) is not installed: no Firestore emulator")
-    assert sdk_root is not None
-    emulator = sdk_root / "platform" / "cloud-firestore-emulator" / "cloud_firestore_emulator"
-    require_peer(
-        os.access(emulator, os.X_OK),
-        f"the Firestore emulator is not installed at {emulator} (gcloud components install cloud-firestore-emulator)",
-    )
-    require_peer(shutil.which("java") is not None, "java is not on PATH: the Firestore emulator needs Java 17")
-    port = free_port()
-    command = [str(emulator), "--host=127.0.0.1", f"--port={port}"]
-    return start_peer("firestore-emulator", command, f"127.0.0.1:{port}", READY_TEXT, log_dir)
+    return start_emulator(FIRESTORE, log_dir)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ several balancers at once."""
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Callable
@@ -30,22 +31,25 @@ class ReadinessBalancer:
         self._signer = signer
 
     def locate(self, vm: str) -> JsonObject | None:
-        # Every VM with an agent has a /readyz to turn; nothing to read first.
-        return {"readiness": True}
+        # Every VM with an agent has a /readyz to turn; nothing to read first. The drain gets an
+        # id of its own, kept in the memento: its commands are told apart from those of any
+        # other drain of the VM, and a retry of this one reuses them.
+        return {"readiness": True, "drain": secrets.token_hex(8)}
 
     def remove(self, vm: str, memento: JsonObject) -> None:
         if memento.get("readiness"):
-            self._send(CommandType.DRAIN, vm)
+            self._send(CommandType.DRAIN, vm, memento)
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         if memento.get("readiness"):
-            self._send(CommandType.RESTORE, vm)
+            self._send(CommandType.RESTORE, vm, memento)
 
-    def _send(self, kind: CommandType, vm: str) -> None:
+    def _send(self, kind: CommandType, vm: str, memento: JsonObject) -> None:
         now = self._clock()
-        # One id per (kind, VM, minute): a retry within the minute is answered from the agent's
-        # ledger instead of flipping readiness twice.
-        command_id = hashlib.sha256(f"{kind.value}|{vm}|{now:%Y%m%d%H%M}".encode()).hexdigest()[:32]
+        # One command id per (kind, VM, drain). The agent carries out an id once: a retry that
+        # reaches it after the first attempt did is refused as a reuse, and readiness stays
+        # as the first attempt set it.
+        command_id = hashlib.sha256(f"{kind.value}|{vm}|{memento.get('drain', '')}".encode()).hexdigest()[:32]
         command = new_command(
             kind, target=vm, event_id=f"{kind.value}-{vm}", issued_at=now, expires_at=now + self._ttl,
             command_id=command_id,

@@ -57,7 +57,8 @@ def test_readiness_sends_nothing_to_locate_then_drain_and_restore_commands() -> 
     sent = Sent()
     balancer = ReadinessBalancer(sent, clock=lambda: NOW)
     memento = balancer.locate("web-0")
-    assert memento == {"readiness": True}
+    assert memento is not None
+    assert memento["readiness"] is True
     assert sent.commands == []
     balancer.remove("web-0", memento)
     balancer.restore("web-0", memento)
@@ -72,7 +73,9 @@ def test_composite_keeps_each_balancers_part_and_hands_it_back_to_that_balancer(
     balancer = CompositeBalancer([("pool", local), ("readiness", ReadinessBalancer(sent, clock=lambda: NOW))])
 
     memento = balancer.locate("web-1")
-    assert memento == {"pool": {"pools": ["web"]}, "readiness": {"readiness": True}}
+    assert memento is not None
+    assert memento["pool"] == {"pools": ["web"]}
+    assert memento["readiness"]["readiness"] is True
     assert sent.commands == []
     assert local.members("web") == ["web-0", "web-1"]
 
@@ -85,3 +88,23 @@ def test_composite_keeps_each_balancers_part_and_hands_it_back_to_that_balancer(
 
 def test_composite_locates_nothing_when_no_part_holds_the_vm() -> None:
     assert CompositeBalancer([("pool", pools())]).locate("db-0") is None
+
+
+def test_each_drain_of_a_vm_has_its_own_commands_and_a_retry_reuses_them() -> None:
+    # GIVEN one VM drained and restored twice within the same minute (two maintenances)
+    sent = Sent()
+    balancer = ReadinessBalancer(sent, clock=lambda: NOW)
+    first, second = balancer.locate("web-0"), balancer.locate("web-0")
+    assert first is not None
+    assert second is not None
+    for memento in (first, second):
+        balancer.remove("web-0", memento)
+        balancer.restore("web-0", memento)
+    # AND the first drain retried (the invocation failed after sending)
+    balancer.remove("web-0", first)
+
+    # THEN the agent gets four distinct commands, so the second maintenance is drained and
+    # restored too, and the retry carries the id of the drain it repeats
+    ids = [command.command_id for command in sent.commands]
+    assert len(set(ids[:4])) == 4
+    assert ids[4] == ids[0]
