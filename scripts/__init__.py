@@ -1,0 +1,1 @@
+"""Maintenance scripts of the repository (run with python scripts/NAME.py)."""
