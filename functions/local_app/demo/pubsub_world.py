@@ -53,7 +53,7 @@ import requests
 from functions.core.model import Cloud
 from functions.core.policy import Policy, PolicyError, load_policy
 from functions.core.ports import AuditRecord
-from functions.core.timefmt import format_rfc3339
+from functions.local_app.audit_cli import audit_line
 from functions.local_app.demo.emulators import (
     FIRESTORE,
     PUBSUB,
@@ -493,23 +493,6 @@ class PubSubWorld:
         with self.audit_export.open("w", encoding="utf-8") as out:
             for record in records:
                 out.write(json.dumps(audit_line(record)) + "\n")
-
-
-def audit_line(record: AuditRecord) -> dict[str, Any]:
-    """One audit record as `mbridge audit list` prints it, with its detail."""
-    return {
-        "time": format_rfc3339(record.time),
-        "kind": record.kind,
-        "event_id": record.event_id,
-        "vm": record.vm,
-        "status": record.status,
-        "action": record.action,
-        "rule": record.rule,
-        "at": format_rfc3339(record.at) if record.at else None,
-        "reason": record.reason,
-        "envelope_id": record.envelope_id,
-        "detail": record.detail,
-    }
 
 
 def _topic(name: str) -> str:
