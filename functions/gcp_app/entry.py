@@ -1,8 +1,12 @@
-"""The Cloud Functions (gen2) entry point: Pub/Sub `messagePublished` CloudEvents from Eventarc.
+"""The Cloud Functions (gen2) entry point: Pub/Sub `messagePublished` CloudEvents.
+
+They come from a push subscription: Eventarc's, or the Terraform's own one with a dead-letter
+policy, whose raw push body (`{"message": ..., "subscription": ...}`) the functions framework
+turns into the same CloudEvent.
 
     on_maintenance_event(cloud_event) → message_body → handle_message(body, deps, now) → process
 
-- Returning normally acknowledges the message (HTTP 2xx to Eventarc's push subscription).
+- Returning normally acknowledges the message (HTTP 2xx to the push subscription).
 - Raising fails the invocation (HTTP 500) and Pub/Sub redelivers with backoff until the
   subscription's dead-letter policy moves the message aside. Every error of `process` and of the
   adapters propagates: RetryableError because a retry can succeed, PermanentError from an adapter

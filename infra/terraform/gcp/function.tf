@@ -1,0 +1,159 @@
+# The Cloud Function (gen2) that handles maintenance events (docs/gcp.md).
+
+locals {
+  repo_root = abspath("${path.module}/../../..")
+
+  # What the zip leaves out of the repository root: everything but the function's app root
+  # (main.py, requirements.txt) and the packages it imports (functions/, agent/). Patterns are
+  # matched against paths relative to the root; a matching directory is skipped whole. Keep in
+  # step with .gcloudignore and scripts/build_function_package.py.
+  function_source_excludes = [
+    ".git",
+    ".github",
+    ".ci",
+    ".benchmarks",
+    ".state",
+    ".venv*",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".funcignore",
+    ".gcloudignore",
+    ".gitignore",
+    "**/__pycache__",
+    "**/*.pyc",
+    "**/*.pyo",
+    "**/*.db",
+    "**/*.db-wal",
+    "**/*.db-shm",
+    "**/.DS_Store",
+    "*.egg-info",
+    "node_modules",
+    "tests",
+    "infra",
+    "docs",
+    "bench",
+    "examples",
+    "scripts",
+    "dist",
+    "build",
+    # The Azure app root and the project's tooling have no place in the Google package.
+    "function_app.py",
+    "host.json",
+    "pyproject.toml",
+    "Makefile",
+    "README.md",
+    "demo-report.html",
+    "infra-check.json",
+  ]
+
+  # The function's settings (functions/gcp_app/settings.py; docs/gcp.md lists them all).
+  function_environment = {
+    MBRIDGE_GCP_PROJECT                 = var.project_id
+    MBRIDGE_FIRESTORE_DATABASE          = google_firestore_database.main.name
+    MBRIDGE_FIRESTORE_COLLECTION_PREFIX = var.firestore_collection_prefix
+    MBRIDGE_PUBSUB_COMMANDS_TOPIC       = google_pubsub_topic.commands.name
+    MBRIDGE_INSTANCE_GROUPS             = join(",", local.instance_groups)
+    MBRIDGE_MAINTENANCE_ZONES           = join(",", local.maintenance_zones)
+    MBRIDGE_READINESS_DRAIN             = tostring(var.readiness_drain)
+    MBRIDGE_LOG_LEVEL                   = var.log_level
+  }
+  # Unset, the function uses its default policy (an empty value would be a malformed policy).
+  function_policy_environment = var.policy == "" ? {} : { MBRIDGE_POLICY = var.policy }
+}
+
+data "archive_file" "function_source" {
+  type        = "zip"
+  source_dir  = local.repo_root
+  excludes    = local.function_source_excludes
+  output_path = "${path.module}/.terraform/mbridge-function-source.zip"
+}
+
+resource "google_storage_bucket" "function_source" {
+  #checkov:skip=CKV_GCP_62:holds only the function's build input, written by this deployment and read by Cloud Build; turn on Data Access audit logs for Cloud Storage if reads must be recorded
+  name     = coalesce(var.source_bucket_name, "${var.project_id}-mbridge-function-source")
+  location = var.region
+
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  # Deleting the deployment must not fail on the uploaded zips, and nothing else is kept here.
+  force_destroy = true
+
+  versioning {
+    enabled = true
+  }
+
+  # Every change of the code uploads a new object (its name holds the zip's hash) and Terraform
+  # deletes the old one, which versioning keeps as a noncurrent version for a month.
+  lifecycle_rule {
+    condition {
+      days_since_noncurrent_time = 30
+      with_state                 = "ARCHIVED"
+    }
+    action {
+      type = "Delete"
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_storage_bucket_object" "function_source" {
+  # The name changes with the content, so any change of the code deploys a new revision.
+  name   = "function-source-${data.archive_file.function_source.output_md5}.zip"
+  bucket = google_storage_bucket.function_source.name
+  source = data.archive_file.function_source.output_path
+}
+
+resource "google_cloudfunctions2_function" "events" {
+  name        = var.function_name
+  location    = var.region
+  description = "maintenance-bridge: acts on host-maintenance events published by the VM agents"
+
+  build_config {
+    runtime     = "python311"
+    entry_point = "on_maintenance_event"
+    source {
+      storage_source {
+        bucket = google_storage_bucket.function_source.name
+        object = google_storage_bucket_object.function_source.name
+      }
+    }
+  }
+
+  # No event_trigger: the push subscription maintenance-events-functions (pubsub.tf) calls the
+  # function, so that its dead-letter policy can be managed here.
+
+  service_config {
+    # A redelivery may wait up to the claim lease plus 15 s for another invocation, then run the
+    # Compute calls (docs/gcp.md). It must end within the push subscription's 600 s ack deadline
+    # (Pub/Sub's maximum), or Pub/Sub delivers the message again while it still runs.
+    timeout_seconds    = 540
+    available_memory   = "512M"
+    min_instance_count = 0
+    max_instance_count = var.function_max_instances
+    # Pub/Sub push from this project is internal traffic for Cloud Run ingress; nothing else
+    # needs to reach the function, and every request still needs the invoker role.
+    ingress_settings               = "ALLOW_INTERNAL_ONLY"
+    all_traffic_on_latest_revision = true
+    service_account_email          = google_service_account.function.email
+
+    environment_variables = merge(local.function_environment, local.function_policy_environment)
+
+    dynamic "secret_environment_variables" {
+      for_each = var.signing_key_secret_id == null ? [] : [var.signing_key_secret_id]
+      content {
+        key        = "MBRIDGE_SIGNING_KEY"
+        project_id = var.project_id
+        secret     = secret_environment_variables.value
+        version    = var.signing_key_secret_version
+      }
+    }
+  }
+
+  depends_on = [
+    google_project_service.apis,
+    # The deployment checks that the runtime service account can read the secret it mounts.
+    google_secret_manager_secret_iam_member.signing_key,
+  ]
+}

@@ -1,0 +1,199 @@
+# Service accounts and every role they hold (docs/gcp.md "IAM", docs/transports.md "Roles").
+# Roles are granted on the resource that needs them. At project level there are only two
+# bindings, both with an IAM condition: Firestore (one database) and the drainer role (the
+# configured instance groups and zones).
+
+# ---------------------------------------------------------------- service accounts
+
+resource "google_service_account" "function" {
+  account_id   = "mbridge-functions"
+  display_name = "maintenance-bridge function runtime"
+  description  = "Runs the Cloud Function: Firestore state and audit, commands to the agents, instance-group drains."
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_service_account" "push_invoker" {
+  account_id   = "mbridge-push-invoker"
+  display_name = "maintenance-bridge Pub/Sub push"
+  description  = "Identity of the maintenance-events-functions push subscription: may invoke the function, nothing else."
+
+  depends_on = [google_project_service.apis]
+}
+
+# One per VM: a subscription binding then admits exactly one VM, so no VM can read another's
+# commands (docs/transports.md). A shared account would open every VM's subscription to every VM.
+resource "google_service_account" "agent" {
+  for_each = toset(var.vm_names)
+
+  account_id   = "mba-${each.value}"
+  display_name = "maintenance-bridge agent on ${each.value}"
+  description  = "The agent on VM ${each.value}: publishes to maintenance-events, pulls its own command subscription."
+
+  depends_on = [google_project_service.apis]
+}
+
+# ---------------------------------------------------------------- the function's runtime account
+
+# Firestore has no per-database IAM resource; the condition limits the grant to this database.
+resource "google_project_iam_member" "function_firestore" {
+  project = var.project_id
+  role    = "roles/datastore.user"
+  member  = "serviceAccount:${google_service_account.function.email}"
+
+  condition {
+    title       = "mbridge-firestore-database-only"
+    description = "Only the maintenance-bridge Firestore database."
+    expression  = "resource.name == \"projects/${var.project_id}/databases/${google_firestore_database.main.name}\""
+  }
+}
+
+resource "google_pubsub_topic_iam_member" "function_commands_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.commands.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.function.email}"
+}
+
+# Exactly the permissions of functions/gcp_app/compute.py: instanceGroups.listInstances (list),
+# addInstances/removeInstances (update), zoneOperations.wait (get), instances.performMaintenance.
+resource "google_project_iam_custom_role" "drainer" {
+  project     = var.project_id
+  role_id     = "mbridgeDrainer"
+  title       = "maintenance-bridge drainer"
+  description = "Take VMs out of unmanaged instance groups and back, wait for those operations, start announced maintenance."
+  permissions = [
+    "compute.instanceGroups.list",
+    "compute.instanceGroups.update",
+    "compute.zoneOperations.get",
+    "compute.instances.performMaintenance",
+  ]
+}
+
+locals {
+  # The condition narrows the two resource types it can name: instance groups to exactly the
+  # configured ones (list and update), instances to the configured zones (performMaintenance).
+  # Other resource types the role's permissions are checked on (zone operations, the project)
+  # pass unnarrowed: IAM conditions document no resource names for them, and a guessed name
+  # would refuse every call.
+  drainer_group_names = [
+    for group in local.instance_groups :
+    "resource.name == \"projects/${var.project_id}/zones/${split("/", group)[0]}/instanceGroups/${split("/", group)[1]}\""
+  ]
+  drainer_zone_prefixes = [
+    for zone in local.maintenance_zones :
+    "resource.name.startsWith(\"projects/${var.project_id}/zones/${zone}/instances/\")"
+  ]
+  drainer_condition = join(" && ", [
+    "(resource.type != \"compute.googleapis.com/InstanceGroup\" || ${join(" || ", local.drainer_group_names)})",
+    "(resource.type != \"compute.googleapis.com/Instance\" || ${join(" || ", local.drainer_zone_prefixes)})",
+  ])
+}
+
+resource "google_project_iam_member" "function_drainer" {
+  project = var.project_id
+  role    = google_project_iam_custom_role.drainer.name
+  member  = "serviceAccount:${google_service_account.function.email}"
+
+  condition {
+    title       = "mbridge-configured-groups-and-zones"
+    description = "Instance groups of MBRIDGE_INSTANCE_GROUPS; instances in MBRIDGE_MAINTENANCE_ZONES."
+    expression  = local.drainer_condition
+  }
+}
+
+resource "google_secret_manager_secret_iam_member" "signing_key" {
+  count = var.signing_key_secret_id == null ? 0 : 1
+
+  project   = var.project_id
+  secret_id = var.signing_key_secret_id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.function.email}"
+}
+
+# No roles/logging.logWriter: a gen2 function is a Cloud Run service, whose stdout and stderr
+# Cloud Logging collects without any role on the runtime account (the function logs JSON lines
+# to stdout, functions/gcp_app/logging.py).
+
+# ---------------------------------------------------------------- invoking the function
+
+# Gen2 invocations are authorised by Cloud Run: run.invoker on the function's service, and on
+# nothing else.
+resource "google_cloud_run_v2_service_iam_member" "push_invoker" {
+  project  = var.project_id
+  location = google_cloudfunctions2_function.events.location
+  name     = google_cloudfunctions2_function.events.service_config[0].service
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.push_invoker.email}"
+}
+
+# ---------------------------------------------------------------- Pub/Sub's service agent
+
+# Dead-lettering: the service agent republishes the message to the dead-letter topic and
+# acknowledges it on the source subscription.
+resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.dead_letters.name
+  role    = "roles/pubsub.publisher"
+  member  = local.pubsub_service_agent
+}
+
+resource "google_pubsub_subscription_iam_member" "dead_letter_subscriber" {
+  project      = var.project_id
+  subscription = google_pubsub_subscription.functions.name
+  role         = "roles/pubsub.subscriber"
+  member       = local.pubsub_service_agent
+}
+
+# Projects that enabled Pub/Sub before 8 April 2021 need the service agent to be able to mint
+# OIDC tokens for push; newer projects do not (var.grant_pubsub_token_creator).
+resource "google_service_account_iam_member" "pubsub_token_creator" {
+  count = var.grant_pubsub_token_creator ? 1 : 0
+
+  service_account_id = google_service_account.push_invoker.name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = local.pubsub_service_agent
+}
+
+# CMEK topics: the service agent encrypts and decrypts their messages, with this key only.
+resource "google_kms_crypto_key_iam_member" "pubsub_cmek" {
+  count = var.kms_key_name == null ? 0 : 1
+
+  crypto_key_id = var.kms_key_name
+  role          = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
+  member        = local.pubsub_service_agent
+}
+
+# ---------------------------------------------------------------- the agents
+
+# Each VM publishes its events; it pulls commands from its own subscription only (the
+# subscriber binding is in modules/vm_commands_subscription). The agent's start-up check uses
+# testIamPermissions, which needs no role, so nothing else is granted.
+resource "google_pubsub_topic_iam_member" "agent_events_publisher" {
+  for_each = google_service_account.agent
+
+  project = var.project_id
+  topic   = google_pubsub_topic.events.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${each.value.email}"
+}
+
+# ---------------------------------------------------------------- operators (`mbridge approve`)
+
+resource "google_pubsub_topic_iam_member" "operator_commands_publisher" {
+  for_each = toset(var.operator_members)
+
+  project = var.project_id
+  topic   = google_pubsub_topic.commands.name
+  role    = "roles/pubsub.publisher"
+  member  = each.value
+}
+
+resource "google_pubsub_subscription_iam_member" "operator_results_subscriber" {
+  for_each = toset(var.operator_members)
+
+  project      = var.project_id
+  subscription = google_pubsub_subscription.operator_results.name
+  role         = "roles/pubsub.subscriber"
+  member       = each.value
+}

@@ -1,0 +1,74 @@
+output "events_topic_id" {
+  description = "Topic the agents publish maintenance events and command results to (projects/P/topics/maintenance-events)."
+  value       = google_pubsub_topic.events.id
+}
+
+output "commands_topic_id" {
+  description = "Topic the function and `mbridge approve` publish commands to (projects/P/topics/maintenance-commands)."
+  value       = google_pubsub_topic.commands.id
+}
+
+output "dead_letter_topic_id" {
+  description = "Topic of events the function failed on max_delivery_attempts times; read them through dead_letter_subscription_id."
+  value       = google_pubsub_topic.dead_letters.id
+}
+
+output "dead_letter_subscription_id" {
+  description = "Pull subscription that keeps dead-lettered events for inspection and replay."
+  value       = google_pubsub_subscription.dead_letters_inspect.id
+}
+
+output "push_subscription_id" {
+  description = "Push subscription that delivers maintenance events to the function."
+  value       = google_pubsub_subscription.functions.id
+}
+
+output "operator_results_subscription_id" {
+  description = "Subscription of command results for `mbridge approve` (--pubsub-project with the default names finds it)."
+  value       = google_pubsub_subscription.operator_results.id
+}
+
+output "function_name" {
+  description = "Name of the Cloud Function (gen2); its logs are under this Cloud Run service."
+  value       = google_cloudfunctions2_function.events.name
+}
+
+output "function_uri" {
+  description = "URI of the function's Cloud Run service (internal ingress; push only)."
+  value       = google_cloudfunctions2_function.events.service_config[0].uri
+}
+
+output "function_service_account_email" {
+  description = "Runtime service account of the function."
+  value       = google_service_account.function.email
+}
+
+output "push_invoker_service_account_email" {
+  description = "Service account whose OIDC token the push subscription presents to the function."
+  value       = google_service_account.push_invoker.email
+}
+
+output "agent_service_account_emails" {
+  description = "Service account of each example VM's agent, by VM name."
+  value       = { for name, account in google_service_account.agent : name => account.email }
+}
+
+output "firestore_database_name" {
+  description = "Firestore database holding state and audit (MBRIDGE_FIRESTORE_DATABASE, and `mbridge audit`)."
+  value       = google_firestore_database.main.name
+}
+
+output "example_vm_names" {
+  description = "Names of the example VMs running the agent."
+  value       = [for vm in google_compute_instance_from_template.vm : vm.name]
+}
+
+output "instance_group" {
+  description = "The example unmanaged instance group, as zone/name (an entry of MBRIDGE_INSTANCE_GROUPS)."
+  value       = "${google_compute_instance_group.example.zone}/${google_compute_instance_group.example.name}"
+}
+
+output "command_subscription_names" {
+  description = "Command subscription of each example VM, by VM name (maintenance-commands-<vm>)."
+  value       = { for name, subscription in module.vm_commands : name => subscription.subscription_name }
+}

@@ -1,0 +1,336 @@
+# ---------------------------------------------------------------- where
+
+variable "project_id" {
+  description = "Google Cloud project that holds everything: topics, subscriptions, the function, Firestore, the example VMs."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{4,28}[a-z0-9]$", var.project_id))
+    error_message = "project_id must be a project ID (6-30 lowercase letters, digits or hyphens, starting with a letter), not a project number or name."
+  }
+}
+
+variable "region" {
+  description = "Region of the function, its source bucket and Cloud NAT (e.g. europe-west1)."
+  type        = string
+  default     = "europe-west1"
+
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+$", var.region))
+    error_message = "region must be a Compute region such as europe-west1 or us-central1."
+  }
+}
+
+variable "zone" {
+  description = "Zone of the example VMs and of their unmanaged instance group; it must be in var.region."
+  type        = string
+  default     = "europe-west1-b"
+
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]$", var.zone))
+    error_message = "zone must be a Compute zone such as europe-west1-b."
+  }
+}
+
+variable "labels" {
+  description = "Labels put on every resource that takes labels (provider default_labels)."
+  type        = map(string)
+  default = {
+    app = "maintenance-bridge"
+  }
+
+  validation {
+    condition = alltrue([
+      for key, value in var.labels : can(regex("^[a-z][a-z0-9_-]{0,62}$", key)) && can(regex("^[a-z0-9_-]{0,63}$", value))
+    ])
+    error_message = "label keys must start with a lowercase letter; keys and values may hold lowercase letters, digits, '_' and '-' (63 characters at most)."
+  }
+}
+
+variable "enable_apis" {
+  description = "Enable the Google APIs this deployment uses. Turn off when the project's APIs are managed elsewhere."
+  type        = bool
+  default     = true
+}
+
+# ---------------------------------------------------------------- Pub/Sub
+
+variable "kms_key_name" {
+  description = "Cloud KMS key (projects/P/locations/L/keyRings/R/cryptoKeys/K) to encrypt the topics with (CMEK). null: Google-managed encryption. The Pub/Sub service agent is granted encrypt/decrypt on this key only."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.kms_key_name == null || can(regex("^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$", var.kms_key_name))
+    error_message = "kms_key_name must be null or projects/P/locations/L/keyRings/R/cryptoKeys/K."
+  }
+}
+
+variable "max_delivery_attempts" {
+  description = "Deliveries of one event to the function before Pub/Sub moves it to maintenance-events-dead. With the 10 s to 600 s backoff, 10 attempts take about 40 minutes."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 20 && floor(var.max_delivery_attempts) == var.max_delivery_attempts
+    error_message = "max_delivery_attempts must be a whole number from 5 to 20: fewer dead-letters events on a short outage, more keeps a broken configuration retrying for hours."
+  }
+}
+
+variable "commands_retention" {
+  description = "How long a VM's command subscription keeps an undelivered command (e.g. 900s). Commands expire 10 minutes after they are issued, so keeping them longer only delivers commands the agent rejects."
+  type        = string
+  default     = "900s"
+
+  validation {
+    condition     = can(regex("^[0-9]+s$", var.commands_retention)) && try(tonumber(trimsuffix(var.commands_retention, "s")) >= 600 && tonumber(trimsuffix(var.commands_retention, "s")) <= 1200, false)
+    error_message = "commands_retention must be between 600s (Pub/Sub's minimum) and 1200s, written like 900s."
+  }
+}
+
+variable "operator_members" {
+  description = "Principals that run `mbridge approve` (e.g. group:sre@example.com): publisher on maintenance-commands and subscriber on operator-results, nothing else."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition = alltrue([
+      for member in var.operator_members : can(regex("^(user|group|serviceAccount|domain|principal|principalSet):.+$", member))
+    ])
+    error_message = "operator_members must be IAM principals such as user:ana@example.com or group:sre@example.com; allUsers and allAuthenticatedUsers are refused."
+  }
+}
+
+variable "grant_pubsub_token_creator" {
+  description = "Grant the Pub/Sub service agent roles/iam.serviceAccountTokenCreator on the push-invoker service account. Only projects that enabled Pub/Sub before 8 April 2021 need it to mint the push subscription's OIDC tokens."
+  type        = bool
+  default     = false
+}
+
+# ---------------------------------------------------------------- the function
+
+variable "function_name" {
+  description = "Name of the Cloud Function (gen2) that handles maintenance events; its Cloud Run service has the same name."
+  type        = string
+  default     = "mbridge-events"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,61}[a-z0-9]$", var.function_name))
+    error_message = "function_name must be lowercase letters, digits and hyphens, start with a letter and be at most 63 characters."
+  }
+}
+
+variable "function_max_instances" {
+  description = "Most function instances at once. Each handles one event at a time and may wait minutes for another invocation's claim, so keep it above the number of events that can arrive together."
+  type        = number
+  default     = 20
+
+  validation {
+    condition     = var.function_max_instances >= 1 && var.function_max_instances <= 100 && floor(var.function_max_instances) == var.function_max_instances
+    error_message = "function_max_instances must be a whole number from 1 to 100."
+  }
+}
+
+variable "source_bucket_name" {
+  description = "Bucket for the function's source zip. null: <project_id>-mbridge-function-source."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.source_bucket_name == null || can(regex("^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$", var.source_bucket_name))
+    error_message = "source_bucket_name must be a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.'."
+  }
+}
+
+variable "policy" {
+  description = "MBRIDGE_POLICY: the decision policy as JSON (or YAML); empty uses the default policy. See docs/policy.md."
+  type        = string
+  default     = ""
+}
+
+variable "log_level" {
+  description = "MBRIDGE_LOG_LEVEL of the function's mbridge.* loggers."
+  type        = string
+  default     = "INFO"
+
+  validation {
+    condition     = contains(["DEBUG", "INFO", "WARNING", "ERROR"], var.log_level)
+    error_message = "log_level must be DEBUG, INFO, WARNING or ERROR."
+  }
+}
+
+variable "readiness_drain" {
+  description = "MBRIDGE_READINESS_DRAIN: also drain through the agents' /readyz (drain/restore commands), for health-check based load balancing."
+  type        = bool
+  default     = true
+}
+
+variable "extra_instance_groups" {
+  description = "Unmanaged instance groups to drain besides the example's, as zone/name (e.g. europe-west1-c/web-c)."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition = alltrue([
+      for group in var.extra_instance_groups : can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]/[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", group))
+    ])
+    error_message = "extra_instance_groups entries must be zone/name, e.g. europe-west1-c/web-c."
+  }
+}
+
+variable "extra_maintenance_zones" {
+  description = "Zones of VMs outside the instance groups for performMaintenance (MBRIDGE_MAINTENANCE_ZONES); the groups' zones are always included."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for zone in var.extra_maintenance_zones : can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]$", zone))])
+    error_message = "extra_maintenance_zones entries must be zones such as europe-west1-c."
+  }
+}
+
+variable "signing_key_secret_id" {
+  description = "Secret Manager secret (id in this project) holding the Ed25519 private key that signs commands (MBRIDGE_SIGNING_KEY). null: commands are not signed."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.signing_key_secret_id == null || can(regex("^[A-Za-z0-9_-]{1,255}$", var.signing_key_secret_id))
+    error_message = "signing_key_secret_id must be a secret id (letters, digits, '_' or '-'), not a full resource path."
+  }
+}
+
+variable "signing_key_secret_version" {
+  description = "Version of the signing-key secret the function mounts: a number, or latest (picked up by new instances)."
+  type        = string
+  default     = "latest"
+
+  validation {
+    condition     = can(regex("^(latest|[1-9][0-9]*)$", var.signing_key_secret_version))
+    error_message = "signing_key_secret_version must be latest or a version number."
+  }
+}
+
+# ---------------------------------------------------------------- Firestore
+
+variable "firestore_location" {
+  description = "Location of the Firestore database: a multi-region (eur3, nam5) or a region (europe-west1). It cannot be changed later."
+  type        = string
+  default     = "eur3"
+
+  validation {
+    condition     = can(regex("^([a-z]+[0-9]+|[a-z]+-[a-z]+[0-9]+)$", var.firestore_location))
+    error_message = "firestore_location must be a Firestore location such as eur3, nam5 or europe-west1."
+  }
+}
+
+variable "firestore_database_name" {
+  description = "Firestore (Native mode) database for state and audit. A named database keeps clear of a project's (default) one."
+  type        = string
+  default     = "mbridge"
+
+  validation {
+    condition     = var.firestore_database_name == "(default)" || can(regex("^[a-z][a-z0-9-]{2,61}[a-z0-9]$", var.firestore_database_name))
+    error_message = "firestore_database_name must be (default) or 4-63 lowercase letters, digits and hyphens, starting with a letter."
+  }
+}
+
+variable "firestore_collection_prefix" {
+  description = "MBRIDGE_FIRESTORE_COLLECTION_PREFIX: prefix of every collection, so that two deployments can share a database. The indexes and the TTL field follow it."
+  type        = string
+  default     = "mbridge_"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_-]{0,64}$", var.firestore_collection_prefix))
+    error_message = "firestore_collection_prefix may hold up to 64 letters, digits, '_' or '-'."
+  }
+}
+
+# ---------------------------------------------------------------- the example VMs
+
+variable "vm_names" {
+  description = "Names of the example VMs running the agent. Each gets its own service account and command subscription maintenance-commands-<name>."
+  type        = list(string)
+  default     = ["mbridge-vm-0", "mbridge-vm-1"]
+
+  validation {
+    # 26 characters at most: the VM's service account is mba-<name>, and account ids stop at 30.
+    condition     = alltrue([for name in var.vm_names : can(regex("^[a-z]([-a-z0-9]{0,24}[a-z0-9])?$", name))]) && length(distinct(var.vm_names)) == length(var.vm_names)
+    error_message = "vm_names must be distinct, lowercase letters, digits and hyphens, start with a letter and be at most 26 characters."
+  }
+}
+
+variable "machine_type" {
+  description = "Machine type of the example VMs."
+  type        = string
+  default     = "e2-small"
+}
+
+variable "vm_image" {
+  description = "Boot image of the example VMs (Debian 12 by default; the startup script needs systemd and python3 >= 3.9)."
+  type        = string
+  default     = "debian-cloud/debian-12"
+}
+
+variable "network" {
+  description = "VPC network of the example VMs and of the health-check firewall rule."
+  type        = string
+  default     = "default"
+}
+
+variable "subnetwork" {
+  description = "Subnetwork of the example VMs in var.region; null takes the network's subnet of that region (auto-mode networks)."
+  type        = string
+  default     = null
+}
+
+variable "create_cloud_nat" {
+  description = "Create a Cloud Router and Cloud NAT in var.region so the VMs, which have no external IP, can reach PyPI and Google APIs. Turn off when the network already has NAT."
+  type        = bool
+  default     = true
+}
+
+variable "vm_network_tags" {
+  description = "Network tags of the example VMs; the health-check firewall rule targets them."
+  type        = list(string)
+  default     = ["mbridge-agent"]
+
+  validation {
+    condition     = length(var.vm_network_tags) > 0 && alltrue([for tag in var.vm_network_tags : can(regex("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", tag))])
+    error_message = "vm_network_tags needs at least one tag of lowercase letters, digits and hyphens."
+  }
+}
+
+variable "instance_group_name" {
+  description = "Name of the example unmanaged instance group that holds the VMs (the group the function drains)."
+  type        = string
+  default     = "mbridge-example"
+
+  validation {
+    condition     = can(regex("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", var.instance_group_name))
+    error_message = "instance_group_name must be lowercase letters, digits and hyphens and start with a letter."
+  }
+}
+
+variable "agent_package" {
+  description = "What the startup script installs with pip: a requirement (maintenance-bridge[gcp]==1.2.3) or a wheel URL."
+  type        = string
+  default     = "maintenance-bridge[gcp]"
+
+  validation {
+    condition     = length(trimspace(var.agent_package)) > 0
+    error_message = "agent_package must name a package or a wheel URL."
+  }
+}
+
+variable "verify_key" {
+  description = "MBRIDGE_VERIFY_KEY of the agents: the Ed25519 public key of the signing key as one line (the raw 32-byte key as base64url, not PEM). Empty: agents accept unsigned commands."
+  type        = string
+  default     = ""
+
+  validation {
+    # It is written into an environment file, one variable per line.
+    condition     = length(regexall("[\\r\\n]", var.verify_key)) == 0
+    error_message = "verify_key must be a single line (the raw public key as base64url); a PEM block would break the agent's environment file."
+  }
+}

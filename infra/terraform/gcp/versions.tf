@@ -1,0 +1,23 @@
+terraform {
+  # Module for_each, variable validation and the functions used here (startswith, endswith,
+  # alltrue) are all in 1.6; older releases lack some of them.
+  required_version = ">= 1.6"
+
+  required_providers {
+    google = {
+      source = "hashicorp/google"
+      # 6.20 (February 2025) carries every argument used here: cloudfunctions2 service_config
+      # (ingress, secret env vars, all_traffic_on_latest_revision), firestore delete protection,
+      # PITR, deletion_policy and TTL fields, cloud_run_v2 service IAM, instance group
+      # memberships, pubsub dead-letter/retry/expiration policies, provider default_labels.
+      # `~>` stays within 6.x: a major release may rename or drop arguments.
+      version = "~> 6.20"
+    }
+    archive = {
+      source = "hashicorp/archive"
+      # 2.5.0 added glob (doublestar) patterns to archive_file's `excludes`, which the source
+      # zip of the function needs (`**/__pycache__`, `.venv*`).
+      version = "~> 2.5"
+    }
+  }
+}

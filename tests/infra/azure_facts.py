@@ -1,0 +1,105 @@
+"""What the Azure deployment must be, as facts read from either of its two sources.
+
+The Bicep (`infra/azure/`) and the Terraform (`infra/terraform/azure/`) deploy the same thing.
+Each has an extractor (`bicep_facts.py`, `terraform_azure_facts.py`) that reads its source into
+one `AzureFacts`; `test_azure_contract.py` runs the same assertions over both.
+
+Durations are ISO 8601 as Azure takes them (`PT10M`, `P1D`) and compared in seconds.
+Role grants name the principal by its part in the system and the scope by the resource it is
+assigned on, so that the assertions read the same for both sources.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Principals
+FUNCTION = "function"  # the function app's user-assigned identity
+AGENT = "agent"  # the VMs' user-assigned identity (the agents)
+
+# Scopes a role assignment may name. Anything broader (the namespace, a resource group other
+# than the NICs' one, the subscription) is not in this list on purpose.
+SCOPE_EVENTS_TOPIC = "events_topic"
+SCOPE_FUNCTION_SUBSCRIPTION = "function_subscription"
+SCOPE_COMMANDS_QUEUE = "commands_queue"
+SCOPE_STATE_TABLE = "state_table"
+SCOPE_AUDIT_TABLE = "audit_table"
+SCOPE_STORAGE_ACCOUNT = "storage_account"  # the Functions host's own storage (leases, deployment package)
+SCOPE_APP_INSIGHTS = "app_insights"
+SCOPE_LOAD_BALANCER = "load_balancer"
+SCOPE_NIC_RESOURCE_GROUP = "nic_resource_group"
+SCOPE_VIRTUAL_NETWORK = "virtual_network"
+
+DRAINER_ROLE = "Maintenance Bridge Drainer"
+
+
+@dataclass(frozen=True)
+class RoleGrant:
+    principal: str  # FUNCTION or AGENT
+    role: str  # the built-in role's name, or DRAINER_ROLE
+    scope: str  # one of the SCOPE_* names
+
+
+@dataclass(frozen=True)
+class AzureFacts:
+    # Service Bus
+    servicebus_sku: str  # "Standard" or "Premium"
+    servicebus_local_auth_disabled: bool  # no SAS keys: Entra ID only
+    servicebus_min_tls: str  # "1.2"
+    events_topic: str
+    events_duplicate_detection: bool
+    events_duplicate_window: str  # ISO 8601 duration
+    function_subscription: str
+    function_subscription_max_delivery_count: int
+    function_subscription_dead_letter_on_expiration: bool
+    function_subscription_lock: str  # ISO 8601 duration
+    operator_results_subscription: str
+    operator_results_filter: str  # the SQL filter text
+    commands_queue: str
+    commands_requires_session: bool
+    commands_lock: str  # ISO 8601 duration
+    commands_ttl: str  # ISO 8601 duration (default message time to live)
+    commands_duplicate_detection: bool
+    commands_max_delivery_count: int
+    # Function app
+    function_plan_sku: str  # "FC1" (Flex Consumption) or "Y1" (Consumption)
+    function_linux: bool
+    function_runtime: str  # "python"
+    function_runtime_version: str  # "3.11"
+    function_user_assigned_identity: bool
+    function_https_only: bool
+    function_app_settings: dict[str, str]  # name -> the value's source text (literal or expression)
+    state_table: str
+    audit_table: str
+    storage_shared_key_disabled: bool
+    storage_min_tls: str  # "TLS1_2"
+    storage_public_blob_access: bool
+    app_insights_local_auth_disabled: bool
+    # Identities and roles
+    grants: frozenset[RoleGrant]
+    drainer_actions: frozenset[str]
+    drainer_assignable_to_resource_group: bool  # assignable scopes limited to the resource group
+    # VM scale set example
+    vmss_terminate_notification_enabled: bool
+    vmss_not_before_parameter: str  # the parameter/variable that sets notBeforeTimeout
+    not_before_allowed: tuple[str, ...]  # every value the parameter accepts, e.g. ("PT5M", ..., "PT15M")
+    not_before_default: str
+    vmss_uses_agent_identity: bool
+    vmss_custom_data_from_cloud_init: bool  # custom data built from infra/agent/cloud-init.yaml
+    vmss_health_probe_path: str  # "/readyz"
+    vmss_health_probe_port: int  # 9797
+    # Interface
+    outputs: frozenset[str]
+
+
+_DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$")
+
+
+def duration_seconds(value: str) -> int:
+    """Seconds of an ISO 8601 duration as Azure writes them (`P1D`, `PT10M`, `PT1H30M`, `PT45S`)."""
+    match = _DURATION.match(value)
+    if not match or value in ("P", "PT"):
+        raise ValueError(f"not an ISO 8601 duration: {value!r}")
+    parts = {k: int(v) if v else 0 for k, v in match.groupdict().items()}
+    return parts["d"] * 86400 + parts["h"] * 3600 + parts["m"] * 60 + parts["s"]

@@ -1,0 +1,660 @@
+"""The Google Cloud deployment (infra/terraform/gcp/), read as data with python-hcl2.
+
+GIVEN the parsed Terraform of the root module and of modules/vm_commands_subscription
+WHEN  it is compared with design §2-§3, docs/gcp.md, docs/transports.md and the code it deploys
+THEN  it wires the topics, the push delivery with dead-lettering, the function, Firestore and the
+      per-VM command subscriptions as the code expects, with least-privilege IAM only.
+
+Where the code defines a fact (setting names, permissions, attribute names, collection fields),
+the test reads it from the code, so that the infrastructure cannot drift from it unnoticed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from functools import cache
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+
+from agent.loop import result_message
+from functions.core.commands import DEFAULT_TTL, CommandType, new_command
+from functions.core.model import Cloud, CommandResult
+from functions.gcp_app import compute, settings
+from functions.gcp_app.commands import command_message
+from tests.infra.sources import (
+    AGENT_INSTALL,
+    REPO_ROOT,
+    TERRAFORM_GCP,
+    load_terraform,
+    terraform_outputs,
+    terraform_resources,
+    terraform_variables,
+)
+
+MODULE_DIR = TERRAFORM_GCP / "modules" / "vm_commands_subscription"
+FUNCTION = "google_cloudfunctions2_function.events"
+PUSH = "google_pubsub_subscription.functions"
+PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
+PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+Body = dict[str, Any]
+
+
+# ---------------------------------------------------------------- reading the sources
+
+
+@cache
+def root() -> dict[str, list[Any]]:
+    return load_terraform(TERRAFORM_GCP)
+
+
+@cache
+def module() -> dict[str, list[Any]]:
+    return load_terraform(MODULE_DIR)
+
+
+def resources(parsed: dict[str, list[Any]] | None = None) -> dict[str, Body]:
+    return terraform_resources(root() if parsed is None else parsed)
+
+
+def resource(key: str, parsed: dict[str, list[Any]] | None = None) -> Body:
+    found = resources(parsed)
+    assert key in found, f"{key} is not declared"
+    return found[key]
+
+
+def of_type(resource_type: str, parsed: dict[str, list[Any]] | None = None) -> dict[str, Body]:
+    return {key: body for key, body in resources(parsed).items() if key.split(".")[0] == resource_type}
+
+
+def block(body: Body, name: str) -> Body:
+    """The one nested block `name` of a resource body (python-hcl2 gives blocks as lists)."""
+    blocks = body.get(name)
+    assert isinstance(blocks, list), f"{name} is not a block: {blocks!r}"
+    assert len(blocks) == 1, f"expected exactly one {name} block, got {blocks!r}"
+    found: Body = blocks[0]
+    return found
+
+
+def local(name: str) -> Any:
+    values = {key: value for entry in root().get("locals", []) for key, value in entry.items()}
+    assert name in values, f"local.{name} is not declared"
+    return values[name]
+
+
+def default(name: str, parsed: dict[str, list[Any]] | None = None) -> Any:
+    variables = terraform_variables(root() if parsed is None else parsed)
+    assert "default" in variables[name], f"var.{name} has no default"
+    return variables[name]["default"]
+
+
+def ref(address: str) -> str:
+    """How python-hcl2 renders a bare reference: `${google_pubsub_topic.events.id}`."""
+    return "${" + address + "}"
+
+
+def resolved(text: str, parsed: dict[str, list[Any]] | None = None) -> str:
+    """`text` with every `${var.x}` replaced by the variable's default."""
+    return re.sub(r"\$\{var\.(\w+)\}", lambda match: str(default(match.group(1), parsed)), text)
+
+
+def strings(value: Any) -> Iterator[str]:
+    """Every string anywhere in a parsed value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+
+
+def iam_grants() -> dict[str, Body]:
+    """Every IAM grant of the root module and of the command-subscription module."""
+    found = {key: body for key, body in resources().items() if re.search(r"_iam_(member|binding|policy)\.", key)}
+    found.update(
+        {
+            f"module.{key}": body
+            for key, body in resources(module()).items()
+            if re.search(r"_iam_(member|binding)\.", key)
+        }
+    )
+    return found
+
+
+# ---------------------------------------------------------------- providers
+
+
+def test_versions_pin_terraform_and_the_providers() -> None:
+    terraform = root()["terraform"][0]
+    assert terraform["required_version"] == ">= 1.6"
+    providers = terraform["required_providers"][0]
+    assert re.fullmatch(r"~> 6\.\d+", providers["google"]["version"])
+    assert providers["google"]["source"] == "hashicorp/google"
+    # Glob patterns in archive_file's excludes arrived in 2.5.
+    archive = re.fullmatch(r"~> (\d+)\.(\d+)", providers["archive"]["version"])
+    assert archive, providers["archive"]["version"]
+    major, minor = int(archive.group(1)), int(archive.group(2))
+    assert (major, minor) >= (2, 5)
+    module_google = module()["terraform"][0]["required_providers"][0]["google"]
+    assert module_google["version"] == providers["google"]["version"]
+
+
+# ---------------------------------------------------------------- topics and subscriptions
+
+
+def test_the_three_topics_exist_with_optional_cmek() -> None:
+    topics = of_type("google_pubsub_topic")
+    assert {body["name"] for body in topics.values()} == {
+        "maintenance-events",
+        "maintenance-commands",
+        "maintenance-events-dead",
+    }
+    assert all(body["kms_key_name"] == ref("var.kms_key_name") for body in topics.values())
+    assert default("kms_key_name") is None
+
+
+def test_push_subscription_delivers_events_to_the_function_as_the_push_invoker() -> None:
+    push = resource(PUSH)
+    assert push["name"] == "maintenance-events-functions"
+    assert push["topic"] == ref("google_pubsub_topic.events.id")
+    config = block(push, "push_config")
+    function_uri = ref(f"{FUNCTION}.service_config[0].uri")
+    assert config["push_endpoint"].startswith(function_uri)
+    token = block(config, "oidc_token")
+    assert token["service_account_email"] == ref("google_service_account.push_invoker.email")
+    assert token["audience"] == function_uri
+
+
+def test_push_subscription_retries_then_dead_letters() -> None:
+    push = resource(PUSH)
+    dead_letter = block(push, "dead_letter_policy")
+    assert dead_letter["dead_letter_topic"] == ref("google_pubsub_topic.dead_letters.id")
+    assert resource("google_pubsub_topic.dead_letters")["name"] == "maintenance-events-dead"
+    attempts = dead_letter["max_delivery_attempts"]
+    if attempts == ref("var.max_delivery_attempts"):
+        attempts = default("max_delivery_attempts")
+    assert 5 <= attempts <= 20
+    retry = block(push, "retry_policy")
+    assert (retry["minimum_backoff"], retry["maximum_backoff"]) == ("10s", "600s")
+    assert block(push, "expiration_policy")["ttl"] == ""
+
+
+def test_push_ack_deadline_outlasts_the_function() -> None:
+    # For push, the ack deadline is how long Pub/Sub waits for the answer: a shorter one would
+    # redeliver events the function is still working on.
+    timeout = block(resource(FUNCTION), "service_config")["timeout_seconds"]
+    assert resource(PUSH)["ack_deadline_seconds"] >= timeout
+
+
+def test_push_subscription_keeps_each_vms_events_in_order() -> None:
+    # docs/transports.md: the functions' subscription has message ordering on (key = VM name).
+    assert resource(PUSH)["enable_message_ordering"] is True
+
+
+def test_dead_letters_are_kept_on_a_pull_subscription() -> None:
+    inspect = resource("google_pubsub_subscription.dead_letters_inspect")
+    assert inspect["name"] == "maintenance-events-dead-inspect"
+    assert inspect["topic"] == ref("google_pubsub_topic.dead_letters.id")
+    assert "push_config" not in inspect
+    assert block(inspect, "expiration_policy")["ttl"] == ""
+
+
+def test_operator_results_sees_exactly_the_command_results_the_agent_publishes() -> None:
+    results = resource("google_pubsub_subscription.operator_results")
+    assert results["topic"] == ref("google_pubsub_topic.events.id")
+    match = re.fullmatch(r'hasPrefix\(attributes\.(\w+), "([^"]+)"\)', results["filter"])
+    assert match, results["filter"]
+    attribute, prefix = match.groups()
+    for accepted in (True, False):
+        message = result_message(CommandResult("c-1", accepted, "E-1", "web-0"), Cloud.GCE, "web-0", NOW)
+        assert message.attributes[attribute].startswith(prefix)
+
+
+def test_every_vm_gets_its_own_command_subscription_and_identity() -> None:
+    calls = root()["module"][0]
+    assert set(calls) == {"vm_commands"}
+    call = calls["vm_commands"]
+    assert call["source"] == "./modules/vm_commands_subscription"
+    assert call["for_each"] == "${toset(var.vm_names)}"
+    assert call["vm_name"] == ref("each.value")
+    assert call["commands_topic_id"] == ref("google_pubsub_topic.commands.id")
+    assert call["agent_service_account_email"] == ref("google_service_account.agent[each.value].email")
+    assert resource("google_service_account.agent")["for_each"] == "${toset(var.vm_names)}"
+
+
+# ---------------------------------------------------------------- the command-subscription module
+
+
+def test_module_subscription_filters_on_the_commands_target_attribute() -> None:
+    subscription = resource("google_pubsub_subscription.commands", module())
+    assert subscription["name"] == "maintenance-commands-${var.vm_name}"
+    assert subscription["topic"] == ref("var.commands_topic_id")
+    assert subscription["filter"] == 'attributes.target = "${var.vm_name}"'
+    # The functions address commands with exactly that attribute.
+    command = new_command(CommandType.DRAIN, target="web-0", event_id="E-1", issued_at=NOW)
+    assert command_message(command).attributes["target"] == "web-0"
+
+
+def test_module_subscription_is_ordered_short_lived_and_never_expires() -> None:
+    subscription = resource("google_pubsub_subscription.commands", module())
+    assert subscription["enable_message_ordering"] is True
+    assert block(subscription, "expiration_policy")["ttl"] == ""
+    assert resolved(subscription["ack_deadline_seconds"], module()) == "60"
+    retention = int(resolved(subscription["message_retention_duration"], module()).removesuffix("s"))
+    # Kept about as long as a command lives (DEFAULT_TTL); 600 s is Pub/Sub's minimum.
+    assert 600 <= retention <= 2 * DEFAULT_TTL.total_seconds()
+    assert "dead_letter_policy" in {key for entry in subscription.get("dynamic", []) for key in entry}
+
+
+def test_module_grants_the_subscriber_role_on_the_subscription_only() -> None:
+    grants = {key: body for key, body in resources(module()).items() if "_iam_" in key}
+    assert grants, "the module grants nothing"
+    assert all(key.startswith("google_pubsub_subscription_iam_member.") for key in grants)
+    agent = grants["google_pubsub_subscription_iam_member.agent"]
+    assert agent["subscription"] == ref("google_pubsub_subscription.commands.name")
+    assert agent["role"] == "roles/pubsub.subscriber"
+    assert agent["member"] == "serviceAccount:${var.agent_service_account_email}"
+
+
+# ---------------------------------------------------------------- the function
+
+
+def test_function_is_called_by_the_push_subscription_not_by_eventarc() -> None:
+    function = resource(FUNCTION)
+    assert "event_trigger" not in function
+    assert not of_type("google_eventarc_trigger")
+
+
+def test_function_builds_the_entry_point_of_main_py() -> None:
+    build = block(resource(FUNCTION), "build_config")
+    assert build["runtime"] == "python311"
+    assert build["entry_point"] == "on_maintenance_event"
+    main_py = (REPO_ROOT / "main.py").read_text(encoding="utf-8")
+    assert re.search(rf"^from \S+ import {build['entry_point']}$", main_py, re.MULTILINE)
+
+
+def test_function_service_settings() -> None:
+    service = block(resource(FUNCTION), "service_config")
+    assert service["timeout_seconds"] == 540
+    assert service["available_memory"] == "512M"
+    assert service["ingress_settings"] == "ALLOW_INTERNAL_ONLY"
+    assert service["all_traffic_on_latest_revision"] is True
+    assert service["service_account_email"] == ref("google_service_account.function.email")
+    assert service["environment_variables"] == (
+        "${merge(local.function_environment, local.function_policy_environment)}"
+    )
+
+
+def test_function_environment_names_are_the_settings_the_code_reads() -> None:
+    environment = local("function_environment")
+    known = {value for name, value in vars(settings).items() if name.startswith("ENV_")}
+    assert set(environment) <= known
+    assert {
+        settings.ENV_PROJECT,
+        settings.ENV_FIRESTORE_DATABASE,
+        settings.ENV_FIRESTORE_PREFIX,
+        settings.ENV_COMMANDS_TOPIC,
+        settings.ENV_INSTANCE_GROUPS,
+        settings.ENV_MAINTENANCE_ZONES,
+        settings.ENV_READINESS_DRAIN,
+        settings.ENV_LOG_LEVEL,
+    } <= set(environment)
+    assert environment[settings.ENV_FIRESTORE_DATABASE] == ref("google_firestore_database.main.name")
+    assert environment[settings.ENV_COMMANDS_TOPIC] == ref("google_pubsub_topic.commands.name")
+    assert settings.ENV_POLICY in local("function_policy_environment")
+    # The example's group is always drained.
+    assert '"${var.zone}/${var.instance_group_name}"' in local("instance_groups")
+
+
+def test_signing_key_comes_from_secret_manager_when_configured() -> None:
+    service = block(resource(FUNCTION), "service_config")
+    secrets = [entry["secret_environment_variables"] for entry in service.get("dynamic", [])]
+    assert len(secrets) == 1
+    assert secrets[0]["for_each"] == "${var.signing_key_secret_id == null ? [] : [var.signing_key_secret_id]}"
+    assert secrets[0]["content"][0]["key"] == settings.ENV_SIGNING_KEY
+    assert settings.ENV_SIGNING_KEY not in local("function_environment")  # never as plain text
+    accessor = resource("google_secret_manager_secret_iam_member.signing_key")
+    assert accessor["role"] == "roles/secretmanager.secretAccessor"
+    assert accessor["secret_id"] == ref("var.signing_key_secret_id")
+
+
+# ---------------------------------------------------------------- the function's source zip
+
+
+def archive_excluded(relative: PurePosixPath, patterns: list[str]) -> bool:
+    """archive_file's rule: a path relative to source_dir matching a doublestar glob is left out."""
+    return any(_glob(pattern).fullmatch(str(relative)) for pattern in patterns)
+
+
+@cache
+def _glob(pattern: str) -> re.Pattern[str]:
+    parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern)
+    translated = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+    return re.compile("".join(translated.get(part, re.escape(part)) for part in parts))
+
+
+def archived_files(source_dir: Path, patterns: list[str]) -> set[str]:
+    """The files the zip holds: a walk that skips excluded directories whole, as archive_file does."""
+    kept: set[str] = set()
+    pending = [source_dir]
+    while pending:
+        for path in sorted(pending.pop().iterdir()):
+            relative = PurePosixPath(path.relative_to(source_dir).as_posix())
+            if archive_excluded(relative, patterns):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                pending.append(path)
+            elif path.is_file():
+                kept.add(str(relative))
+    return kept
+
+
+def test_glob_translation_follows_doublestar() -> None:
+    assert archive_excluded(PurePosixPath("__pycache__"), ["**/__pycache__"])
+    assert archive_excluded(PurePosixPath("functions/core/__pycache__"), ["**/__pycache__"])
+    assert archive_excluded(PurePosixPath(".venv39"), [".venv*"])
+    assert not archive_excluded(PurePosixPath("functions/tests"), ["tests"])
+    assert not archive_excluded(PurePosixPath("agent/x.py"), ["*.py"])
+
+
+def test_function_source_is_the_archive_of_the_repository_root() -> None:
+    source = block(block(block(resource(FUNCTION), "build_config"), "source"), "storage_source")
+    assert source["bucket"] == ref("google_storage_bucket.function_source.name")
+    assert source["object"] == ref("google_storage_bucket_object.function_source.name")
+    uploaded = resource("google_storage_bucket_object.function_source")
+    # A new object name for new content is what redeploys the function after a code change.
+    assert ref("data.archive_file.function_source.output_md5") in "${" + uploaded["name"].split("${", 1)[1]
+    assert uploaded["source"] == ref("data.archive_file.function_source.output_path")
+    archive = terraform_resources(root(), "data")["archive_file.function_source"]
+    assert archive["type"] == "zip"
+    assert archive["source_dir"] == ref("local.repo_root")
+    assert local("repo_root") == '${abspath("${path.module}/../../..")}'
+    assert (TERRAFORM_GCP / "../../..").resolve() == REPO_ROOT
+    assert archive["excludes"] == ref("local.function_source_excludes")
+
+
+def test_function_zip_holds_the_app_and_leaves_out_the_rest() -> None:
+    patterns = local("function_source_excludes")
+    files = archived_files(REPO_ROOT, patterns)
+    assert {
+        "main.py",
+        "requirements.txt",
+        "functions/gcp_app/entry.py",
+        "functions/core/process.py",
+        "agent/transports/pubsub.py",
+    } <= files
+    for unwanted in ("tests/", "infra/", "docs/", ".venv", ".git/", "node_modules/"):
+        assert not [name for name in files if name.startswith(unwanted)], unwanted
+    assert not [name for name in files if "__pycache__" in name or name.endswith(".pyc")]
+    # Everything the function imports: every module of functions/ and agent/ is shipped.
+    for package in ("functions", "agent"):
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                assert path.relative_to(REPO_ROOT).as_posix() in files
+
+
+def test_source_bucket_is_private_and_versioned() -> None:
+    bucket = resource("google_storage_bucket.function_source")
+    assert bucket["uniform_bucket_level_access"] is True
+    assert bucket["public_access_prevention"] == "enforced"
+    assert block(bucket, "versioning")["enabled"] is True
+
+
+# ---------------------------------------------------------------- Firestore
+
+
+def firestore_store_source() -> str:
+    return (REPO_ROOT / "functions" / "gcp_app" / "firestore_store.py").read_text(encoding="utf-8")
+
+
+def test_firestore_database_is_native_and_protected() -> None:
+    database = resource("google_firestore_database.main")
+    assert database["type"] == "FIRESTORE_NATIVE"
+    assert database["location_id"] == ref("var.firestore_location")
+    assert database["delete_protection_state"] == "DELETE_PROTECTION_ENABLED"
+    assert database["point_in_time_recovery_enablement"] == "POINT_IN_TIME_RECOVERY_ENABLED"
+    assert default("firestore_collection_prefix") == settings.DEFAULT_PREFIX
+
+
+def test_firestore_has_exactly_the_two_audit_indexes_the_queries_need() -> None:
+    indexes = of_type("google_firestore_index")
+    found = {
+        (
+            resolved(body["collection"]),
+            tuple((field["field_path"], field["order"]) for field in body["fields"]),
+        )
+        for body in indexes.values()
+    }
+    assert found == {
+        ("mbridge_audit", (("vm", "ASCENDING"), ("recorded_at", "ASCENDING"))),
+        ("mbridge_audit", (("event_id_lower", "ASCENDING"), ("recorded_at", "ASCENDING"))),
+    }
+    assert all(body["database"] == ref("google_firestore_database.main.name") for body in indexes.values())
+    # The audit log's queries filter on these fields and order by recorded_at.
+    source = firestore_store_source()
+    assert 'client.collection(f"{prefix}audit")' in source
+    assert {"vm", "event_id_lower"} <= set(re.findall(r'FieldFilter\("(\w+)", "=="', source))
+    assert 'order_by("recorded_at")' in source
+
+
+def test_done_claims_expire_through_a_ttl_field() -> None:
+    field = resource("google_firestore_field.claims_ttl")
+    assert resolved(field["collection"]) == "mbridge_claims"
+    assert field["field"] == "expire_at"
+    assert field["ttl_config"] == [{}]
+    source = firestore_store_source()
+    assert 'client.collection(f"{prefix}claims")' in source
+    assert '"expire_at": now + CLAIM_RETENTION' in source
+
+
+# ---------------------------------------------------------------- IAM
+
+
+def test_no_primitive_roles_and_no_public_members_anywhere() -> None:
+    for parsed in (root(), module()):
+        for body in resources(parsed).values():
+            for text in strings(body):
+                assert text not in PRIMITIVE_ROLES, text
+                assert not any(member in text for member in PUBLIC_MEMBERS), text
+
+
+def test_project_level_grants_carry_a_condition_or_are_the_drainer_role() -> None:
+    # Authoritative project bindings would also strip everyone else's grants of the role.
+    assert not of_type("google_project_iam_binding")
+    assert not of_type("google_project_iam_policy")
+    members = of_type("google_project_iam_member")
+    assert members
+    for key, body in members.items():
+        if body["role"] == ref("google_project_iam_custom_role.drainer.name"):
+            continue
+        condition = block(body, "condition")
+        assert condition["expression"].strip(), key
+
+
+def test_firestore_grant_is_limited_to_the_database() -> None:
+    grant = resource("google_project_iam_member.function_firestore")
+    assert grant["role"] == "roles/datastore.user"
+    assert block(grant, "condition")["expression"] == (
+        'resource.name == "projects/${var.project_id}/databases/${google_firestore_database.main.name}"'
+    )
+
+
+def test_drainer_role_holds_exactly_the_permissions_of_the_compute_adapter() -> None:
+    role = resource("google_project_iam_custom_role.drainer")
+    assert role["role_id"] == "mbridgeDrainer"
+    assert set(role["permissions"]) == {
+        compute.LIST_PERMISSION,
+        compute.UPDATE_PERMISSION,
+        compute.OPERATIONS_PERMISSION,
+        compute.MAINTENANCE_PERMISSION,
+    }
+    grant = resource("google_project_iam_member.function_drainer")
+    assert grant["member"] == "serviceAccount:${google_service_account.function.email}"
+    assert block(grant, "condition")["expression"] == ref("local.drainer_condition")
+    # Narrowed to the configured groups and to instances in the configured zones.
+    assert "compute.googleapis.com/InstanceGroup" in local("drainer_condition")
+    assert "local.instance_groups" in local("drainer_group_names")
+    assert "local.maintenance_zones" in local("drainer_zone_prefixes")
+
+
+def members_of(account: str) -> dict[str, Body]:
+    member = f"serviceAccount:${{google_service_account.{account}.email}}"
+    return {key: body for key, body in iam_grants().items() if body.get("member") == member}
+
+
+def test_function_account_holds_only_its_adapters_roles() -> None:
+    grants = {(key.split(".")[0], body["role"]) for key, body in members_of("function").items()}
+    assert grants == {
+        ("google_project_iam_member", "roles/datastore.user"),
+        ("google_project_iam_member", ref("google_project_iam_custom_role.drainer.name")),
+        ("google_pubsub_topic_iam_member", "roles/pubsub.publisher"),
+        ("google_secret_manager_secret_iam_member", "roles/secretmanager.secretAccessor"),
+    }
+    publisher = resource("google_pubsub_topic_iam_member.function_commands_publisher")
+    assert publisher["topic"] == ref("google_pubsub_topic.commands.name")
+
+
+def test_push_invoker_may_only_invoke_the_functions_service() -> None:
+    grants = members_of("push_invoker")
+    assert list(grants) == ["google_cloud_run_v2_service_iam_member.push_invoker"]
+    invoker = grants["google_cloud_run_v2_service_iam_member.push_invoker"]
+    assert invoker["role"] == "roles/run.invoker"
+    assert invoker["name"] == ref(f"{FUNCTION}.service_config[0].service")
+
+
+def test_agents_publish_events_and_read_their_own_commands_only() -> None:
+    member = "serviceAccount:${each.value.email}"
+    grants = {key: body for key, body in resources().items() if body.get("member") == member}
+    assert list(grants) == ["google_pubsub_topic_iam_member.agent_events_publisher"]
+    publisher = grants["google_pubsub_topic_iam_member.agent_events_publisher"]
+    assert publisher["for_each"] == ref("google_service_account.agent")
+    assert publisher["topic"] == ref("google_pubsub_topic.events.name")
+    assert publisher["role"] == "roles/pubsub.publisher"
+
+
+def test_pubsub_service_agent_can_dead_letter() -> None:
+    agent = local("pubsub_service_agent")
+    assert agent == "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+    publisher = resource("google_pubsub_topic_iam_member.dead_letter_publisher")
+    assert (publisher["topic"], publisher["role"], publisher["member"]) == (
+        ref("google_pubsub_topic.dead_letters.name"),
+        "roles/pubsub.publisher",
+        ref("local.pubsub_service_agent"),
+    )
+    subscriber = resource("google_pubsub_subscription_iam_member.dead_letter_subscriber")
+    assert (subscriber["subscription"], subscriber["role"], subscriber["member"]) == (
+        ref(f"{PUSH}.name"),
+        "roles/pubsub.subscriber",
+        ref("local.pubsub_service_agent"),
+    )
+
+
+# ---------------------------------------------------------------- the example VMs
+
+
+def test_vms_run_the_agent_from_the_infra_agent_files() -> None:
+    template = resource("google_compute_instance_template.agent")
+    metadata = template["metadata"]
+    expected = {
+        "startup-script": "gce-startup.sh",
+        "mbridge-install-script": "install-agent.sh",
+        "mbridge-agent-unit": "mbridge-agent.service",
+    }
+    for key, file_name in expected.items():
+        match = re.fullmatch(r'\$\{file\("\$\{path\.module\}/([^"]+)"\)\}', metadata[key])
+        assert match, metadata[key]
+        assert (TERRAFORM_GCP / match.group(1)).resolve() == AGENT_INSTALL / file_name
+    assert metadata["mbridge-package"] == ref("var.agent_package")
+    assert default("agent_package") == "maintenance-bridge[gcp]"
+
+
+def test_install_files_the_vms_use_are_in_the_repository() -> None:
+    for name in ("gce-startup.sh", "install-agent.sh", "mbridge-agent.service"):
+        assert (AGENT_INSTALL / name).is_file(), f"infra/agent/{name} is referenced by the VM template"
+
+
+def test_agent_environment_selects_the_pubsub_transport_on_gce() -> None:
+    environment = resource("google_compute_instance_template.agent")["metadata"]["mbridge-agent-env"]
+    assert environment == ref("local.agent_environment")
+    text = local("agent_environment")
+    lines = re.findall(r'"(MBRIDGE_[A-Z_]+)=([^"]*)\\n"', text)
+    values = dict(lines)
+    assert values["MBRIDGE_CLOUD"] == "gce"
+    assert values["MBRIDGE_TRANSPORT"] == "pubsub"
+    assert values["MBRIDGE_PUBSUB_PROJECT"] == ref("var.project_id")
+    assert values["MBRIDGE_LISTEN"] == "0.0.0.0:9797"
+    assert values["MBRIDGE_VERIFY_KEY"] == ref("var.verify_key")
+    agent_config = (REPO_ROOT / "agent" / "config.py").read_text(encoding="utf-8")
+    assert all(f'"{name}"' in agent_config for name in values), "an environment variable the agent does not read"
+
+
+def test_vm_template_is_shielded_private_and_live_migrates() -> None:
+    template = resource("google_compute_instance_template.agent")
+    assert "access_config" not in block(template, "network_interface")
+    shielded = block(template, "shielded_instance_config")
+    assert shielded == {"enable_secure_boot": True, "enable_vtpm": True, "enable_integrity_monitoring": True}
+    assert block(template, "scheduling")["on_host_maintenance"] == "MIGRATE"
+    vm = resource("google_compute_instance_from_template.vm")
+    assert vm["for_each"] == "${toset(var.vm_names)}"
+    account = block(vm, "service_account")
+    assert account["email"] == ref("google_service_account.agent[each.value].email")
+    assert account["scopes"] == ["cloud-platform"]
+
+
+def test_instance_group_holds_the_vms_the_function_drains() -> None:
+    group = resource("google_compute_instance_group.example")
+    assert (group["name"], group["zone"]) == (ref("var.instance_group_name"), ref("var.zone"))
+    membership = resource("google_compute_instance_group_membership.example")
+    assert membership["for_each"] == ref("google_compute_instance_from_template.vm")
+    assert membership["instance_group"] == ref("google_compute_instance_group.example.name")
+
+
+def test_health_checks_reach_the_agent_port_only() -> None:
+    rule = resource("google_compute_firewall.health_checks")
+    assert rule["direction"] == "INGRESS"
+    assert sorted(rule["source_ranges"]) == ["130.211.0.0/22", "35.191.0.0/16"]
+    allowed = block(rule, "allow")
+    assert (allowed["protocol"], allowed["ports"]) == ("tcp", ["9797"])
+    assert rule["target_tags"] == ref("local.network_tags")
+
+
+# ---------------------------------------------------------------- variables and outputs
+
+
+@pytest.mark.parametrize("parsed", [root, module], ids=["root", "module"])
+def test_every_variable_has_a_description_and_a_type(parsed: Any) -> None:
+    variables = terraform_variables(parsed())
+    assert variables
+    for name, body in variables.items():
+        assert str(body.get("description", "")).strip(), f"var.{name} has no description"
+        assert body.get("type"), f"var.{name} has no type"
+
+
+def test_outputs_are_described_and_cover_what_operators_need() -> None:
+    outputs = terraform_outputs(root())
+    assert all(str(body.get("description", "")).strip() for body in outputs.values())
+    assert {
+        "events_topic_id",
+        "commands_topic_id",
+        "dead_letter_topic_id",
+        "push_subscription_id",
+        "function_name",
+        "function_uri",
+        "function_service_account_email",
+        "push_invoker_service_account_email",
+        "agent_service_account_emails",
+        "firestore_database_name",
+        "example_vm_names",
+        "command_subscription_names",
+    } <= set(outputs)
+    assert outputs["command_subscription_names"]["value"] == (
+        "${{for name, subscription in module.vm_commands : name => subscription.subscription_name}}"
+    )
+    assert "subscription_name" in terraform_outputs(module())
