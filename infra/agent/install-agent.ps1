@@ -1,0 +1,402 @@
+#Requires -Version 5.1
+#Requires -RunAsAdministrator
+<#
+.SYNOPSIS
+    Install, update or remove the maintenance-bridge agent as the Windows service mbridge-agent.
+
+.DESCRIPTION
+    Creates a Python virtualenv under -InstallDir, pip installs -Package into it, and runs
+    `mbridge agent` as a service. The agent is a console program: it never talks to the Service
+    Control Manager, so registering mbridge.exe itself with New-Service would have the SCM kill
+    it after 30 s (error 1053). WinSW (https://github.com/winsw/winsw, release v2.12.0,
+    WinSW-x64.exe) is the service wrapper: it answers the SCM, starts `mbridge.exe agent`,
+    passes the settings as environment variables, stops the agent with Ctrl+C (the agent then
+    flushes its outbox for up to 10 s), restarts it when it fails and rotates its log.
+
+    WinSW is downloaded from -WinSWUrl (or copied from -WinSWPath) and must match -WinSWSha256,
+    which has no default on purpose: it is the hash you verified yourself, so that a replaced
+    download cannot run as a service.
+
+    The service runs as the virtual account NT SERVICE\mbridge-agent (least privilege: no
+    password, no rights beyond those granted here; it reaches the network as the computer,
+    which is all the metadata service and the VM's managed identity or service account need).
+    -ServiceAccount LocalSystem is there for hosts where virtual accounts are restricted by
+    policy. The state directory is readable only by SYSTEM, Administrators and the service.
+
+    Safe to run again: an existing service is stopped and reinstalled with the new settings;
+    pip runs only when -Package changed (or with -Force). -Uninstall removes it.
+
+.EXAMPLE
+    # Azure VM, Service Bus through the VM's user-assigned managed identity
+    .\install-agent.ps1 -Cloud azure -Package 'maintenance-bridge[azure]==0.1.0' `
+        -ServiceBusNamespace mybus.servicebus.windows.net -ClientId 00000000-0000-0000-0000-000000000000 `
+        -WinSWSha256 <the SHA-256 of WinSW-x64.exe v2.12.0 that you verified>
+
+.EXAMPLE
+    # GCE VM, Pub/Sub through the VM's service account; WinSW copied beforehand
+    .\install-agent.ps1 -Cloud gce -Package 'maintenance-bridge[gcp]==0.1.0' -PubSubProject my-project `
+        -WinSWPath C:\packages\WinSW-x64.exe -WinSWSha256 <hash>
+
+.EXAMPLE
+    .\install-agent.ps1 -Uninstall -RemoveState
+#>
+[CmdletBinding(DefaultParameterSetName = 'Install')]
+param(
+    # Which metadata service to watch (MBRIDGE_CLOUD).
+    [Parameter(Mandatory = $true, ParameterSetName = 'Install')]
+    [ValidateSet('azure', 'gce')]
+    [string] $Cloud,
+
+    # MBRIDGE_TRANSPORT; default servicebus on Azure, pubsub on GCE.
+    [Parameter(ParameterSetName = 'Install')]
+    [ValidateSet('servicebus', 'pubsub', 'local', 'jsonl')]
+    [string] $Transport,
+
+    # pip requirement or wheel URL, e.g. maintenance-bridge[azure]==0.1.0.
+    [Parameter(Mandatory = $true, ParameterSetName = 'Install')]
+    [ValidateNotNullOrEmpty()]
+    [string] $Package,
+
+    # MBRIDGE_SERVICEBUS_NAMESPACE, e.g. mybus.servicebus.windows.net (managed identity).
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $ServiceBusNamespace,
+
+    # MBRIDGE_PUBSUB_PROJECT.
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $PubSubProject,
+
+    # AZURE_CLIENT_ID: the client id of the VM's user-assigned managed identity.
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $ClientId,
+
+    # MBRIDGE_VERIFY_KEY: the Ed25519 public key commands must be signed with (one-line base64).
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $VerifyKey,
+
+    # MBRIDGE_LISTEN: /healthz /readyz /metrics; 0.0.0.0:9797 for a load balancer probe.
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $Listen = '127.0.0.1:9797',
+
+    # MBRIDGE_VM_NAME; default: the name the metadata service reports.
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $VmName,
+
+    # Any other MBRIDGE_* setting, e.g. @{ MBRIDGE_LOG_LEVEL = 'DEBUG' }.
+    [Parameter(ParameterSetName = 'Install')]
+    [hashtable] $ExtraEnvironment = @{},
+
+    [string] $InstallDir = "$env:ProgramFiles\mbridge",
+    [string] $StateDir = "$env:ProgramData\mbridge",
+
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $WinSWUrl = 'https://github.com/winsw/winsw/releases/download/v2.12.0/WinSW-x64.exe',
+
+    # A WinSW-x64.exe already on the machine; used instead of downloading -WinSWUrl.
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $WinSWPath,
+
+    # SHA-256 (hex) of the WinSW executable. Mandatory, no default: supply the hash you verified.
+    [Parameter(Mandatory = $true, ParameterSetName = 'Install')]
+    [ValidatePattern('^[0-9A-Fa-f]{64}$')]
+    [string] $WinSWSha256,
+
+    # python.exe (3.9+) to build the virtualenv with; default: `py -3`, then python.exe on PATH.
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $Python,
+
+    [Parameter(ParameterSetName = 'Install')]
+    [ValidateSet('Virtual', 'LocalSystem')]
+    [string] $ServiceAccount = 'Virtual',
+
+    # Rebuild the virtualenv even if -Package is already installed.
+    [Parameter(ParameterSetName = 'Install')]
+    [switch] $Force,
+
+    # Skip `mbridge agent --check`.
+    [Parameter(ParameterSetName = 'Install')]
+    [switch] $SkipCheck,
+
+    # Fail when the check reports a problem (default: warn and start the service anyway).
+    [Parameter(ParameterSetName = 'Install')]
+    [switch] $StrictCheck,
+
+    [Parameter(Mandatory = $true, ParameterSetName = 'Uninstall')]
+    [switch] $Uninstall,
+
+    # With -Uninstall: also delete -StateDir (outbox, command ledger, logs).
+    [Parameter(ParameterSetName = 'Uninstall')]
+    [switch] $RemoveState
+)
+
+Set-StrictMode -Version Latest
+$ErrorActionPreference = 'Stop'
+
+$ServiceId = 'mbridge-agent'
+$VirtualAccount = "NT SERVICE\$ServiceId"
+$ServiceDir = Join-Path $InstallDir 'service'
+$Wrapper = Join-Path $ServiceDir "$ServiceId.exe"
+$WrapperXml = Join-Path $ServiceDir "$ServiceId.xml"
+$Venv = Join-Path $InstallDir 'venv'
+$Mbridge = Join-Path $Venv 'Scripts\mbridge.exe'
+$SpecStamp = Join-Path $InstallDir '.installed-spec'
+$LogDir = Join-Path $StateDir 'logs'
+
+function Write-Step([string] $Text) { Write-Host "mbridge-install: $Text" }
+
+# Runs a native program; throws with its exit code when it fails. Native programs write
+# warnings to stderr, which Windows PowerShell 5.1 would turn into terminating errors under
+# ErrorActionPreference=Stop, so the preference is relaxed for the call only.
+function Invoke-Native([string] $What, [scriptblock] $Command) {
+    $saved = $ErrorActionPreference
+    $ErrorActionPreference = 'Continue'
+    try {
+        & $Command | ForEach-Object { Write-Host "  $_" }
+        $code = $LASTEXITCODE
+    } finally {
+        $ErrorActionPreference = $saved
+    }
+    if ($code -ne 0) { throw "$What failed (exit code $code)" }
+}
+
+function Remove-AgentService {
+    $existing = Get-Service -Name $ServiceId -ErrorAction SilentlyContinue
+    if ($null -eq $existing) { return }
+    Write-Step "stopping and removing the existing service $ServiceId"
+    if ($existing.Status -ne 'Stopped') {
+        Stop-Service -Name $ServiceId -Force
+        $existing.WaitForStatus('Stopped', [TimeSpan]::FromSeconds(60))
+    }
+    if (Test-Path $Wrapper) {
+        Invoke-Native 'WinSW uninstall' { & $Wrapper uninstall }
+    } else {
+        Invoke-Native 'sc.exe delete' { & sc.exe delete $ServiceId }
+    }
+    # The SCM deletes a service only when the last handle to it closes (services.msc, a
+    # monitoring agent): wait for it, or the install below fails with "marked for deletion".
+    for ($i = 0; $i -lt 60 -and (Get-Service -Name $ServiceId -ErrorAction SilentlyContinue); $i++) {
+        Start-Sleep -Seconds 1
+    }
+    if (Get-Service -Name $ServiceId -ErrorAction SilentlyContinue) {
+        throw "the service $ServiceId is marked for deletion but still exists; close services.msc and run again"
+    }
+}
+
+# python.exe >= 3.9 that the service account can run: the virtualenv's python.exe starts the
+# base installation, so a per-user install (under C:\Users) is out of the service's reach.
+function Find-Python {
+    # Local to this function: a candidate that fails writes to stderr, which must not stop us.
+    $ErrorActionPreference = 'Continue'
+    $candidates = @()
+    if ($Python) {
+        $candidates += $Python
+    } else {
+        $launcher = Get-Command py.exe -ErrorAction SilentlyContinue
+        if ($launcher) {
+            $found = @(& $launcher.Source -3 -c 'import sys; print(sys.executable)' 2>$null)
+            if ($LASTEXITCODE -eq 0 -and $found.Count -gt 0) { $candidates += ([string] $found[0]).Trim() }
+        }
+        $onPath = Get-Command python.exe -ErrorAction SilentlyContinue
+        # The WindowsApps python.exe is the Store's install prompt, not an interpreter.
+        if ($onPath -and $onPath.Source -notlike '*\WindowsApps\*') { $candidates += $onPath.Source }
+    }
+    foreach ($candidate in $candidates) {
+        # @(): one line of output would otherwise be a string, and .Count fails under StrictMode.
+        $info = @(& $candidate -c 'import sys, venv; print(sys.version_info >= (3, 9)); print(sys.base_prefix)' 2>$null)
+        if ($LASTEXITCODE -ne 0 -or $info.Count -lt 2) { continue }
+        if (([string] $info[0]).Trim() -ne 'True') {
+            Write-Step "skipping $candidate`: older than Python 3.9"
+            continue
+        }
+        $base = ([string] $info[1]).Trim()
+        if ($ServiceAccount -eq 'Virtual' -and $base -like "$env:SystemDrive\Users\*") {
+            throw "Python at $base is installed for one user only; the service account cannot run it. " +
+                'Install Python for all users (the installer''s "Install for all users" option) or pass -Python.'
+        }
+        return $candidate
+    }
+    throw 'no Python 3.9 or newer found: install it for all users from python.org (with the py launcher), or pass -Python C:\path\to\python.exe'
+}
+
+function Get-WinSW([string] $Target) {
+    $download = Join-Path ([IO.Path]::GetTempPath()) "WinSW-$([guid]::NewGuid().ToString('N')).exe"
+    try {
+        if ($WinSWPath) {
+            Copy-Item -LiteralPath $WinSWPath -Destination $download
+        } else {
+            Write-Step "downloading WinSW from $WinSWUrl"
+            # Windows PowerShell 5.1 may default to TLS 1.0, which GitHub refuses.
+            [Net.ServicePointManager]::SecurityProtocol = [Net.ServicePointManager]::SecurityProtocol -bor [Net.SecurityProtocolType]::Tls12
+            Invoke-WebRequest -Uri $WinSWUrl -OutFile $download -UseBasicParsing
+        }
+        $actual = (Get-FileHash -LiteralPath $download -Algorithm SHA256).Hash
+        if ($actual -ne $WinSWSha256.ToUpperInvariant()) {
+            throw "WinSW SHA-256 mismatch: expected $($WinSWSha256.ToUpperInvariant()), got $actual. Not installing it."
+        }
+        Copy-Item -LiteralPath $download -Destination $Target -Force
+    } finally {
+        Remove-Item -LiteralPath $download -Force -ErrorAction SilentlyContinue
+    }
+}
+
+function Test-Venv {
+    if (-not (Test-Path $Mbridge)) { return $false }
+    $saved = $ErrorActionPreference
+    $ErrorActionPreference = 'Continue'
+    try { & $Mbridge --help *> $null; return ($LASTEXITCODE -eq 0) } finally { $ErrorActionPreference = $saved }
+}
+
+function Install-AgentPackage([string] $PythonExe) {
+    $installed = if (Test-Path $SpecStamp) { (Get-Content -LiteralPath $SpecStamp -Raw).Trim() } else { '' }
+    if (-not $Force -and $installed -eq $Package -and (Test-Venv)) {
+        Write-Step "$Package is already installed; skipping pip (-Force reinstalls)"
+        return
+    }
+    if (Test-Path $Venv) { Remove-Item -LiteralPath $Venv -Recurse -Force }
+    Remove-Item -LiteralPath $SpecStamp -Force -ErrorAction SilentlyContinue
+    Write-Step "creating the virtualenv $Venv with $PythonExe"
+    Invoke-Native 'python -m venv' { & $PythonExe -m venv $Venv }
+    $venvPython = Join-Path $Venv 'Scripts\python.exe'
+    Invoke-Native 'pip upgrade' { & $venvPython -m pip install --quiet --disable-pip-version-check --upgrade 'pip>=21' }
+    Write-Step "pip install $Package"
+    Invoke-Native "pip install $Package" { & $venvPython -m pip install --quiet --disable-pip-version-check $Package }
+    if (-not (Test-Venv)) { throw "$Package installed, but $Mbridge does not run: is it the maintenance-bridge package?" }
+    Set-Content -LiteralPath $SpecStamp -Value $Package -Encoding UTF8
+}
+
+function Get-AgentEnvironment {
+    $environment = [ordered]@{
+        MBRIDGE_CLOUD     = $Cloud
+        MBRIDGE_TRANSPORT = $Transport
+        # The agent's default for a service account would be under a user profile.
+        MBRIDGE_STATE_DIR = $StateDir
+        MBRIDGE_LISTEN    = $Listen
+        # UTF-8 log lines whatever the system code page (VM names, descriptions).
+        PYTHONUTF8        = '1'
+    }
+    if ($ServiceBusNamespace) { $environment['MBRIDGE_SERVICEBUS_NAMESPACE'] = $ServiceBusNamespace }
+    if ($PubSubProject) { $environment['MBRIDGE_PUBSUB_PROJECT'] = $PubSubProject }
+    if ($ClientId) { $environment['AZURE_CLIENT_ID'] = $ClientId }
+    if ($VerifyKey) { $environment['MBRIDGE_VERIFY_KEY'] = $VerifyKey }
+    if ($VmName) { $environment['MBRIDGE_VM_NAME'] = $VmName }
+    foreach ($key in $ExtraEnvironment.Keys) { $environment[[string] $key] = [string] $ExtraEnvironment[$key] }
+    return $environment
+}
+
+function Write-WinSWConfig($Environment) {
+    $esc = { param([string] $s) [Security.SecurityElement]::Escape($s) }
+    $envLines = foreach ($key in $Environment.Keys) {
+        "  <env name=`"$(& $esc $key)`" value=`"$(& $esc $Environment[$key])`" />"
+    }
+    $envBlock = $envLines -join "`r`n"
+    $xml = @"
+<!-- Written by install-agent.ps1; run it again instead of editing this file. -->
+<service>
+  <id>$ServiceId</id>
+  <name>maintenance-bridge agent</name>
+  <description>Forwards this VM's cloud maintenance notices to the bus and carries approvals back.</description>
+  <executable>$(& $esc $Mbridge)</executable>
+  <arguments>agent</arguments>
+  <workingdirectory>$(& $esc $StateDir)</workingdirectory>
+  <startmode>Automatic</startmode>
+$envBlock
+  <!-- Stop: Ctrl+C, then the agent flushes its outbox for up to 10 s. -->
+  <stoptimeout>20 sec</stoptimeout>
+  <!-- Never give up: a VM without its agent silently misses maintenance notices. The last
+       entry repeats for every later failure; the count resets after an hour of running. -->
+  <onfailure action="restart" delay="2 sec" />
+  <onfailure action="restart" delay="10 sec" />
+  <onfailure action="restart" delay="30 sec" />
+  <resetfailure>1 hour</resetfailure>
+  <logpath>$(& $esc $LogDir)</logpath>
+  <log mode="roll-by-size">
+    <sizeThreshold>10240</sizeThreshold>
+    <keepFiles>8</keepFiles>
+  </log>
+</service>
+"@
+    [IO.File]::WriteAllText($WrapperXml, $xml, (New-Object Text.UTF8Encoding $false))
+}
+
+# Replaces the ACL of $Path: SYSTEM and Administrators full control, the service account
+# $ServiceRights, inherited by everything below; nobody else.
+function Set-PrivateAcl([string] $Path, [string] $ServiceRights) {
+    $grants = @('*S-1-5-18:(OI)(CI)F', '*S-1-5-32-544:(OI)(CI)F')
+    if ($ServiceAccount -eq 'Virtual') { $grants += "${VirtualAccount}:(OI)(CI)$ServiceRights" }
+    Invoke-Native "icacls $Path /reset" { & icacls.exe $Path /reset /T /C /Q }
+    Invoke-Native "icacls $Path" { & icacls.exe $Path /inheritance:r /grant:r @grants /Q }
+}
+
+function Invoke-AgentCheck($Environment) {
+    Write-Step "running 'mbridge agent --check' (Azure's first metadata call may take up to 2 minutes)"
+    $saved = @{}
+    foreach ($key in $Environment.Keys) {
+        $saved[$key] = [Environment]::GetEnvironmentVariable($key, 'Process')
+        [Environment]::SetEnvironmentVariable($key, $Environment[$key], 'Process')
+    }
+    $savedPreference = $ErrorActionPreference
+    $ErrorActionPreference = 'Continue'
+    try {
+        & $Mbridge agent --check 2>&1 | ForEach-Object { Write-Host "  | $_" }
+        $code = $LASTEXITCODE
+    } finally {
+        $ErrorActionPreference = $savedPreference
+        foreach ($key in $saved.Keys) { [Environment]::SetEnvironmentVariable($key, $saved[$key], 'Process') }
+    }
+    if ($code -eq 0) { Write-Step 'check: healthy'; return }
+    if ($code -eq 2) { throw 'the settings have a configuration error (above); fix the parameters and run again' }
+    # At first boot the usual causes are transient (a role assignment not propagated yet); the
+    # agent retries them on its own, so a VM with a retrying agent beats one without.
+    if ($StrictCheck) { throw '-StrictCheck: the check found problem(s) (above); not starting the service' }
+    Write-Warning "the check found problem(s) (above); starting the service anyway: it keeps retrying. Logs: $LogDir"
+}
+
+if ($PSCmdlet.ParameterSetName -eq 'Uninstall') {
+    Remove-AgentService
+    if (Test-Path $InstallDir) { Remove-Item -LiteralPath $InstallDir -Recurse -Force }
+    if ($RemoveState -and (Test-Path $StateDir)) {
+        Remove-Item -LiteralPath $StateDir -Recurse -Force
+    } elseif (Test-Path $StateDir) {
+        Write-Step "kept $StateDir (the outbox may hold unpublished events); -RemoveState deletes it"
+    }
+    Write-Step 'uninstalled'
+    return
+}
+
+if (-not $Transport) { $Transport = if ($Cloud -eq 'azure') { 'servicebus' } else { 'pubsub' } }
+if ($Transport -eq 'servicebus' -and -not $ServiceBusNamespace -and
+    -not $ExtraEnvironment.ContainsKey('MBRIDGE_SERVICEBUS_CONNECTION_STRING')) {
+    throw '-Transport servicebus needs -ServiceBusNamespace (e.g. mybus.servicebus.windows.net)'
+}
+if ($Transport -eq 'pubsub' -and -not $PubSubProject) { throw '-Transport pubsub needs -PubSubProject' }
+if ($ClientId -and $Cloud -ne 'azure') { throw '-ClientId (a managed identity) is for -Cloud azure only' }
+
+$pythonExe = Find-Python
+Remove-AgentService # the agent's files are locked while it runs, and WinSW reads its XML at install
+New-Item -ItemType Directory -Force -Path $InstallDir, $ServiceDir, $StateDir, $LogDir | Out-Null
+Install-AgentPackage $pythonExe
+Get-WinSW $Wrapper
+$environment = Get-AgentEnvironment
+Write-WinSWConfig $environment
+
+Write-Step "installing the service $ServiceId"
+Invoke-Native 'WinSW install' { & $Wrapper install }
+if ($ServiceAccount -eq 'Virtual') {
+    # WinSW installs as LocalSystem; the virtual account is set with the SCM's own tool, which
+    # needs no password for it. Its SID exists from here on, so the ACLs below can name it.
+    Invoke-Native 'sc.exe sidtype' { & sc.exe sidtype $ServiceId unrestricted }
+    Invoke-Native 'sc.exe config obj=' { & sc.exe config $ServiceId obj= $VirtualAccount }
+}
+# The XML may hold a connection string: the service reads it, nobody else but admins.
+Set-PrivateAcl $ServiceDir 'RX'
+Set-PrivateAcl $StateDir 'M'
+
+if (-not $SkipCheck) { Invoke-AgentCheck $environment }
+
+Write-Step "starting $ServiceId"
+Start-Service -Name $ServiceId
+Start-Sleep -Seconds 5
+$status = (Get-Service -Name $ServiceId).Status
+if ($status -ne 'Running') {
+    throw "$ServiceId is $status after starting; see $LogDir\$ServiceId.err.log and $LogDir\$ServiceId.wrapper.log"
+}
+Write-Step "$ServiceId is running as $(if ($ServiceAccount -eq 'Virtual') { $VirtualAccount } else { 'LocalSystem' }). Check: Invoke-WebRequest -UseBasicParsing http://127.0.0.1:9797/healthz"
