@@ -1,0 +1,355 @@
+// maintenance-bridge on Azure, in one resource group deployment:
+//
+//   az deployment group create -g <resource group> -f infra/azure/main.bicep \
+//     -p infra/azure/main.parameters.json
+//
+// - Service Bus: topic `maintenance-events` (agents -> functions), its subscriptions for the
+//   function app and for `mbridge approve` (`operator-results`), queue `maintenance-commands`
+//   (functions -> agents, one session per VM)
+// - the function app on Flex Consumption, its storage (host, deployment package, state and audit
+//   tables) and its telemetry (Log Analytics + Application Insights)
+// - two user-assigned identities, one for the function app and one for the VMs (agents), each
+//   with data-plane roles on the entities it uses and nothing broader
+// - optionally: the "Maintenance Bridge Drainer" custom role on an existing load balancer, its
+//   NICs' resource group and its virtual network (drainLoadBalancerName), and an example scale
+//   set that runs the agent (deployExampleScaleSet)
+//
+// Names are namePrefix plus uniqueString(resourceGroup().id): stable for one resource group,
+// unique across resource groups. Nothing is authenticated with a key: shared keys and SAS are
+// disabled on the storage account and on the namespace.
+//
+// After the deployment, publish the function app (`func azure functionapp publish
+// <functionAppName>` uploads the package to deploymentContainerUrl) and give the agents' VMs
+// the agent identity (outputs agentIdentityId, agentIdentityClientId), as the example scale
+// set does.
+
+targetScope = 'resourceGroup'
+
+@description('Prefix of every name: 3-11 lowercase letters and digits (it is part of the storage account name, which takes nothing else).')
+@minLength(3)
+@maxLength(11)
+param namePrefix string = 'mbridge'
+
+@description('Azure region of every resource.')
+param location string = resourceGroup().location
+
+@description('Tags for every resource.')
+param tags object = {
+  application: 'maintenance-bridge'
+}
+
+@description('Service Bus tier: Standard has everything needed (topics, sessions, duplicate detection); Premium adds isolation and private endpoints.')
+@allowed([
+  'Standard'
+  'Premium'
+])
+param serviceBusSku string = 'Standard'
+
+@description('How long the events topic remembers MessageIds: an envelope republished within it is dropped. At least 10 minutes; make it longer than the longest outage an agent should ride out.')
+@allowed([
+  'PT10M'
+  'PT30M'
+  'PT1H'
+  'PT6H'
+  'PT12H'
+  'P1D'
+  'P2D'
+  'P7D'
+])
+param eventsDuplicateDetectionWindow string = 'P1D'
+
+@description('Name of the events topic subscription the function app consumes.')
+@minLength(1)
+@maxLength(50)
+param functionSubscriptionName string = 'functions'
+
+@description('Replication of the storage account (only zone- or geo-redundant: the audit table is the record of every approval). Use Standard_GRS where the region has no availability zones.')
+@allowed([
+  'Standard_ZRS'
+  'Standard_GRS'
+  'Standard_GZRS'
+  'Standard_RAGRS'
+  'Standard_RAGZRS'
+])
+param storageSku string = 'Standard_ZRS'
+
+@description('Days the Log Analytics workspace keeps logs.')
+@minValue(30)
+@maxValue(730)
+param logRetentionInDays int = 30
+
+@description('Upper bound of the function app\'s instances (Flex Consumption takes 40 to 1000).')
+@minValue(40)
+@maxValue(1000)
+param functionMaximumInstanceCount int = 40
+
+@description('Memory of each function app instance, in MB.')
+@allowed([
+  512
+  2048
+  4096
+])
+param functionInstanceMemoryMB int = 2048
+
+@description('The decision policy as JSON or YAML (docs/policy.md); empty for the default policy.')
+param policy string = ''
+
+@description('Key Vault secret URI (https://<vault>.vault.azure.net/secrets/<name>) of the Ed25519 private key that signs commands; empty: commands are not signed. Grant the function identity "Key Vault Secrets User" on that secret yourself: the vault is not part of this deployment.')
+param signingKeySecretUri string = ''
+
+@description('Existing load balancer to drain VMs from through its backend pools (in this subscription). Empty: VMs are drained through the agents\' /readyz only and no control-plane role is granted.')
+param drainLoadBalancerName string = ''
+
+@description('Resource group of the drain load balancer. Empty: this resource group.')
+param drainLoadBalancerResourceGroup string = ''
+
+@description('Resource group of the NICs of the VMs behind it. Empty: the load balancer\'s resource group.')
+param drainNicResourceGroup string = ''
+
+@description('Virtual network of those NICs (IP-based pools and subnets/join need it). Empty: no role on a virtual network.')
+param drainVirtualNetworkName string = ''
+
+@description('Resource group of that virtual network. Empty: the load balancer\'s resource group.')
+param drainVirtualNetworkResourceGroup string = ''
+
+@description('Name of the custom drain role. Role names are unique in the tenant: give a second deployment in the same tenant another name.')
+param drainerRoleName string = 'Maintenance Bridge Drainer'
+
+@description('Deploy the example scale set that runs the agent (needs adminSshPublicKey).')
+param deployExampleScaleSet bool = false
+
+@description('How long a scale set VM being deleted may hold its Terminate event before Azure approves it (ISO 8601, 5 to 15 minutes).')
+@allowed([
+  'PT5M'
+  'PT6M'
+  'PT7M'
+  'PT8M'
+  'PT9M'
+  'PT10M'
+  'PT11M'
+  'PT12M'
+  'PT13M'
+  'PT14M'
+  'PT15M'
+])
+param terminateNotBeforeTimeout string = 'PT10M'
+
+@description('What the example VMs install with pip: a requirement spec or a wheel URL.')
+param agentPackage string = 'maintenance-bridge[azure]'
+
+@description('Ed25519 public key the agents verify commands with (one line: the raw key as base64); empty: unsigned commands are accepted.')
+param agentVerifyKey string = ''
+
+@description('Administrator of the example VMs (SSH key only).')
+param adminUsername string = 'azureuser'
+
+@description('SSH public key of that administrator; required with deployExampleScaleSet.')
+param adminSshPublicKey string = ''
+
+@description('Size of the example VMs (Gen2 and Trusted Launch capable).')
+param vmSize string = 'Standard_B2s'
+
+@description('Number of example VMs.')
+@minValue(1)
+@maxValue(100)
+param instanceCount int = 2
+
+@description('Encryption at host for the example VMs; needs the subscription feature Microsoft.Compute/EncryptionAtHost.')
+param encryptionAtHost bool = false
+
+var suffix = uniqueString(resourceGroup().id)
+var stateTableName = 'mbridgestate'
+var auditTableName = 'mbridgeaudit'
+var deploymentContainerName = 'app-package'
+
+var drainEnabled = !empty(drainLoadBalancerName)
+var drainLoadBalancerResourceGroupName = empty(drainLoadBalancerResourceGroup) ? resourceGroup().name : drainLoadBalancerResourceGroup
+var drainNicResourceGroupName = empty(drainNicResourceGroup) ? drainLoadBalancerResourceGroupName : drainNicResourceGroup
+var drainVirtualNetworkResourceGroupName = empty(drainVirtualNetworkResourceGroup) ? drainLoadBalancerResourceGroupName : drainVirtualNetworkResourceGroup
+var drainerAssignableScopes = union([toLower(resourceGroup().id)], [toLower('${subscription().id}/resourceGroups/${drainLoadBalancerResourceGroupName}')], [toLower('${subscription().id}/resourceGroups/${drainNicResourceGroupName}')], [toLower('${subscription().id}/resourceGroups/${drainVirtualNetworkResourceGroupName}')])
+
+resource functionIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: '${namePrefix}-func-${suffix}'
+  location: location
+  tags: tags
+}
+
+resource agentIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: '${namePrefix}-agent-${suffix}'
+  location: location
+  tags: tags
+}
+
+module monitoring 'modules/monitoring.bicep' = {
+  name: '${namePrefix}-monitoring'
+  params: {
+    workspaceName: '${namePrefix}-log-${suffix}'
+    appInsightsName: '${namePrefix}-appi-${suffix}'
+    location: location
+    tags: tags
+    retentionInDays: logRetentionInDays
+    functionPrincipalId: functionIdentity.properties.principalId
+  }
+}
+
+module serviceBus 'modules/servicebus.bicep' = {
+  name: '${namePrefix}-servicebus'
+  params: {
+    namespaceName: '${namePrefix}-sb-${suffix}'
+    location: location
+    tags: tags
+    sku: serviceBusSku
+    eventsDuplicateDetectionWindow: eventsDuplicateDetectionWindow
+    functionSubscriptionName: functionSubscriptionName
+    functionPrincipalId: functionIdentity.properties.principalId
+    agentPrincipalId: agentIdentity.properties.principalId
+  }
+}
+
+module storage 'modules/storage.bicep' = {
+  name: '${namePrefix}-storage'
+  params: {
+    accountName: '${namePrefix}${suffix}'
+    location: location
+    tags: tags
+    skuName: storageSku
+    deploymentContainerName: deploymentContainerName
+    stateTableName: stateTableName
+    auditTableName: auditTableName
+    functionPrincipalId: functionIdentity.properties.principalId
+  }
+}
+
+module functionApp 'modules/functionapp.bicep' = {
+  name: '${namePrefix}-functionapp'
+  params: {
+    appName: '${namePrefix}-func-${suffix}'
+    planName: '${namePrefix}-plan-${suffix}'
+    location: location
+    tags: tags
+    identityId: functionIdentity.id
+    identityClientId: functionIdentity.properties.clientId
+    storageAccountName: storage.outputs.accountName
+    deploymentContainerName: deploymentContainerName
+    appInsightsName: monitoring.outputs.appInsightsName
+    serviceBusNamespaceFqdn: serviceBus.outputs.namespaceFqdn
+    eventsTopicName: serviceBus.outputs.eventsTopicName
+    eventsSubscriptionName: serviceBus.outputs.functionSubscriptionName
+    commandsQueueName: serviceBus.outputs.commandsQueueName
+    stateTableName: storage.outputs.stateTableName
+    auditTableName: storage.outputs.auditTableName
+    loadBalancerSubscriptionId: drainEnabled ? subscription().subscriptionId : ''
+    loadBalancerResourceGroup: drainEnabled ? drainLoadBalancerResourceGroupName : ''
+    loadBalancerName: drainLoadBalancerName
+    loadBalancerNicResourceGroup: drainEnabled ? drainNicResourceGroupName : ''
+    policy: policy
+    signingKeySecretUri: signingKeySecretUri
+    maximumInstanceCount: functionMaximumInstanceCount
+    instanceMemoryMB: functionInstanceMemoryMB
+  }
+}
+
+// Only what the load balancer adapter does (docs/azure.md, "A custom role for draining"):
+// read and write NICs, read and write backend pools, and the join actions a NIC or pool
+// write is checked for. Add the join actions of whatever else the NICs link to (NSG, public
+// IP, application security groups, inbound NAT rules) if they use them.
+resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (drainEnabled) {
+  name: guid(subscription().id, resourceGroup().id, drainerRoleName)
+  properties: {
+    roleName: drainerRoleName
+    description: 'Move VM NICs and IP addresses in and out of one load balancer\'s backend pools.'
+    type: 'CustomRole'
+    permissions: [
+      {
+        actions: [
+          'Microsoft.Network/networkInterfaces/read'
+          'Microsoft.Network/networkInterfaces/write'
+          'Microsoft.Network/loadBalancers/backendAddressPools/read'
+          'Microsoft.Network/loadBalancers/backendAddressPools/write'
+          'Microsoft.Network/loadBalancers/backendAddressPools/join/action'
+          'Microsoft.Network/virtualNetworks/subnets/join/action'
+          'Microsoft.Network/virtualNetworks/joinLoadBalancer/action'
+        ]
+        notActions: []
+      }
+    ]
+    // Resource groups only: this one and those of the drain target.
+    assignableScopes: drainerAssignableScopes
+  }
+}
+
+module drainOnLoadBalancer 'modules/drain-roles.bicep' = if (drainEnabled) {
+  name: '${namePrefix}-drain-lb-${suffix}'
+  scope: resourceGroup(drainLoadBalancerResourceGroupName)
+  params: {
+    principalId: functionIdentity.properties.principalId
+    roleDefinitionId: drainerRole.id
+    loadBalancerName: drainLoadBalancerName
+  }
+}
+
+module drainOnNicResourceGroup 'modules/drain-roles.bicep' = if (drainEnabled) {
+  name: '${namePrefix}-drain-nics-${suffix}'
+  scope: resourceGroup(drainNicResourceGroupName)
+  params: {
+    principalId: functionIdentity.properties.principalId
+    roleDefinitionId: drainerRole.id
+    assignOnResourceGroup: true
+  }
+}
+
+module drainOnVirtualNetwork 'modules/drain-roles.bicep' = if (drainEnabled && !empty(drainVirtualNetworkName)) {
+  name: '${namePrefix}-drain-vnet-${suffix}'
+  scope: resourceGroup(drainVirtualNetworkResourceGroupName)
+  params: {
+    principalId: functionIdentity.properties.principalId
+    roleDefinitionId: drainerRole.id
+    virtualNetworkName: drainVirtualNetworkName
+  }
+}
+
+module exampleScaleSet 'modules/vmss-example.bicep' = if (deployExampleScaleSet) {
+  name: '${namePrefix}-vmss-example'
+  params: {
+    scaleSetName: '${namePrefix}-vmss'
+    location: location
+    tags: tags
+    agentIdentityId: agentIdentity.id
+    agentIdentityClientId: agentIdentity.properties.clientId
+    serviceBusNamespaceFqdn: serviceBus.outputs.namespaceFqdn
+    agentVerifyKey: agentVerifyKey
+    agentPackage: agentPackage
+    terminateNotBeforeTimeout: terminateNotBeforeTimeout
+    adminUsername: adminUsername
+    adminSshPublicKey: adminSshPublicKey
+    vmSize: vmSize
+    instanceCount: instanceCount
+    encryptionAtHost: encryptionAtHost
+    addressPrefix: '10.42.0.0/16'
+    subnetPrefix: '10.42.0.0/24'
+  }
+}
+
+@description('Service Bus namespace FQDN: --servicebus-namespace of the agents and of `mbridge approve`.')
+output servicebusNamespaceFqdn string = serviceBus.outputs.namespaceFqdn
+output servicebusNamespaceName string = serviceBus.outputs.namespaceName
+output eventsTopic string = serviceBus.outputs.eventsTopicName
+output functionSubscription string = serviceBus.outputs.functionSubscriptionName
+output operatorResultsSubscription string = serviceBus.outputs.operatorResultsSubscriptionName
+output commandsQueue string = serviceBus.outputs.commandsQueueName
+output functionAppName string = functionApp.outputs.appName
+@description('Principal id of the function identity: grant it "Key Vault Secrets User" on the signing key secret.')
+output functionIdentityPrincipalId string = functionIdentity.properties.principalId
+@description('Client id of the agent identity: AZURE_CLIENT_ID on every VM that runs the agent.')
+output agentIdentityClientId string = agentIdentity.properties.clientId
+@description('Resource id of the agent identity: assign it to the VMs (scale sets) that run the agent.')
+output agentIdentityId string = agentIdentity.id
+output agentIdentityPrincipalId string = agentIdentity.properties.principalId
+output storageAccountName string = storage.outputs.accountName
+output tableEndpoint string = storage.outputs.tableEndpoint
+output stateTable string = storage.outputs.stateTableName
+output auditTable string = storage.outputs.auditTableName
+@description('Where the function app package goes (az functionapp deployment source config-zip uploads it there).')
+output deploymentContainerUrl string = storage.outputs.deploymentContainerUrl
+output exampleScaleSetName string = deployExampleScaleSet ? exampleScaleSet.outputs.scaleSetName : ''
+output exampleLoadBalancerName string = deployExampleScaleSet ? exampleScaleSet.outputs.loadBalancerName : ''

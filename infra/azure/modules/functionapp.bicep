@@ -1,0 +1,213 @@
+// The Azure Functions app (docs/azure.md) on the Flex Consumption plan: Python 3.11 on Linux,
+// one user-assigned identity for everything (host storage, deployment package, Service Bus,
+// tables, load balancer, telemetry), and app settings without a single key.
+
+targetScope = 'resourceGroup'
+
+@description('Function app name (globally unique: <name>.azurewebsites.net).')
+param appName string
+
+@description('Flex Consumption plan name.')
+param planName string
+
+@description('Azure region.')
+param location string
+
+@description('Tags for every resource.')
+param tags object
+
+@description('Resource id of the function app\'s user-assigned identity.')
+param identityId string
+
+@description('Client id of the function app\'s user-assigned identity.')
+param identityClientId string
+
+@description('Name of the storage account of the host, the deployment package and the tables.')
+param storageAccountName string
+
+@description('Blob container of the deployment package.')
+param deploymentContainerName string
+
+@description('Application Insights component name.')
+param appInsightsName string
+
+@description('FQDN of the Service Bus namespace.')
+param serviceBusNamespaceFqdn string
+
+@description('The events topic.')
+param eventsTopicName string
+
+@description('The topic subscription this app consumes.')
+param eventsSubscriptionName string
+
+@description('The session-enabled commands queue.')
+param commandsQueueName string
+
+@description('The state table.')
+param stateTableName string
+
+@description('The audit table.')
+param auditTableName string
+
+@description('Subscription id of the load balancer to drain VMs from; empty when VMs drain through /readyz only.')
+param loadBalancerSubscriptionId string
+
+@description('Resource group of that load balancer; empty when none.')
+param loadBalancerResourceGroup string
+
+@description('Name of that load balancer; empty when none.')
+param loadBalancerName string
+
+@description('Resource group of the VMs\' NICs; empty when none.')
+param loadBalancerNicResourceGroup string
+
+@description('The policy as JSON or YAML (docs/policy.md); empty for the default policy.')
+param policy string
+
+@description('Key Vault secret URI of the Ed25519 signing key; empty for unsigned commands.')
+param signingKeySecretUri string
+
+@description('Upper bound of the instances the app scales out to (Flex Consumption takes 40 to 1000).')
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int
+
+@description('Memory of each instance.')
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int
+
+resource storageAccount 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: appInsightsName
+}
+
+var appSettings = [
+  // The host's own storage, through the identity (no AzureWebJobsStorage connection string).
+  { name: 'AzureWebJobsStorage__accountName', value: storageAccount.name }
+  { name: 'AzureWebJobsStorage__credential', value: 'managedidentity' }
+  { name: 'AzureWebJobsStorage__clientId', value: identityClientId }
+  // Telemetry with Entra ID ingestion (the component refuses the instrumentation key alone).
+  { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: appInsights.properties.ConnectionString }
+  { name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING', value: 'Authorization=AAD;ClientId=${identityClientId}' }
+  // DefaultAzureCredential of our adapters (tables, load balancer, command sender).
+  { name: 'AZURE_CLIENT_ID', value: identityClientId }
+  { name: 'MBRIDGE_EVENTS_TOPIC', value: eventsTopicName }
+  { name: 'MBRIDGE_EVENTS_SUBSCRIPTION', value: eventsSubscriptionName }
+  { name: 'MBRIDGE_COMMANDS_QUEUE', value: commandsQueueName }
+  // The trigger's identity-based connection `MBRIDGE_SERVICEBUS` (no SAS connection string).
+  { name: 'MBRIDGE_SERVICEBUS__fullyQualifiedNamespace', value: serviceBusNamespaceFqdn }
+  { name: 'MBRIDGE_SERVICEBUS__credential', value: 'managedidentity' }
+  { name: 'MBRIDGE_SERVICEBUS__clientId', value: identityClientId }
+  { name: 'MBRIDGE_TABLE_ENDPOINT', value: storageAccount.properties.primaryEndpoints.table }
+  { name: 'MBRIDGE_STATE_TABLE', value: stateTableName }
+  { name: 'MBRIDGE_AUDIT_TABLE', value: auditTableName }
+  // All four empty: the function drains through the agents' /readyz only.
+  { name: 'MBRIDGE_LB_SUBSCRIPTION_ID', value: loadBalancerSubscriptionId }
+  { name: 'MBRIDGE_LB_RESOURCE_GROUP', value: loadBalancerResourceGroup }
+  { name: 'MBRIDGE_LB_NAME', value: loadBalancerName }
+  { name: 'MBRIDGE_LB_NIC_RESOURCE_GROUP', value: loadBalancerNicResourceGroup }
+  { name: 'MBRIDGE_READINESS_DRAIN', value: 'true' }
+  { name: 'MBRIDGE_POLICY', value: policy }
+]
+
+// Resolved by the platform with keyVaultReferenceIdentity; the identity needs "Key Vault
+// Secrets User" on that secret, granted where the vault lives (not by this deployment).
+var signingKeySettings = empty(signingKeySecretUri) ? [] : [
+  { name: 'MBRIDGE_SIGNING_KEY', value: '@Microsoft.KeyVault(SecretUri=${signingKeySecretUri})' }
+]
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_225:Flex Consumption zone redundancy exists in some regions only and would make the template fail elsewhere; set properties.zoneRedundant where the region supports it.
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  }
+  properties: {
+    reserved: true // Linux
+  }
+}
+
+resource site 'Microsoft.Web/sites@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_17:No HTTP trigger: the app is triggered by Service Bus only, and inbound HTTP is denied (ipSecurityRestrictionsDefaultAction).
+  // checkov:skip=CKV_AZURE_222:The public endpoint stays on for deployments (scm); the app itself denies all inbound HTTP.
+  // checkov:skip=CKV_AZURE_213:No HTTP endpoint to probe: the app is triggered by Service Bus only.
+  // checkov:skip=CKV_AZURE_212:numberOfWorkers does not apply to Flex Consumption: instances scale out per Service Bus load up to maximumInstanceCount.
+  name: appName
+  location: location
+  tags: tags
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    keyVaultReferenceIdentity: identityId
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: '${storageAccount.properties.primaryEndpoints.blob}${deploymentContainerName}'
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    }
+    siteConfig: {
+      minTlsVersion: '1.2'
+      scmMinTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      http20Enabled: true
+      // Service Bus triggers need no inbound traffic: refuse all HTTP to the app, keep scm
+      // (deployments) reachable with Entra ID.
+      ipSecurityRestrictionsDefaultAction: 'Deny'
+      scmIpSecurityRestrictionsUseMain: false
+      scmIpSecurityRestrictionsDefaultAction: 'Allow'
+      appSettings: concat(appSettings, signingKeySettings)
+    }
+  }
+}
+
+// Deployments authenticate with Entra ID: no FTP or basic-auth publishing credentials.
+resource ftpBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+resource scmBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
+output appName string = site.name
+output defaultHostName string = site.properties.defaultHostName

@@ -1,0 +1,201 @@
+// The bus between the agents and the functions (design §2, docs/transports.md):
+// - topic `maintenance-events`: agents publish envelopes, duplicate detection on MessageId
+// - its subscription for the function app, and `operator-results` for `mbridge approve`
+// - queue `maintenance-commands`: one session per VM (SessionId = VM name)
+// Entra ID only: SAS keys are disabled on the namespace, every reader and writer gets a
+// data-plane role on the one entity it uses, never on the namespace.
+
+targetScope = 'resourceGroup'
+
+@description('Service Bus namespace name (globally unique).')
+param namespaceName string
+
+@description('Azure region.')
+param location string
+
+@description('Tags for every resource.')
+param tags object
+
+@description('Standard is enough (topics, sessions, duplicate detection). Premium adds isolation and private endpoints.')
+@allowed([
+  'Standard'
+  'Premium'
+])
+param sku string
+
+@description('How long the events topic remembers MessageIds: a republished envelope inside this window is dropped. At least 10 minutes (at most 7 days, the Service Bus limit).')
+@allowed([
+  'PT10M'
+  'PT30M'
+  'PT1H'
+  'PT6H'
+  'PT12H'
+  'P1D'
+  'P2D'
+  'P7D'
+])
+param eventsDuplicateDetectionWindow string
+
+@description('Name of the events topic subscription the function app consumes.')
+@minLength(1)
+@maxLength(50)
+param functionSubscriptionName string
+
+@description('Principal (object) id of the function app\'s identity.')
+param functionPrincipalId string
+
+@description('Principal (object) id of the agents\' (VMs\') identity.')
+param agentPrincipalId string
+
+var eventsTopicName = 'maintenance-events'
+var operatorResultsSubscriptionName = 'operator-results'
+var commandsQueueName = 'maintenance-commands'
+var commandResultsFilter = 'type LIKE \'org.maintenancebridge.command.%\''
+
+// Built-in role definitions (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles)
+var serviceBusDataSenderRoleId = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+var serviceBusDataReceiverRoleId = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: namespaceName
+  location: location
+  tags: tags
+  sku: {
+    name: sku
+    tier: sku
+  }
+  properties: {
+    disableLocalAuth: true // no SAS keys: Microsoft Entra ID only
+    minimumTlsVersion: '1.2'
+    // The agents run anywhere in the VNets of the fleet and Standard has no private endpoints.
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource eventsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
+  parent: namespace
+  name: eventsTopicName
+  properties: {
+    // The dedupe key end to end: MessageId = envelope id, the same on every republish.
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: eventsDuplicateDetectionWindow
+    defaultMessageTimeToLive: 'P14D'
+    supportOrdering: true
+    enablePartitioning: false
+  }
+}
+
+resource functionSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = {
+  parent: eventsTopic
+  name: functionSubscriptionName
+  properties: {
+    // Retryable failures are redelivered, then dead-lettered (docs/azure.md); the host renews
+    // the lock for up to 10 minutes (host.json), 5 minutes is the longest lock Service Bus takes.
+    maxDeliveryCount: 10
+    lockDuration: 'PT5M'
+    deadLetteringOnMessageExpiration: true
+    deadLetteringOnFilterEvaluationExceptions: true
+    requiresSession: false
+  }
+}
+
+resource operatorResultsSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = {
+  parent: eventsTopic
+  name: operatorResultsSubscriptionName
+  properties: {
+    // `mbridge approve` waits seconds for a result: an hour-old one is nobody's answer.
+    maxDeliveryCount: 10
+    defaultMessageTimeToLive: 'PT1H'
+    lockDuration: 'PT1M'
+    deadLetteringOnMessageExpiration: false
+    requiresSession: false
+  }
+}
+
+// A subscription created through ARM gets a `$Default` rule that matches everything; writing a
+// rule of that name replaces its filter, so maintenance events never reach this subscription.
+resource commandResultsOnly 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2024-01-01' = {
+  parent: operatorResultsSubscription
+  name: '$Default'
+  properties: {
+    filterType: 'SqlFilter'
+    sqlFilter: {
+      sqlExpression: commandResultsFilter
+    }
+  }
+}
+
+resource commandsQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespace
+  name: commandsQueueName
+  properties: {
+    requiresSession: true // SessionId = target VM: each agent locks its own session
+    // The agent renews the session lock before each wait (docs/transports.md).
+    lockDuration: 'PT1M'
+    // A command's default lifetime (design §3.3: expires_at = issued_at + 10 minutes).
+    defaultMessageTimeToLive: 'PT10M'
+    requiresDuplicateDetection: true // MessageId = command_id: a re-sent command is dropped
+    duplicateDetectionHistoryTimeWindow: 'PT10M'
+    maxDeliveryCount: 10
+    // An expired command is useless (the agent would reject it anyway) and nobody replays
+    // approvals from a dead-letter queue: let it go instead of piling it up.
+    deadLetteringOnMessageExpiration: false
+    enablePartitioning: false
+  }
+}
+
+// The agents publish events and command results on the topic.
+resource agentSendsEvents 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(eventsTopic.id, agentPrincipalId, serviceBusDataSenderRoleId)
+  scope: eventsTopic
+  properties: {
+    principalId: agentPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Session caveat (design §3.3): Service Bus roles cannot be scoped to a session, so this lets
+// every VM open any session of the queue. A compromised VM could consume another VM's command,
+// but it can never make an agent approve an event that is not its own (each agent re-checks the
+// target and the event's Resources against its own IMDS); the worst case is a lost approval, and
+// Azure then starts the event at its NotBefore. Use one queue per VM if that is not acceptable.
+resource agentReceivesCommands 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(commandsQueue.id, agentPrincipalId, serviceBusDataReceiverRoleId)
+  scope: commandsQueue
+  properties: {
+    principalId: agentPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiverRoleId)
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// The function app's trigger reads its own subscription only.
+resource functionReceivesEvents 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(functionSubscription.id, functionPrincipalId, serviceBusDataReceiverRoleId)
+  scope: functionSubscription
+  properties: {
+    principalId: functionPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiverRoleId)
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// The function app sends approve/drain/restore commands.
+resource functionSendsCommands 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(commandsQueue.id, functionPrincipalId, serviceBusDataSenderRoleId)
+  scope: commandsQueue
+  properties: {
+    principalId: functionPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
+    principalType: 'ServicePrincipal'
+  }
+}
+
+@description('FQDN of the namespace (`<name>.servicebus.windows.net`), the host of its serviceBusEndpoint.')
+output namespaceFqdn string = split(split(namespace.properties.serviceBusEndpoint, '/')[2], ':')[0]
+output namespaceName string = namespace.name
+output eventsTopicName string = eventsTopic.name
+output functionSubscriptionName string = functionSubscription.name
+output operatorResultsSubscriptionName string = operatorResultsSubscription.name
+output commandsQueueName string = commandsQueue.name

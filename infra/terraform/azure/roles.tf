@@ -1,0 +1,160 @@
+# Every role of the deployment, each on the narrowest scope that works: single Service Bus
+# entities, single tables, the one Application Insights component. Nothing on the namespace, the
+# subscription or the resource group; the drainer role goes on the drain target only (the load
+# balancer, the NICs' resource group, the virtual network). Built-in roles by name; the principal
+# type is given so that a just-created identity is not looked up in Entra ID before it replicated.
+
+locals {
+  drain_vnet_resource_group = coalesce(var.drain_virtual_network_resource_group, local.drain_lb_resource_group)
+
+  # The drain target, as ids in this subscription. Built from names rather than looked up, so a
+  # target created in the same apply (or not visible to the plan) works too.
+  drain_load_balancer_id      = "/subscriptions/${local.subscription_id}/resourceGroups/${local.drain_lb_resource_group}/providers/Microsoft.Network/loadBalancers/${var.drain_load_balancer_name}"
+  drain_nic_resource_group_id = "/subscriptions/${local.subscription_id}/resourceGroups/${local.drain_nic_resource_group}"
+  drain_virtual_network_id    = "/subscriptions/${local.subscription_id}/resourceGroups/${local.drain_vnet_resource_group}/providers/Microsoft.Network/virtualNetworks/${var.drain_virtual_network_name}"
+
+  # A custom role can only be assigned within its assignable scopes. It is defined in this
+  # resource group; when the drain target lives in other resource groups of the subscription,
+  # those resource groups (never the subscription) are added, so the assignments below can be made
+  # there.
+  drainer_assignable_scopes = distinct(concat(
+    [data.azurerm_resource_group.this.id],
+    local.drain_enabled ? [
+      "/subscriptions/${local.subscription_id}/resourceGroups/${local.drain_lb_resource_group}",
+      local.drain_nic_resource_group_id,
+      "/subscriptions/${local.subscription_id}/resourceGroups/${local.drain_vnet_resource_group}",
+    ] : [],
+  ))
+}
+
+# ---------------------------------------------------------------- the drainer role
+
+# Only what the load balancer adapter does (docs/azure.md): move NIC ipConfigurations and IP
+# addresses in and out of backend pools. Writing a NIC re-submits its links, so ARM also checks
+# `join` on the subnet; IP-based pools need joinLoadBalancer on the virtual network. NICs that
+# reference an NSG, a public IP, application security groups or inbound NAT rules need those
+# resources' join actions too (see docs/azure.md): add them here if yours do.
+resource "azurerm_role_definition" "drainer" {
+  name        = var.drainer_role_name
+  scope       = data.azurerm_resource_group.this.id
+  description = "Move VM NICs and IP addresses in and out of one load balancer's backend pools (maintenance-bridge)."
+
+  permissions {
+    actions = [
+      "Microsoft.Network/networkInterfaces/read",
+      "Microsoft.Network/networkInterfaces/write",
+      "Microsoft.Network/loadBalancers/backendAddressPools/read",
+      "Microsoft.Network/loadBalancers/backendAddressPools/write",
+      "Microsoft.Network/loadBalancers/backendAddressPools/join/action",
+      "Microsoft.Network/virtualNetworks/subnets/join/action",
+      "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
+    ]
+    not_actions = []
+  }
+
+  assignable_scopes = local.drainer_assignable_scopes
+}
+
+# ---------------------------------------------------------------- the function app
+
+# The topic trigger: receive (and complete) on its own subscription only.
+resource "azurerm_role_assignment" "function_receives_events" {
+  scope                = azurerm_servicebus_subscription.functions.id
+  role_definition_name = "Azure Service Bus Data Receiver"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+# The command sender: approve / drain / restore onto the commands queue.
+resource "azurerm_role_assignment" "function_sends_commands" {
+  scope                = azurerm_servicebus_queue.commands.id
+  role_definition_name = "Azure Service Bus Data Sender"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+# State (claims, budgets, drains) and audit, each table on its own.
+resource "azurerm_role_assignment" "function_state_table" {
+  scope                = azapi_resource.state_table.id
+  role_definition_name = "Storage Table Data Contributor"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+resource "azurerm_role_assignment" "function_audit_table" {
+  scope                = azapi_resource.audit_table.id
+  role_definition_name = "Storage Table Data Contributor"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+# The Functions host's blob leases and keys (AzureWebJobsStorage__*) and the deployment package.
+resource "azurerm_role_assignment" "function_host_storage" {
+  scope                = azurerm_storage_account.this.id
+  role_definition_name = "Storage Blob Data Owner"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+# Telemetry with an Entra ID token (APPLICATIONINSIGHTS_AUTHENTICATION_STRING).
+resource "azurerm_role_assignment" "function_publishes_telemetry" {
+  scope                = azurerm_application_insights.this.id
+  role_definition_name = "Monitoring Metrics Publisher"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+# The drainer role, only where a drain writes, and only when a load balancer is given.
+resource "azurerm_role_assignment" "function_drains_load_balancer" {
+  count              = local.drain_enabled ? 1 : 0
+  scope              = local.drain_load_balancer_id
+  role_definition_id = azurerm_role_definition.drainer.role_definition_resource_id
+  principal_id       = azurerm_user_assigned_identity.function.principal_id
+  principal_type     = "ServicePrincipal"
+
+  lifecycle {
+    precondition {
+      condition     = var.drain_virtual_network_name != ""
+      error_message = "drain_virtual_network_name must be set with drain_load_balancer_name: writing a NIC joins its subnet, so the function needs the drainer role on the VMs' virtual network."
+    }
+  }
+}
+
+resource "azurerm_role_assignment" "function_drains_nics" {
+  count              = local.drain_enabled ? 1 : 0
+  scope              = local.drain_nic_resource_group_id
+  role_definition_id = azurerm_role_definition.drainer.role_definition_resource_id
+  principal_id       = azurerm_user_assigned_identity.function.principal_id
+  principal_type     = "ServicePrincipal"
+}
+
+resource "azurerm_role_assignment" "function_drains_virtual_network" {
+  count              = local.drain_enabled ? 1 : 0
+  scope              = local.drain_virtual_network_id
+  role_definition_id = azurerm_role_definition.drainer.role_definition_resource_id
+  principal_id       = azurerm_user_assigned_identity.function.principal_id
+  principal_type     = "ServicePrincipal"
+}
+
+# ---------------------------------------------------------------- the agents
+
+# Publish event envelopes and command results on the events topic, nothing else.
+resource "azurerm_role_assignment" "agent_sends_events" {
+  scope                = azurerm_servicebus_topic.events.id
+  role_definition_name = "Azure Service Bus Data Sender"
+  principal_id         = azurerm_user_assigned_identity.agent.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+# Receive commands. Security caveat (design §3.3): Service Bus roles cannot be scoped to a
+# session, so this lets a VM open ANY VM's session, and a compromised VM could consume another
+# VM's command. It can never make an agent approve an event that is not its own: every agent
+# checks the target and the event's Resources against its own metadata service, and signed
+# commands cannot be forged without the functions' key. The worst case is a lost approval, and
+# Azure then starts the event at its NotBefore. One queue per VM is the alternative.
+resource "azurerm_role_assignment" "agent_receives_commands" {
+  scope                = azurerm_servicebus_queue.commands.id
+  role_definition_name = "Azure Service Bus Data Receiver"
+  principal_id         = azurerm_user_assigned_identity.agent.principal_id
+  principal_type       = "ServicePrincipal"
+}

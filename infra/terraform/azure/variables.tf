@@ -1,0 +1,286 @@
+# ---------------------------------------------------------------- where
+
+variable "subscription_id" {
+  description = "Azure subscription to deploy into. null: the provider reads ARM_SUBSCRIPTION_ID (azurerm 4 requires one of the two)."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.subscription_id == null || can(regex("^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", var.subscription_id))
+    error_message = "subscription_id must be a subscription GUID (00000000-0000-0000-0000-000000000000), or null."
+  }
+}
+
+variable "resource_group_name" {
+  description = "Existing resource group that receives everything (like a Bicep resource-group deployment). The drainer role is defined in it."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[-\\w.()]{0,89}[-\\w()]$", var.resource_group_name))
+    error_message = "resource_group_name must be 1-90 letters, digits, '-', '_', '.', '(' or ')', not ending with '.'."
+  }
+}
+
+variable "location" {
+  description = "Azure region of every resource (it must offer Flex Consumption function apps). null: the resource group's region."
+  type        = string
+  default     = null
+}
+
+variable "name_prefix" {
+  description = "Start of every resource name. It goes into the storage account name (lowercase letters and digits only, 24 at most with the 2-letter infix and the 8-character suffix) and the Service Bus namespace name, which must start with a letter."
+  type        = string
+  default     = "mbridge"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9]{2,10}$", var.name_prefix))
+    error_message = "name_prefix must be 3-11 lowercase letters or digits and start with a letter."
+  }
+}
+
+variable "tags" {
+  description = "Tags put on every resource that takes tags."
+  type        = map(string)
+  default = {
+    app = "maintenance-bridge"
+  }
+}
+
+# ---------------------------------------------------------------- Service Bus
+
+variable "servicebus_sku" {
+  description = "Service Bus tier. Basic has no topics; Premium adds isolation and private endpoints (one messaging unit is deployed)."
+  type        = string
+  default     = "Standard"
+
+  validation {
+    condition     = contains(["Standard", "Premium"], var.servicebus_sku)
+    error_message = "servicebus_sku must be Standard or Premium (Basic has no topics)."
+  }
+}
+
+variable "events_duplicate_detection_window" {
+  description = "How long the events topic remembers a MessageId (ISO 8601). A republished envelope within this window is dropped, so make it longer than the longest outage an agent's outbox should ride out."
+  type        = string
+  default     = "P1D"
+
+  validation {
+    # Service Bus accepts 20 s to 7 days; below 10 minutes an agent retrying after a short outage
+    # could publish the same envelope twice.
+    condition     = contains(["PT10M", "PT30M", "PT1H", "PT6H", "PT12H", "P1D", "P2D", "P3D", "P7D"], var.events_duplicate_detection_window)
+    error_message = "events_duplicate_detection_window must be one of PT10M, PT30M, PT1H, PT6H, PT12H, P1D, P2D, P3D, P7D (10 minutes to 7 days)."
+  }
+}
+
+variable "function_subscription_name" {
+  description = "Name of the events topic's subscription that the function app consumes (MBRIDGE_EVENTS_SUBSCRIPTION)."
+  type        = string
+  default     = "functions"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._-]{0,48}[A-Za-z0-9]$|^[A-Za-z0-9]$", var.function_subscription_name)) && var.function_subscription_name != "operator-results"
+    error_message = "function_subscription_name must be 1-50 letters, digits, '.', '_' or '-' (starting and ending with a letter or digit), and not operator-results."
+  }
+}
+
+# ---------------------------------------------------------------- function app
+
+variable "function_maximum_instance_count" {
+  description = "Most Flex Consumption instances the function app scales out to. Each instance may wait minutes on another invocation's claim, so keep it above the number of events that arrive together."
+  type        = number
+  default     = 40
+
+  validation {
+    condition     = var.function_maximum_instance_count >= 1 && var.function_maximum_instance_count <= 1000 && floor(var.function_maximum_instance_count) == var.function_maximum_instance_count
+    error_message = "function_maximum_instance_count must be a whole number from 1 to 1000."
+  }
+}
+
+variable "function_instance_memory_mb" {
+  description = "Memory of each Flex Consumption instance in MB."
+  type        = number
+  default     = 2048
+
+  validation {
+    condition     = contains([512, 2048, 4096], var.function_instance_memory_mb)
+    error_message = "function_instance_memory_mb must be 512, 2048 or 4096."
+  }
+}
+
+variable "policy" {
+  description = "MBRIDGE_POLICY: the decision policy as JSON (or YAML); empty uses the default policy. See docs/policy.md."
+  type        = string
+  default     = ""
+}
+
+variable "readiness_drain" {
+  description = "MBRIDGE_READINESS_DRAIN: also drain through the agents' /readyz (drain/restore commands), for health-probe based load balancing."
+  type        = bool
+  default     = true
+}
+
+variable "log_retention_days" {
+  description = "Days the Log Analytics workspace keeps the function app's telemetry."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.log_retention_days >= 30 && var.log_retention_days <= 730
+    error_message = "log_retention_days must be between 30 and 730."
+  }
+}
+
+# ---------------------------------------------------------------- storage
+
+variable "storage_replication_type" {
+  description = "Replication of the storage account that holds the state and audit tables and the function's package. GRS by default: the audit trail survives a regional outage; the tables are small, so the cost is too."
+  type        = string
+  default     = "GRS"
+
+  validation {
+    condition     = contains(["LRS", "ZRS", "GRS", "RAGRS", "GZRS", "RAGZRS"], var.storage_replication_type)
+    error_message = "storage_replication_type must be one of LRS, ZRS, GRS, RAGRS, GZRS, RAGZRS."
+  }
+}
+
+# ---------------------------------------------------------------- drain target (Azure Load Balancer)
+
+variable "drain_load_balancer_name" {
+  description = "Load balancer whose backend pools the function drains VMs from (MBRIDGE_LB_NAME). Empty: no load balancer is drained by the control plane, only through the agents' /readyz, and the drainer role is assigned nowhere."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.drain_load_balancer_name == "" || can(regex("^[A-Za-z0-9][A-Za-z0-9._-]{0,78}[A-Za-z0-9_]$|^[A-Za-z0-9]$", var.drain_load_balancer_name))
+    error_message = "drain_load_balancer_name must be empty or a load balancer name (1-80 letters, digits, '.', '_' or '-')."
+  }
+}
+
+variable "drain_load_balancer_resource_group" {
+  description = "Resource group of the drain load balancer (MBRIDGE_LB_RESOURCE_GROUP), in this subscription. Empty: var.resource_group_name."
+  type        = string
+  default     = ""
+}
+
+variable "drain_nic_resource_group" {
+  description = "Resource group searched for the VMs' NICs (MBRIDGE_LB_NIC_RESOURCE_GROUP); the drainer role is assigned on it. Empty: the load balancer's resource group."
+  type        = string
+  default     = ""
+}
+
+variable "drain_virtual_network_name" {
+  description = "Virtual network of the drained VMs; the drainer role is assigned on it (NIC writes join its subnet, IP-based pools join the network). Required when drain_load_balancer_name is set."
+  type        = string
+  default     = ""
+}
+
+variable "drain_virtual_network_resource_group" {
+  description = "Resource group of that virtual network. Empty: the load balancer's resource group."
+  type        = string
+  default     = ""
+}
+
+variable "drainer_role_name" {
+  description = "Name of the custom drainer role. Custom role names are unique in a tenant: give a second deployment in the same tenant its own name."
+  type        = string
+  default     = "Maintenance Bridge Drainer"
+
+  validation {
+    condition     = length(var.drainer_role_name) > 0 && length(var.drainer_role_name) <= 512
+    error_message = "drainer_role_name must be 1-512 characters."
+  }
+}
+
+# ---------------------------------------------------------------- example scale set running the agent
+
+variable "deploy_example_scale_set" {
+  description = "Deploy the example: a Linux scale set running the agent behind an internal load balancer that probes /readyz, in a new virtual network."
+  type        = bool
+  default     = true
+}
+
+variable "terminate_not_before_timeout" {
+  description = "How long a scale-in or delete of an example VM waits for its Terminate event to be approved (the event's NotBefore), ISO 8601."
+  type        = string
+  default     = "PT10M"
+
+  validation {
+    # Azure accepts 5 to 15 minutes, in whole minutes.
+    condition     = contains(["PT5M", "PT6M", "PT7M", "PT8M", "PT9M", "PT10M", "PT11M", "PT12M", "PT13M", "PT14M", "PT15M"], var.terminate_not_before_timeout)
+    error_message = "terminate_not_before_timeout must be PT5M to PT15M in whole minutes (e.g. PT10M)."
+  }
+}
+
+variable "scale_set_sku" {
+  description = "VM size of the example scale set."
+  type        = string
+  default     = "Standard_B2s"
+}
+
+variable "scale_set_instances" {
+  description = "Number of VMs in the example scale set."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.scale_set_instances >= 1 && var.scale_set_instances <= 100 && floor(var.scale_set_instances) == var.scale_set_instances
+    error_message = "scale_set_instances must be a whole number from 1 to 100."
+  }
+}
+
+variable "admin_username" {
+  description = "Admin user of the example VMs (SSH key only, no password)."
+  type        = string
+  default     = "azureuser"
+
+  validation {
+    condition     = can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.admin_username)) && !contains(["root", "admin", "administrator"], var.admin_username)
+    error_message = "admin_username must be a Linux user name (lowercase, up to 32 characters) other than root, admin or administrator."
+  }
+}
+
+variable "admin_ssh_public_key" {
+  description = "OpenSSH public key of the admin user (ssh-rsa, ssh-ed25519 or ecdsa-sha2-*). Required when deploy_example_scale_set is true."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.admin_ssh_public_key == "" || can(regex("^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( .*)?$", trimspace(var.admin_ssh_public_key)))
+    error_message = "admin_ssh_public_key must be one OpenSSH public key line (ssh-rsa, ssh-ed25519 or ecdsa-sha2-nistp*)."
+  }
+}
+
+variable "example_vnet_cidr" {
+  description = "Address space of the example's new virtual network; its first /24 becomes the VMs' subnet."
+  type        = string
+  default     = "10.42.0.0/16"
+
+  validation {
+    condition     = can(cidrsubnet(var.example_vnet_cidr, 24 - tonumber(split("/", var.example_vnet_cidr)[1]), 0))
+    error_message = "example_vnet_cidr must be an IPv4 CIDR block of /24 or larger (e.g. 10.42.0.0/16)."
+  }
+}
+
+variable "agent_package" {
+  description = "What the agent installer puts in its virtualenv with pip (MBRIDGE_PACKAGE): a requirement such as maintenance-bridge[azure]==1.2.3, or a wheel URL."
+  type        = string
+  default     = "maintenance-bridge[azure]"
+
+  validation {
+    # It is written into an environment file, one variable per line.
+    condition     = length(trimspace(var.agent_package)) > 0 && !can(regex("[\\r\\n]", var.agent_package))
+    error_message = "agent_package must be one non-empty line."
+  }
+}
+
+variable "agent_verify_key" {
+  description = "MBRIDGE_VERIFY_KEY of the agents: the Ed25519 public key of the functions' signing key as one line (raw base64). Empty: agents accept unsigned commands."
+  type        = string
+  default     = ""
+
+  validation {
+    # It is written into an environment file, one variable per line.
+    condition     = !can(regex("[\\r\\n]", var.agent_verify_key))
+    error_message = "agent_verify_key must be a single line."
+  }
+}

@@ -1,0 +1,27 @@
+terraform {
+  # Variable validation, lifecycle preconditions, replace_triggered_by and the functions used here
+  # (coalesce, distinct, regex, filebase64) are all in 1.6.
+  required_version = ">= 1.6"
+
+  required_providers {
+    azurerm = {
+      source = "hashicorp/azurerm"
+      # azurerm_function_app_flex_consumption arrived in 4.21.0; its https_only argument in 4.31.0
+      # (#29024). 4.31 also carries everything else used here: the storage data_plane_available
+      # feature, storage_account_id on containers, subnet default_outbound_access_enabled.
+      # `~>` stays within 4.x: 5.0 renames and removes arguments.
+      version = "~> 4.31"
+    }
+    azapi = {
+      source = "Azure/azapi"
+      # What azurerm 4.x cannot do without shared keys or without breaking the app (main.tf,
+      # servicebus.tf, function.tf): tables through ARM, removing a subscription's $Default rule,
+      # replacing the function app's settings. 2.0 takes `body` as an HCL object.
+      version = "~> 2.0"
+    }
+    random = {
+      source  = "hashicorp/random"
+      version = "~> 3.6"
+    }
+  }
+}

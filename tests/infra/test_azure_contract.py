@@ -1,0 +1,197 @@
+"""The Azure deployment, asserted once over both of its sources (Bicep and Terraform).
+
+GIVEN the facts an extractor reads from infra/azure/ (Bicep) or infra/terraform/azure/
+WHEN  they are compared with what design §2 and §3 and docs/azure.md, docs/transports.md demand
+THEN  both sources deploy the same entities, settings and least-privilege roles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.infra.azure_facts import (
+    AGENT,
+    DRAINER_ROLE,
+    FUNCTION,
+    SCOPE_APP_INSIGHTS,
+    SCOPE_AUDIT_TABLE,
+    SCOPE_COMMANDS_QUEUE,
+    SCOPE_EVENTS_TOPIC,
+    SCOPE_FUNCTION_SUBSCRIPTION,
+    SCOPE_LOAD_BALANCER,
+    SCOPE_NIC_RESOURCE_GROUP,
+    SCOPE_STATE_TABLE,
+    SCOPE_STORAGE_ACCOUNT,
+    SCOPE_VIRTUAL_NETWORK,
+    AzureFacts,
+    RoleGrant,
+    duration_seconds,
+)
+from tests.infra.bicep_facts import read as read_bicep
+from tests.infra.terraform_azure_facts import read as read_terraform
+
+SOURCES: dict[str, Callable[[], AzureFacts]] = {
+    "bicep": read_bicep,
+    "terraform": read_terraform,
+}
+
+
+@pytest.fixture(params=sorted(SOURCES), scope="module")
+def facts(request: pytest.FixtureRequest) -> AzureFacts:
+    return SOURCES[request.param]()
+
+
+def test_duration_parser() -> None:
+    assert duration_seconds("PT10M") == 600
+    assert duration_seconds("P1D") == 86400
+    assert duration_seconds("PT1H30M15S") == 5415
+    with pytest.raises(ValueError, match="not an ISO 8601 duration"):
+        duration_seconds("10 minutes")
+
+
+def test_service_bus_namespace_accepts_entra_id_only(facts: AzureFacts) -> None:
+    assert facts.servicebus_sku in ("Standard", "Premium")  # Basic has no topics
+    assert facts.servicebus_local_auth_disabled
+    assert facts.servicebus_min_tls == "1.2"
+
+
+def test_events_topic_drops_republished_envelopes(facts: AzureFacts) -> None:
+    assert facts.events_topic == "maintenance-events"
+    assert facts.events_duplicate_detection
+    assert duration_seconds(facts.events_duplicate_window) >= 10 * 60
+
+
+def test_function_subscription_retries_then_dead_letters(facts: AzureFacts) -> None:
+    assert facts.function_subscription
+    assert 5 <= facts.function_subscription_max_delivery_count <= 20
+    assert facts.function_subscription_dead_letter_on_expiration
+    # The host renews the lock for up to 10 minutes (host.json); the lock itself is at most 5.
+    assert 60 <= duration_seconds(facts.function_subscription_lock) <= 300
+
+
+def test_operator_results_subscription_sees_command_results_only(facts: AzureFacts) -> None:
+    assert facts.operator_results_subscription == "operator-results"
+    assert "org.maintenancebridge.command." in facts.operator_results_filter
+
+
+def test_commands_queue_is_session_per_vm(facts: AzureFacts) -> None:
+    assert facts.commands_queue == "maintenance-commands"
+    assert facts.commands_requires_session
+    assert duration_seconds(facts.commands_lock) >= 60  # the agent renews before each wait
+    assert duration_seconds(facts.commands_ttl) == 10 * 60  # a command's default lifetime
+    assert facts.commands_duplicate_detection  # MessageId = command_id
+    assert facts.commands_max_delivery_count >= 5
+
+
+def test_function_app_runs_python_311_on_linux_with_its_own_identity(facts: AzureFacts) -> None:
+    assert facts.function_plan_sku in ("FC1", "Y1")
+    assert facts.function_linux
+    assert (facts.function_runtime, facts.function_runtime_version) == ("python", "3.11")
+    assert facts.function_user_assigned_identity
+    assert facts.function_https_only
+
+
+def test_function_app_settings_are_identity_based(facts: AzureFacts) -> None:
+    settings = facts.function_app_settings
+    required = {
+        "MBRIDGE_EVENTS_TOPIC",
+        "MBRIDGE_EVENTS_SUBSCRIPTION",
+        "MBRIDGE_COMMANDS_QUEUE",
+        "MBRIDGE_SERVICEBUS__fullyQualifiedNamespace",
+        "MBRIDGE_SERVICEBUS__credential",
+        "MBRIDGE_SERVICEBUS__clientId",
+        "MBRIDGE_TABLE_ENDPOINT",
+        "MBRIDGE_STATE_TABLE",
+        "MBRIDGE_AUDIT_TABLE",
+        "AZURE_CLIENT_ID",
+        "AzureWebJobsStorage__accountName",
+        "AzureWebJobsStorage__credential",
+        "AzureWebJobsStorage__clientId",
+        "APPLICATIONINSIGHTS_CONNECTION_STRING",
+        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+    }
+    assert required <= settings.keys(), f"missing app settings: {sorted(required - settings.keys())}"
+    assert settings["MBRIDGE_SERVICEBUS__credential"] == "managedidentity"
+    assert settings["AzureWebJobsStorage__credential"] == "managedidentity"
+    # No secret travels in an app setting: no SAS connection string, no account key.
+    assert "MBRIDGE_SERVICEBUS" not in settings
+    assert "MBRIDGE_TABLE_CONNECTION_STRING" not in settings
+    assert "AzureWebJobsStorage" not in settings
+    for name, value in settings.items():
+        assert "SharedAccessKey" not in value, name
+        assert "AccountKey" not in value, name
+    # The load balancer settings are wired (empty when no load balancer is given).
+    assert {"MBRIDGE_LB_SUBSCRIPTION_ID", "MBRIDGE_LB_RESOURCE_GROUP", "MBRIDGE_LB_NAME"} <= settings.keys()
+
+
+def test_storage_takes_entra_id_only(facts: AzureFacts) -> None:
+    assert facts.storage_shared_key_disabled
+    assert facts.storage_min_tls == "TLS1_2"
+    assert not facts.storage_public_blob_access
+    assert facts.state_table == "mbridgestate"
+    assert facts.audit_table == "mbridgeaudit"
+    assert facts.app_insights_local_auth_disabled
+
+
+EXPECTED_GRANTS = {
+    # the function: its own subscription, the commands queue, its two tables, its host storage
+    RoleGrant(FUNCTION, "Azure Service Bus Data Receiver", SCOPE_FUNCTION_SUBSCRIPTION),
+    RoleGrant(FUNCTION, "Azure Service Bus Data Sender", SCOPE_COMMANDS_QUEUE),
+    RoleGrant(FUNCTION, "Storage Table Data Contributor", SCOPE_STATE_TABLE),
+    RoleGrant(FUNCTION, "Storage Table Data Contributor", SCOPE_AUDIT_TABLE),
+    RoleGrant(FUNCTION, "Storage Blob Data Owner", SCOPE_STORAGE_ACCOUNT),
+    RoleGrant(FUNCTION, "Monitoring Metrics Publisher", SCOPE_APP_INSIGHTS),
+    # load-balancer membership changes, only where a drain writes
+    RoleGrant(FUNCTION, DRAINER_ROLE, SCOPE_LOAD_BALANCER),
+    RoleGrant(FUNCTION, DRAINER_ROLE, SCOPE_NIC_RESOURCE_GROUP),
+    RoleGrant(FUNCTION, DRAINER_ROLE, SCOPE_VIRTUAL_NETWORK),
+    # the agents: publish events, receive their commands
+    RoleGrant(AGENT, "Azure Service Bus Data Sender", SCOPE_EVENTS_TOPIC),
+    RoleGrant(AGENT, "Azure Service Bus Data Receiver", SCOPE_COMMANDS_QUEUE),
+}
+
+
+def test_roles_are_assigned_on_the_narrowest_scope(facts: AzureFacts) -> None:
+    assert facts.grants == EXPECTED_GRANTS
+
+
+def test_drainer_role_allows_membership_changes_only(facts: AzureFacts) -> None:
+    assert facts.drainer_actions == {
+        "Microsoft.Network/networkInterfaces/read",
+        "Microsoft.Network/networkInterfaces/write",
+        "Microsoft.Network/loadBalancers/backendAddressPools/read",
+        "Microsoft.Network/loadBalancers/backendAddressPools/write",
+        "Microsoft.Network/loadBalancers/backendAddressPools/join/action",
+        "Microsoft.Network/virtualNetworks/subnets/join/action",
+        "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
+    }
+    assert not any("*" in action for action in facts.drainer_actions)
+    assert facts.drainer_assignable_to_resource_group
+
+
+def test_scale_set_gets_terminate_notifications_within_bounds(facts: AzureFacts) -> None:
+    assert facts.vmss_terminate_notification_enabled
+    assert facts.vmss_not_before_parameter
+    assert facts.not_before_allowed == tuple(f"PT{minutes}M" for minutes in range(5, 16))
+    assert facts.not_before_default in facts.not_before_allowed
+
+
+def test_scale_set_runs_the_agent(facts: AzureFacts) -> None:
+    assert facts.vmss_uses_agent_identity
+    assert facts.vmss_custom_data_from_cloud_init
+    assert (facts.vmss_health_probe_path, facts.vmss_health_probe_port) == ("/readyz", 9797)
+
+
+def test_outputs_give_what_agents_and_operators_need(facts: AzureFacts) -> None:
+    assert {
+        "servicebus_namespace_fqdn",
+        "events_topic",
+        "commands_queue",
+        "function_app_name",
+        "agent_identity_client_id",
+        "agent_identity_id",
+        "table_endpoint",
+        "audit_table",
+    } <= facts.outputs

@@ -1,0 +1,626 @@
+"""What the Bicep deployment (infra/azure/) must hold beyond the shared contract.
+
+GIVEN the Bicep files read with pycep (the parser checkov uses), modules followed from main.bicep
+WHEN  their declarations are traced to where each value is written
+THEN  they are deployable as written: parameters and the parameters file agree, role
+      assignments use the documented built-in roles under deterministic names, the agent's
+      custom data is complete, and nothing reads a key.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tests.infra import bicep_facts
+from tests.infra.azure_facts import AGENT, DRAINER_ROLE, FUNCTION, SCOPE_COMMANDS_QUEUE, duration_seconds
+from tests.infra.bicep_facts import (
+    BUILT_IN_ROLES,
+    LOAD_BALANCER,
+    ROLE_DEFINITION,
+    SCALE_SET,
+    Choice,
+    Deployment,
+    Expr,
+    Lit,
+    ParamRef,
+    Ref,
+    Resolved,
+    Resource,
+    Unit,
+    custom_data,
+    deref,
+    render,
+    resolve,
+    resolve_symbol,
+    truth,
+    value_of,
+)
+from tests.infra.sources import AGENT_INSTALL, BICEP_DIR, REPO_ROOT, load_bicep
+
+PARAMETERS_FILE = BICEP_DIR / "main.parameters.json"
+BICEP_FILES = sorted(BICEP_DIR.rglob("*.bicep"))
+PLACEHOLDERS = {"@@AGENT_ENV_B64@@", "@@AGENT_UNIT_B64@@", "@@INSTALL_SCRIPT_B64@@", "@@INSTALL_ENV_B64@@"}
+# What the agent's environment file sets (design §3.7, docs/agent.md, docs/transports.md).
+AGENT_ENVIRONMENT_KEYS = {
+    "MBRIDGE_CLOUD",
+    "MBRIDGE_TRANSPORT",
+    "MBRIDGE_SERVICEBUS_NAMESPACE",
+    "AZURE_CLIENT_ID",
+    "MBRIDGE_LISTEN",
+    "MBRIDGE_VERIFY_KEY",
+}
+# Azure refuses custom data above 64 KB (the base64 text).
+CUSTOM_DATA_LIMIT = 65535
+# Resource types whose newest non-preview API version is older than 2022: the version they must use.
+OLDER_STABLE_API = {"Microsoft.Insights/components": "2020-02-02"}
+# Functions of what Azure decides at deployment time (endpoints, ids): a stand-in value is used.
+COMPUTED_BY_AZURE = {"split", "unique_string", "resource_group", "subscription"}
+GUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Deployment:
+    return Deployment()
+
+
+def _function(resolved: Resolved) -> tuple[Unit, dict[str, Any]]:
+    """(unit, pycep function node) of an expression that is one function call."""
+    resolved = deref(resolved)
+    assert isinstance(resolved, Expr), f"not a function call: {render(resolved)}"
+    assert isinstance(resolved.node, dict), f"not a function call: {render(resolved)}"
+    assert "function" in resolved.node, f"not a function call: {render(resolved)}"
+    function: dict[str, Any] = resolved.node["function"]
+    return resolved.unit, function
+
+
+def _argument(unit: Unit, function: dict[str, Any], name: str) -> Resolved:
+    return resolve(unit, function["parameters"][name])
+
+
+def _drain_parameters(**overrides: str) -> dict[str, str]:
+    parameters = {
+        "drainLoadBalancerName": "lb-web",
+        "drainLoadBalancerResourceGroup": "rg-network",
+        "drainNicResourceGroup": "rg-vms",
+        "drainVirtualNetworkName": "vnet-web",
+        "drainVirtualNetworkResourceGroup": "rg-network",
+    }
+    parameters.update(overrides)
+    return parameters
+
+
+# --- the files -----------------------------------------------------------------------------
+
+
+def test_every_bicep_file_parses_and_is_deployed_from_main(deployment: Deployment) -> None:
+    # GIVEN every .bicep file under infra/azure/
+    assert BICEP_FILES, "no Bicep files found"
+    for path in BICEP_FILES:
+        # WHEN pycep parses it THEN it declares something
+        document = load_bicep(path)
+        assert document.get("resources") or document.get("modules"), path
+    # AND every module file is reached from main.bicep (no file is left out of the deployment)
+    deployed = {unit.path for unit in deployment.units}
+    assert {path.resolve() for path in BICEP_FILES} == deployed
+
+
+def test_api_versions_are_stable_and_not_older_than_2022() -> None:
+    # GIVEN every resource declaration THEN its API version is a stable one from 2022 or later,
+    # or the newest stable one of a type that has none that recent
+    for path in BICEP_FILES:
+        for symbol, declaration in (load_bicep(path).get("resources") or {}).items():
+            version, kind = declaration["api_version"], declaration["type"]
+            where = f"{path.name}: {symbol} ({kind}@{version})"
+            assert "preview" not in version, where
+            if kind in OLDER_STABLE_API:
+                assert version == OLDER_STABLE_API[kind], where
+            else:
+                assert version >= "2022-01-01", where
+
+
+def test_no_key_is_listed_or_written_anywhere() -> None:
+    # GIVEN the text of every Bicep file THEN no key is read (listKeys(), listConnectionStrings())
+    # and no SAS or account key is written: everything authenticates with Entra ID
+    forbidden = ("listKeys(", "listConnectionStrings(", "listSecrets(", "SharedAccessKey", "AccountKey=")
+    for path in BICEP_FILES:
+        text = path.read_text(encoding="utf-8")
+        for word in forbidden:
+            assert word not in text, f"{path.name} contains {word}"
+
+
+# --- parameters ----------------------------------------------------------------------------
+
+
+def test_parameters_file_sets_declared_parameters_with_allowed_values() -> None:
+    # GIVEN main.bicep's parameters and the example parameters file
+    declared = load_bicep(BICEP_DIR / "main.bicep")["parameters"]
+    document = json.loads(PARAMETERS_FILE.read_text(encoding="utf-8"))
+    assert document["$schema"].endswith("/deploymentParameters.json#")
+    given = document["parameters"]
+    # THEN it names only declared parameters, and every parameter without a default
+    assert set(given) <= set(declared), f"undeclared: {sorted(set(given) - set(declared))}"
+    required = {name for name, parameter in declared.items() if "default" not in parameter}
+    assert required <= set(given), f"missing: {sorted(required - set(given))}"
+    # AND each value passes the parameter's own validation
+    for name, entry in given.items():
+        value = entry["value"]
+        for decorator in declared[name].get("decorators") or []:
+            kind, argument = decorator["type"], decorator["argument"]
+            if kind == "allowed":
+                assert value in argument, f"{name}={value!r} not in {argument}"
+            elif kind == "min_length":
+                assert len(value) >= argument, name
+            elif kind == "max_length":
+                assert len(value) <= argument, name
+            elif kind == "min_value":
+                assert value >= argument, name
+            elif kind == "max_value":
+                assert value <= argument, name
+    # AND the example really deploys the scale set, asking the user for a key
+    assert given["deployExampleScaleSet"]["value"] is True
+    assert given["adminSshPublicKey"]["value"] == "<your ssh public key>"
+
+
+def test_name_prefix_fits_the_storage_account_name(deployment: Deployment) -> None:
+    # GIVEN namePrefix, validated to 3-11 characters
+    parameter = deployment.main.section("parameters")["namePrefix"]
+    lengths = {d["type"]: d["argument"] for d in parameter["decorators"] if d["type"] in ("min_length", "max_length")}
+    assert lengths == {"min_length": 3, "max_length": 11}
+    given = json.loads(PARAMETERS_FILE.read_text(encoding="utf-8"))["parameters"]["namePrefix"]["value"]
+    for prefix in (parameter["default"], given):
+        assert re.fullmatch(r"[a-z0-9]{3,11}", prefix), prefix
+    # WHEN the storage account is named THEN it is the prefix and uniqueString() (13 characters):
+    # at most 24 lowercase letters and digits, the storage account rule
+    assert render(deployment.storage_account().get("name")) == "${namePrefix}${uniqueString(resourceGroup().id)}"
+
+
+def test_duplicate_detection_window_choices_are_at_least_ten_minutes(deployment: Deployment) -> None:
+    # GIVEN the choices of the events topic's duplicate detection window
+    # THEN each is at least 10 minutes and at most 7 days (the Service Bus maximum)
+    main = deployment.main.section("parameters")["eventsDuplicateDetectionWindow"]
+    allowed = next(d["argument"] for d in main["decorators"] if d["type"] == "allowed")
+    assert main["default"] == "P1D"
+    assert all(10 * 60 <= duration_seconds(window) <= 7 * 86400 for window in allowed), allowed
+    # AND the module validates the same choices when it is used on its own
+    window = deployment.events_topic().get("properties", "duplicateDetectionHistoryTimeWindow")
+    assert isinstance(window, ParamRef)
+    assert window.name == "eventsDuplicateDetectionWindow"
+    module = next(unit for unit in deployment.units if unit.path.name == "servicebus.bicep")
+    own = module.section("parameters")["eventsDuplicateDetectionWindow"]["decorators"]
+    assert next(d["argument"] for d in own if d["type"] == "allowed") == allowed
+
+
+def test_terminate_not_before_choices_agree_in_main_and_module(deployment: Deployment) -> None:
+    # GIVEN the terminate notification timeout parameter of main.bicep and of the scale set module
+    # THEN both accept exactly 5 to 15 minutes, the range Azure takes
+    module = next(unit for unit in deployment.units if unit.path.name == "vmss-example.bicep")
+    main = deployment.main.section("parameters")["terminateNotBeforeTimeout"]["decorators"]
+    own = module.section("parameters")["terminateNotBeforeTimeout"]["decorators"]
+    expected = [f"PT{minutes}M" for minutes in range(5, 16)]
+    assert next(d["argument"] for d in main if d["type"] == "allowed") == expected
+    assert next(d["argument"] for d in own if d["type"] == "allowed") == expected
+
+
+# --- roles ---------------------------------------------------------------------------------
+
+
+def test_role_ids_are_the_built_in_roles_their_names_say(deployment: Deployment) -> None:
+    # GIVEN every role id variable (`<role>RoleId = '<guid>'`) of the deployment
+    role_variables = {
+        (unit.path.name, name): variable["value"]
+        for unit in deployment.units
+        for name, variable in unit.section("variables").items()
+        if name.endswith("RoleId")
+    }
+    assert len(role_variables) >= 5
+    for (file, name), guid in role_variables.items():
+        # THEN each is a documented built-in role, the one the variable is named after
+        assert isinstance(guid, str), f"{file}: {name} = {guid!r}"
+        assert GUID.match(guid), f"{file}: {name} = {guid!r}"
+        assert guid in BUILT_IN_ROLES, f"{file}: {name} = {guid} is not a documented built-in role"
+        role = re.sub(r"^Azure ", "", BUILT_IN_ROLES[guid])
+        assert name.removesuffix("RoleId").lower() == role.replace(" ", "").lower(), f"{file}: {name} = {role}"
+    # AND the table maps each id once
+    assert len(set(BUILT_IN_ROLES.values())) == len(BUILT_IN_ROLES)
+    assert all(GUID.match(guid) for guid in BUILT_IN_ROLES)
+
+
+def test_role_assignment_names_are_guids_of_scope_principal_and_role(deployment: Deployment) -> None:
+    assignments = deployment.assignments()
+    assert len(assignments) == 11
+    for assignment in assignments:
+        where = f"{assignment.unit.path.name}: {assignment.symbol}"
+        unit, function = _function(assignment.get("name"))
+        # WHEN the name is computed THEN it is guid(scope id, principal, role): stable across
+        # deployments, and different for every (scope, principal, role)
+        assert function["type"] == "guid", where
+        scope, principal, role = function["parameters"].values()
+        scope_symbol = assignment.config.get("scope")
+        if scope_symbol is None:
+            assert render(resolve(unit, scope)) == "resourceGroup().id", where
+        else:
+            assert resolve(unit, scope) == Ref(unit, scope_symbol, ("id",)), where
+        assert principal == assignment.config["properties"]["principalId"], where
+        role_definition = assignment.config["properties"]["roleDefinitionId"]
+        if isinstance(role_definition, dict):  # subscriptionResourceId('...roleDefinitions', <role id>)
+            role_definition = role_definition["function"]["parameters"]["resource_name_1"]
+        assert role == role_definition, where
+        # AND the principal is a service principal (managed identity): no Graph lookup, no
+        # replication race right after the identity is created
+        assert assignment.value("properties", "principalType") == "ServicePrincipal", where
+
+
+def test_agent_receiver_on_the_queue_carries_the_session_caveat(deployment: Deployment) -> None:
+    # GIVEN the agents' receiver assignment on the commands queue
+    [assignment] = [
+        a
+        for a in deployment.assignments()
+        if deployment.principal_of(a) == AGENT and deployment.scope_of(a) == SCOPE_COMMANDS_QUEUE
+    ]
+    lines = assignment.unit.path.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"resource {assignment.symbol} "))
+    comment = " ".join(line.strip("/ ") for line in lines[max(0, start - 8) : start] if line.startswith("//"))
+    # THEN the comment right above it says what the role cannot restrict (design §3.3)
+    assert "cannot be scoped to a session" in comment
+    assert "NotBefore" in comment
+
+
+def test_without_a_drain_load_balancer_nothing_but_data_roles_is_granted() -> None:
+    # GIVEN a deployment without a drain load balancer
+    deployment = Deployment(parameters={"drainLoadBalancerName": ""})
+    # THEN no custom role is defined or assigned, and the function's load balancer settings are empty
+    assert deployment.resources(ROLE_DEFINITION) == []
+    grants = deployment.grants()
+    assert grants
+    assert all(grant.role != DRAINER_ROLE for grant in grants)
+    for name in ("MBRIDGE_LB_SUBSCRIPTION_ID", "MBRIDGE_LB_RESOURCE_GROUP", "MBRIDGE_LB_NAME"):
+        assert deployment.settings[name] == "", name
+    assert deployment.settings["MBRIDGE_LB_NIC_RESOURCE_GROUP"] == ""
+
+
+def test_drain_roles_go_to_the_resource_groups_of_the_drain_target() -> None:
+    # GIVEN a load balancer, its NICs and its virtual network in other resource groups
+    deployment = Deployment(parameters=_drain_parameters())
+    # WHEN the drainer role is assigned
+    drains = [a for a in deployment.assignments() if deployment.role_of(a) == DRAINER_ROLE]
+    placed = {deployment.scope_of(a): deployment.resource_group_of(a.unit) for a in drains}
+    # THEN each assignment is deployed into the resource group of what it grants on
+    assert placed == {"load_balancer": "rg-network", "nic_resource_group": "rg-vms", "virtual_network": "rg-network"}
+    assert all(deployment.principal_of(a) == FUNCTION for a in drains)
+    # AND the role can be assigned there: its assignable scopes are those groups and this one
+    [role] = deployment.resources(ROLE_DEFINITION)
+    scopes = []
+    for scope in bicep_facts.array_items(role.get("properties", "assignableScopes")):
+        unit, lowered = _function(scope)
+        assert lowered["type"] == "to_lower"  # ARM ids compare case-insensitively: one entry per group
+        scopes.append(bicep_facts.source_text(_argument(unit, lowered, "string_to_change")))
+    assert scopes == [
+        "${resourceGroup().id}",
+        "${subscription().id}/resourceGroups/rg-network",
+        "${subscription().id}/resourceGroups/rg-vms",
+        "${subscription().id}/resourceGroups/rg-network",
+    ]
+    # AND the function app is told where to drain
+    settings = deployment.settings
+    assert (settings["MBRIDGE_LB_NAME"], settings["MBRIDGE_LB_RESOURCE_GROUP"]) == ("lb-web", "rg-network")
+    assert settings["MBRIDGE_LB_NIC_RESOURCE_GROUP"] == "rg-vms"
+    assert render(settings["MBRIDGE_LB_SUBSCRIPTION_ID"]) == "subscription().subscriptionId"
+
+
+def test_drain_defaults_to_the_load_balancer_resource_group() -> None:
+    # GIVEN only a load balancer name (and its virtual network)
+    deployment = Deployment(
+        parameters=_drain_parameters(
+            drainLoadBalancerResourceGroup="", drainNicResourceGroup="", drainVirtualNetworkResourceGroup=""
+        )
+    )
+    drains = [a for a in deployment.assignments() if deployment.role_of(a) == DRAINER_ROLE]
+    # THEN everything is granted in the deployment's own resource group
+    groups = {render(deployment.resource_group_of(a.unit)) for a in drains}
+    assert groups == {"resourceGroup().name"}
+    assert len(drains) == 3
+
+
+def test_without_a_virtual_network_name_no_role_is_granted_on_one() -> None:
+    # GIVEN a drain load balancer but no virtual network name
+    # THEN the drainer role goes on the load balancer and the NICs' resource group only
+    deployment = Deployment(parameters=_drain_parameters(drainVirtualNetworkName=""))
+    scopes = sorted(deployment.scope_of(a) for a in deployment.assignments() if deployment.role_of(a) == DRAINER_ROLE)
+    assert scopes == ["load_balancer", "nic_resource_group"]
+
+
+# --- the function app ----------------------------------------------------------------------
+
+
+def test_function_app_settings_come_from_the_deployed_resources(deployment: Deployment) -> None:
+    # GIVEN the function app's settings, each traced to where its value is written
+    settings = deployment.settings
+    identity = deployment.function_identity()
+    client_id = Ref(identity.unit, identity.symbol, ("properties", "clientId"))
+    # THEN one identity serves everything: host storage, trigger, our adapters, telemetry
+    for name in ("AZURE_CLIENT_ID", "MBRIDGE_SERVICEBUS__clientId", "AzureWebJobsStorage__clientId"):
+        assert settings[name] == client_id, name
+    assert bicep_facts.source_text(settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"]) == (
+        "Authorization=AAD;ClientId=${" + render(client_id) + "}"
+    )
+    # AND the entities are named as they are deployed
+    assert settings["MBRIDGE_EVENTS_TOPIC"] == deployment.events_topic().get("name")
+    assert settings["MBRIDGE_EVENTS_SUBSCRIPTION"] == deployment.function_subscription().get("name")
+    assert settings["MBRIDGE_COMMANDS_QUEUE"] == deployment.commands_queue().get("name")
+    assert value_of(settings["MBRIDGE_READINESS_DRAIN"]) == "true"
+    policy = settings["MBRIDGE_POLICY"]
+    assert isinstance(policy, ParamRef)
+    assert policy.name == "policy"
+    assert value_of(policy) == ""
+    # AND endpoints come from the resources themselves, never assembled from names
+    namespace = deployment.one(bicep_facts.NAMESPACE)
+    assert render(settings["MBRIDGE_SERVICEBUS__fullyQualifiedNamespace"]) == (
+        f"split(split({namespace.symbol}.properties.serviceBusEndpoint, '/')[2], ':')[0]"
+    )
+    table_endpoint = settings["MBRIDGE_TABLE_ENDPOINT"]
+    assert isinstance(table_endpoint, Ref)
+    assert table_endpoint.path == ("properties", "primaryEndpoints", "table")
+    account_name = render(deployment.storage_account().get("name"))
+    assert render(deployment.resource_of(Ref(table_endpoint.unit, table_endpoint.symbol)).get("name")) == account_name
+    assert render(settings["AzureWebJobsStorage__accountName"]) == account_name
+
+
+def test_signing_key_is_a_key_vault_reference_only_when_given() -> None:
+    # GIVEN no secret URI THEN no MBRIDGE_SIGNING_KEY setting
+    assert "MBRIDGE_SIGNING_KEY" not in Deployment(parameters={"signingKeySecretUri": ""}).settings
+    # GIVEN one THEN a Key Vault reference resolved with the function identity
+    uri = "https://kv.vault.azure.net/secrets/mbridge-signing"
+    deployment = Deployment(parameters={"signingKeySecretUri": uri})
+    reference = bicep_facts.source_text(deployment.settings["MBRIDGE_SIGNING_KEY"])
+    assert reference == f"@Microsoft.KeyVault(SecretUri={uri})"
+    reference_identity = deployment.site.get("properties", "keyVaultReferenceIdentity")
+    assert isinstance(reference_identity, Ref)
+    assert Ref(reference_identity.unit, reference_identity.symbol) == deployment.function_identity()
+
+
+def test_function_app_deploys_its_package_with_its_identity(deployment: Deployment) -> None:
+    # GIVEN the Flex Consumption configuration THEN the package comes from a blob container,
+    # read with the function identity, and the app scales as designed
+    storage = ("properties", "functionAppConfig", "deployment", "storage")
+    site = deployment.site
+    assert site.value(*storage, "type") == "blobContainer"
+    assert site.value(*storage, "authentication", "type") == "UserAssignedIdentity"
+    identity = site.get(*storage, "authentication", "userAssignedIdentityResourceId")
+    assert isinstance(identity, Ref)
+    assert Ref(identity.unit, identity.symbol) == deployment.function_identity()
+    # AND that container is the one the storage module creates, closed to anonymous reads
+    [container] = deployment.resources("Microsoft.Storage/storageAccounts/blobServices/containers")
+    location = bicep_facts.source_text(site.get(*storage, "value"))
+    assert location == "${storageAccount.properties.primaryEndpoints.blob}" + str(container.name)
+    assert container.value("properties", "publicAccess") == "None"
+    scale = ("properties", "functionAppConfig", "scaleAndConcurrency")
+    assert value_of(site.get(*scale, "instanceMemoryMB")) == 2048
+    assert value_of(site.get(*scale, "maximumInstanceCount")) == 40
+
+
+# --- the example scale set -----------------------------------------------------------------
+
+
+def _scale_set(deployment: Deployment) -> Resource:
+    return deployment.one(SCALE_SET)
+
+
+def test_example_scale_set_is_deployed_only_when_asked() -> None:
+    # GIVEN deployExampleScaleSet false THEN no scale set; true THEN one
+    assert Deployment(parameters={"deployExampleScaleSet": False}).resources(SCALE_SET) == []
+    assert len(Deployment(parameters={"deployExampleScaleSet": True}).resources(SCALE_SET)) == 1
+    # AND left to whoever deploys, the declaration depends on the parameter
+    unit = next(unit for unit in Deployment().units if unit.path.name == "vmss-example.bicep")
+    assert unit.caller is not None
+    assert truth(unit.caller, unit.condition) is None
+
+
+def test_cloud_init_placeholders_are_all_replaced(deployment: Deployment) -> None:
+    # GIVEN the scale set's custom data
+    built = custom_data(_scale_set(deployment))
+    assert built is not None
+    assert built.template == (AGENT_INSTALL / "cloud-init.yaml").resolve()
+    # WHEN the quoted placeholders of cloud-init.yaml are compared with the replaced ones
+    template = built.template.read_text(encoding="utf-8")
+    in_file = set(re.findall(r'"(@@[A-Z0-9_]+@@)"', template))
+    replaced = {old.strip('"') for old in built.replacements}
+    # THEN each is replaced, as a whole quoted YAML string (never inside a comment)
+    assert in_file == replaced == PLACEHOLDERS
+    assert all(old.startswith('"') and old.endswith('"') for old in built.replacements)
+    # AND the files loaded for them exist: Bicep reads them when it builds the template
+    for old, new in built.replacements.items():
+        unit, function = _function(new)
+        assert function["type"] == "format", old
+        assert value_of(_argument(unit, function, "format_string")) == '"{0}"', old
+        inner_unit, inner = _function(_argument(unit, function, "arg_1"))
+        if inner["type"] == "load_file_as_base64":
+            loaded = (inner_unit.path.parent / inner["parameters"]["file_path"]).resolve()
+            assert loaded.is_file(), loaded
+            assert loaded.name == {'"@@AGENT_UNIT_B64@@"': "mbridge-agent.service"}.get(old, "install-agent.sh"), old
+        else:
+            assert inner["type"] == "base64", old
+
+
+def _environment_lines(deployment: Deployment) -> dict[str, Resolved]:
+    """KEY -> value of the agent's environment file as the scale set module builds it."""
+    built = custom_data(_scale_set(deployment))
+    assert built is not None
+    unit, function = _function(built.replacements['"@@AGENT_ENV_B64@@"'])
+    unit, encoded = _function(_argument(unit, function, "arg_1"))
+    unit, joined = _function(_argument(unit, encoded, "input_string"))
+    assert joined["type"] == "join"
+    assert value_of(_argument(unit, joined, "delimiter")) == "\n"
+    lines = _argument(unit, joined, "input_array")
+    assert isinstance(lines, Lit)
+    *settings, last = lines.node
+    assert last == "", "the file ends with a newline"
+    found: dict[str, Resolved] = {}
+    for line in settings:
+        key, _, value = line.partition("=")
+        if re.fullmatch(r"\$\{\w+\}", value):
+            found[key] = resolve_symbol(lines.unit, value[2:-1])
+        else:
+            found[key] = _evaluate(resolve(lines.unit, value))
+    return found
+
+
+def test_agent_environment_sets_what_the_agent_reads(deployment: Deployment) -> None:
+    # GIVEN the agent's environment file as the scale set module writes it
+    environment = _environment_lines(deployment)
+    assert set(environment) == AGENT_ENVIRONMENT_KEYS
+    # THEN every key is a setting the agent (or azure-identity, for AZURE_CLIENT_ID) reads
+    agent_source = " ".join(path.read_text(encoding="utf-8") for path in (REPO_ROOT / "agent").rglob("*.py"))
+    for key in AGENT_ENVIRONMENT_KEYS - {"AZURE_CLIENT_ID"}:
+        assert f'"{key}"' in agent_source, key
+    assert environment["MBRIDGE_CLOUD"] == "azure"
+    assert environment["MBRIDGE_TRANSPORT"] == "servicebus"
+    # AND it names the function app's namespace, the agents' own identity, the probed port
+    assert (
+        environment["MBRIDGE_SERVICEBUS_NAMESPACE"]
+        == deployment.settings["MBRIDGE_SERVICEBUS__fullyQualifiedNamespace"]
+    )
+    agent = deployment.agent_identity()
+    assert environment["AZURE_CLIENT_ID"] == Ref(agent.unit, agent.symbol, ("properties", "clientId"))
+    assert environment["MBRIDGE_LISTEN"] == f"0.0.0.0:{bicep_facts.read().vmss_health_probe_port}"
+    verify_key = environment["MBRIDGE_VERIFY_KEY"]
+    assert isinstance(verify_key, ParamRef)
+    assert value_of(verify_key) == ""
+
+
+def _evaluate(resolved: Resolved) -> str:
+    """The text a deployment would compute, with a 64-character stand-in for what Azure decides."""
+    resolved = deref(resolved)
+    if isinstance(resolved, (str, int)) and not isinstance(resolved, bool):
+        return str(resolved)
+    if isinstance(resolved, ParamRef):
+        return _evaluate(value_of(resolved))
+    if isinstance(resolved, (Ref, Choice)):
+        return "x" * 64
+    assert isinstance(resolved, Expr), render(resolved)
+    unit, node = resolved.unit, resolved.node
+    if isinstance(node, str):  # a string with interpolations: literal parts unescaped, the rest evaluated
+        parts = re.split(r"\$\{([^{}]*)\}", node)
+        return "".join(
+            _evaluate(resolve_symbol(unit, *_chain(part))) if odd else bicep_facts.unescape(part)
+            for odd, part in zip(itertools.cycle((False, True)), parts)
+        )
+    function = node["function"]
+    arguments = [resolve(unit, value) for value in function["parameters"].values() if value is not None]
+    kind = function["type"]
+    if kind in COMPUTED_BY_AZURE:
+        return "x" * 64
+    if kind == "base64":
+        return base64.b64encode(_evaluate(arguments[0]).encode()).decode()
+    if kind == "load_file_as_base64":
+        return base64.b64encode((unit.path.parent / str(arguments[0])).read_bytes()).decode()
+    if kind == "load_text_content":
+        return (unit.path.parent / str(arguments[0])).read_text(encoding="utf-8")
+    if kind == "replace":
+        return _evaluate(arguments[0]).replace(_evaluate(arguments[1]), _evaluate(arguments[2]))
+    if kind == "format":
+        return _evaluate(arguments[0]).format(*(_evaluate(a) for a in arguments[1:]))
+    if kind == "string":
+        return _evaluate(arguments[0])
+    if kind == "join":
+        assert isinstance(arguments[0], Lit)
+        return _evaluate(arguments[1]).join(_evaluate(resolve(unit, item)) for item in arguments[0].node)
+    raise AssertionError(f"cannot evaluate {kind}()")
+
+
+def _chain(text: str) -> tuple[str, tuple[str, ...]]:
+    head, *names = text.strip().split(".")
+    return head, tuple(names)
+
+
+def test_custom_data_is_valid_cloud_config_within_the_azure_limit(deployment: Deployment) -> None:
+    # GIVEN the custom data as a deployment computes it (stand-ins for ids and endpoints)
+    scale_set = _scale_set(deployment)
+    encoded = _evaluate(scale_set.get("properties", "virtualMachineProfile", "osProfile", "customData"))
+    # THEN it fits Azure's limit
+    assert len(encoded) <= CUSTOM_DATA_LIMIT, len(encoded)
+    # AND it is the cloud-config with every file embedded as it is on disk
+    text = base64.b64decode(encoded).decode()
+    assert text.startswith("#cloud-config")
+    assert not re.search(r'"@@[A-Z0-9_]+@@"', text)
+    contents = [base64.b64decode(value) for value in re.findall(r'content: "([A-Za-z0-9+/=]+)"', text)]
+    assert (AGENT_INSTALL / "mbridge-agent.service").read_bytes() in contents
+    assert (AGENT_INSTALL / "install-agent.sh").read_bytes() in contents
+    assert b"MBRIDGE_PACKAGE=maintenance-bridge[azure]\n" in contents
+    environment = next(c for c in contents if c.startswith(b"MBRIDGE_CLOUD=azure\n"))
+    assert environment.endswith(b"MBRIDGE_VERIFY_KEY=\n")
+
+
+def test_load_balancer_probe_reaches_the_agent_port_only(deployment: Deployment) -> None:
+    # GIVEN the network security group of the scale set's subnet
+    [group] = deployment.resources("Microsoft.Network/networkSecurityGroups")
+    rules = group.get("properties", "securityRules")
+    assert isinstance(rules, Lit)
+
+    def field(rule: Any, name: str) -> str:
+        return _evaluate(resolve(rules.unit, rule, ("properties", name)))
+
+    from_load_balancer = [rule for rule in rules.node if field(rule, "sourceAddressPrefix") == "AzureLoadBalancer"]
+    allows = [rule for rule in from_load_balancer if field(rule, "access") == "Allow"]
+    denies = [rule for rule in from_load_balancer if field(rule, "access") == "Deny"]
+    # THEN the probe source may reach the agent's port and nothing else
+    [allow], [deny] = allows, denies
+    assert (field(allow, "direction"), field(allow, "protocol")) == ("Inbound", "Tcp")
+    assert field(allow, "destinationPortRange") == str(bicep_facts.read().vmss_health_probe_port)
+    assert (field(deny, "direction"), field(deny, "destinationPortRange")) == ("Inbound", "*")
+    # AND the deny comes after the allow and before the platform's AllowAzureLoadBalancerInBound (65001)
+    assert int(field(allow, "priority")) < int(field(deny, "priority")) < 65000
+    # AND the subnet of the scale set uses that group
+    [network] = deployment.resources(bicep_facts.VIRTUAL_NETWORK)
+    [subnet] = value_of(network.get("properties", "subnets"))
+    assert subnet["properties"]["networkSecurityGroup"]["id"] == f"{group.symbol}.id"
+
+
+def test_scale_set_has_no_public_ip_and_no_password(deployment: Deployment) -> None:
+    # GIVEN the example scale set THEN its VMs have no public IP and take SSH keys only,
+    # run Ubuntu 22.04 LTS in Uniform orchestration, behind a Standard internal load balancer
+    scale_set = _scale_set(deployment)
+    profile = value_of(scale_set.get("properties", "virtualMachineProfile"))
+    for nic in profile["networkProfile"]["networkInterfaceConfigurations"]:
+        for ip_configuration in nic["properties"]["ipConfigurations"]:
+            assert "publicIPAddressConfiguration" not in ip_configuration["properties"]
+    linux = profile["osProfile"]["linuxConfiguration"]
+    assert linux["disablePasswordAuthentication"] is True
+    assert "adminPassword" not in profile["osProfile"]
+    image = profile["storageProfile"]["imageReference"]
+    assert (image["publisher"], image["offer"], image["sku"]) == (
+        "Canonical",
+        "0001-com-ubuntu-server-jammy",
+        "22_04-lts-gen2",
+    )
+    assert scale_set.value("properties", "orchestrationMode") == "Uniform"
+    # AND the load balancer has no public frontend
+    [balancer] = deployment.resources(LOAD_BALANCER)
+    assert balancer.value("sku", "name") == "Standard"
+    for frontend in value_of(balancer.get("properties", "frontendIPConfigurations")):
+        assert "publicIPAddress" not in frontend["properties"]
+
+
+def test_outputs_name_the_deployed_values(deployment: Deployment) -> None:
+    # GIVEN main.bicep's outputs THEN each is the value of the resource it names (the agents'
+    # identity, not the function's; the endpoints the function app uses)
+    outputs = deployment.main.section("outputs")
+
+    def output(name: str) -> Resolved:
+        return resolve(deployment.main, outputs[name]["value"])
+
+    agent = deployment.agent_identity()
+    assert output("agentIdentityClientId") == Ref(agent.unit, agent.symbol, ("properties", "clientId"))
+    assert agent != deployment.function_identity()
+    assert output("eventsTopic") == deployment.events_topic().get("name")
+    assert output("commandsQueue") == deployment.commands_queue().get("name")
+    assert output("auditTable") == deployment.audit_table().get("name")
+    assert output("servicebusNamespaceFqdn") == deployment.settings["MBRIDGE_SERVICEBUS__fullyQualifiedNamespace"]
+    storage = deployment.storage_account()
+    assert output("tableEndpoint") == Ref(storage.unit, storage.symbol, ("properties", "primaryEndpoints", "table"))
+    assert render(output("functionAppName")) == render(deployment.site.get("name"))
