@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit venv compat39 clean
+.PHONY: demo test lint infra unit venv compat39 clean
 
 venv: $(VENV)/.installed
 
@@ -18,8 +18,8 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/mbridge demo --report demo-report.html
 
-# Everything CI checks: lint, types, and the whole test suite.
-test: venv lint
+# Everything CI checks: lint, types, infra validation, and the whole test suite.
+test: venv lint infra
 	$(BIN)/python -m pytest
 
 lint: venv
@@ -27,6 +27,20 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/mypy --python-version 3.11 functions tests scripts function_app.py main.py
+
+# infra/ offline: terraform fmt -check, and checkov over the Terraform and the Bicep, failing on
+# failed checks, skips without a reason and parsing errors (scripts/check_infra.py). checkov gets a
+# virtualenv of its own: its pinned dependencies would fight the project's.
+INFRA_VENV ?= .venv-infra
+CHECKOV_VERSION := 3.3.30
+
+$(INFRA_VENV)/.installed:
+	$(PYTHON) -m venv $(INFRA_VENV)
+	$(INFRA_VENV)/bin/python -m pip install --quiet 'checkov==$(CHECKOV_VERSION)'
+	touch $@
+
+infra: venv $(INFRA_VENV)/.installed
+	$(BIN)/python scripts/check_infra.py --checkov $(INFRA_VENV)/bin/checkov --report infra-check.json
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit
@@ -43,4 +57,4 @@ compat39:
 		--ignore=tests/unit/gcp -k "not pubsub"
 
 clean:
-	rm -rf $(VENV) .venv39 .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv39 $(INFRA_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json
