@@ -46,7 +46,7 @@ unit: venv
 	$(BIN)/python -m pytest tests/unit
 
 # The agent and functions/core on the oldest python3 they support (VM images), with the
-# embedded transports. The cloud SDKs are left out: pip cannot settle their 3.9 releases in a
+# embedded transports. (The function apps and their package run on 3.11 and are left out.) The cloud SDKs are left out: pip cannot settle their 3.9 releases in a
 # reasonable time, and the transport modules are plain 3.9 syntax checked by ruff and mypy.
 PYTHON39 ?= python3.9
 compat39:
@@ -54,7 +54,7 @@ compat39:
 	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography
 	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator tests/contract/agent \
 		tests/contract/test_commands_against_simulator.py --ignore=tests/unit/transports --ignore=tests/unit/azure \
-		--ignore=tests/unit/gcp -k "not pubsub"
+		--ignore=tests/unit/gcp --ignore=tests/unit/test_build_function_package.py -k "not pubsub"
 
 clean:
 	rm -rf $(VENV) .venv39 $(INFRA_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json
