@@ -10,7 +10,7 @@ concern                PartitionKey                RowKey          properties
 idempotency claims     ``claims``                  envelope id     state, lease_until, updated_at (epoch s)
 budget of a pool       ``budget``                  pool            reservations: JSON {event key: [VMs]}
 drains of an event     ``drain:<event key>``       VM              vm, memento (JSON)
-remembered values      ``remembered``              key             value (binary)
+remembered values      ``remembered``              key             value (binary): command bytes, event ends
 waits for the budget   ``parked:<pool>``           event key       event_key, envelope (binary), parked_at
 =====================  ==========================  ==============  ==========================================
 
@@ -272,6 +272,13 @@ class TableStateStore:
                 return value
             except ResourceExistsError:
                 return bytes(self._table.get_entity(_REMEMBERED, escape_key(key))["value"])
+
+    def recall(self, key: str) -> bytes | None:
+        with self._errors("recall a value"):
+            try:
+                return bytes(self._table.get_entity(_REMEMBERED, escape_key(key))["value"])
+            except ResourceNotFoundError:
+                return None
 
     def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
         entity = {

@@ -35,7 +35,8 @@ class Parked:
 
 
 class StateStore(Protocol):
-    """Idempotency claims, what this system drained, budget reservations and stored waits.
+    """Idempotency claims, what this system drained, budget reservations, remembered values
+    (command bytes, event ends) and stored waits.
 
     Each method is atomic on its own (SQLite transaction, Table Storage ETag, Firestore
     transaction); `reserve` in particular must never admit two events into the last slot.
@@ -74,6 +75,14 @@ class StateStore(Protocol):
 
         Makes retries send byte-identical commands: a command re-built on a retry would carry a
         new issued_at, which the agent refuses as a reused command_id with other content.
+        """
+        ...
+
+    def recall(self, key: str) -> bytes | None:
+        """What `remember` stored under `key`, or None; read only, it never stores anything.
+
+        Lets an invocation ask whether something happened elsewhere (an event ended: see
+        `process`) without claiming the key for itself.
         """
         ...
 

@@ -20,6 +20,13 @@
   failed VM's drain record is kept, and the error is raised after the rest is done, so a
   redelivery (or a dead-lettered message resubmitted once the deployment is fixed) retries
   just that VM.
+- Delivery is at least once and, on a plain Service Bus subscription or an Eventarc trigger,
+  not ordered: a `scheduled` or `started` that failed once may come back after its event's
+  `completed` or `canceled`. Acted on, it would drain VMs that nothing ever restores (the end
+  already ran) and send an approval the agent must refuse. So the end of an event is stored
+  (`ended|<event key>`, see `_mark_ended`) before anything else is done for it, and a later step
+  of that event is only audited as late (`_late`). A step that passed the check while its end
+  was being processed re-checks once its drains are recorded and puts them back itself.
 - Malformed envelopes are audited and acknowledged (`PermanentError`); transient adapter
   failures raise `RetryableError` for the platform to retry.
 """
@@ -27,6 +34,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +46,7 @@ from functions.core.commands import Command, CommandType, decode_command, encode
 from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, Restore, decide
 from functions.core.envelope import Envelope, decode, encode
 from functions.core.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
-from functions.core.model import CommandResult, MaintenanceEvent
+from functions.core.model import CommandResult, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, Pool
 from functions.core.ports import (
     AuditLog,
@@ -50,6 +58,7 @@ from functions.core.ports import (
     Maintenance,
     StateStore,
 )
+from functions.core.timefmt import format_rfc3339
 
 LOGGER = logging.getLogger("mbridge.functions")
 
@@ -61,6 +70,12 @@ CLAIM_LEASE = timedelta(minutes=5)
 # The drain record of a VM: located (memento recorded, removal not yet confirmed) → removed.
 LOCATED = "located"
 REMOVED = "removed"
+
+# The statuses that end an event: after one of them, no step of the event is acted on.
+ENDING = frozenset({EventStatus.COMPLETED, EventStatus.CANCELED})
+# The rule name in the audit log of a step that came after its event's end (not a policy rule:
+# it is checked before `decide`, which is pure and knows nothing of what was processed before).
+LATE_RULE = "late"
 
 
 class ClaimBusyError(RetryableError):
@@ -119,6 +134,20 @@ def event_key(event: MaintenanceEvent) -> str:
     return f"{event.cloud.value}:{event_id}"
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How an event ended, as its first processed `completed` / `canceled` envelope said."""
+
+    status: EventStatus
+    time: str  # RFC 3339: when the agent saw the event end
+    envelope_id: str
+
+
+def ended_key(event: MaintenanceEvent) -> str:
+    """Where the end of the event is remembered (a key of `StateStore.remember`)."""
+    return f"ended|{event_key(event)}"
+
+
 def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
     """Handle one message body from the events channel.
 
@@ -170,22 +199,103 @@ def _wait_for_claim(key: str, store: StateStore, wait: ClaimWait) -> tuple[Claim
 
 
 def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime, outcome: Outcome) -> None:
+    if event.status in ENDING:
+        _mark_ended(envelope, event, deps.store)
+    else:
+        ended = _ended(event, deps.store)
+        if ended is not None:
+            _late(envelope, event, ended, deps, now, outcome, during_drain=False)
+            return
     decision = decide(event, deps.policy, now)
     outcome.decision = decision
     deps.audit.append(_record(now, "decision", envelope, event, rule=decision.rule, reason=decision.reason))
     if not decision.actions:
+        if event.status in ENDING:
+            # A completed Terminate or Preempt: its VMs are gone and nothing is put back, but the
+            # event still lets go of its budget slots and drain records, or its pool would wait
+            # for ever.
+            _restore(envelope, event, deps, now, outcome, decision, nothing=decision.reason, put_back=False)
+            return
         _note(deps, outcome, now, envelope, event, "none", event.reporter, decision)
         return
     for action in decision.actions:
         if isinstance(action, Drain):
             if not _drain(action, envelope, event, deps, now, outcome, decision):
                 return  # parked for the budget: the approval waits with it
+            # Check again now that the drains are on record: the end may have been processed
+            # since the check above. See `_mark_ended` for why one of the two always sees them.
+            ended = _ended(event, deps.store)
+            if ended is not None:
+                _late(envelope, event, ended, deps, now, outcome, during_drain=True)
+                return
         elif isinstance(action, Approve):
             _approve(action, envelope, event, deps, now, outcome, decision)
         elif isinstance(action, Restore):
             _restore(envelope, event, deps, now, outcome, decision)
         elif isinstance(action, PerformMaintenance):
             _perform(action, envelope, event, deps, now, outcome, decision)
+
+
+def _mark_ended(envelope: Envelope, event: MaintenanceEvent, store: StateStore) -> None:
+    """Remember that the event ended, before its drains are read and restored.
+
+    The order closes the race with a late step processed at the same time: that step records its
+    drains, then checks for the end. Either its check sees this mark (and it restores its drains
+    itself), or the mark came later — and so did the completion's read of the drains, which then
+    finds them and restores them. Both may happen; restoring twice is harmless. The first end
+    processed wins (`remember`); a redelivered or second end changes nothing.
+    """
+    value = {"status": event.status.value, "time": format_rfc3339(envelope.time), "envelope_id": envelope.id}
+    store.remember(ended_key(event), json.dumps(value, sort_keys=True).encode())
+
+
+def _ended(event: MaintenanceEvent, store: StateStore) -> Ended | None:
+    """How the event ended, or None while it has not (read only)."""
+    key = ended_key(event)
+    stored = store.recall(key)
+    if stored is None:
+        return None
+    try:
+        value = json.loads(stored)
+        return Ended(EventStatus(value["status"]), str(value["time"]), str(value["envelope_id"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise PermanentError(
+            f"the end of event {event.event_id} is stored under {key!r} as {stored!r}, which this version cannot "
+            f"read ({error}); delete that record, then resubmit the message"
+        ) from error
+
+
+def _late(
+    envelope: Envelope,
+    event: MaintenanceEvent,
+    ended: Ended,
+    deps: Deps,
+    now: datetime,
+    outcome: Outcome,
+    *,
+    during_drain: bool,
+) -> None:
+    """A step of an event that already ended: nothing new is done, and the audit log says why.
+
+    What the end itself does is done again (it is idempotent): whatever is still drained for the
+    event is put back and its budget slots freed. Normally that is nothing. It is something when
+    this invocation drained while the end was being processed (`during_drain`), or when an
+    earlier attempt of this step drained, then died before its own re-check.
+    """
+    status, at = ended.status.value, ended.time
+    if during_drain:
+        reason = f"late: event {status} at {at} while this step drained; put back what it drained, no approval"
+        decision = restoring = Decision(LATE_RULE, reason)
+    else:
+        decision = Decision(LATE_RULE, f"late: event already {status} at {at}, nothing to do")
+        leftover = f"late: event already {status} at {at}; put back what an earlier attempt drained"
+        restoring = Decision(LATE_RULE, leftover)
+    outcome.decision = decision
+    deps.audit.append(_record(now, "decision", envelope, event, rule=LATE_RULE, reason=decision.reason))
+    # As the end decided: a completed Terminate or Preempt restores nothing (the VM is gone).
+    end = decide(replace(event, status=ended.status), deps.policy, now)
+    put_back = any(isinstance(action, Restore) for action in end.actions)
+    _restore(envelope, event, deps, now, outcome, restoring, nothing=decision.reason, put_back=put_back)
 
 
 def _drain(
@@ -287,15 +397,24 @@ def _approve(
 
 
 def _restore(
-    envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime, outcome: Outcome, decision: Decision
+    envelope: Envelope,
+    event: MaintenanceEvent,
+    deps: Deps,
+    now: datetime,
+    outcome: Outcome,
+    decision: Decision,
+    nothing: str = "nothing drained by this system",
+    put_back: bool = True,
 ) -> None:
+    """End the event's drains: put each VM back (unless `put_back` is off: the VMs are gone), drop
+    its drain record, free the event's budget slots and admit the events waiting for them."""
     key = event_key(event)
     drained = deps.store.drains(key)
     pools = _pools([*event.resources, event.reporter, *drained], deps.policy)
     for name in pools:
         deps.store.unpark(name, key)  # ended while waiting for the budget: nothing to do for it
     if not drained:
-        _note(deps, outcome, now, envelope, event, "none", event.reporter, decision, "nothing drained by this system")
+        _note(deps, outcome, now, envelope, event, "none", event.reporter, decision, nothing)
     failures: list[BridgeError] = []
     for vm, record in sorted(drained.items()):
         if deps.policy.dry_run:
@@ -303,6 +422,10 @@ def _restore(
             _note(deps, outcome, now, envelope, event, "restore", vm, decision, "dry run: not restored")
             continue
         memento: JsonObject = record.get("memento", {})
+        if not put_back:
+            deps.store.forget_drain(key, vm)
+            _note(deps, outcome, now, envelope, event, "none", vm, decision, "the VM is gone: nothing put back")
+            continue
         try:
             if memento:
                 deps.balancer.restore(vm, memento)
@@ -336,8 +459,19 @@ def _raise_restore_failures(failures: Sequence[BridgeError]) -> None:
 
 
 def _admit_waiting(pool: str, deps: Deps, now: datetime, outcome: Outcome) -> None:
-    """A slot may be free: the oldest waiting events of the pool go, as far as the budget allows."""
-    for parked in deps.store.parked(pool):
+    """A slot may be free: the oldest waiting events of the pool go, as far as the budget allows.
+
+    A waiting event that ended meanwhile is taken out of the line by `_act` (a late step) and the
+    next one is tried. That may admit events itself (its end frees its slots), so the line is read
+    again after each event rather than walked from a list that may be stale.
+    """
+    tried: set[str] = set()
+    while True:
+        waiting = [parked for parked in deps.store.parked(pool) if parked.event_key not in tried]
+        if not waiting:
+            return
+        parked = waiting[0]
+        tried.add(parked.event_key)
         envelope = decode(parked.envelope)
         event = envelope.data
         if not isinstance(event, MaintenanceEvent):

@@ -7,7 +7,7 @@ can share one database):
     claims/{h(key)}          key, state (in-progress | done), lease_until, updated_at, expire_at
     budget_pools/{h(pool)}   pool, reservations: [{event_key, vms}]   one document per pool
     drains/{h(event_key)}    event_key, vms: {vm: memento as JSON text}
-    remembered/{h(key)}      key, value (bytes)
+    remembered/{h(key)}      key, value (bytes): command bytes, event ends
     parked/{h(pool, key)}    pool, event_key, envelope (bytes), parked_at
     audit/{time-ordered id}  the AuditRecord fields, event_id_lower, recorded_at (server time)
 
@@ -235,7 +235,7 @@ def _park(transaction: firestore.Transaction, ref: firestore.DocumentReference, 
 
 class FirestoreStateStore:
     """StateStore on Firestore: idempotency claims, budget reservations, drains, remembered
-    command bytes and budget waits."""
+    values (command bytes, event ends) and budget waits."""
 
     def __init__(self, client: firestore.Client, *, prefix: str = DEFAULT_PREFIX, database: str = "(default)") -> None:
         self._client = client
@@ -315,6 +315,12 @@ class FirestoreStateStore:
                 pass
             stored = ref.get().get("value")
         return bytes(stored)
+
+    def recall(self, key: str) -> bytes | None:
+        with self._errors("recall " + key):
+            snapshot = self._remembered.document(doc_id(key)).get()
+            stored = snapshot.get("value") if snapshot.exists else None
+        return None if stored is None else bytes(stored)
 
     def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
         fields = {"pool": pool, "event_key": event_key, "envelope": envelope, "parked_at": now}

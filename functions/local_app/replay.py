@@ -3,7 +3,8 @@
 Each envelope is processed at its own `time`, against an in-memory store and a load balancer
 that drains any VM, so the output shows exactly what the policy would have done — to test a
 policy before deploying it, or to review an incident from the agent's recorded output.
-Duplicated envelopes (same id) produce no new actions, as in production.
+Duplicated envelopes (same id) produce no new actions, as in production; nor does a step recorded
+after its event's end (an unordered bus): it is printed as `none`, with a reason starting "late:".
 """
 
 from __future__ import annotations

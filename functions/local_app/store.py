@@ -145,6 +145,11 @@ class SqliteStore:
             (stored,) = db.execute("SELECT value FROM remembered WHERE key = ?", (key,)).fetchone()
         return bytes(stored)
 
+    def recall(self, key: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM remembered WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
     def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
         with self._transaction() as db:
             # A later step of a waiting event replaces its envelope but keeps its place in line.

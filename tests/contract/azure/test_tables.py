@@ -278,6 +278,21 @@ def test_remember_keeps_the_first_value(stores: Stores) -> None:
     assert answer == first
 
 
+def test_recall_reads_what_remember_stored_and_never_stores(stores: Stores) -> None:
+    # GIVEN a key with characters Table keys refuse, never remembered
+    key = "ended|azure:a/b\\c#d?e%f"
+
+    # WHEN it is recalled, THEN there is nothing, and the recall stored nothing either
+    assert stores.state.recall(key) is None
+    assert stores.state.remember(key, b"first\x00\xff") == b"first\x00\xff"
+
+    # THEN a recall reads what remember stored, from any client, and a recall changes nothing
+    assert stores.state.recall(key) == b"first\x00\xff"
+    assert stores.second_client().recall(key) == b"first\x00\xff"
+    assert stores.state.remember(key, b"second") == b"first\x00\xff"
+    assert stores.state.recall("ended|azure:other") is None
+
+
 # ---------------------------------------------------------------- waits
 
 

@@ -238,6 +238,20 @@ def test_remember_keeps_the_first_value(backend: Backend) -> None:
     assert backend.store.remember("command:other", b"command-3") == b"command-3"
 
 
+def test_recall_reads_what_remember_stored_and_never_stores(backend: Backend) -> None:
+    # GIVEN a key never remembered (with characters Firestore refuses in document ids)
+    key = "ended|azure:a/b__c__"
+
+    # WHEN it is recalled, THEN there is nothing, and the recall stored nothing either
+    assert backend.store.recall(key) is None
+    assert backend.store.remember(key, b"first\x00\xff") == b"first\x00\xff"
+
+    # THEN a recall reads what remember stored, and changes nothing
+    assert backend.store.recall(key) == b"first\x00\xff"
+    assert backend.store.remember(key, b"second") == b"first\x00\xff"
+    assert backend.store.recall("ended|azure:other") is None
+
+
 def test_two_retries_racing_to_remember_agree_on_one_value(backend: Backend) -> None:
     values = race(2, lambda index: backend.store.remember("command:race", f"value-{index}".encode()))
     assert values[0] == values[1]
@@ -393,6 +407,22 @@ def test_process_runs_a_whole_lifecycle_with_a_budget_on_this_backend(backend: B
     assert [command.event_id for command in world.commands] == ["E1", "E2"]
     assert backend.store.parked("web") == []
     assert [entry.kind for entry in backend.audit.query(event_id="E2")][:3] == ["event", "decision", "action"]
+
+
+def test_process_drains_nothing_for_a_scheduled_step_that_comes_after_its_completion(backend: Backend) -> None:
+    # GIVEN an event whose completion was processed first (the trigger's subscription is not ordered)
+    world = Recorded()
+    deps = Deps(store=backend.store, balancer=world, sender=world, audit=backend.audit, policy=Policy())
+    process(reboot(EventStatus.COMPLETED), deps, NOW)
+
+    # WHEN its scheduled step arrives
+    late = process(reboot(EventStatus.SCHEDULED), deps, NOW + timedelta(minutes=1))
+
+    # THEN it is acknowledged with nothing drained or approved, and audited as late
+    assert [(taken.action, taken.reason) for taken in late.actions] == [
+        ("none", "late: event already completed at 2026-03-01T12:00:00Z, nothing to do")
+    ]
+    assert (world.drained, world.commands) == ([], [])
 
 
 # ---------------------------------------------------------------- Firestore specifics

@@ -515,3 +515,207 @@ def test_a_concurrent_delivery_of_the_same_envelope_waits_and_is_a_duplicate(tmp
     assert len(sent.commands) == 1
     assert pool.members("web") == ["web-2"]
     store.close()
+
+
+# ---------------------------------------------------------------- steps that arrive after their event's end
+
+
+def late_reasons(world: World, event_id: str = "E-REBOOT") -> list[str]:
+    return [r.reason for r in world.store.query(event_id=event_id) if r.kind == "action" and r.rule == "late"]
+
+
+@pytest.mark.parametrize(
+    ("step", "end"),
+    [
+        pytest.param(EventStatus.SCHEDULED, EventStatus.COMPLETED, id="scheduled-after-completed"),
+        pytest.param(EventStatus.SCHEDULED, EventStatus.CANCELED, id="scheduled-after-canceled"),
+        pytest.param(EventStatus.STARTED, EventStatus.COMPLETED, id="started-after-completed"),
+    ],
+)
+def test_a_step_redelivered_after_its_events_end_drains_nothing_and_sends_no_approval(
+    world: World, step: EventStatus, end: EventStatus
+) -> None:
+    # GIVEN a step of the event that failed once (the load balancer API timed out) ...
+    world.pool.fail_next_drain = True
+    with pytest.raises(RetryableError):
+        world.run(reboot(step))
+    # ... and the event's end, processed before the bus delivered that step again (no order)
+    ended_at = NOW + timedelta(minutes=20)
+    world.run(reboot(end), at=ended_at)
+
+    # WHEN the failed step is redelivered
+    late = world.run(reboot(step), at=ended_at + timedelta(minutes=1))
+
+    # THEN it is acknowledged without draining or approving anything, and the audit log says why
+    assert late.result == "processed"
+    assert [(a.action, a.vm) for a in late.actions] == [("none", "web-0")]
+    assert world.pool.drained == []
+    assert world.sent.commands == []
+    assert world.pool.pool.members("web") == list(SET)
+    assert late_reasons(world) == [f"late: event already {end.value} at 2026-03-01T12:20:00Z, nothing to do"]
+
+
+def test_a_late_step_puts_back_what_an_earlier_attempt_drained_after_the_end_was_processed(world: World) -> None:
+    # GIVEN a scheduled step that drained web-0 and died before it could check for the event's end,
+    # while the completion (processed first, as the bus did not keep order) had nothing to restore
+    world.run(reboot(EventStatus.COMPLETED))
+    world.store.record_drain("azure:e-reboot", "web-0", {"memento": {"pools": ["web"]}, "state": "removed"})
+    world.pool.pool.remove("web-0", {"pools": ["web"]})
+
+    # WHEN the scheduled step is redelivered
+    late = world.run(reboot(EventStatus.SCHEDULED), at=NOW + CLAIM_LEASE + timedelta(seconds=1))
+
+    # THEN web-0 is put back, and nothing else is done
+    assert [(a.action, a.vm) for a in late.actions] == [("restore", "web-0")]
+    assert world.pool.pool.members("web") == list(SET)
+    assert world.store.drains("azure:e-reboot") == {}
+    assert world.sent.commands == []
+
+
+def test_a_step_whose_event_ends_while_it_drains_restores_what_it_drained_and_approves_nothing(world: World) -> None:
+    # GIVEN a late scheduled step that passes the check for the event's end, and the completion,
+    # processed by another invocation while the first removal is under way
+    completed_at = NOW + timedelta(seconds=1)
+    completions: list[Any] = []
+
+    def remove_while_the_event_completes(vm: str, memento: JsonObject) -> None:
+        if not completions:
+            completions.append(world.run(reboot(EventStatus.COMPLETED), at=completed_at))
+        world.pool.remove(vm, memento)
+
+    balancer = _Balancer(world.pool.locate, remove_while_the_event_completes, world.pool.restore)
+
+    # WHEN the scheduled step goes on after that removal
+    outcome = world.run(reboot(EventStatus.SCHEDULED), balancer=balancer)
+
+    # THEN its re-check sees the end: both VMs it drained are back and no approval went out
+    assert [(a.action, a.vm) for a in outcome.actions] == [
+        ("drain", "web-0"),
+        ("drain", "web-1"),
+        ("restore", "web-0"),
+        ("restore", "web-1"),
+    ]
+    assert world.pool.pool.members("web") == list(SET)
+    assert world.sent.commands == []
+    assert world.store.drains("azure:e-reboot") == {}
+    why = "late: event completed at 2026-03-01T12:00:01Z while this step drained; put back what it drained, no approval"
+    assert late_reasons(world) == [why, why]
+    # (and the completion, which ran before web-0 was actually removed, did not leave it out either)
+    assert [(a.action, a.vm) for a in completions[0].actions] == [("restore", "web-0")]
+
+
+def test_a_budget_slot_taken_by_a_step_whose_event_ends_while_it_drains_is_freed(world: World) -> None:
+    # GIVEN a pool with one slot, and a late scheduled step of E1 whose completion is processed
+    # while E1's VM is being removed
+    world.policy = Policy(pools=(Pool("web", frozenset(SET), max_drained=1),))
+    e1: dict[str, Any] = {"event_id": "E1", "resources": ("web-0",)}
+    done: list[Any] = []
+
+    def remove_while_the_event_completes(vm: str, memento: JsonObject) -> None:
+        if not done:
+            done.append(world.run(reboot(EventStatus.COMPLETED, **e1)))
+        world.pool.remove(vm, memento)
+
+    balancer = _Balancer(world.pool.locate, remove_while_the_event_completes, world.pool.restore)
+    world.run(reboot(EventStatus.SCHEDULED, **e1), balancer=balancer)
+
+    # WHEN another event of the pool is scheduled
+    e2 = world.run(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("web-1",), reporter="web-1"))
+
+    # THEN it goes ahead at once: E1 holds no slot
+    assert [a.action for a in e2.actions] == ["drain", "approve"]
+    assert [c.event_id for c in world.sent.commands] == ["E2"]
+
+
+def test_a_waiting_terminate_that_completed_leaves_the_line_and_the_next_one_is_admitted(world: World) -> None:
+    # GIVEN a pool with one slot held by E1, and two events waiting: a Terminate (E2) that completed
+    # while it waited (the VM is gone; its completion restores nothing), then E3
+    world.policy = Policy(pools=(Pool("web", frozenset(SET), max_drained=1),))
+    world.run(reboot(EventStatus.SCHEDULED, event_id="E1", resources=("web-0",)))
+    terminate: dict[str, Any] = {
+        "event_id": "E2",
+        "kind": EventKind.TERMINATE,
+        "resources": ("web-1",),
+        "reporter": "web-1",
+    }
+    world.run(reboot(EventStatus.SCHEDULED, **terminate))
+    world.run(reboot(EventStatus.COMPLETED, **terminate))
+    # (its completion took it out of the line at once)
+    assert [parked.event_key for parked in world.store.parked("web")] == []
+    world.run(reboot(EventStatus.SCHEDULED, event_id="E3", resources=("web-2",), reporter="web-2"))
+
+    # WHEN E1 completes and frees the slot
+    done = world.run(reboot(EventStatus.COMPLETED, event_id="E1", resources=("web-0",)), at=NOW + timedelta(hours=1))
+
+    # THEN E2 is never drained and E3 is drained and approved
+    assert [(a.action, a.vm) for a in done.actions] == [
+        ("restore", "web-0"),
+        ("drain", "web-2"),
+        ("approve", "web-2"),
+    ]
+    assert world.pool.drained == ["web-0", "web-2"]
+    assert [c.event_id for c in world.sent.commands] == ["E1", "E3"]
+    assert world.store.parked("web") == []
+
+
+def test_an_event_parked_just_after_its_end_is_dropped_once_and_the_next_is_admitted_once(world: World) -> None:
+    # GIVEN a pool with one slot held by E1; E2's scheduled step passed the check for an end, E2
+    # was canceled (nothing parked to drop yet), and only then was E2 parked; E3 waits behind it
+    world.policy = Policy(pools=(Pool("web", frozenset(SET), max_drained=1),))
+    world.run(reboot(EventStatus.SCHEDULED, event_id="E1", resources=("web-0",)))
+    e2: dict[str, Any] = {"event_id": "E2", "resources": ("web-1",), "reporter": "web-1"}
+    world.run(reboot(EventStatus.CANCELED, **e2))
+    world.store.park("web", "azure:e2", encode(envelope_for_event(reboot(EventStatus.SCHEDULED, **e2), NOW)), NOW)
+    world.run(reboot(EventStatus.SCHEDULED, event_id="E3", resources=("web-2",), reporter="web-2"))
+
+    # WHEN E1 completes and frees the slot
+    done = world.run(reboot(EventStatus.COMPLETED, event_id="E1", resources=("web-0",)), at=NOW + timedelta(hours=1))
+
+    # THEN E2 leaves the line without a drain, and E3 is drained and approved exactly once
+    assert [(a.action, a.vm) for a in done.actions] == [
+        ("restore", "web-0"),
+        ("none", "web-1"),
+        ("drain", "web-2"),
+        ("approve", "web-2"),
+    ]
+    assert world.pool.drained == ["web-0", "web-2"]
+    assert [c.event_id for c in world.sent.commands] == ["E1", "E3"]
+    assert world.store.parked("web") == []
+
+
+def test_the_lifecycle_in_order_is_unchanged_by_the_check_for_an_end(world: World) -> None:
+    # GIVEN a platform Reboot WHEN its steps arrive in order
+    steps = [
+        world.run(reboot(status), at=NOW + timedelta(minutes=minutes))
+        for status, minutes in ((EventStatus.SCHEDULED, 0), (EventStatus.STARTED, 15), (EventStatus.COMPLETED, 25))
+    ]
+
+    # THEN each step does what the policy says, and nothing is late
+    assert [[a.action for a in step.actions] for step in steps] == [
+        ["drain", "drain", "approve"],
+        ["none"],
+        ["restore", "restore"],
+    ]
+    assert [step.decision.rule if step.decision else "" for step in steps] == ["5-platform", "2-started", "1-ended"]
+    assert late_reasons(world) == []
+    assert world.pool.pool.members("web") == list(SET)
+    assert len(world.sent.commands) == 1
+
+
+def test_a_completed_terminate_frees_its_budget_slot_without_putting_the_vm_back(world: World) -> None:
+    # GIVEN a pool with one slot, taken by a scale-in Terminate of web-0, and a Reboot of web-1 waiting
+    world.policy = Policy(pools=(Pool("web", frozenset(SET), max_drained=1),))
+    terminate: dict[str, Any] = {"event_id": "E1", "kind": EventKind.TERMINATE, "resources": ("web-0",)}
+    world.run(reboot(EventStatus.SCHEDULED, **terminate))
+    waiting = world.run(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("web-1",), reporter="web-1"))
+    assert [a.action for a in waiting.actions] == ["wait"]
+
+    # WHEN the Terminate completes (the VM is deleted)
+    done = world.run(reboot(EventStatus.COMPLETED, **terminate), at=NOW + timedelta(minutes=10))
+
+    # THEN web-0 is not put back, its drain record and slot are gone, and the Reboot is admitted
+    assert [(a.action, a.vm) for a in done.actions] == [("none", "web-0"), ("drain", "web-1"), ("approve", "web-1")]
+    assert world.pool.restored == []
+    assert world.pool.drained == ["web-0", "web-1"]
+    assert world.store.drains("azure:e1") == {}
+    assert world.store.parked("web") == []

@@ -88,6 +88,25 @@ def test_duplicates_take_no_new_action() -> None:
     assert thrice == once
 
 
+def test_steps_recorded_after_their_events_end_are_replayed_as_late_with_no_drain() -> None:
+    # GIVEN a recording whose completion came before the scheduled and started steps (an unordered
+    # bus, or a failed delivery retried after the end)
+    scheduled, started, completed = (RECORDINGS / "platform-reboot.jsonl").read_text().splitlines()
+
+    # WHEN it is replayed
+    result, _ = run([completed, scheduled, started])
+
+    # THEN nothing is drained or approved, and the late steps say why
+    assert [(a["status"], a["action"]) for a in result] == [
+        ("completed", "none"),
+        ("scheduled", "none"),
+        ("started", "none"),
+    ]
+    assert [a["reason"] for a in result[1:]] == [
+        "late: event already completed at 2026-11-22T03:51:23.318Z, nothing to do"
+    ] * 2
+
+
 def test_a_policy_file_changes_the_decisions() -> None:
     lines = (RECORDINGS / "platform-reboot.jsonl").read_text().splitlines()
     result, _ = run(lines, json.dumps({"approve_platform_events": False}))
