@@ -34,6 +34,7 @@ class Clock:
             raise ValueError(f"speed must be a positive number, got {speed!r}")
         self.speed = float(speed)
         self._monotonic = monotonic
+        self._wall = wall
         self._start_monotonic = monotonic()
         self._start_wall = wall()
         self._skew = 0.0
@@ -69,6 +70,12 @@ class Clock:
     def wall_now(self) -> float:
         """The real wall-clock time now (epoch seconds), on the same scale as `wall_at`."""
         return self._start_wall + (self._monotonic() - self._start_monotonic)
+
+    def system_now(self) -> float:
+        """The system clock now (`time.time()`, full precision): the scale other processes stamp
+        their own moments on (a bus's publish time), so a change can be timed across processes.
+        Unlike `wall_now` it follows steps of the system clock."""
+        return self._wall()
 
 
 def rfc1123(epoch: float) -> str:

@@ -104,6 +104,10 @@ class _Handler(BaseHTTPRequestHandler):
     # Both metadata services speak HTTP/1.1 with keep-alive; clients that reuse connections
     # (requests.Session) must behave here as they will on a VM. Every answer has a Content-Length.
     protocol_version = "HTTP/1.1"
+    # An answer is written as headers, then body: with Nagle's algorithm on, the body waits for the
+    # client's delayed ACK of the headers (40 ms on Linux) on a kept-alive connection. The metadata
+    # services answer without that delay; so does the simulator.
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:
         self._dispatch()

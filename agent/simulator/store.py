@@ -84,6 +84,7 @@ class Response:
 class LogEntry(TypedDict):
     time: str
     sim_time: float
+    unix_time: float  # the system clock when the change took effect, to the microsecond
     vm: str | None
     message: str
 
@@ -98,7 +99,14 @@ class SimLog:
 
     def add(self, message: str, vm: str | None = None, at: float | None = None) -> None:
         sim_time = self._clock.sim_now() if at is None else at
-        entry = LogEntry(time=rfc3339(self._clock.wall_now()), sim_time=round(sim_time, 3), vm=vm, message=message)
+        # Changes are logged from inside their critical section: no client sees one before its unix_time.
+        entry = LogEntry(
+            time=rfc3339(self._clock.wall_now()),
+            sim_time=round(sim_time, 3),
+            unix_time=round(self._clock.system_now(), 6),
+            vm=vm,
+            message=message,
+        )
         with self._cond:
             self._entries.append(entry)
         where = f" {vm}:" if vm else ""
