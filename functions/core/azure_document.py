@@ -7,7 +7,7 @@ with the wrong type is an error that names the field, never a silent default.
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any, TypedDict
 
 from functions.core.errors import MalformedDocumentError
+from functions.core.jsontext import load_json
 from functions.core.model import (
     Cloud,
     EventKind,
@@ -24,6 +25,9 @@ from functions.core.model import (
     MaintenanceEvent,
 )
 from functions.core.timefmt import parse_rfc1123
+
+# A quoted integer: ASCII digits only (str.isdigit() also takes "²"), and no longer than an int64.
+_DECIMAL = re.compile(r"^-?[0-9]{1,18}$")
 
 
 class AzureEventWire(TypedDict, total=False):
@@ -92,7 +96,7 @@ def parse_scheduled_events(body: bytes | str) -> ScheduledEventsDocument:
             message names it. The caller should keep its previous state and poll again.
     """
     try:
-        document = json.loads(body)
+        document = load_json(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise MalformedDocumentError(f"scheduled events document is not JSON ({exc}); will retry") from exc
     if not isinstance(document, dict):
@@ -176,7 +180,7 @@ def _integer(value: Any, name: str) -> int | None:
         raise MalformedDocumentError(f"{name} must be an integer, got a boolean")
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and _DECIMAL.match(value.strip()):
         return int(value.strip())
     raise MalformedDocumentError(f"{name} must be an integer, got {value!r}")
 

@@ -24,6 +24,7 @@ from enum import Enum
 from typing import Any
 
 from functions.core.errors import PermanentError
+from functions.core.jsontext import load_json
 from functions.core.model import JsonObject
 from functions.core.timefmt import format_rfc3339, parse_rfc3339
 
@@ -167,7 +168,10 @@ def decode_command(body: bytes | str) -> ReceivedCommand:
             wrong type, an unknown `type`, a timestamp that is not RFC 3339, expires_at not after
             issued_at, or execute_at after expires_at. The message names the field.
     """
-    raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    try:
+        raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    except UnicodeEncodeError as exc:
+        raise MalformedCommandError(f"the body is not valid Unicode text: {exc}") from exc
     document = load_command_object(raw)
     unknown = sorted(set(document) - KNOWN_FIELDS)
     if unknown:
@@ -201,7 +205,7 @@ def load_command_object(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_COMMAND_BYTES:
         raise MalformedCommandError(f"the body is {len(raw)} bytes; a command is at most {MAX_COMMAND_BYTES}")
     try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        document = load_json(raw, object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, ValueError) as exc:
         raise MalformedCommandError(f"the body is not UTF-8 JSON: {exc}") from exc
     if not isinstance(document, dict):

@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any, TypeVar, Union
 
 from functions.core.errors import MalformedEnvelopeError
+from functions.core.jsontext import load_json, require_unicode
 from functions.core.model import (
     SCHEMA_VERSION,
     Cloud,
@@ -309,9 +310,13 @@ def command_result_from_data(data: Mapping[str, Any], *, accepted: bool) -> Comm
 
 def _load_object(body: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(body, Mapping):
+        try:
+            require_unicode(body)
+        except ValueError as exc:
+            raise MalformedEnvelopeError(f"the message body is not valid JSON text: {exc}") from exc
         return dict(body)
     try:
-        document = json.loads(body)
+        document = load_json(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise MalformedEnvelopeError(f"the message body is not UTF-8 JSON: {exc}") from exc
     if not isinstance(document, dict):

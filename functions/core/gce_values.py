@@ -8,13 +8,13 @@ by the agent) or, for upcoming-maintenance, its stable windowStartTime.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, TypedDict
 
 from functions.core.errors import MalformedDocumentError
+from functions.core.jsontext import load_json
 from functions.core.model import Cloud, EventKind, EventStatus, JsonObject, MaintenanceEvent
 from functions.core.timefmt import format_rfc3339, parse_rfc3339
 
@@ -121,7 +121,7 @@ def parse_upcoming_maintenance(text: bytes | str) -> UpcomingMaintenance:
         MalformedDocumentError: not a JSON object, or a field has the wrong type.
     """
     try:
-        document = json.loads(text)
+        document = load_json(text)
     except (UnicodeDecodeError, ValueError) as exc:
         raise MalformedDocumentError(f"upcoming-maintenance is not JSON ({exc}); will retry") from exc
     if not isinstance(document, dict):

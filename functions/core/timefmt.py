@@ -43,9 +43,11 @@ def parse_rfc3339(text: str) -> datetime:
             micros,
             tzinfo=timezone(offset),
         )
+        return local.astimezone(timezone.utc)
     except ValueError as exc:  # e.g. month 13: the shape matched but the date does not exist
         raise ValueError(f"{text!r} is not an RFC 3339 timestamp: {exc}") from exc
-    return local.astimezone(timezone.utc)
+    except OverflowError as exc:  # a valid local time whose UTC falls outside years 1-9999
+        raise ValueError(f"{text!r} is outside the years 1-9999 once in UTC") from exc
 
 
 def format_rfc3339(moment: datetime) -> str:
@@ -66,11 +68,14 @@ def parse_rfc1123(text: str) -> datetime:
     """
     try:
         moment = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError) as exc:  # Python 3.9 raises TypeError
+    except (TypeError, ValueError, IndexError, OverflowError) as exc:  # Python 3.9 raises TypeError
         raise ValueError(f"{text!r} is not an RFC 1123 date such as 'Mon, 11 Apr 2022 22:26:58 GMT'") from exc
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc)
+    try:
+        return moment.astimezone(timezone.utc)
+    except OverflowError as exc:  # a valid local time whose UTC falls outside years 1-9999
+        raise ValueError(f"{text!r} is outside the years 1-9999 once in UTC") from exc
 
 
 def format_rfc1123(moment: datetime) -> str:

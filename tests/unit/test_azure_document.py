@@ -74,6 +74,13 @@ def test_quoted_numbers_are_accepted() -> None:
     assert document.events[0].duration_seconds == -1
 
 
+@pytest.mark.parametrize("text", ["²", "٣", "--5", "-", "+5", "0x10", "1" * 19])
+def test_a_quoted_number_is_ascii_decimal_and_no_longer_than_an_int64(text: str) -> None:
+    body = json.dumps({"DocumentIncarnation": "9", "Events": [_event(DurationInSeconds=text)]})
+    with pytest.raises(MalformedDocumentError, match="DurationInSeconds must be an integer"):
+        parse_scheduled_events(body)
+
+
 def _event(**overrides: object) -> dict[str, object]:
     event: dict[str, object] = {
         "EventId": "602d9444-d2cd-49c7-8624-8643e7171297",

@@ -53,3 +53,15 @@ def test_azure_not_before_round_trips() -> None:
 def test_bad_not_before_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="RFC 1123"):
         parse_rfc1123(text)
+
+
+@pytest.mark.parametrize("text", ["9999-12-31T23:59:59-00:01", "0001-01-01T00:00:00+00:01"])
+def test_rfc3339_outside_the_calendar_once_in_utc_is_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError, match="outside the years 1-9999"):
+        parse_rfc3339(text)
+
+
+@pytest.mark.parametrize("text", ["Fri, 31 Dec 9999 23:59:59 -0001", "Fri, 31 Dec 9999 23:30:00 -0100"])
+def test_rfc1123_outside_the_calendar_once_in_utc_is_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError, match="outside the years 1-9999"):
+        parse_rfc1123(text)
