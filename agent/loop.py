@@ -279,6 +279,15 @@ class Agent:
                     if command.abandon is not None:
                         command.abandon()
                     continue
+                except Exception:
+                    # A fault in handling one command must not hold up the ones received with it.
+                    # Given back unsettled: the bus redelivers it and, past its max delivery count,
+                    # dead-letters it.
+                    self._metrics.inc("mbridge_errors_total", kind="command_crash")
+                    LOGGER.exception("handling a command failed; it is given back to the bus")
+                    if command.abandon is not None:
+                        command.abandon()
+                    continue
                 if result is not None:
                     self._record_results([result])
                 command.settle()

@@ -6,12 +6,18 @@ moment the metadata server announces it. After every change of `maintenance-even
 the key is also read directly once more: GCE only gives the 60-second warning to VMs
 that queried that key (not a parent directory) since the last maintenance event.
 503 (seen during maintenance) and other failures are retried with jittered backoff;
-404 means the key is absent, which is a value, not an error.
+404 means the key is absent, which is a value, not an error. A value that does not parse is
+a failure too, not a reading: the watcher reads again instead of long-polling on its ETag,
+which would hide the change it carried until the long-poll times out. A long-poll that comes
+back unchanged within a second (a server or proxy that does not hold it) is followed by the
+next one only once that second is up, so the watchers cannot spin; a change, and the direct
+re-read after it, are never held back.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +25,15 @@ from typing import Callable
 
 from agent.sources.http import MetadataHttp, MetadataUnavailableError
 from agent.timing import Backoff, Clock
-from functions.core.gce_values import MAINTENANCE_EVENT_KEY
+from functions.core.errors import MalformedDocumentError
+from functions.core.gce_values import (
+    MAINTENANCE_EVENT_KEY,
+    PREEMPTED_KEY,
+    UPCOMING_MAINTENANCE_KEY,
+    parse_maintenance_event,
+    parse_preempted,
+    parse_upcoming_maintenance,
+)
 
 LOGGER = logging.getLogger("mbridge.gce")
 
@@ -28,6 +42,18 @@ PREFIX = "/computeMetadata/v1/instance/"
 HEADERS = {"Metadata-Flavor": "Google"}
 # The server holds a long-poll up to timeout_sec; the read timeout leaves it room to answer.
 LONG_POLL_SECONDS = 60
+# A long-poll is held by the server until a change or its timeout; one that comes back unchanged
+# sooner than this is paced to it, so three watchers send at most 3 such requests a second.
+MIN_UNCHANGED_LONG_POLL_SECONDS = 1.0
+# GCE instance ids are unsigned 64-bit integers in decimal. Every GCE event id is derived from it,
+# so a garbled answer must never become the identity.
+_INSTANCE_ID = re.compile(r"^[0-9]{1,20}$")
+# Each watched key's parser: an answer it refuses is retried, never kept as the key's reading.
+VALUE_PARSERS: dict[str, Callable[[str], object]] = {
+    MAINTENANCE_EVENT_KEY: parse_maintenance_event,
+    UPCOMING_MAINTENANCE_KEY: parse_upcoming_maintenance,
+    PREEMPTED_KEY: parse_preempted,
+}
 
 
 @dataclass(frozen=True)
@@ -92,7 +118,15 @@ class GceMetadataClient:
         return self._identity("name")
 
     def instance_id(self) -> str:
-        return self._identity("id")
+        """instance/id, checked to be a decimal integer.
+
+        Raises:
+            MetadataUnavailableError: absent, or not a decimal integer (a garbled answer); retry.
+        """
+        value = self._identity("id")
+        if not _INSTANCE_ID.match(value):
+            raise MetadataUnavailableError("malformed", f"instance/id answered {value[:40]!r}, not a decimal id")
+        return value
 
     def _identity(self, key: str) -> str:
         reading = self.read(key)
@@ -131,15 +165,24 @@ class GceKeyWatcher:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            # Until the first answer, read directly; afterwards long-poll on the ETag.
+            wait = self._last is not None
+            asked_at = self._clock.monotonic()
             try:
-                # Until the first answer, read directly; afterwards long-poll on the ETag.
-                self.step(wait=self._last is not None)
+                observation = self.step(wait=wait)
                 self._backoff.reset()
             except MetadataUnavailableError as exc:
                 delay = self._backoff.next_delay()
                 self._on_poll("error", exc.kind)
                 LOGGER.warning("reading %s failed (%s), retrying in %.1f s: %s", self.key, exc.kind, delay, exc)
                 stop.wait(delay)
+                continue
+            if wait and observation is None:
+                stop.wait(self.pause_after_unchanged(asked_at))
+
+    def pause_after_unchanged(self, asked_at: float) -> float:
+        """Seconds to wait before the next long-poll after one that came back unchanged."""
+        return max(0.0, asked_at + MIN_UNCHANGED_LONG_POLL_SECONDS - self._clock.monotonic())
 
     def step(self, *, wait: bool) -> GceObservation | None:
         """One request; returns (and emits) an observation when the value changed."""
@@ -148,6 +191,7 @@ class GceKeyWatcher:
         answered_at = self._clock.monotonic()
         gap = 0.0 if self._last_answer_at is None else max(0.0, asked_at - self._last_answer_at)
         self._last_answer_at = answered_at
+        self._check_parses(reading)
         changed = self._last is None or reading.value != self._last.value
         self._last = reading
         if not changed:
@@ -160,3 +204,13 @@ class GceKeyWatcher:
             # A direct query after every event, so GCE keeps sending the 60-second warning.
             self._client.read(self.key)
         return observation
+
+    def _check_parses(self, reading: GceReading) -> None:
+        parse = VALUE_PARSERS.get(self.key)
+        if parse is None or reading.value is None:
+            return
+        try:
+            parse(reading.value)
+        except MalformedDocumentError as exc:
+            message = f"{self.key} answered a value that does not parse: {exc}"
+            raise MetadataUnavailableError("malformed", message) from exc

@@ -63,6 +63,8 @@ class FakeProcessor:
     def handle(self, body: bytes) -> CommandResult | None:
         if body == b"retry":
             raise RetryableError("IMDS is not answering")
+        if body == b"bug":
+            raise RuntimeError("a bug in handling this one command")
         return CommandResult(command_id=body.decode(), accepted=True, event_id="E1", target="WestNO_0")
 
     def run_due(self) -> list[CommandResult]:
@@ -168,3 +170,31 @@ def test_commands_are_settled_after_their_result_is_recorded_and_retryable_ones_
     assert processor.reported[:2] == ["left-over", "cmd-1"]
     assert events == ["settled cmd-1", "abandoned retry"]
     assert metrics.value("mbridge_errors_total", kind="command_retry") == 1
+
+
+def test_a_command_whose_handling_crashes_is_given_back_and_the_next_is_still_handled(tmp_path: Path) -> None:
+    # GIVEN a command whose handling hits a bug, received in one batch with a good one
+    transport = FakeTransport()
+    processor = FakeProcessor()
+    agent, metrics = build(tmp_path, transport, processor)
+    events: list[str] = []
+    transport.receiver.queued = [
+        InboundCommand(
+            b"bug", {}, settle=lambda: events.append("settled bug"), abandon=lambda: events.append("abandoned bug")
+        ),
+        InboundCommand(b"cmd-2", {}, settle=lambda: events.append("settled cmd-2")),
+    ]
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+
+    # WHEN the agent runs
+    wait_until(lambda: "settled cmd-2" in events, 10, lambda: str(events))
+    stop.set()
+    runner.join(timeout=10)
+
+    # THEN the crashing one was given back unsettled (the bus redelivers, then dead-letters it), the
+    # next one was handled in the same pass, the crash was counted, and the worker never restarted
+    assert events == ["abandoned bug", "settled cmd-2"]
+    assert metrics.value("mbridge_errors_total", kind="command_crash") == 1
+    assert metrics.value("mbridge_errors_total", kind="crash") == 0

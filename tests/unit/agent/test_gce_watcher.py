@@ -1,0 +1,93 @@
+"""The GCE key watcher and identity reads, with a scripted metadata client (no HTTP)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import pytest
+
+from agent.sources.gce_metadata import GceKeyWatcher, GceMetadataClient, GceObservation, GceReading
+from agent.sources.http import MetadataHttp, MetadataUnavailableError
+from functions.core.gce_values import MAINTENANCE_EVENT_KEY, UPCOMING_MAINTENANCE_KEY
+
+
+@dataclass
+class FixedClock:
+    at: float = 100.0
+
+    def now(self) -> datetime:
+        return datetime(2026, 11, 25, 9, 0, tzinfo=timezone.utc)
+
+    def monotonic(self) -> float:
+        self.at += 0.01
+        return self.at
+
+
+class ScriptedClient(GceMetadataClient):
+    """Answers each read with the next scripted value; records what was asked."""
+
+    def __init__(self, answers: Iterator[tuple[str | None, str]]) -> None:
+        super().__init__(MetadataHttp("http://metadata.invalid", {}))
+        self._answers = answers
+        self.asked: list[tuple[str, bool, str | None]] = []
+
+    def read(self, key: str, *, wait: bool = False, last_etag: str | None = None) -> GceReading:
+        self.asked.append((key, wait, last_etag))
+        value, etag = next(self._answers)
+        return GceReading(key=key, value=value, etag=etag)
+
+
+@dataclass
+class Emitted:
+    seen: list[str | None] = field(default_factory=list)
+
+    def __call__(self, observation: GceObservation) -> None:
+        self.seen.append(observation.reading.value)
+
+
+def test_a_garbled_answer_is_not_kept_and_the_next_read_is_on_the_last_good_etag() -> None:
+    # GIVEN a watcher that read NONE (etag e1)
+    client = ScriptedClient(iter([("NONE", "e1"), ('"NO', "e2"), ("MIGRATE_ON_HOST_MAINTENANCE", "e3"), ("x", "e3")]))
+    emitted = Emitted()
+    watcher = GceKeyWatcher(client, MAINTENANCE_EVENT_KEY, emitted, clock=FixedClock())
+    watcher.step(wait=False)
+    # WHEN the long-poll that carries a change comes back garbled
+    with pytest.raises(MetadataUnavailableError) as failed:
+        watcher.step(wait=True)
+    # THEN it is a retryable failure of kind malformed, not a reading
+    assert failed.value.kind == "malformed"
+    assert "maintenance-event answered a value that does not parse" in str(failed.value)
+    # AND the next long-poll asks on the last good ETag, so the server answers the change at once
+    watcher.step(wait=True)
+    assert client.asked[2] == (MAINTENANCE_EVENT_KEY, True, "e1")
+    assert emitted.seen == ["NONE", "MIGRATE_ON_HOST_MAINTENANCE"]
+
+
+def test_an_absent_key_is_a_reading() -> None:
+    client = ScriptedClient(iter([(None, "e0")]))
+    emitted = Emitted()
+    GceKeyWatcher(client, UPCOMING_MAINTENANCE_KEY, emitted, clock=FixedClock()).step(wait=False)
+    assert emitted.seen == [None]
+
+
+@pytest.mark.parametrize("answer", ["\x00\xff<garbage>", "12a", "-5", "1" * 21, "  "])
+def test_an_instance_id_that_is_not_decimal_is_refused_for_a_retry(answer: str) -> None:
+    client = ScriptedClient(iter([(answer, "e")]))
+    with pytest.raises(MetadataUnavailableError) as failed:
+        client.instance_id()
+    assert failed.value.kind in {"malformed", "client_error"}
+
+
+def test_a_decimal_instance_id_is_the_identity() -> None:
+    assert ScriptedClient(iter([("4520031799277581759\n", "e")])).instance_id() == "4520031799277581759"
+
+
+def test_a_long_poll_that_comes_back_unchanged_at_once_is_paced_to_a_second() -> None:
+    clock = FixedClock()
+    watcher = GceKeyWatcher(ScriptedClient(iter([])), MAINTENANCE_EVENT_KEY, Emitted(), clock=clock)
+    # an answer right after the request: the rest of the second is waited out
+    assert 0.9 < watcher.pause_after_unchanged(clock.monotonic()) < 1.0
+    # a long-poll the server held for a while: the next one goes out at once
+    assert watcher.pause_after_unchanged(clock.monotonic() - 5.0) == 0.0
