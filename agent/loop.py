@@ -109,7 +109,9 @@ class Agent:
         self._clock = clock
         self._commands = commands
         self._flush_seconds = flush_seconds
-        self._publish_backoff = publish_backoff or Backoff(initial=0.5, maximum=30.0)
+        # Capped at 5 s: once the bus is back, the backlog goes out within seconds. One agent per VM
+        # retrying every few seconds costs a broker nothing.
+        self._publish_backoff = publish_backoff or Backoff(initial=0.5, maximum=5.0)
         self._observations: queue.Queue[Observation] = queue.Queue()
         self._stop_sources = threading.Event()
         self._stop_publisher = threading.Event()

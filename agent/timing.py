@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import deque
 from datetime import datetime, timezone
 from typing import Callable, Protocol
 
@@ -54,30 +55,35 @@ class Backoff:
 
 
 class RateLimiter:
-    """Spaces calls at least `1 / per_second` apart, across threads.
+    """At most `per_second` calls in any window of one second, across threads (a sliding window).
 
     Azure IMDS allows 5 requests per second per VM, shared with every other IMDS user on
-    that VM; the agent keeps below it with a margin.
+    that VM; the agent keeps below it with a margin. A window, not even spacing: the calls
+    of an approval (re-read the document, then POST) right after a poll go out at once
+    instead of a quarter-second apart each, and no second ever holds more than the limit.
     """
 
     def __init__(
         self,
-        per_second: float,
+        per_second: int,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if per_second <= 0:
-            raise ValueError("per_second must be positive")
-        self._interval = 1.0 / per_second
+        if per_second < 1:
+            raise ValueError("per_second must be a positive whole number")
+        self._per_second = per_second
         self._monotonic = monotonic
         self._sleep = sleep
-        self._next_slot = 0.0
+        self._granted: deque[float] = deque()  # the moments of the last `per_second` calls
         self._lock = threading.Lock()
 
     def acquire(self) -> None:
         with self._lock:
             now = self._monotonic()
-            slot = max(now, self._next_slot)
-            self._next_slot = slot + self._interval
+            slot = now
+            if len(self._granted) == self._per_second:
+                # The oldest of the last `per_second` calls must be a full second back.
+                slot = max(now, self._granted.popleft() + 1.0)
+            self._granted.append(slot)
         if slot > now:
             self._sleep(slot - now)

@@ -30,7 +30,7 @@ API_VERSION = "2020-07-01"
 INSTANCE_API_VERSION = "2021-02-01"
 HEADERS = {"Metadata": "true"}
 # IMDS allows 5 requests/s per VM, shared with other IMDS users on it: keep a margin.
-REQUESTS_PER_SECOND = 4.0
+REQUESTS_PER_SECOND = 4
 # "You should expect a delayed response in your first call of up to two minutes."
 FIRST_CALL_TIMEOUT = (2.0, 130.0)
 # IMDS throttles per second, and the shortest notice is 30 s (Preempt): backing off longer than
