@@ -147,7 +147,7 @@ class AzurePoller:
     def run(self, stop: threading.Event) -> None:
         first = True
         while not stop.is_set():
-            delay = self._interval
+            started = self._clock.monotonic()
             try:
                 self.poll_once(first_call=first)
                 first = False
@@ -156,7 +156,11 @@ class AzurePoller:
                 delay = self._backoff.next_delay()
                 self._on_poll("error", exc.kind)
                 LOGGER.warning("scheduled events poll failed (%s), retrying in %.1f s: %s", exc.kind, delay, exc)
-            stop.wait(delay)
+                stop.wait(delay)
+                continue
+            # At a fixed rate: a poll starts one interval after the last one started, so the request's
+            # own time does not stretch the period (and a change waits at most one interval).
+            stop.wait(max(0.0, started + self._interval - self._clock.monotonic()))
 
     def poll_once(self, *, first_call: bool = False) -> AzureObservation | None:
         """One GET; returns (and emits) the observation when the incarnation changed."""
