@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint infra unit venv compat39 clean
+.PHONY: demo test lint infra unit venv compat39 bench bench-quick clean
 
 venv: $(VENV)/.installed
 
@@ -26,7 +26,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/mypy --python-version 3.11 functions tests scripts function_app.py main.py
+	$(BIN)/mypy --python-version 3.11 functions tests scripts bench function_app.py main.py
 
 # infra/ offline: terraform fmt -check, and checkov over the Terraform and the Bicep, failing on
 # failed checks, skips without a reason and parsing errors (scripts/check_infra.py). checkov gets a
@@ -45,8 +45,16 @@ infra: venv $(INFRA_VENV)/.installed
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
+# The figures of docs/performance.md (about 35 minutes on 2 cores), or a quick pass (under 3 minutes).
+# Azurite comes from npm, as in CI; without it its throughput figure is reported as missing.
+bench: venv
+	$(BIN)/python -m bench --out bench/results/full.json
+
+bench-quick: venv
+	$(BIN)/python -m bench --quick --out bench/results/quick.json
+
 # The agent and functions/core on the oldest python3 they support (VM images), with the
-# embedded transports. (The function apps and their package run on 3.11 and are left out.) The cloud SDKs are left out: pip cannot settle their 3.9 releases in a
+# embedded transports. (The function apps, their package and bench/ run on 3.11 and are left out.) The cloud SDKs are left out: pip cannot settle their 3.9 releases in a
 # reasonable time, and the transport modules are plain 3.9 syntax checked by ruff and mypy.
 PYTHON39 ?= python3.9
 compat39:
@@ -54,7 +62,7 @@ compat39:
 	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography
 	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator tests/contract/agent \
 		tests/contract/test_commands_against_simulator.py --ignore=tests/unit/transports --ignore=tests/unit/azure \
-		--ignore=tests/unit/gcp --ignore=tests/unit/test_build_function_package.py -k "not pubsub"
+		--ignore=tests/unit/gcp --ignore=tests/unit/test_build_function_package.py --ignore=tests/unit/bench -k "not pubsub"
 
 clean:
 	rm -rf $(VENV) .venv39 $(INFRA_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json

@@ -1,0 +1,1 @@
+"""Benchmarks of maintenance-bridge: `python -m bench [--quick] --out FILE.json` (see docs/performance.md)."""
