@@ -45,7 +45,7 @@ infra: venv $(INFRA_VENV)/.installed
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
-# The figures of docs/performance.md (about 35 minutes on 2 cores), or a quick pass (under 3 minutes).
+# The figures of docs/performance.md (about 13 minutes on 2 cores), or a quick pass (under 3 minutes).
 # Azurite comes from npm, as in CI; without it its throughput figure is reported as missing.
 bench: venv
 	$(BIN)/python -m bench --out bench/results/full.json

@@ -24,7 +24,7 @@ Extra figures break the path into the steps the other witnesses show: the agent 
 envelope's time), the bus took it, the function picked it up (its decision record), the approve
 command was on the bus, the agent began it (its command ledger); and `agent_approval`, the agent's
 own share: from beginning the approve command to IMDS accepting the POST (a fresh GET of the
-document, then the POST, both through its 4 requests/s IMDS limiter).
+document, then the POST, both through its IMDS rate limiter, at most 4 requests in any second).
 """
 
 from __future__ import annotations
