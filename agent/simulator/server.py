@@ -309,6 +309,12 @@ class Simulator:
         """Metadata requests per VM: total, by status, and the most in any one real second (GET /_sim/traffic)."""
         return self._started().traffic.snapshot()
 
+    def gce_values(self) -> dict[str, dict[str, object]]:
+        """Per VM: the GCE keys' values and `watched`, whether maintenance-event was queried directly
+        since the last maintenance event (the `gce` part of GET /_sim/state); {} on Azure."""
+        context = self._started()
+        return context.gce.snapshot() if context.cloud is Cloud.GCE else {}
+
     def log_entries(self) -> list[dict[str, object]]:
         """What happened, in order (GET /_sim/log)."""
         return [dict(entry) for entry in self._started().log.entries()]

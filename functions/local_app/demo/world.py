@@ -99,12 +99,15 @@ class Simulators:
         ]
 
     def wait_until_watched(self, timeout: float) -> None:
-        """Every VM's agent has asked its metadata service at least once (GCE only warns a VM that
-        watches maintenance-event, so a flow injected earlier would be lost on purpose)."""
+        """Every VM's agent has asked its metadata service at least once, and every GCE agent has read
+        maintenance-event itself (GCE only warns a VM that queried that key since the last event, so
+        a flow injected before would be lost on purpose; a GCE agent's first request is instance/id)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             seen = {**self.azure.traffic(), **self.gce.traffic()}
-            if all(vm in seen and seen[vm]["total"] > 0 for _, vm, _ in self.endpoints()):
+            gce = self.gce.gce_values()
+            asked = all(vm in seen and seen[vm]["total"] > 0 for _, vm, _ in self.endpoints())
+            if asked and all(gce.get(vm, {}).get("watched") for vm in self.gce.vm_names):
                 return
             time.sleep(0.05)
         raise TimeoutError(f"not every agent reached its metadata service within {timeout:g} s")

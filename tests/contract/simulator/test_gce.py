@@ -291,3 +291,21 @@ def test_metadata_is_read_only(gce: VmClient) -> None:
     )
     # THEN 405
     assert response.status_code == 405
+
+
+def test_gce_values_tell_whether_maintenance_event_was_queried_since_the_last_event(start_sim: StartSim) -> None:
+    # GIVEN a GCE simulator whose VM has only read its instance id
+    sim = start_sim(cloud="gce")
+    vm = clients(sim)[0]
+    vm.gce("instance/id")
+    assert sim.gce_values()[sim.vm_names[0]]["watched"] is False
+    # WHEN the VM reads maintenance-event itself
+    vm.gce("instance/maintenance-event")
+    # THEN it is watched, and the values are there too
+    values = sim.gce_values()[sim.vm_names[0]]
+    assert values["watched"] is True
+    assert values["maintenance-event"] == "NONE"
+
+
+def test_an_azure_simulator_has_no_gce_values(start_sim: StartSim) -> None:
+    assert start_sim(cloud="azure").gce_values() == {}
