@@ -32,6 +32,7 @@ from agent.cli import build_parser
 from agent.config import settings_from_args
 from agent.simulator import Simulator
 from tests.infra.sources import AGENT_INSTALL, REPO_ROOT
+from tests.peers import require_peer
 
 UNIT = AGENT_INSTALL / "mbridge-agent.service"
 INSTALLER = AGENT_INSTALL / "install-agent.sh"
@@ -239,8 +240,8 @@ def test_unit_explains_why_memory_deny_write_execute_is_off(unit: dict[str, dict
     assert "cffi" in explanation
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_systemd_knows_every_key_of_the_unit(tmp_path: Path) -> None:
+    require_peer(shutil.which("systemd-analyze") is not None, "systemd-analyze is not installed (apt: systemd)")
     # GIVEN the unit in a directory of its own (ExecStart's binary does not exist here)
     shutil.copy(UNIT, tmp_path / UNIT.name)
     # WHEN systemd's own parser verifies it
@@ -268,8 +269,8 @@ def _offline_security_supported() -> bool:
     return "--offline" in help_text
 
 
-@pytest.mark.skipif(not _offline_security_supported(), reason="needs systemd-analyze security --offline (250+)")
 def test_systemd_rates_the_unit_exposure_ok(tmp_path: Path) -> None:
+    require_peer(_offline_security_supported(), "needs systemd-analyze security --offline (systemd 250+)")
     shutil.copy(UNIT, tmp_path / UNIT.name)
     result = subprocess.run(
         ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(tmp_path / UNIT.name)],
@@ -341,9 +342,9 @@ def test_shell_scripts_parse_with_bash(script: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (not part of CI)")
 @pytest.mark.parametrize("script", [INSTALLER, GCE_STARTUP], ids=lambda p: p.name)
 def test_shell_scripts_pass_shellcheck(script: Path) -> None:
+    require_peer(shutil.which("shellcheck") is not None, "shellcheck is not installed (apt: shellcheck)")
     result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
 
