@@ -131,16 +131,21 @@ class AgentProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> AgentProcess:
+        self.launch(stdout=subprocess.DEVNULL)
+        return self
+
+    def launch(self, *, stdout: int) -> subprocess.Popen[bytes]:
+        """Start the process, its standard error appended to `log_path`."""
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "agent.cli", "agent", *self.args],
-                stdout=subprocess.DEVNULL,
+                stdout=stdout,
                 stderr=log,
                 cwd=ROOT,
                 env=env,
             )
-        return self
+        return self.process
 
     def signal(self, signum: int) -> None:
         assert self.process is not None

@@ -21,7 +21,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -35,7 +34,7 @@ import pytest
 from agent.simulator import Simulator
 from agent.simulator.scenarios import parse_scenario
 from agent.state import AgentState
-from tests.agent_runner import ROOT, AgentProcess
+from tests.agent_runner import AgentProcess
 from tests.drills.conftest import (
     BusyScenario,
     busy_scenario,
@@ -88,17 +87,9 @@ class PipedAgent(AgentProcess):
     reader: threading.Thread | None = None
 
     def start(self) -> PipedAgent:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "agent", *self.args],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                cwd=ROOT,
-                env=env,
-            )
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
+        process = self.launch(stdout=subprocess.PIPE)
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self.reader = threading.Thread(target=self._drain, args=(fd,), daemon=True)
         self.reader.start()
