@@ -10,7 +10,7 @@ that queried that key (not a parent directory) since the last maintenance event.
 a failure too, not a reading: the watcher reads again instead of long-polling on its ETag,
 which would hide the change it carried until the long-poll times out. A long-poll that comes
 back unchanged within a second (a server or proxy that does not hold it) is followed by the
-next one only once that second is up, so the watchers cannot spin; a change, and the direct
+next one a full second after that answer, so the watchers cannot spin; a change, and the direct
 re-read after it, are never held back.
 """
 
@@ -43,7 +43,9 @@ HEADERS = {"Metadata-Flavor": "Google"}
 # The server holds a long-poll up to timeout_sec; the read timeout leaves it room to answer.
 LONG_POLL_SECONDS = 60
 # A long-poll is held by the server until a change or its timeout; one that comes back unchanged
-# sooner than this is paced to it, so three watchers send at most 3 such requests a second.
+# sooner than this waits this long after its answer before the next. Counted from the answer, not
+# the request: the gap between two requests is then more than a second wherever it is measured
+# (network jitter cannot squeeze two into one second), so three watchers send at most 3 a second.
 MIN_UNCHANGED_LONG_POLL_SECONDS = 1.0
 # GCE instance ids are unsigned 64-bit integers in decimal. Every GCE event id is derived from it,
 # so a garbled answer must never become the identity.
@@ -182,7 +184,8 @@ class GceKeyWatcher:
 
     def pause_after_unchanged(self, asked_at: float) -> float:
         """Seconds to wait before the next long-poll after one that came back unchanged."""
-        return max(0.0, asked_at + MIN_UNCHANGED_LONG_POLL_SECONDS - self._clock.monotonic())
+        held = self._clock.monotonic() - asked_at
+        return MIN_UNCHANGED_LONG_POLL_SECONDS if held < MIN_UNCHANGED_LONG_POLL_SECONDS else 0.0
 
     def step(self, *, wait: bool) -> GceObservation | None:
         """One request; returns (and emits) an observation when the value changed."""

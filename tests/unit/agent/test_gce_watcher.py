@@ -87,7 +87,9 @@ def test_a_decimal_instance_id_is_the_identity() -> None:
 def test_a_long_poll_that_comes_back_unchanged_at_once_is_paced_to_a_second() -> None:
     clock = FixedClock()
     watcher = GceKeyWatcher(ScriptedClient(iter([])), MAINTENANCE_EVENT_KEY, Emitted(), clock=clock)
-    # an answer right after the request: the rest of the second is waited out
-    assert 0.9 < watcher.pause_after_unchanged(clock.monotonic()) < 1.0
+    # an answer right after the request: a full second after the answer
+    assert watcher.pause_after_unchanged(clock.monotonic()) == 1.0
+    # an answer that took most of a second: still a full second, so no two requests share a second
+    assert watcher.pause_after_unchanged(clock.monotonic() - 0.9) == 1.0
     # a long-poll the server held for a while: the next one goes out at once
     assert watcher.pause_after_unchanged(clock.monotonic() - 5.0) == 0.0
