@@ -85,15 +85,22 @@ def decide(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
         return Decision("4-user", "user-initiated: drain, then approve at once", (*_drain(event), Approve(target)))
     if not policy.approve_platform_events:
         return Decision("5-platform", "platform event: drain; platform approvals are off", _drain(event))
-    execute_at = now + timedelta(seconds=policy.drain_period_seconds)
-    if event.not_before is not None:
-        latest = event.not_before - timedelta(seconds=policy.not_before_margin_seconds)
-        execute_at = max(now, min(execute_at, latest))
     return Decision(
         "5-platform",
         f"platform {event.kind.value}: drain, approve after the {policy.drain_period_seconds:g} s drain period",
-        (*_drain(event), Approve(target, execute_at=execute_at)),
+        (*_drain(event), Approve(target, execute_at=approval_time(event, policy, drained_at=now))),
     )
+
+
+def approval_time(event: MaintenanceEvent, policy: Policy, drained_at: datetime) -> datetime:
+    """When a platform event's approval may be POSTed if its VMs left their pools at `drained_at`:
+    once the drain period is over, but no later than NotBefore less the margin (Azure starts the
+    event then anyway), and never before `drained_at`."""
+    execute_at = drained_at + timedelta(seconds=policy.drain_period_seconds)
+    if event.not_before is not None:
+        latest = event.not_before - timedelta(seconds=policy.not_before_margin_seconds)
+        execute_at = max(drained_at, min(execute_at, latest))
+    return execute_at
 
 
 def _gce(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:

@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from functions.core.commands import Command, CommandType, decode_command, encode_command, new_command
-from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, Restore, decide
+from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, Restore, approval_time, decide
 from functions.core.envelope import Envelope, decode, encode
 from functions.core.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
 from functions.core.model import CommandResult, EventStatus, MaintenanceEvent
@@ -105,6 +105,8 @@ class Deps:
     maintenance: Maintenance | None = None
     signer: Callable[[Command], Command] | None = None
     claim_wait: ClaimWait | None = None
+    # How long the invocation has taken so far is measured on this clock and added to its `now`.
+    monotonic: Callable[[], float] = time.monotonic
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class Outcome:
     result: str  # processed | duplicate | malformed | command-result
     decision: Decision | None = None
     actions: list[Taken] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic, repr=False)  # on `Deps.monotonic`
 
 
 def event_key(event: MaintenanceEvent) -> str:
@@ -173,7 +176,7 @@ def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
         return Outcome(envelope.id, "duplicate")
     if claim is Claim.BUSY:
         raise ClaimBusyError(f"envelope {envelope.id} is being processed by another invocation; retry later")
-    outcome = Outcome(envelope.id, "processed")
+    outcome = Outcome(envelope.id, "processed", began=deps.monotonic())
     try:
         deps.audit.append(_record(now, "event", envelope, event, reason=event.description))
         _act(envelope, event, deps, now, outcome)
@@ -218,10 +221,12 @@ def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime,
             return
         _note(deps, outcome, now, envelope, event, "none", event.reporter, decision)
         return
+    drained_at: datetime | None = None
     for action in decision.actions:
         if isinstance(action, Drain):
             if not _drain(action, envelope, event, deps, now, outcome, decision):
                 return  # parked for the budget: the approval waits with it
+            drained_at = _moment(deps, now, outcome)
             # Check again now that the drains are on record: the end may have been processed
             # since the check above. See `_mark_ended` for why one of the two always sees them.
             ended = _ended(event, deps.store)
@@ -229,7 +234,7 @@ def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime,
                 _late(envelope, event, ended, deps, now, outcome, during_drain=True)
                 return
         elif isinstance(action, Approve):
-            _approve(action, envelope, event, deps, now, outcome, decision)
+            _approve(action, envelope, event, deps, now, outcome, decision, drained_at)
         elif isinstance(action, Restore):
             _restore(envelope, event, deps, now, outcome, decision)
         elif isinstance(action, PerformMaintenance):
@@ -374,15 +379,25 @@ def _approve(
     now: datetime,
     outcome: Outcome,
     decision: Decision,
+    drained_at: datetime | None,
 ) -> None:
     command_id = hashlib.sha256(f"{envelope.id}|approve".encode()).hexdigest()[:32]
+    execute_at = action.execute_at
+    if execute_at is not None and drained_at is not None:
+        # The drain period counts from when the VMs were out of their pools, not from when the step
+        # arrived: a load balancer that takes longer than the period to answer must not use it up
+        # (the approval would go out with the drain, and connections be cut).
+        execute_at = approval_time(event, deps.policy, drained_at)
+    # Issued now, not when the step arrived: the time-to-live (longer than the drain period, the
+    # policy checks) runs from here, so a slow drain never makes the command expire before it runs.
+    issued_at = _moment(deps, now, outcome)
     built = new_command(
         CommandType.APPROVE,
         target=action.target,
         event_id=event.event_id,
-        issued_at=now,
-        execute_at=action.execute_at if action.execute_at and action.execute_at > now else None,
-        expires_at=now + timedelta(seconds=deps.policy.command_ttl_seconds),
+        issued_at=issued_at,
+        execute_at=execute_at if execute_at and execute_at > issued_at else None,
+        expires_at=issued_at + timedelta(seconds=deps.policy.command_ttl_seconds),
         command_id=command_id,
     )
     if deps.signer is not None:
@@ -482,6 +497,11 @@ def _admit_waiting(pool: str, deps: Deps, now: datetime, outcome: Outcome) -> No
         if outcome.actions[before:] and outcome.actions[before].action == "wait":
             return  # still no room; it stays parked (the same entry was re-parked)
         deps.store.unpark(pool, parked.event_key)
+
+
+def _moment(deps: Deps, now: datetime, outcome: Outcome) -> datetime:
+    """The present on the caller's clock: the invocation's `now` plus the time it has taken so far."""
+    return now + timedelta(seconds=max(0.0, deps.monotonic() - outcome.began))
 
 
 def _perform(

@@ -71,11 +71,41 @@ class Sent:
 
 
 @dataclass
+class Stopwatch:
+    """The invocation's elapsed-time clock (`Deps.monotonic`): still unless a test moves it."""
+
+    seconds: float = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+
+@dataclass
+class SlowPool:
+    """A load balancer whose every removal takes `seconds` on the stopwatch."""
+
+    inner: CountingPool
+    stopwatch: Stopwatch
+    seconds: float
+
+    def locate(self, vm: str) -> JsonObject | None:
+        return self.inner.locate(vm)
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        self.stopwatch.seconds += self.seconds
+        self.inner.remove(vm, memento)
+
+    def restore(self, vm: str, memento: JsonObject) -> None:
+        self.inner.restore(vm, memento)
+
+
+@dataclass
 class World:
     store: SqliteStore
     pool: CountingPool
     sent: Sent
     policy: Policy
+    stopwatch: Stopwatch = field(default_factory=Stopwatch)
 
     def deps(self, **overrides: Any) -> Deps:
         fields: dict[str, Any] = {
@@ -84,6 +114,7 @@ class World:
             "sender": self.sent,
             "audit": self.store,
             "policy": self.policy,
+            "monotonic": self.stopwatch,
         }
         fields.update(overrides)
         return Deps(**fields)
@@ -131,6 +162,38 @@ def test_three_reporters_three_redeliveries_one_drain_per_vm_one_approval_one_re
     assert (approval.target, approval.event_id) == ("web-0", "E-REBOOT")
     assert approval.execute_at == NOW + timedelta(seconds=30)
     assert world.pool.pool.members("web") == list(SET)
+
+
+def test_the_drain_period_counts_from_when_the_vms_are_out_of_their_pools(world: World) -> None:
+    # GIVEN a load balancer that takes 10 s to take each VM out
+    slow = SlowPool(world.pool, world.stopwatch, seconds=10.0)
+    # WHEN a platform Reboot of web-0 and web-1 arrives at NOW (drain period 30 s)
+    world.run(reboot(EventStatus.SCHEDULED), balancer=slow)
+    # THEN the approval is issued once both are out (NOW + 20 s) and runs 30 s after that
+    (approval,) = world.sent.commands
+    assert approval.issued_at == NOW + timedelta(seconds=20)
+    assert approval.execute_at == NOW + timedelta(seconds=50)
+    assert approval.expires_at == approval.issued_at + timedelta(seconds=world.policy.command_ttl_seconds)
+
+
+@pytest.mark.parametrize(
+    ("removal_seconds", "execute_after"),
+    [
+        (5.0, 15.0),  # out at +10 s: the period is cut short by NotBefore - 5 s (+15 s)
+        (9.0, None),  # out at +18 s, past NotBefore - 5 s: at once
+    ],
+)
+def test_a_slow_drain_still_approves_no_later_than_not_before_allows(
+    world: World, removal_seconds: float, execute_after: float | None
+) -> None:
+    # GIVEN a Reboot whose NotBefore is 20 s away, and a load balancer slow to take VMs out
+    slow = SlowPool(world.pool, world.stopwatch, seconds=removal_seconds)
+    # WHEN it is processed
+    world.run(reboot(EventStatus.SCHEDULED, not_before=NOW + timedelta(seconds=20)), balancer=slow)
+    # THEN the approval runs at NotBefore less the 5 s margin, or at once once that is past
+    (approval,) = world.sent.commands
+    expected = None if execute_after is None else NOW + timedelta(seconds=execute_after)
+    assert approval.execute_at == expected
 
 
 def test_a_crash_between_claim_and_completion_is_completed_exactly_once_by_the_retry(world: World) -> None:
