@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -33,6 +34,8 @@ DEFAULT_TTL = timedelta(minutes=10)
 MAX_COMMAND_ID_LENGTH = 128
 # A command is a handful of short strings; anything much larger is not one of ours.
 MAX_COMMAND_BYTES = 64 * 1024
+# C0 controls and DEL: never part of an id, a VM name or an event id.
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 REQUIRED_FIELDS = ("command_id", "type", "target", "event_id", "issued_at", "expires_at")
 OPTIONAL_FIELDS = ("execute_at", "signature")
@@ -269,7 +272,7 @@ def _check_command_id(value: object) -> None:
 def _check_text(value: object, name: str) -> str:
     if not isinstance(value, str) or not value:
         raise MalformedCommandError(f"{name} must be a non-empty string, got {value!r}")
-    if any(ord(character) < 0x20 or ord(character) == 0x7F for character in value):
+    if _CONTROL_CHARACTER.search(value):
         raise MalformedCommandError(f"{name} must not contain control characters, got {value!r}")
     return value
 

@@ -55,9 +55,12 @@ def format_rfc3339(moment: datetime) -> str:
     if moment.tzinfo is None:
         raise ValueError("refusing a naive datetime: pass an aware one (UTC)")
     utc = moment.astimezone(timezone.utc)
+    # Formatted by hand, not strftime: a third of the cost (every audit line and envelope carries
+    # timestamps), and the year always has four digits (glibc's %Y gives "5", not "0005").
+    text = f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}"
     if utc.microsecond:
-        return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"{text}.{utc.microsecond // 1000:03d}Z"
+    return text + "Z"
 
 
 def parse_rfc1123(text: str) -> datetime:

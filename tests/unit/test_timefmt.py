@@ -37,6 +37,8 @@ def test_rfc3339_without_zone_or_date_is_refused(text: str) -> None:
 def test_rfc3339_formatting_is_utc_with_optional_milliseconds() -> None:
     assert format_rfc3339(datetime(2022, 4, 11, 22, 26, 58, tzinfo=UTC)) == "2022-04-11T22:26:58Z"
     assert format_rfc3339(datetime(2022, 4, 11, 22, 26, 58, 250000, tzinfo=UTC)) == "2022-04-11T22:26:58.250Z"
+    assert format_rfc3339(datetime(2022, 4, 11, 22, 26, 58, 999, tzinfo=UTC)) == "2022-04-11T22:26:58.000Z"
+    assert format_rfc3339(datetime(5, 1, 2, 3, 4, 5, tzinfo=UTC)) == "0005-01-02T03:04:05Z"  # four-digit year
     plus_two = timezone(timedelta(hours=2))
     assert format_rfc3339(datetime(2022, 4, 12, 0, 26, 58, tzinfo=plus_two)) == "2022-04-11T22:26:58Z"
     with pytest.raises(ValueError, match="naive"):

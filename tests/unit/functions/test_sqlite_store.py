@@ -1,0 +1,75 @@
+"""The local SQLite store opens files made by earlier versions of its schema and goes on with them."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from functions.core.ports import AuditRecord, Claim
+from functions.local_app.store import SqliteStore
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+# The schema as the first release wrote it: rowid tables, AUTOINCREMENT, an index on event_id.
+EARLIER_SCHEMA = """
+CREATE TABLE claims (key TEXT PRIMARY KEY, state TEXT NOT NULL, lease_until REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE reservations (
+    pool TEXT NOT NULL, event_key TEXT NOT NULL, vms TEXT NOT NULL, PRIMARY KEY (pool, event_key)
+);
+CREATE TABLE drains (event_key TEXT NOT NULL, vm TEXT NOT NULL, memento TEXT NOT NULL, PRIMARY KEY (event_key, vm));
+CREATE TABLE audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, time TEXT NOT NULL, kind TEXT NOT NULL, envelope_id TEXT NOT NULL,
+    event_id TEXT NOT NULL, vm TEXT NOT NULL, action TEXT NOT NULL, status TEXT NOT NULL, rule TEXT NOT NULL,
+    reason TEXT NOT NULL, at TEXT, detail TEXT NOT NULL
+);
+CREATE INDEX audit_vm ON audit (vm, seq);
+CREATE INDEX audit_event ON audit (event_id, seq);
+INSERT INTO claims VALUES ('envelope-1', 'done', 0, 0);
+INSERT INTO reservations VALUES ('web', 'azure:e-old', '["web-0"]');
+INSERT INTO audit (time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail)
+VALUES ('2026-03-01T11:00:00Z', 'event', 'envelope-1', 'E-OLD', 'web-0', 'none', 'scheduled', '', '', NULL, '{}');
+"""
+
+
+def record(event_id: str, vm: str) -> AuditRecord:
+    return AuditRecord(NOW, "event", f"envelope-{event_id}", event_id, vm, action="none")
+
+
+def test_a_file_from_the_earlier_schema_keeps_its_state_and_takes_new_records(tmp_path: Path) -> None:
+    # GIVEN a store file written by the earlier schema, with a claim, a reservation and an audit line
+    path = tmp_path / "functions.db"
+    with sqlite3.connect(path) as earlier:
+        earlier.executescript(EARLIER_SCHEMA)
+    earlier.close()
+    # WHEN this version opens it and works on it
+    store = SqliteStore(path)
+    try:
+        claimed_before = store.claim("envelope-1", NOW, timedelta(minutes=5))
+        budget_full = not store.reserve("web", "azure:e-new", ["web-1"], 1)
+        store.append(record("e-new", "web-1"))
+        by_event = store.query(event_id="e-old")
+        by_vm = store.query(vm="web-1")
+        indexes = {row[0] for row in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    finally:
+        store.close()
+    # THEN what was there is still there, new records follow the old ones, and the unused index is gone
+    assert claimed_before is Claim.DONE
+    assert budget_full
+    assert [line.event_id for line in by_event] == ["E-OLD"]  # event ids match case-insensitively
+    assert [line.event_id for line in by_vm] == ["e-new"]
+    assert "audit_event" not in indexes
+    assert "audit_vm" in indexes
+
+
+def test_audit_lines_come_back_in_the_order_they_were_appended(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "functions.db")
+    try:
+        for number in range(50):
+            store.append(record(f"E-{number % 3}", f"vm-{number % 5}"))
+        lines = store.query()
+        of_one_event = store.query(event_id="e-1")
+    finally:
+        store.close()
+    assert [line.envelope_id for line in lines] == [f"envelope-E-{number % 3}" for number in range(50)]
+    assert len(of_one_event) == len([number for number in range(50) if number % 3 == 1])
