@@ -535,7 +535,10 @@ def _note(
 ) -> None:
     reason = reason or decision.reason
     outcome.actions.append(Taken(action, vm, at, reason, event))
-    record = _record(now, "action", envelope, event, action=action, rule=decision.rule, reason=reason)
+    # Stamped when the action was taken, not when the step arrived: after a slow load balancer the
+    # audit log must show when each VM really left its pool (the drain period counts from then).
+    taken_at = _moment(deps, now, outcome)
+    record = _record(taken_at, "action", envelope, event, action=action, rule=decision.rule, reason=reason)
     deps.audit.append(replace(record, vm=vm, at=at))
 
 

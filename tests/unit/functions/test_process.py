@@ -174,6 +174,13 @@ def test_the_drain_period_counts_from_when_the_vms_are_out_of_their_pools(world:
     assert approval.issued_at == NOW + timedelta(seconds=20)
     assert approval.execute_at == NOW + timedelta(seconds=50)
     assert approval.expires_at == approval.issued_at + timedelta(seconds=world.policy.command_ttl_seconds)
+    # AND the audit log says when each VM really left its pool, and when the approval went out
+    actions = [(line.action, line.vm, line.time) for line in world.store.query() if line.kind == "action"]
+    assert actions == [
+        ("drain", "web-0", NOW + timedelta(seconds=10)),
+        ("drain", "web-1", NOW + timedelta(seconds=20)),
+        ("approve", "web-0", NOW + timedelta(seconds=20)),
+    ]
 
 
 @pytest.mark.parametrize(
