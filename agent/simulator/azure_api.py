@@ -207,9 +207,7 @@ class AzureApi:
         if event_ids is None:
             self._store.record_approval(request.vm, [], ApprovalResult(400, "malformed"), "http")
             return error(400, _MALFORMED)
-        result = self._store.approve(request.vm, event_ids, "http")
-        if result.status != 200:
-            return error(result.status, f"Bad request. {result.message}: it is not an event this VM can see")
+        self._store.approve(request.vm, event_ids, "http")
         return Response(status=200, body=b"", content_type="application/json; charset=utf-8")
 
     # ---- instance metadata
@@ -260,7 +258,10 @@ def _refusal(
 
 
 def parse_start_requests(body: bytes) -> list[str] | None:
-    """EventIds of a `{"StartRequests": [{"EventId": ...}]}` body, or None when it is malformed."""
+    """EventIds of a `{"StartRequests": [{"EventId": ...}]}` body, or None when it is malformed.
+
+    An empty list is well-formed: it names nothing to start.
+    """
     try:
         payload: object = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -268,7 +269,7 @@ def parse_start_requests(body: bytes) -> list[str] | None:
     if not isinstance(payload, dict):
         return None
     requests = payload.get("StartRequests")
-    if not isinstance(requests, list) or not requests:
+    if not isinstance(requests, list):
         return None
     event_ids = []
     for item in requests:

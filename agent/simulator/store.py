@@ -530,35 +530,32 @@ class EventStore:
             return event
 
     def approve(self, vm: str, event_ids: Sequence[str], source: str, at: float | None = None) -> ApprovalResult:
-        """Apply a StartRequests POST from `vm`: all ids must be known to it, or nothing happens."""
-        if not event_ids:
-            raise ValueError("StartRequests must name at least one EventId")
+        """Apply a well-formed StartRequests POST from `vm`.
+
+        IMDS answers 200 to every well-formed POST, so an EventId this VM cannot see is ignored
+        without an error; only the approval log tells it apart (outcome `unknown-event`).
+        """
         with self._cond:
             now = self._clock.sim_now() if at is None else at
-            visible = {e.event_id.lower(): e for e in self._visible(vm)}
+            visible = {e.event_id.lower() for e in self._visible(vm)}
             unknown = [i for i in event_ids if i.lower() not in visible]
-            if unknown:
-                result = ApprovalResult(400, "unknown-event", f"unknown EventId {unknown[0]!r}")
-                self.record_approval(vm, event_ids, result, source, at=now)
-                return result
-            outcomes = []
-            for raw_id in event_ids:
-                event = self._events[raw_id.lower()]
-                if event.status is EventStatus.STARTED:
-                    outcomes.append("already-started")
-                elif event.approved_at is not None:
-                    outcomes.append("already-approved")
-                else:
-                    start_at = min(event.due_at, now + APPROVAL_START_DELAY)
-                    event = replace(event, approved_at=now, approved_by=vm, due_at=start_at)
-                    self._events[raw_id.lower()] = event
-                    self._schedule_next(event)
-                    outcomes.append("accepted")
-            # One outcome per POST: the most consequential one among its ids.
-            overall = next(o for o in ("accepted", "already-approved", "already-started") if o in outcomes)
-            result = ApprovalResult(200, overall)
+            outcomes = [self._approve_one(vm, i, now) for i in event_ids if i.lower() in visible]
+            ignored = f"ignored unknown EventId {', '.join(map(repr, unknown))}" if unknown else ""
+            result = ApprovalResult(200, _most_consequential(outcomes), ignored)
             self.record_approval(vm, event_ids, result, source, at=now)
             return result
+
+    def _approve_one(self, vm: str, event_id: str, now: float) -> str:
+        event = self._events[event_id.lower()]
+        if event.status is EventStatus.STARTED:
+            return "already-started"
+        if event.approved_at is not None:
+            return "already-approved"
+        start_at = min(event.due_at, now + APPROVAL_START_DELAY)
+        event = replace(event, approved_at=now, approved_by=vm, due_at=start_at)
+        self._events[event_id.lower()] = event
+        self._schedule_next(event)
+        return "accepted"
 
     def record_approval(
         self,
@@ -668,6 +665,14 @@ class EventStore:
                 self._seen[vm] = seen
                 self._incarnation[vm] += 1
         self._cond.notify_all()
+
+
+# One outcome per POST: the most consequential one among its EventIds.
+_OUTCOMES_BY_CONSEQUENCE = ("accepted", "already-approved", "already-started")
+
+
+def _most_consequential(outcomes: Sequence[str]) -> str:
+    return next((o for o in _OUTCOMES_BY_CONSEQUENCE if o in outcomes), "unknown-event")
 
 
 def _timeline_key(event: SimEvent) -> str:

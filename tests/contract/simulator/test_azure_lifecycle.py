@@ -187,39 +187,64 @@ def test_event_id_match_is_case_insensitive(azure: VmClient) -> None:
     assert statuses(azure.events()) == [("C7061BAC-AFDC-4513-B24B-AA5F13A16123", "Started")]
 
 
-def test_refused_approvals_are_400_and_logged(start_sim: StartSim) -> None:
+def test_malformed_approvals_are_400_apply_nothing_and_are_logged(start_sim: StartSim) -> None:
     # GIVEN a Scheduled event
     sim = start_sim(cloud="azure")
     vm = clients(sim)[0]
     vm.add_event(event_type="Reboot", event_id="KNOWN")
-    # WHEN approvals arrive for an unknown id (alone and next to a known one), malformed, or headerless
+    # WHEN approvals arrive whose body or header is malformed: not JSON, no StartRequests list,
+    # an entry without a (non-empty) string EventId, no Metadata header
     attempts = [
-        vm.approve("UNKNOWN"),
-        vm.approve("KNOWN", "UNKNOWN"),
         vm.approve(body="not json"),
         vm.approve(body='{"Other": []}'),
-        vm.approve(body='{"StartRequests": []}'),
+        vm.approve(body='{"StartRequests": {"EventId": "KNOWN"}}'),
         vm.approve(body='{"StartRequests": [{"EventId": 7}]}'),
+        vm.approve(body='{"StartRequests": [{"EventId": "KNOWN"}, {}]}'),
+        vm.approve(body='{"StartRequests": [{"EventId": ""}]}'),
         vm.approve("KNOWN", headers={}),
     ]
-    # THEN every one is 400 and nothing was applied
+    # THEN every one is 400 ("the request header or payload was malformed") and nothing was applied
     assert [r.status_code for r in attempts] == [400] * 7
     vm.advance(10)
     assert statuses(vm.events()) == [("KNOWN", "Scheduled")]
     # THEN every attempt is in the approval log with its outcome (HTTP and Python API agree)
     log = vm.get_list("approvals")
-    assert [(a["status"], a["outcome"]) for a in log] == [
-        (400, "unknown-event"),
-        (400, "unknown-event"),
-        (400, "malformed"),
-        (400, "malformed"),
-        (400, "malformed"),
-        (400, "malformed"),
-        (400, "missing-header"),
-    ]
-    assert log[1]["event_ids"] == ["KNOWN", "UNKNOWN"]
+    assert [(a["status"], a["outcome"]) for a in log] == [(400, "malformed")] * 6 + [(400, "missing-header")]
     assert all(a["vm"] == "vm-0" and a["source"] == "http" and a["time"].endswith("Z") for a in log)
     assert sim.approvals() == log
+
+
+def test_a_well_formed_approval_of_an_unknown_event_id_is_200_and_changes_nothing(start_sim: StartSim) -> None:
+    # GIVEN a Scheduled event
+    sim = start_sim(cloud="azure")
+    vm = clients(sim)[0]
+    vm.add_event(event_type="Reboot", event_id="KNOWN")
+    before = vm.events()
+    # WHEN a well-formed POST names an EventId IMDS does not know, or names none at all
+    unknown = vm.approve("0B5E1F3C-9D2A-4C7B-8E6F-1A2B3C4D5E6F")
+    empty = vm.approve(body='{"StartRequests": []}')
+    # THEN both are 200 ("always returns a 200 ... 400 ... malformed"), and nothing changed
+    assert (unknown.status_code, empty.status_code) == (200, 200)
+    assert vm.events() == before
+    assert vm.state()["events"][0]["sim"]["approved_at"] is None
+    # THEN the log says why nothing happened
+    log = vm.get_list("approvals")
+    assert [(a["status"], a["outcome"], a["event_ids"]) for a in log] == [
+        (200, "unknown-event", ["0B5E1F3C-9D2A-4C7B-8E6F-1A2B3C4D5E6F"]),
+        (200, "unknown-event", []),
+    ]
+
+
+def test_a_known_event_id_next_to_an_unknown_one_is_approved(azure: VmClient) -> None:
+    # GIVEN a Scheduled event
+    azure.add_event(event_type="Reboot", event_id="KNOWN")
+    # WHEN one POST names it together with an EventId IMDS does not know
+    response = azure.approve("UNKNOWN", "KNOWN")
+    azure.advance(3)
+    # THEN 200, the known event starts, and the unknown id is ignored
+    assert response.status_code == 200
+    assert statuses(azure.events()) == [("KNOWN", "Started")]
+    assert [(a["status"], a["outcome"]) for a in azure.get_list("approvals")] == [(200, "accepted")]
 
 
 # --------------------------------------------------------------------------- cancel, advance, hardware failure
@@ -305,8 +330,13 @@ def test_audience_limits_who_sees_an_event(start_sim: StartSim) -> None:
     assert statuses(as0.events()) == statuses(as1.events()) == [("FREEZE", "Scheduled")]
     assert spot.events()["DocumentIncarnation"] == 2
     assert as1.events()["Events"][0]["Resources"] == ["as-0", "as-1"]
-    # THEN a VM outside the audience cannot approve it
-    assert as0.approve("EVICT").status_code == 400
+    # WHEN a VM outside the audience approves the event it cannot see
+    response = as0.approve("EVICT")
+    as0.advance(3)
+    # THEN, to that VM, it is an unknown EventId: 200, and the eviction is not approved
+    assert response.status_code == 200
+    assert statuses(spot.events()) == [("EVICT", "Scheduled")]
+    assert [(a["vm"], a["outcome"]) for a in sim.approvals()] == [("as-0", "unknown-event")]
 
 
 def test_resources_default_to_the_vm_whose_port_was_used(start_sim: StartSim) -> None:
