@@ -32,10 +32,17 @@ from functions.core.timefmt import format_rfc3339, parse_rfc3339
 DEFAULT_TTL = timedelta(minutes=10)
 # The command_id becomes a Service Bus MessageId, whose limit is 128 characters.
 MAX_COMMAND_ID_LENGTH = 128
+# The target is a VM name: Azure allows 64 characters (15 on Windows), and a scale set's instance
+# is named after its set plus "_<instance id>"; GCE allows 63. It becomes a Service Bus SessionId
+# (at most 128) and a Pub/Sub attribute and ordering key (at most 1,024 bytes).
+MAX_TARGET_LENGTH = 80
+# An Azure EventId is a GUID (36 characters), a GCE event id a SHA-256 in hex (64).
+MAX_EVENT_ID_LENGTH = 128
 # A command is a handful of short strings; anything much larger is not one of ours.
 MAX_COMMAND_BYTES = 64 * 1024
 # C0 controls and DEL: never part of an id, a VM name or an event id.
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 REQUIRED_FIELDS = ("command_id", "type", "target", "event_id", "issued_at", "expires_at")
 OPTIONAL_FIELDS = ("execute_at", "signature")
@@ -70,9 +77,9 @@ class Command:
     signature: str | None = None
 
     def __post_init__(self) -> None:
-        _check_command_id(self.command_id)
-        _check_text(self.target, "target")
-        _check_text(self.event_id, "event_id")
+        _check_text(self.command_id, "command_id", MAX_COMMAND_ID_LENGTH, "it becomes a bus message id")
+        check_target(self.target)
+        check_event_id(self.event_id)
         for name in ("issued_at", "expires_at", "execute_at"):
             value = getattr(self, name)
             if value is not None:
@@ -261,19 +268,37 @@ def _optional_timestamp(document: Mapping[str, Any], name: str) -> datetime | No
     return _timestamp(document, name)
 
 
-def _check_command_id(value: object) -> None:
-    text = _check_text(value, "command_id")
-    if len(text) > MAX_COMMAND_ID_LENGTH:
-        raise MalformedCommandError(
-            f"command_id is {len(text)} characters; at most {MAX_COMMAND_ID_LENGTH} (it becomes a bus message id)"
-        )
+def check_target(value: object, name: str = "target") -> str:
+    """A VM name a command can be addressed to (what `Command` itself requires of its target).
+
+    `name` is the field that holds it, for the error message.
+
+    Raises:
+        MalformedCommandError: not a non-empty string, a control character, or too long.
+    """
+    return _check_text(value, name, MAX_TARGET_LENGTH, "no Azure or GCE VM name is longer")
 
 
-def _check_text(value: object, name: str) -> str:
+def check_event_id(value: object, name: str = "event_id") -> str:
+    """An event id a command can carry (what `Command` itself requires of its event_id).
+
+    Raises:
+        MalformedCommandError: not a non-empty string, a control character, or too long.
+    """
+    return _check_text(value, name, MAX_EVENT_ID_LENGTH, "no Azure or GCE event id is longer")
+
+
+def _check_text(value: object, name: str, longest: int, why: str) -> str:
     if not isinstance(value, str) or not value:
         raise MalformedCommandError(f"{name} must be a non-empty string, got {value!r}")
+    if len(value) > longest:
+        # Not the value itself: it may be any size.
+        raise MalformedCommandError(f"{name} is {len(value)} characters; at most {longest} ({why})")
     if _CONTROL_CHARACTER.search(value):
         raise MalformedCommandError(f"{name} must not contain control characters, got {value!r}")
+    if not value.isascii() and _LONE_SURROGATE.search(value):
+        # A lone surrogate has no UTF-8 form: the command could be built but never encoded.
+        raise MalformedCommandError(f"{name} must be Unicode text, got {value!r}")
     return value
 
 

@@ -27,6 +27,10 @@
   (`ended|<event key>`, see `_mark_ended`) before anything else is done for it, and a later step
   of that event is only audited as late (`_late`). A step that passed the check while its end
   was being processed re-checks once its drains are recorded and puts them back itself.
+- Nothing is begun that cannot be carried through: before the claim, an event is checked for
+  every text its actions will put into a command, a store key or a bus attribute (`_decode_actionable`).
+  One that fails is malformed, like an envelope the decoder refuses: a name no approval can be
+  addressed to must not be found after its VMs are drained.
 - Malformed envelopes are audited and acknowledged (`PermanentError`); transient adapter
   failures raise `RetryableError` for the platform to retry.
 """
@@ -42,7 +46,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.core.commands import Command, CommandType, decode_command, encode_command, new_command
+from functions.core.bounds import MAX_ENVELOPE_BYTES, MAX_RESOURCES
+from functions.core.commands import (
+    Command,
+    CommandType,
+    MalformedCommandError,
+    check_event_id,
+    check_target,
+    decode_command,
+    encode_command,
+    new_command,
+)
 from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, Restore, approval_time, decide
 from functions.core.envelope import Envelope, decode, encode
 from functions.core.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
@@ -158,12 +172,9 @@ def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
         RetryableError: a transient failure; the platform must redeliver the message.
     """
     try:
-        envelope = decode(body)
+        envelope = _decode_actionable(body)
     except MalformedEnvelopeError as exc:
-        digest = hashlib.sha256(body).hexdigest()
-        deps.audit.append(AuditRecord(now, "malformed", digest, "", "", action="none", reason=str(exc)))
-        LOGGER.warning("malformed envelope %s acknowledged: %s", digest[:16], exc)
-        return Outcome(digest, "malformed")
+        return Outcome(_audit_malformed(body, exc, deps, now), "malformed")
     if isinstance(envelope.data, CommandResult):
         _audit_result(envelope, envelope.data, deps, now)
         return Outcome(envelope.id, "command-result")
@@ -187,6 +198,48 @@ def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
         raise
     deps.store.complete(envelope.id, now)
     return outcome
+
+
+def _decode_actionable(body: bytes) -> Envelope:
+    """The envelope of a message body, if everything its actions need can be carried through.
+
+    Raises:
+        MalformedEnvelopeError: the decoder refuses it, or it is larger than a bus message, or it
+            is an event with more VMs than a scale set holds, or a VM name or event id that no
+            command can carry (the checks of the command codec itself, so none can fail later).
+    """
+    if len(body) > MAX_ENVELOPE_BYTES:
+        raise MalformedEnvelopeError(
+            f"the message body is {len(body)} bytes; an envelope is at most {MAX_ENVELOPE_BYTES}"
+        )
+    envelope = decode(body)
+    if isinstance(envelope.data, MaintenanceEvent):
+        _check_actionable(envelope.data)
+    return envelope
+
+
+def _check_actionable(event: MaintenanceEvent) -> None:
+    """Every VM an action may drain, approve through, restore or start maintenance on, and the event
+    id every command and store key carries, as commands require them."""
+    if len(event.resources) > MAX_RESOURCES:
+        raise MalformedEnvelopeError(
+            f"data.resources lists {len(event.resources)} VMs; at most {MAX_RESOURCES} (no scale set holds more)"
+        )
+    try:
+        check_event_id(event.event_id, "data.event_id")
+        check_target(event.reporter, "data.reporter")
+        for index, vm in enumerate(event.resources):
+            check_target(vm, f"data.resources[{index}]")
+    except MalformedCommandError as exc:
+        raise MalformedEnvelopeError(f"{exc}: no command could carry it, so nothing is done for this event") from exc
+
+
+def _audit_malformed(body: bytes, error: MalformedEnvelopeError, deps: Deps, now: datetime) -> str:
+    """Record a message that is not acted on, under the digest of its body (it has no usable id)."""
+    digest = hashlib.sha256(body).hexdigest()
+    deps.audit.append(AuditRecord(now, "malformed", digest, "", "", action="none", reason=str(error)))
+    LOGGER.warning("malformed envelope %s acknowledged: %s", digest[:16], error)
+    return digest
 
 
 def _wait_for_claim(key: str, store: StateStore, wait: ClaimWait) -> tuple[Claim, datetime]:
@@ -487,7 +540,13 @@ def _admit_waiting(pool: str, deps: Deps, now: datetime, outcome: Outcome) -> No
             return
         parked = waiting[0]
         tried.add(parked.event_key)
-        envelope = decode(parked.envelope)
+        try:
+            # Parked by an earlier version, it may be one this version would not have begun.
+            envelope = _decode_actionable(parked.envelope)
+        except MalformedEnvelopeError as exc:
+            _audit_malformed(parked.envelope, exc, deps, now)
+            deps.store.unpark(pool, parked.event_key)
+            continue
         event = envelope.data
         if not isinstance(event, MaintenanceEvent):
             deps.store.unpark(pool, parked.event_key)

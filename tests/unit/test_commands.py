@@ -158,6 +158,9 @@ def test_refuses_a_missing_required_field(field: str) -> None:
         ({"command_id": "x" * 129}, r"command_id is 129 characters; at most 128"),
         ({"command_id": "a\nb"}, r"command_id must not contain control characters"),
         ({"target": ["vm-0"]}, r"target must be a non-empty string"),
+        ({"target": "w" * 81}, r"target is 81 characters; at most 80 \(no Azure or GCE VM name is longer\)"),
+        ({"target": "vm\x1b0"}, r"target must not contain control characters"),
+        ({"event_id": "E" * 129}, r"event_id is 129 characters; at most 128"),
         ({"event_id": ""}, r"event_id must be a non-empty string"),
         ({"issued_at": 1714564800}, r"issued_at must be a non-empty string"),
         ({"issued_at": "2024-05-01 noon"}, r"issued_at: '2024-05-01 noon' is not an RFC 3339 timestamp"),
@@ -192,6 +195,14 @@ def test_constructor_refuses_naive_times() -> None:
             issued_at=datetime(2024, 5, 1, 12, 0),  # naive on purpose
             expires_at=ISSUED + DEFAULT_TTL,
         )
+
+
+def test_constructor_refuses_a_target_it_could_not_encode() -> None:
+    # GIVEN a target holding a lone surrogate (text no UTF-8 encoder takes)
+    # WHEN a command is built for it
+    # THEN it is refused then, not when it is encoded after the actions it depends on
+    with pytest.raises(MalformedCommandError, match="target must be Unicode text"):
+        new_command(CommandType.DRAIN, target="vm-\ud800", event_id="E1", issued_at=ISSUED)
 
 
 def test_times_are_normalised_to_utc() -> None:

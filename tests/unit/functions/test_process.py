@@ -789,3 +789,50 @@ def test_a_completed_terminate_frees_its_budget_slot_without_putting_the_vm_back
     assert world.pool.drained == ["web-0", "web-1"]
     assert world.store.drains("azure:e1") == {}
     assert world.store.parked("web") == []
+
+
+# ---------------------------------------------------------------- what cannot be carried through is never begun
+
+# Envelopes the decoder takes, whose actions could not all be carried out: the approval command (or
+# a drain command, or a store key) cannot hold one of their texts.
+UNACTIONABLE: dict[str, dict[str, Any]] = {
+    "an event id with a control character": {"event_id": "E-REBOOT\x07"},
+    "an event id longer than a command may be": {"event_id": "E" * 70_000},
+    "an approval target with a control character": {"reporter": "web-0\x1b", "resources": ("web-0\x1b", "web-1")},
+    "a VM name longer than Azure or GCE allow": {"resources": ("web-0", "w" * 81)},
+    "more VMs than a scale set holds": {"resources": tuple(f"vm-{n}" for n in range(1001))},
+}
+
+
+@pytest.mark.parametrize("fields", UNACTIONABLE.values(), ids=UNACTIONABLE.keys())
+def test_an_event_whose_actions_cannot_all_be_carried_out_drains_nothing_and_is_acknowledged(
+    world: World, fields: dict[str, Any]
+) -> None:
+    # GIVEN a platform Reboot that the envelope decoder accepts, but one of whose texts no
+    # approval command could carry
+    event = reboot(EventStatus.SCHEDULED, **fields)
+
+    # WHEN it is delivered, and delivered again
+    first = world.run(event)
+    again = world.run(event, at=NOW + timedelta(seconds=5))
+
+    # THEN nothing was drained or sent: it is audited as malformed and acknowledged, both times
+    assert (first.result, again.result) == ("malformed", "malformed")
+    assert world.pool.drained == []
+    assert world.sent.commands == []
+    assert world.pool.pool.members("web") == list(SET)
+    assert [record.kind for record in world.store.query()] == ["malformed", "malformed"]
+
+
+def test_an_envelope_larger_than_a_bus_message_is_acknowledged_as_malformed(world: World) -> None:
+    # GIVEN an envelope of more than 256 KiB (a Service Bus message holds no more), its bulk in
+    # the description
+    event = reboot(EventStatus.SCHEDULED, description="x" * (256 * 1024))
+
+    # WHEN it is delivered
+    outcome = world.run(event)
+
+    # THEN it is audited as malformed, and nothing is drained or sent
+    assert outcome.result == "malformed"
+    assert world.pool.drained == []
+    assert world.sent.commands == []
