@@ -164,6 +164,8 @@ def event_view(event: SimEvent) -> dict[str, object]:
         "next": "start" if event.status is EventStatus.SCHEDULED else "complete",
         "due_at": round(event.due_at, 3),
         "not_before_at": None if event.not_before_at is None else round(event.not_before_at, 3),
+        "approval": event.approval.value,
+        "approvals_from": list(event.approvals_from),
         "approved_at": None if event.approved_at is None else round(event.approved_at, 3),
         "approved_by": event.approved_by,
         "started_at": None if event.started_at is None else round(event.started_at, 3),

@@ -235,6 +235,13 @@ class EventSource(str, Enum):
     USER = "User"
 
 
+class ApprovalRule(str, Enum):
+    """Whose approval starts a Scheduled event before its NotBefore."""
+
+    ANY = "any"  # one approval from any VM that sees it (a VM alone on its host)
+    ALL = "all"  # every VM in Resources: tenants of one host node, which Azure waits for
+
+
 # Minimum notice by type (documented seconds), from the Scheduled Events "Event scheduling" table.
 # Terminate is the scale set's notBeforeTimeout, 5 to 15 minutes; 10 minutes is the docs' own example.
 DEFAULT_NOTICE: Mapping[EventType, float] = {
@@ -274,6 +281,7 @@ class EventSpec:
     duration_seconds: int = -1
     description: str | None = None
     audience: tuple[str, ...] | None = None
+    approval: ApprovalRule = ApprovalRule.ANY
 
 
 @dataclass(frozen=True)
@@ -293,7 +301,9 @@ class SimEvent:
     due_at: float  # the next automatic transition: start (Scheduled) or removal (Started)
     not_before_at: float | None  # when NotBefore is reached (documented s); None once Started
     not_before_epoch: float | None  # that moment in real wall-clock time, as shown to clients
-    approved_at: float | None = None
+    approval: ApprovalRule = ApprovalRule.ANY
+    approvals_from: tuple[str, ...] = ()  # the VMs whose approval counted, in order
+    approved_at: float | None = None  # when the approval that starts it arrived
     approved_by: str | None = None
     started_at: float | None = None
 
@@ -330,6 +340,7 @@ def parse_event_spec(body: Mapping[str, object]) -> EventSpec:
         "duration_seconds",
         "description",
         "audience",
+        "approval",
     }
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -358,6 +369,7 @@ def parse_event_spec(body: Mapping[str, object]) -> EventSpec:
         duration_seconds=duration,
         description=description,
         audience=_names_field(body, "audience"),
+        approval=_enum_field(body, "approval", ApprovalRule) or ApprovalRule.ANY,
     )
 
 
@@ -496,6 +508,7 @@ class EventStore:
                 event_source=spec.event_source,
                 duration_seconds=spec.duration_seconds,
                 audience=audience,
+                approval=spec.approval,
                 started_for=started_for,
                 added_at=now,
                 due_at=now,
@@ -551,11 +564,33 @@ class EventStore:
             return "already-started"
         if event.approved_at is not None:
             return "already-approved"
-        start_at = min(event.due_at, now + APPROVAL_START_DELAY)
-        event = replace(event, approved_at=now, approved_by=vm, due_at=start_at)
-        self._events[event_id.lower()] = event
-        self._schedule_next(event)
+        if event.approval is ApprovalRule.ALL:
+            return self._approve_as_tenant(event, vm, now)
+        self._start_soon(event, vm, now)
         return "accepted"
+
+    def _approve_as_tenant(self, event: SimEvent, vm: str, now: float) -> str:
+        # "If the VM is on shared infrastructure, the system will then wait for all other tenants
+        # on the same hardware to also approve the job or timeout": the tenants are its Resources.
+        if vm not in event.resources:
+            return "not-in-resources"
+        if vm in event.approvals_from:
+            return "already-approved"
+        event = replace(event, approvals_from=(*event.approvals_from, vm))
+        self._events[event.event_id.lower()] = event
+        waiting = [name for name in event.resources if name not in event.approvals_from]
+        if waiting:
+            self._log.add(f"event {event.event_id}: approval counted, waiting for {', '.join(waiting)}", vm=vm, at=now)
+            return "waiting-for-others"
+        self._start_soon(event, vm, now)
+        return "accepted"
+
+    def _start_soon(self, event: SimEvent, vm: str, now: float) -> None:
+        start_at = min(event.due_at, now + APPROVAL_START_DELAY)
+        approvals_from = event.approvals_from if vm in event.approvals_from else (*event.approvals_from, vm)
+        event = replace(event, approvals_from=approvals_from, approved_at=now, approved_by=vm, due_at=start_at)
+        self._events[event.event_id.lower()] = event
+        self._schedule_next(event)
 
     def record_approval(
         self,
@@ -668,7 +703,7 @@ class EventStore:
 
 
 # One outcome per POST: the most consequential one among its EventIds.
-_OUTCOMES_BY_CONSEQUENCE = ("accepted", "already-approved", "already-started")
+_OUTCOMES_BY_CONSEQUENCE = ("accepted", "waiting-for-others", "already-approved", "already-started", "not-in-resources")
 
 
 def _most_consequential(outcomes: Sequence[str]) -> str:
