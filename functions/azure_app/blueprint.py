@@ -20,6 +20,7 @@ import azure.functions as func
 
 from functions.azure_app import settings
 from functions.azure_app.wiring import DepsProvider, from_environment
+from functions.core.bounds import bounded
 from functions.core.errors import PermanentError, RetryableError
 from functions.core.process import Deps, Outcome, process
 
@@ -56,15 +57,13 @@ def handle_message(body: bytes, deps: Deps, now: datetime) -> Outcome:
     try:
         outcome = process(body, deps, now)
     except RetryableError as exc:
-        LOGGER.warning("transient failure, the message will be redelivered: %s", exc)
+        LOGGER.warning("transient failure, the message will be redelivered: %s", bounded(str(exc)))
         raise
     except PermanentError as exc:
-        LOGGER.error("cannot act on the message until the deployment is fixed (it will dead-letter): %s", exc)
+        LOGGER.error(
+            "cannot act on the message until the deployment is fixed (it will dead-letter): %s", bounded(str(exc))
+        )
         raise
-    LOGGER.info(
-        "envelope %s: %s; %s",
-        outcome.envelope_id[:16],
-        outcome.result,
-        ", ".join(f"{taken.action} {taken.vm}" for taken in outcome.actions) or "no action",
-    )
+    actions = ", ".join(f"{taken.action} {taken.vm}" for taken in outcome.actions) or "no action"
+    LOGGER.info("envelope %s: %s; %s", outcome.envelope_id[:16], outcome.result, bounded(actions))
     return outcome

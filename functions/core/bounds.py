@@ -1,4 +1,4 @@
-"""How large an input the function core takes on.
+"""How large an input the function core takes on, and how much of a text from outside it keeps.
 
 The names and ids an action needs are bounded where commands are made (functions/core/commands.py:
 `MAX_TARGET_LENGTH`, `MAX_EVENT_ID_LENGTH`); `process` checks an event against them, and against
@@ -17,3 +17,23 @@ MAX_ENVELOPE_BYTES = 256 * 1024
 # At most this many VMs in one event's `resources`: a scale set holds at most 1,000 VMs and an
 # availability set 200, and an event lists the VMs of one update domain at most.
 MAX_RESOURCES = 1000
+
+# The most characters of one text an audit record or a log line keeps: an envelope's description,
+# an error message quoting what it refused, or a load balancer's answer may be any size.
+MAX_AUDIT_TEXT = 2048
+# The VMs of an event named in each of its audit records; the others are counted. Every record of
+# an event carries them, so a 1,000-VM event would otherwise write its list a thousand times.
+AUDIT_RESOURCES = 20
+
+
+def bounded(text: str, limit: int = MAX_AUDIT_TEXT) -> str:
+    """`text`, or its first characters and a marker saying how many were cut, in `limit` characters."""
+    if len(text) <= limit:
+        return text
+    # The count in the marker has no more digits than len(text): the result fits in `limit`.
+    kept = limit - len(_cut_marker(len(text)))
+    return text[:kept] + _cut_marker(len(text) - kept)
+
+
+def _cut_marker(cut: int) -> str:
+    return f" …[{cut} more characters cut]"

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Protocol
 
+from functions.core.bounds import bounded
 from functions.core.commands import Command
 
 JsonObject = dict[str, Any]
@@ -130,7 +131,12 @@ class Maintenance(Protocol):
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """One line of the append-only audit log: an event, a decision, an action or a result."""
+    """One line of the append-only audit log: an event, a decision, an action or a result.
+
+    Every text is cut to `MAX_AUDIT_TEXT` characters, with a marker saying how much was cut: they
+    come from envelopes, error messages and load balancers, and a record must fit every store.
+    (`detail` is kept small by whoever builds the record: `process` names at most `AUDIT_RESOURCES` VMs.)
+    """
 
     time: datetime
     kind: str  # event | decision | action | command-result | duplicate | malformed | wait
@@ -143,6 +149,13 @@ class AuditRecord:
     reason: str = ""
     at: datetime | None = None  # approve: execute_at
     detail: JsonObject = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in _AUDIT_TEXTS:
+            object.__setattr__(self, name, bounded(getattr(self, name)))
+
+
+_AUDIT_TEXTS = ("kind", "envelope_id", "event_id", "vm", "action", "status", "rule", "reason")
 
 
 class AuditLog(Protocol):

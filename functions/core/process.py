@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.core.bounds import MAX_ENVELOPE_BYTES, MAX_RESOURCES
+from functions.core.bounds import AUDIT_RESOURCES, MAX_ENVELOPE_BYTES, MAX_RESOURCES, bounded
 from functions.core.commands import (
     Command,
     CommandType,
@@ -238,7 +238,7 @@ def _audit_malformed(body: bytes, error: MalformedEnvelopeError, deps: Deps, now
     """Record a message that is not acted on, under the digest of its body (it has no usable id)."""
     digest = hashlib.sha256(body).hexdigest()
     deps.audit.append(AuditRecord(now, "malformed", digest, "", "", action="none", reason=str(error)))
-    LOGGER.warning("malformed envelope %s acknowledged: %s", digest[:16], error)
+    LOGGER.warning("malformed envelope %s acknowledged: %s", digest[:16], bounded(str(error)))
     return digest
 
 
@@ -592,8 +592,8 @@ def _note(
     reason: str = "",
     at: datetime | None = None,
 ) -> None:
-    reason = reason or decision.reason
-    outcome.actions.append(Taken(action, vm, at, reason, event))
+    reason = bounded(reason or decision.reason)  # the outcome is logged by the apps
+    outcome.actions.append(Taken(action, bounded(vm), at, reason, event))
     # Stamped when the action was taken, not when the step arrived: after a slow load balancer the
     # audit log must show when each VM really left its pool (the drain period counts from then).
     taken_at = _moment(deps, now, outcome)
@@ -609,9 +609,21 @@ def _record(now: datetime, kind: str, envelope: Envelope, event: MaintenanceEven
         event_id=event.event_id,
         vm=event.reporter,
         status=event.status.value,
-        detail={"kind": event.kind.value, "cloud": event.cloud.value, "resources": list(event.resources)},
+        detail=_detail(event),
         **fields,
     )
+
+
+def _detail(event: MaintenanceEvent) -> JsonObject:
+    """What every audit record of the event says about it: the first VMs it lists and how many more."""
+    detail: JsonObject = {
+        "kind": event.kind.value,
+        "cloud": event.cloud.value,
+        "resources": list(event.resources[:AUDIT_RESOURCES]),
+    }
+    if len(event.resources) > AUDIT_RESOURCES:
+        detail["resources_not_listed"] = len(event.resources) - AUDIT_RESOURCES
+    return detail
 
 
 def _audit_result(envelope: Envelope, result: CommandResult, deps: Deps, now: datetime) -> None:
@@ -624,7 +636,7 @@ def _audit_result(envelope: Envelope, result: CommandResult, deps: Deps, now: da
             vm=result.target,
             action=result.result,
             reason=result.reason,
-            detail={"command_id": result.command_id},
+            detail={"command_id": bounded(result.command_id)},
         )
     )
 

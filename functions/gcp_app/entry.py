@@ -32,6 +32,7 @@ from typing import Any
 import functions_framework
 from cloudevents.http import CloudEvent
 
+from functions.core.bounds import bounded
 from functions.core.errors import PermanentError, RetryableError
 from functions.core.process import Deps, Outcome, process
 from functions.core.timefmt import format_rfc3339
@@ -40,6 +41,8 @@ from functions.gcp_app import wiring
 LOG = logging.getLogger("mbridge.gcp.entry")
 
 MESSAGE_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
+# The actions of an outcome listed in its log line's payload; the others are counted.
+LOGGED_ACTIONS = 20
 
 
 class UndecodableEventError(Exception):
@@ -91,13 +94,13 @@ def handle_message(body: bytes, deps: Deps, now: datetime, *, labels: Mapping[st
     try:
         outcome = process(body, deps, now)
     except RetryableError as exc:
-        LOG.warning("will be redelivered: %s", exc, extra={"labels": context})
+        LOG.warning("will be redelivered: %s", bounded(str(exc)), extra={"labels": context})
         raise
     except PermanentError as exc:
         LOG.error(
             "cannot act on this message until the configuration is fixed (it goes to the dead-letter topic "
             "after the subscription's delivery attempts; replay it from there): %s",
-            exc,
+            bounded(str(exc)),
             extra={"labels": context},
         )
         raise
@@ -110,6 +113,7 @@ def _log_outcome(outcome: Outcome, context: dict[str, str]) -> None:
     if outcome.actions:
         event = outcome.actions[0].event
         labels.update({"event_id": event.event_id, "vm": event.reporter, "status": event.status.value})
+    # The first actions only (an event of 1,000 VMs takes 1,000 drains): a line stays a few KiB.
     actions: list[dict[str, Any]] = [
         {
             "action": taken.action,
@@ -117,16 +121,18 @@ def _log_outcome(outcome: Outcome, context: dict[str, str]) -> None:
             "at": format_rfc3339(taken.at) if taken.at else None,
             "reason": taken.reason,
         }
-        for taken in outcome.actions
+        for taken in outcome.actions[:LOGGED_ACTIONS]
     ]
+    payload: dict[str, Any] = {"actions": actions, "rule": outcome.decision.rule if outcome.decision else ""}
+    if len(outcome.actions) > LOGGED_ACTIONS:
+        payload["actions_not_listed"] = len(outcome.actions) - LOGGED_ACTIONS
     summary = ", ".join(f"{taken.action} {taken.vm}" for taken in outcome.actions) or "no action"
-    rule = outcome.decision.rule if outcome.decision else ""
     LOG.info(
         "%s %s: %s",
         outcome.result,
         outcome.envelope_id[:16],
-        summary,
-        extra={"labels": labels, "payload": {"actions": actions, "rule": rule}},
+        bounded(summary),
+        extra={"labels": labels, "payload": payload},
     )
 
 
@@ -140,7 +146,7 @@ def on_maintenance_event(cloud_event: CloudEvent) -> None:
     except UndecodableEventError as exc:
         LOG.error(
             "acknowledged without processing: %s (CloudEvent id %s, source %s)",
-            exc,
+            bounded(str(exc)),
             cloud_event["id"],
             cloud_event["source"],
             extra={"labels": labels},

@@ -22,7 +22,11 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from functions.core.bounds import bounded
+
 ROOT_LOGGER = "mbridge"
+# A traceback keeps its frames, but not an exception message of any size (a log entry holds 256 KiB).
+MAX_TRACEBACK = 16 * 1024
 LABELS_KEY = "logging.googleapis.com/labels"
 SOURCE_KEY = "logging.googleapis.com/sourceLocation"
 _SEVERITY = {
@@ -44,9 +48,10 @@ def severity(levelno: int) -> str:
 
 def structured(record: logging.LogRecord) -> dict[str, Any]:
     """The JSON object of one log record."""
-    message = record.getMessage()
+    message = bounded(record.getMessage())
     if record.exc_info:
-        message = f"{message}\n{''.join(traceback.format_exception(*record.exc_info)).rstrip()}"
+        trace = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        message = f"{message}\n{bounded(trace, MAX_TRACEBACK)}"
     labels: dict[str, str] = {"logger": record.name}
     extra_labels = getattr(record, "labels", None)
     if isinstance(extra_labels, Mapping):

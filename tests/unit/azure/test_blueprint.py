@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -235,6 +236,26 @@ def test_a_deployment_error_raises_to_keep_the_message(app: App) -> None:
     # THEN it raises: the message stays on the bus (dead-lettered at worst) for a resubmission
     with pytest.raises(PermanentError, match="grant the role"):
         app.deliver(message_body(reboot()))
+
+
+def test_log_lines_stay_a_few_kib_whatever_the_error_or_the_event(app: App, caplog: pytest.LogCaptureFixture) -> None:
+    # GIVEN a load balancer whose error quotes 100,000 characters of its answer, and an event of
+    # 1,000 VMs
+    app.balancer.fail_next = PermanentError("ARM refused: " + "a" * 100_000)
+    vms = tuple(f"vmss-web_{n}" for n in range(1000))
+    many = reboot(event_id="E-MANY", reporter=vms[0], resources=vms)
+    caplog.set_level(logging.INFO, logger="mbridge.functions.azure")
+
+    # WHEN both are delivered
+    with pytest.raises(PermanentError):
+        app.deliver(message_body(reboot()))
+    app.deliver(message_body(many))
+
+    # THEN each log line says what happened in at most a few KiB
+    lines = [record.getMessage() for record in caplog.records if record.name == "mbridge.functions.azure"]
+    assert len(lines) == 2
+    assert all(len(line) <= 2200 for line in lines), [len(line) for line in lines]
+    assert all("more characters cut" in line for line in lines)
 
 
 def test_the_approval_leaves_on_the_commands_queue_in_the_target_vms_session(app: App) -> None:

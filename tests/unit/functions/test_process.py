@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -836,3 +837,59 @@ def test_an_envelope_larger_than_a_bus_message_is_acknowledged_as_malformed(worl
     assert outcome.result == "malformed"
     assert world.pool.drained == []
     assert world.sent.commands == []
+
+
+# ---------------------------------------------------------------- audit and log lines of a known size
+
+AUDIT_TEXT = 2048
+
+
+def test_a_huge_description_is_cut_in_the_audit_log_with_a_marker(world: World) -> None:
+    # GIVEN a platform Reboot whose description is 200,000 characters
+    event = reboot(EventStatus.SCHEDULED, description="d" * 200_000)
+
+    # WHEN it is processed
+    world.run(event)
+
+    # THEN it is acted on, and its audit record keeps the start of the description and says how
+    # much was cut, in at most 2 KiB
+    (record,) = [record for record in world.store.query() if record.kind == "event"]
+    assert len(record.reason) <= AUDIT_TEXT
+    assert record.reason.startswith("d" * 1000)
+    assert record.reason.endswith(f" …[{200_000 - record.reason.index(' …')} more characters cut]")
+    assert sorted(world.pool.drained) == ["web-0", "web-1"]
+
+
+def test_a_malformed_envelope_with_a_huge_value_is_audited_and_logged_in_a_few_kib(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN an envelope whose kind is 100,000 characters long (the decoder quotes what it refuses)
+    envelope = json.loads(encode(envelope_for_event(reboot(EventStatus.SCHEDULED), NOW)))
+    envelope["data"]["kind"] = "k" * 100_000
+
+    # WHEN it is processed
+    outcome = process(json.dumps(envelope).encode(), world.deps(), NOW)
+
+    # THEN the audit record and the log line say why, each in at most 2 KiB and then some
+    assert outcome.result == "malformed"
+    (record,) = world.store.query()
+    assert record.reason.startswith("data.kind must be one of")
+    assert len(record.reason) <= AUDIT_TEXT
+    (line,) = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert "more characters cut" in line
+    assert len(line) <= AUDIT_TEXT + 100
+
+
+def test_an_event_of_many_vms_names_the_first_twenty_in_each_audit_record(world: World) -> None:
+    # GIVEN a Reboot of 1,000 VMs (as many as a scale set holds)
+    vms = tuple(f"vmss-web_{n}" for n in range(1000))
+
+    # WHEN it is processed
+    world.run(reboot(EventStatus.SCHEDULED, reporter=vms[0], resources=vms))
+
+    # THEN each of its audit records names the first twenty VMs and counts the others, so the log
+    # does not grow with the square of the event's size
+    records = world.store.query(event_id="E-REBOOT")
+    assert len(records) == 1003  # event, decision, 1,000 drains, approve
+    assert {tuple(record.detail["resources"]) for record in records} == {vms[:20]}
+    assert {record.detail["resources_not_listed"] for record in records} == {980}

@@ -182,6 +182,59 @@ def test_a_configuration_failure_of_an_adapter_also_fails_the_invocation(
     assert any("dead-letter topic" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
 
 
+def test_an_adapter_error_of_any_size_is_logged_in_a_few_kib(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    # GIVEN an adapter whose error quotes 100,000 characters of an API's answer
+    world.balancer.fail_with = PermanentError("the API refused: " + "a" * 100_000)
+
+    # WHEN the message is delivered
+    with pytest.raises(PermanentError):
+        on_maintenance_event(published(body_of(reboot())))
+
+    # THEN the error is logged once, cut to a few KiB with a marker
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(line) <= 2400
+    assert line.endswith("more characters cut]")
+
+
+def test_the_outcome_of_a_thousand_vm_event_is_logged_in_a_line_of_a_few_kib(
+    world: World, mbridge_logger: logging.Logger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN structured logging, and an event of 1,000 VMs
+    logs.configure("INFO")
+    vms = tuple(f"vmss-web_{n}" for n in range(1000))
+    event = azure_event(kind=EventKind.REBOOT, event_id="E-MANY", reporter=vms[0], resources=vms, duration_seconds=-1)
+
+    # WHEN it is processed
+    handle_message(body_of(event), world.deps, NOW)
+
+    # THEN its one line lists the first actions and counts the others
+    (line,) = capsys.readouterr().out.splitlines()
+    entry = json.loads(line)
+    assert len(line) < 8 * 1024
+    assert len(entry["actions"]) == 20
+    assert entry["actions_not_listed"] == 981
+    assert "more characters cut" in entry["message"]
+
+
+def test_a_log_line_of_any_size_is_cut_to_a_few_kib(
+    mbridge_logger: logging.Logger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN structured logging
+    logs.configure("INFO")
+    # WHEN a record of 100,000 characters is logged, with the traceback of an error as long
+    try:
+        raise ValueError("v" * 100_000)
+    except ValueError:
+        logging.getLogger("mbridge.gcp.test").error("m" * 100_000, exc_info=True)
+    # THEN its line keeps the start of both, and says how much was cut
+    (line,) = capsys.readouterr().out.splitlines()
+    message = json.loads(line)["message"]
+    assert message.startswith("m" * 1000)
+    assert "ValueError: vvvv" in message
+    assert message.count("more characters cut") == 2
+    assert len(line) < 24 * 1024
+
+
 def test_a_malformed_envelope_is_audited_and_acknowledged(world: World) -> None:
     assert on_maintenance_event(published(b'{"specversion": "1.0", "id": "x"}')) is None
     (malformed,) = [record for record in world.store.query() if record.kind == "malformed"]
