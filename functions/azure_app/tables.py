@@ -26,15 +26,23 @@ the SQLite log. `event_id_lower` makes the event query case-insensitive (Azure E
 upper case in IMDS and lower case in envelope ids).
 
 Keys are escaped: '/', '\\', '#', '?' are not allowed in Table keys, nor are control characters;
-they and the escape character '%' are written as %XX. Values stay readable in properties.
+they and the escape character '%' are written as %XX. Values stay readable in properties. A key
+holds at most 1 KiB: a longer one (an audit record naming many VMs) keeps its first 200
+characters and the SHA-256 of the whole, after `%~`, which no escaped value contains.
 
-Limits: a property holds at most 64 KiB, which bounds an envelope waiting for the budget and a
-pool's reservations (thousands of events). Nothing expires by itself: claims, remembered
-commands and audit rows accumulate like in the SQLite store.
+Sizes: a property holds at most 64 KiB (text: 32K UTF-16 characters), an entity 1 MiB. A value
+whose size comes from the input — a pool's reservations, a memento, a remembered value, an
+envelope waiting for the budget — is written as it always was when it fits one property, and
+otherwise as its UTF-8 bytes in pieces of 64 KiB: `<name>`, `<name>_1`, ... (`<name>_pieces`
+counts them), at most 640 KiB in all. A pool whose reservations would outgrow that admits no
+further event until one lets its slot go: the event waits, as for a budget. Audit records are
+small by construction (`AuditRecord` cuts its texts). Nothing expires by itself: claims,
+remembered commands and audit rows accumulate like in the SQLite store.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -72,9 +80,22 @@ _CLAIMS, _BUDGET, _REMEMBERED = "claims", "budget", "remembered"
 _IN_PROGRESS, _DONE = "in-progress", "done"
 
 
+# An escaped key longer than this (in UTF-16 units) is shortened, leaving room under Table
+# Storage's 1 KiB (512 units) for a partition's prefix such as "parked:".
+_LONGEST_KEY = 480
+_SHORTENED_KEY_PREFIX = 200  # characters: at most 400 units
+
+
 def escape_key(value: str) -> str:
     """A Table Storage key for `value`: distinct values give distinct keys."""
-    return "".join(f"%{ord(c):02X}" if _needs_escape(c) else c for c in value)
+    key = "".join(f"%{ord(c):02X}" if _needs_escape(c) else c for c in value)
+    if _utf16_units(key) <= _LONGEST_KEY:
+        return key
+    return f"{key[:_SHORTENED_KEY_PREFIX]}%~{hashlib.sha256(value.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+
+def _utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def _needs_escape(character: str) -> bool:
@@ -88,6 +109,67 @@ class TableStorageUnavailableError(RetryableError):
 
 class TableStorageConfigError(PermanentError):
     """The table is missing or the app's identity may not use it; fix the deployment."""
+
+
+class TableValueTooLargeError(PermanentError):
+    """A value larger than one entity can hold, even in pieces."""
+
+
+# One property holds 64 KiB of binary, or text of 32K UTF-16 units.
+_PROPERTY_BYTES = 64 * 1024
+# The pieces of one value; with its other properties the entity stays well under 1 MiB (Azurite
+# counts binary as the base64 text of the request: 640 KiB is 853 KiB there).
+_MOST_PIECES = 10
+
+
+def _text_properties(name: str, text: str) -> dict[str, Any]:
+    """The properties that hold `text` under `name`: one string property when it fits (as every
+    version before wrote it), else its UTF-8 bytes in pieces.
+
+    Raises:
+        TableValueTooLargeError: more than an entity can hold.
+    """
+    if 2 * _utf16_units(text) <= _PROPERTY_BYTES:
+        return {name: text, f"{name}_pieces": 1}
+    return _bytes_properties(name, text.encode("utf-8", "surrogatepass"))
+
+
+def _bytes_properties(name: str, data: bytes) -> dict[str, Any]:
+    """The properties that hold `data` under `name`: `name`, `name_1`, ... and their count.
+
+    Raises:
+        TableValueTooLargeError: more than an entity can hold.
+    """
+    pieces = [data[start : start + _PROPERTY_BYTES] for start in range(0, len(data), _PROPERTY_BYTES)] or [b""]
+    if len(pieces) > _MOST_PIECES:
+        raise TableValueTooLargeError(
+            f"{name} is {len(data)} bytes; an entity holds at most {_MOST_PIECES * _PROPERTY_BYTES} of it"
+        )
+    properties: dict[str, Any] = {_piece_name(name, index): piece for index, piece in enumerate(pieces)}
+    properties[f"{name}_pieces"] = len(pieces)
+    return properties
+
+
+def _text_of(entity: Mapping[str, Any], name: str) -> str:
+    """What `_text_properties` wrote (or a plain string property an earlier version wrote)."""
+    value = entity[name]
+    if isinstance(value, str):
+        return value
+    return _bytes_of(entity, name).decode("utf-8", "surrogatepass")
+
+
+def _bytes_of(entity: Mapping[str, Any], name: str) -> bytes:
+    """What `_bytes_properties` wrote (or a single binary property an earlier version wrote)."""
+    count = int(entity.get(f"{name}_pieces", 1))
+    return b"".join(bytes(entity[_piece_name(name, index)]) for index in range(count))
+
+
+def _piece_name(name: str, index: int) -> str:
+    return name if index == 0 else f"{name}_{index}"
+
+
+def _fits_in_an_entity(text: str) -> bool:
+    return len(text.encode("utf-8", "surrogatepass")) <= _MOST_PIECES * _PROPERTY_BYTES
 
 
 @contextmanager
@@ -197,6 +279,11 @@ class TableStateStore:
             drained = {vm for vms_of in reservations.values() for vm in vms_of}
             if limit is not None and reservations and len(drained | set(vms)) > limit:
                 return False
+            if reservations and not _fits_in_an_entity(json.dumps({**reservations, event_key: list(vms)})):
+                # The pool's one entity is full: the event waits for a slot as for a budget (an
+                # event alone always fits: at most 1,000 VMs of 80 characters).
+                LOGGER.warning("the reservations of pool %s fill their entity: %s waits for a slot", pool, event_key)
+                return False
             reservations[event_key] = list(vms)
             return None  # changed: write it
 
@@ -223,11 +310,15 @@ class TableStateStore:
                     current: TableEntity | None = self._table.get_entity(_BUDGET, row)
                 except ResourceNotFoundError:
                     current = None
-                reservations: dict[str, list[str]] = json.loads(current["reservations"]) if current else {}
+                reservations: dict[str, list[str]] = json.loads(_text_of(current, "reservations")) if current else {}
                 answer = change(reservations)
                 if answer is not None:
                     return answer
-                entity = {"PartitionKey": _BUDGET, "RowKey": row, "reservations": json.dumps(reservations)}
+                entity = {
+                    "PartitionKey": _BUDGET,
+                    "RowKey": row,
+                    **_text_properties("reservations", json.dumps(reservations)),
+                }
                 try:
                     if current is None:
                         self._table.create_entity(entity)
@@ -249,7 +340,7 @@ class TableStateStore:
             "PartitionKey": _drain_partition(event_key),
             "RowKey": escape_key(vm),
             "vm": vm,
-            "memento": json.dumps(memento, sort_keys=True),
+            **_text_properties("memento", json.dumps(memento, sort_keys=True)),
         }
         with self._errors("record a drain"):
             self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
@@ -257,7 +348,7 @@ class TableStateStore:
     def drains(self, event_key: str) -> Mapping[str, JsonObject]:
         with self._errors("read the drains of an event"):
             rows = self._partition(_drain_partition(event_key))
-            return {row["vm"]: json.loads(row["memento"]) for row in rows}
+            return {row["vm"]: json.loads(_text_of(row, "memento")) for row in rows}
 
     def forget_drain(self, event_key: str, vm: str) -> None:
         with self._errors("forget a drain"):
@@ -266,17 +357,18 @@ class TableStateStore:
     # ---- remembered values and waits
 
     def remember(self, key: str, value: bytes) -> bytes:
+        entity = {"PartitionKey": _REMEMBERED, "RowKey": escape_key(key), **_bytes_properties("value", value)}
         with self._errors("remember a value"):
             try:
-                self._table.create_entity({"PartitionKey": _REMEMBERED, "RowKey": escape_key(key), "value": value})
+                self._table.create_entity(entity)
                 return value
             except ResourceExistsError:
-                return bytes(self._table.get_entity(_REMEMBERED, escape_key(key))["value"])
+                return _bytes_of(self._table.get_entity(_REMEMBERED, escape_key(key)), "value")
 
     def recall(self, key: str) -> bytes | None:
         with self._errors("recall a value"):
             try:
-                return bytes(self._table.get_entity(_REMEMBERED, escape_key(key))["value"])
+                return _bytes_of(self._table.get_entity(_REMEMBERED, escape_key(key)), "value")
             except ResourceNotFoundError:
                 return None
 
@@ -285,15 +377,16 @@ class TableStateStore:
             "PartitionKey": _parked_partition(pool),
             "RowKey": escape_key(event_key),
             "event_key": event_key,
-            "envelope": envelope,
             "parked_at": now.timestamp(),
         }
+        pieces = _bytes_properties("envelope", envelope)
         with self._errors("park an event"):
             try:
-                self._table.create_entity(entity)
+                self._table.create_entity({**entity, **pieces})
             except ResourceExistsError:
                 # A later step of a waiting event replaces its envelope but keeps its place in line.
-                update = {"PartitionKey": entity["PartitionKey"], "RowKey": entity["RowKey"], "envelope": envelope}
+                # (Pieces of a longer envelope may stay behind: `envelope_pieces` says how many count.)
+                update = {"PartitionKey": entity["PartitionKey"], "RowKey": entity["RowKey"], **pieces}
                 self._table.update_entity(update, mode=UpdateMode.MERGE)
 
     def parked(self, pool: str) -> Sequence[Parked]:
@@ -301,7 +394,7 @@ class TableStateStore:
             rows = self._partition(_parked_partition(pool))
         ordered = sorted(rows, key=lambda row: (row["parked_at"], row["event_key"]))
         return [
-            Parked(row["event_key"], bytes(row["envelope"]), datetime.fromtimestamp(row["parked_at"], timezone.utc))
+            Parked(row["event_key"], _bytes_of(row, "envelope"), datetime.fromtimestamp(row["parked_at"], timezone.utc))
             for row in ordered
         ]
 

@@ -56,7 +56,12 @@ class StateStore(Protocol):
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
         """Admit the event into the pool's budget: True when the VMs already reserved plus these
-        stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event."""
+        stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event.
+
+        A store that can record only so many reservations per pool (one Table entity, one Firestore
+        document) refuses an event that no longer fits while others are reserved: it waits for a
+        slot like any other refused event.
+        """
         ...
 
     def release(self, pool: str, event_key: str) -> None: ...

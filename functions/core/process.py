@@ -370,7 +370,11 @@ def _drain(
     refused = _reserve(key, action.vms, records, deps)
     if refused is not None:
         deps.store.park(refused.name, key, _body(envelope), now)
-        reason = f"pool {refused.name!r} is at its budget of {refused.max_drained}; waiting for a slot"
+        # An unlimited pool refuses only when its store can record no more drained VMs for now.
+        limit = (
+            "the most its store can record" if refused.max_drained is None else f"its budget of {refused.max_drained}"
+        )
+        reason = f"pool {refused.name!r} is at {limit}; waiting for a slot"
         _note(deps, outcome, now, envelope, event, "wait", ",".join(action.vms), decision, reason)
         return False
     if all(records.get(vm, {}).get("state") == REMOVED for vm in action.vms):

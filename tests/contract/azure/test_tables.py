@@ -381,6 +381,73 @@ def test_audit_records_round_trip_every_field(stores: Stores) -> None:
     assert list(stores.audit.query(vm="")) == [malformed]
 
 
+# ---------------------------------------------------------------- sizes that come from the input
+# A Table Storage property holds at most 64 KiB (a string 32K UTF-16 characters), an entity 1 MiB,
+# a key 1 KiB: Azurite refuses what is larger, as Table Storage does.
+
+# 1,000 VMs (the most an event lists) of 80 characters (the longest name): 83,000 characters of JSON.
+LARGEST_EVENT_VMS = [f"vmss-{n:04d}-" + "x" * 70 + f"_{n:03d}" for n in range(1000)]
+
+
+def test_an_event_of_a_thousand_long_vm_names_takes_its_budget_slot(stores: Stores) -> None:
+    # GIVEN a pool of budget 1000, and the largest event there can be
+    # WHEN it reserves its slot, and another event asks for one VM more
+    admitted = stores.state.reserve("web", "azure:a", LARGEST_EVENT_VMS, 1000)
+    second = stores.state.reserve("web", "azure:b", ["web-extra"], 1000)
+
+    # THEN the first is admitted and every one of its VMs counts against the budget
+    assert (admitted, second) == (True, False)
+    stores.state.release("web", "azure:a")
+    assert stores.state.reserve("web", "azure:b", ["web-extra"], 1000)
+
+
+def test_a_memento_larger_than_a_property_is_kept_whole(stores: Stores) -> None:
+    # GIVEN a VM in 400 backend pools: a memento of about 100 KB
+    pools = [
+        f"/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/loadBalancers/lb/pool-{n}" for n in range(400)
+    ]
+    memento = {"memento": {"nic": [{"nic_id": "/subscriptions/s/nic-0", "pools": pools}]}, "state": "removed"}
+
+    # WHEN its drain is recorded and read back
+    stores.state.record_drain("azure:a", "web-0", memento)
+
+    # THEN it comes back as it was; recording a small one again replaces it whole
+    assert dict(stores.state.drains("azure:a")) == {"web-0": memento}
+    stores.state.record_drain("azure:a", "web-0", {"state": "located"})
+    assert dict(stores.state.drains("azure:a")) == {"web-0": {"state": "located"}}
+
+
+def test_a_value_and_an_envelope_larger_than_a_property_are_kept_whole(stores: Stores) -> None:
+    # GIVEN a remembered value of 100 KB and an envelope of 250 KB waiting for the budget
+    value = bytes(range(256)) * 400
+    envelope = b"e" * (250 * 1024)
+
+    # WHEN they are stored, then the envelope is replaced by a small one
+    assert stores.state.remember("command:big", value) == value
+    stores.state.park("web", "azure:a", envelope, NOW)
+    (parked,) = stores.state.parked("web")
+    stores.state.park("web", "azure:a", b"small", NOW + timedelta(seconds=1))
+
+    # THEN each reads back whole, the replacement without a trace of the larger one
+    assert stores.state.recall("command:big") == value
+    assert parked.envelope == envelope
+    assert [(p.envelope, p.parked_at) for p in stores.state.parked("web")] == [(b"small", NOW)]
+
+
+def test_an_audit_record_naming_a_thousand_vms_is_appended_and_found(stores: Stores) -> None:
+    # GIVEN a wait for the budget, audited under the VMs of the event it holds back
+    record = _record(",".join(LARGEST_EVENT_VMS), "E-1", "action", action="wait", reason="r" * 100_000)
+
+    # WHEN it is appended
+    stores.audit.append(record)
+
+    # THEN it is found under that name (cut, like its reason, to what an audit record keeps)
+    (found,) = stores.audit.query(vm=record.vm)
+    assert found == record
+    assert len(found.vm) <= 2048 and len(found.reason) <= 2048
+    assert stores.audit.query(vm="web-0") == []
+
+
 # ---------------------------------------------------------------- Table Storage only
 
 
@@ -425,6 +492,20 @@ def test_escaped_keys_are_distinct_and_readable() -> None:
     assert keys[-1] == "web-0 é"
 
 
+def test_a_key_too_long_for_a_table_is_shortened_and_stays_distinct() -> None:
+    # GIVEN two values of 2,000 characters that differ only in their last one, and one of 480
+    first, second, longest_kept = "v" * 1999 + "a", "v" * 1999 + "b", "w" * 480
+
+    # WHEN they are escaped
+    keys = [escape_key(value) for value in (first, second, longest_kept)]
+
+    # THEN the long ones keep their start and a digest of the whole, within Table Storage's 1 KiB,
+    # and a key that fits is kept as it is
+    assert keys[0] != keys[1]
+    assert all(key.startswith("v" * 200 + "%~") and len(key) == 266 for key in keys[:2])
+    assert keys[2] == longest_kept
+
+
 @pytest.mark.peer
 def test_the_wiring_builds_table_stores_on_the_configured_tables(azurite_tables: str) -> None:
     # GIVEN the app settings of a deployment on Azurite, with a load balancer
@@ -454,6 +535,22 @@ def test_the_wiring_builds_table_stores_on_the_configured_tables(azurite_tables:
     assert len(list(service.get_table_client(audit_table).list_entities())) == 1
     # ... and the balancer drains from the load balancer and through /readyz, under fixed names
     assert [name for name, _ in deps.balancer._balancers] == [AZURE_LB, READINESS]  # type: ignore[attr-defined]
+
+
+@pytest.mark.peer
+def test_a_pool_whose_reservations_fill_an_entity_makes_the_next_event_wait(azurite_tables: str) -> None:
+    # GIVEN an unlimited pool holding events of 1,000 long VM names each
+    stores = _table_stores(azurite_tables)
+    answers = [stores.state.reserve("default", f"azure:{n}", LARGEST_EVENT_VMS, None) for n in range(12)]
+
+    # WHEN the entity of the pool's budget is full
+    # THEN the next event is not admitted (it waits for a slot, as for a budget) instead of failing
+    assert answers[0] and not answers[-1]
+    refused = answers.index(False)
+    assert answers == [True] * refused + [False] * (len(answers) - refused)
+    # ... and it is admitted once another event lets its slot go
+    stores.state.release("default", "azure:0")
+    assert stores.state.reserve("default", f"azure:{refused}", LARGEST_EVENT_VMS, None)
 
 
 class _NoCredential:
