@@ -301,6 +301,16 @@ class CommandLedger:
         with self._lock:
             self._db.executemany("UPDATE commands SET reported = 1 WHERE command_id = ?", [(i,) for i in command_ids])
 
+    def approved_event_ids(self) -> frozenset[str]:
+        """Lowercased EventIds this agent approved, or may have (an approval interrupted mid-POST).
+        An approved event that goes away ran, whatever its NotBefore said."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT event_id FROM commands WHERE type = 'approve' "
+                "AND (state = 'executing' OR (state = 'done' AND accepted = 1))"
+            ).fetchall()
+        return frozenset(event_id.lower() for (event_id,) in rows)
+
     def requeue_interrupted(self) -> int:
         """Turn entries left "executing" by a previous process into held commands due now.
 
@@ -534,6 +544,10 @@ class CommandProcessor:
     def next_due_at(self) -> datetime | None:
         return self._ledger.next_due_at()
 
+    def approved_event_ids(self) -> frozenset[str]:
+        """See CommandLedger.approved_event_ids; nothing in a dry run, which never POSTs."""
+        return frozenset() if self._dry_run else self._ledger.approved_event_ids()
+
     def _maybe_prune(self, now: datetime) -> None:
         if now - self._last_prune >= PRUNE_INTERVAL:
             self._last_prune = now
@@ -619,6 +633,9 @@ class CommandProcessor:
         if event.status is AzureEventStatus.STARTED:
             earlier = " (an earlier attempt of this command may have approved it)" if attempt > 1 else ""
             return f"event {event.event_id} is already Started{earlier}"
+        if event.status is not AzureEventStatus.SCHEDULED:
+            # Strict where it matters: only an event IMDS plainly shows as Scheduled is approved.
+            return f"event {event.event_id} is not Scheduled ({event.unreadable.get('EventStatus', 'status unknown')})"
         if self._vm_name not in event.resources:
             return (
                 f"this VM is not in Resources of event {event.event_id} ({self._vm_name} not in "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.health import DEFAULT_PORT
+from agent.sources.azure_imds import API_VERSION, API_VERSIONS
 from functions.core.errors import PermanentError
 from functions.core.model import Cloud
 
@@ -45,6 +46,7 @@ class AgentSettings:
     pubsub_topic: str
     pubsub_commands_subscription: str | None
     flush_seconds: float = 10.0
+    api_version: str = API_VERSION
 
 
 def default_state_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -142,6 +144,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help="Azure poll interval in seconds [MBRIDGE_POLL_INTERVAL, default 1]",
     )
     parser.add_argument(
+        "--api-version",
+        default=env("MBRIDGE_API_VERSION", API_VERSION),
+        help=f"Azure Scheduled Events api-version, one of {', '.join(API_VERSIONS)} "
+        f"[MBRIDGE_API_VERSION, default {API_VERSION}]",
+    )
+    parser.add_argument(
         "--listen",
         default=env("MBRIDGE_LISTEN", f"127.0.0.1:{DEFAULT_PORT}"),
         help=f"host:port for /healthz /readyz /metrics, or 'off' [MBRIDGE_LISTEN, default 127.0.0.1:{DEFAULT_PORT}]",
@@ -182,6 +190,11 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             f"--poll-interval {args.poll_interval:g} is below {MIN_POLL_INTERVAL:g} s: Azure IMDS allows 5 requests/s "
             "per VM, shared with every other IMDS user on it [MBRIDGE_POLL_INTERVAL]"
         )
+    if args.api_version not in API_VERSIONS:
+        raise ConfigError(
+            f"--api-version {args.api_version!r} is not a Scheduled Events version the Azure docs list: "
+            f"use one of {', '.join(API_VERSIONS)} (default {API_VERSION}) [MBRIDGE_API_VERSION]"
+        )
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
     if args.transport == "servicebus" and not (args.servicebus_namespace or args.servicebus_connection_string):
         raise ConfigError(
@@ -209,4 +222,5 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         pubsub_project=args.pubsub_project,
         pubsub_topic=args.pubsub_topic,
         pubsub_commands_subscription=args.pubsub_commands_subscription,
+        api_version=args.api_version,
     )

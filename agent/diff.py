@@ -9,7 +9,7 @@ still detected when it comes back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -46,33 +46,55 @@ def diff_azure(
     document: ScheduledEventsDocument,
     *,
     reporter: str,
+    observed_at: datetime,
+    approved: Collection[str] = frozenset(),
 ) -> tuple[AzureState, list[MaintenanceEvent]]:
     """Compare a Scheduled Events document with the previous one, by EventId.
 
     - new and Scheduled → scheduled; new and already Started (hardware failure) → started
     - Scheduled → Started → started
-    - gone after Started → completed; gone while Scheduled → canceled (Azure cancels by removal)
+    - gone: see `ending`
     - NotBefore, Description or Duration changes → state only
 
-    Disappearances come first: they free what a new event may need (e.g. a disruption budget).
+    An entry whose EventStatus could not be read counts as not started yet: it is reported as
+    scheduled, and its end is inferred like a Scheduled one's. `approved` holds the lowercased
+    EventIds this agent approved. Disappearances come first: they free what a new event may need
+    (e.g. a disruption budget).
     """
     sequence = str(document.incarnation)
     current = document.by_id()
     changes: list[MaintenanceEvent] = []
     for key, before in previous.items():
         if key not in current:
-            ended = EventStatus.COMPLETED if before.status is AzureEventStatus.STARTED else EventStatus.CANCELED
+            ended = ending(before, observed_at, approved=key in approved)
             changes.append(to_maintenance_event(before, status=ended, reporter=reporter, sequence=sequence))
     for key, event in current.items():
         known = previous.get(key)
         if known is None:
-            status = EventStatus.SCHEDULED if event.status is AzureEventStatus.SCHEDULED else EventStatus.STARTED
-        elif known.status is AzureEventStatus.SCHEDULED and event.status is AzureEventStatus.STARTED:
+            status = EventStatus.STARTED if event.status is AzureEventStatus.STARTED else EventStatus.SCHEDULED
+        elif known.status is not AzureEventStatus.STARTED and event.status is AzureEventStatus.STARTED:
             status = EventStatus.STARTED
         else:
             continue
         changes.append(to_maintenance_event(event, status=status, reporter=reporter, sequence=sequence))
     return dict(current), changes
+
+
+def ending(last_seen: AzureScheduledEvent, gone_at: datetime, *, approved: bool) -> EventStatus:
+    """How an event ended, from how it was last seen, when it is found gone at `gone_at`.
+
+    Azure never says: it removes an event when it is over, and removes a Scheduled one to cancel
+    it. An event last seen Started ran. One last seen Scheduled ran too when its NotBefore has
+    passed (Azure starts it then, whether or not anyone saw the Started step: the agent may have
+    been stopped), when this agent approved it, or when its NotBefore is unknown — a wrong
+    "completed" costs a VM kept out of its pool, a wrong "canceled" would put a deleted VM back.
+    Only an event gone before its NotBefore, and not approved here, was canceled.
+    """
+    if last_seen.status is AzureEventStatus.STARTED or approved:
+        return EventStatus.COMPLETED
+    if last_seen.not_before is None or gone_at >= last_seen.not_before:
+        return EventStatus.COMPLETED
+    return EventStatus.CANCELED
 
 
 @dataclass(frozen=True)
@@ -126,23 +148,25 @@ def diff_gce(
 def _maintenance_event(
     before: GceKeyState, value: str | None, sequence: str, observed_at: datetime, who: GceIdentity
 ) -> tuple[GceKeyState, list[MaintenanceEvent]]:
-    # An absent key is no maintenance: some machine types never populate it.
-    new = parse_maintenance_event(value) if value is not None else MaintenanceValue.NONE
-    old = parse_maintenance_event(before.value) if before.value is not None else MaintenanceValue.NONE
-    if new is old:
-        return replace(before, value=new.value), []
+    # An absent key is no maintenance: some machine types never populate it. A value GCE added
+    # after this release is a maintenance all the same (kind unknown), from it until NONE.
+    none = MaintenanceValue.NONE.value
+    new = parse_maintenance_event(value) if value is not None else none
+    old = parse_maintenance_event(before.value) if before.value is not None else none
+    if new == old:
+        return replace(before, value=new), []
     changes: list[MaintenanceEvent] = []
-    if old is not MaintenanceValue.NONE and before.first_observed is not None:
+    if old != none and before.first_observed is not None:
         # There is no "started" signal on GCE: the value going away is the completion.
         changes.append(_maintenance(old, EventStatus.COMPLETED, before.first_observed, sequence, who))
-    if new is MaintenanceValue.NONE:
-        return GceKeyState(value=new.value), changes
+    if new == none:
+        return GceKeyState(value=new), changes
     changes.append(_maintenance(new, EventStatus.SCHEDULED, observed_at, sequence, who))
-    return GceKeyState(value=new.value, first_observed=observed_at), changes
+    return GceKeyState(value=new, first_observed=observed_at), changes
 
 
 def _maintenance(
-    value: MaintenanceValue, status: EventStatus, first_observed: datetime, sequence: str, who: GceIdentity
+    value: str, status: EventStatus, first_observed: datetime, sequence: str, who: GceIdentity
 ) -> MaintenanceEvent:
     return maintenance_event(
         value=value,

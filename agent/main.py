@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 def metadata_client(settings: AgentSettings) -> MetadataClient:
     if settings.cloud is Cloud.AZURE:
-        return AzureImdsClient.for_base_url(settings.metadata_url)
+        return AzureImdsClient.for_base_url(settings.metadata_url, settings.api_version)
     return GceMetadataClient.for_base_url(settings.metadata_url)
 
 
@@ -109,6 +109,8 @@ def run_agent(
     readiness = _readiness(state, follows_commands=transport.commands is not None)
     tracker, watchers_for = _tracker(settings, client, vm_name, state, stop)
     commands = _command_processor(settings, client, vm_name, readiness, clock) if transport.commands else None
+    if commands is not None:
+        tracker.follow_approvals(commands.approved_event_ids)
     agent = Agent(
         cloud=settings.cloud,
         vm_name=vm_name,

@@ -27,6 +27,11 @@ DEFAULT_BASE_URL = "http://169.254.169.254"
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 NAME_PATH = "/metadata/instance/compute/name"
 API_VERSION = "2020-07-01"
+# The generally available versions the Scheduled Events docs list (2017-03-01 was a preview). The
+# newest is the default; an older one serves clouds whose docs stop earlier (the Azure China docs
+# list 2019-08-01 as newest). Older versions leave out fields, which the parser takes as absent:
+# EventSource came with 2019-08-01, Description with 2019-04-01, DurationInSeconds with 2020-07-01.
+API_VERSIONS = ("2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01", "2020-07-01")
 INSTANCE_API_VERSION = "2021-02-01"
 HEADERS = {"Metadata": "true"}
 # IMDS allows 5 requests/s per VM, shared with other IMDS users on it: keep a margin.

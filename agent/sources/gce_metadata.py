@@ -5,7 +5,8 @@ Each key has its own watcher thread (design §4): a direct GET first, then
 moment the metadata server announces it. After every change of `maintenance-event`
 the key is also read directly once more: GCE only gives the 60-second warning to VMs
 that queried that key (not a parent directory) since the last maintenance event.
-503 (seen during maintenance) and other failures are retried with jittered backoff;
+503 (seen during maintenance, for under a second) and other failures are retried after 0.2 s,
+then with jittered backoff;
 404 means the key is absent, which is a value, not an error. A value that does not parse is
 a failure too, not a reading: the watcher reads again instead of long-polling on its ETag,
 which would hide the change it carried until the long-poll times out. A long-poll that comes
@@ -47,6 +48,8 @@ LONG_POLL_SECONDS = 60
 # the request: the gap between two requests is then more than a second wherever it is measured
 # (network jitter cannot squeeze two into one second), so three watchers send at most 3 a second.
 MIN_UNCHANGED_LONG_POLL_SECONDS = 1.0
+# The first read again after a failure (see GceKeyWatcher.delay_after_failure).
+FIRST_RETRY_SECONDS = 0.2
 # GCE instance ids are unsigned 64-bit integers in decimal. Every GCE event id is derived from it,
 # so a garbled answer must never become the identity.
 _INSTANCE_ID = re.compile(r"^[0-9]{1,20}$")
@@ -160,7 +163,8 @@ class GceKeyWatcher:
         self._emit = emit
         self._clock = clock
         # Capped low: a live migration is announced only 60 s ahead.
-        self._backoff = backoff or Backoff(initial=1.0, maximum=5.0)
+        self._backoff = backoff or Backoff(initial=0.5, maximum=5.0)
+        self._failures = 0
         self._on_poll = on_poll
         self._last: GceReading | None = None
         self._last_answer_at: float | None = None
@@ -172,15 +176,24 @@ class GceKeyWatcher:
             asked_at = self._clock.monotonic()
             try:
                 observation = self.step(wait=wait)
+                self._failures = 0
                 self._backoff.reset()
             except MetadataUnavailableError as exc:
-                delay = self._backoff.next_delay()
+                delay = self.delay_after_failure()
                 self._on_poll("error", exc.kind)
                 LOGGER.warning("reading %s failed (%s), retrying in %.1f s: %s", self.key, exc.kind, delay, exc)
                 stop.wait(delay)
                 continue
             if wait and observation is None:
                 stop.wait(self.pause_after_unchanged(asked_at))
+
+    def delay_after_failure(self) -> float:
+        """How long to wait before reading again after a failed read. The metadata server answers
+        503 while the VM's own maintenance goes on, for under a second: the first retry goes out
+        after FIRST_RETRY_SECONDS, so the change it hides is seen within a second of a 60-second
+        notice; only a failure that persists backs off (jittered, capped)."""
+        self._failures += 1
+        return FIRST_RETRY_SECONDS if self._failures == 1 else self._backoff.next_delay()
 
     def pause_after_unchanged(self, asked_at: float) -> float:
         """Seconds to wait before the next long-poll after one that came back unchanged."""

@@ -1,8 +1,10 @@
-"""Azure Scheduled Events documents: the wire shape, a strict parser, and the mapping
-of one Azure event onto `MaintenanceEvent` (design §3.2).
+"""Azure Scheduled Events documents: the wire shape, a per-entry parser, and the mapping
+of one Azure event onto `MaintenanceEvent` (docs/agent.md, "Reading the metadata").
 
-The parser validates at the edge so that nothing downstream has to guess: a field
-with the wrong type is an error that names the field, never a silent default.
+Lenient where it is safe, strict where it matters: a missed maintenance is worse than an
+imprecise one, so an entry with a field this release cannot read is still forwarded, with that
+field empty and named in `unreadable`, and never takes the rest of the document down with it.
+What the agent acts on by itself — approving — checks the fields it needs strictly.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from functions.core.errors import MalformedDocumentError
 from functions.core.jsontext import load_json
@@ -24,7 +26,7 @@ from functions.core.model import (
     JsonObject,
     MaintenanceEvent,
 )
-from functions.core.timefmt import parse_rfc1123
+from functions.core.timefmt import parse_not_before
 
 # A quoted integer: ASCII digits only (str.isdigit() also takes "²"), and no longer than an int64.
 _DECIMAL = re.compile(r"^-?[0-9]{1,18}$")
@@ -52,20 +54,28 @@ class ScheduledEventsWire(TypedDict):
 class AzureEventStatus(str, Enum):
     SCHEDULED = "Scheduled"
     STARTED = "Started"
+    # Neither of the documented two: the event is taken as not started yet (so its end is still
+    # detected), and it is never approved (an approval needs a fresh read showing Scheduled).
+    UNKNOWN = "Unknown"
 
 
+_STATUSES = {"scheduled": AzureEventStatus.SCHEDULED, "started": AzureEventStatus.STARTED}
+
+
+# EventType values, lowercased (matched in any casing).
 EVENT_KINDS = {
-    "Freeze": EventKind.FREEZE,
-    "Reboot": EventKind.REBOOT,
-    "Redeploy": EventKind.REDEPLOY,
-    "Preempt": EventKind.PREEMPT,
-    "Terminate": EventKind.TERMINATE,
+    "freeze": EventKind.FREEZE,
+    "reboot": EventKind.REBOOT,
+    "redeploy": EventKind.REDEPLOY,
+    "preempt": EventKind.PREEMPT,
+    "terminate": EventKind.TERMINATE,
 }
 
 
 @dataclass(frozen=True)
 class AzureScheduledEvent:
-    """One validated Azure event. `raw` is the entry exactly as received."""
+    """One Azure event as far as it could be read. `raw` is the entry exactly as received;
+    `unreadable` maps each field that could not be read to the reason (its value here is empty)."""
 
     event_id: str
     kind: EventKind
@@ -76,12 +86,15 @@ class AzureScheduledEvent:
     event_source: EventSource | None
     duration_seconds: int | None
     raw: JsonObject = field(hash=False)
+    unreadable: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
 class ScheduledEventsDocument:
     incarnation: int
     events: tuple[AzureScheduledEvent, ...]
+    # Why entries were left out (no EventId, or an EventId repeated in the document).
+    skipped: tuple[str, ...] = ()
 
     def by_id(self) -> Mapping[str, AzureScheduledEvent]:
         """Events keyed by lowercased EventId (GUIDs compare case-insensitively)."""
@@ -89,11 +102,19 @@ class ScheduledEventsDocument:
 
 
 def parse_scheduled_events(body: bytes | str) -> ScheduledEventsDocument:
-    """Parse the body of GET /metadata/scheduledevents.
+    """Parse the body of GET /metadata/scheduledevents, one entry at a time.
+
+    Only a body without its frame — not JSON, no integer DocumentIncarnation, no Events list — is
+    refused: then nothing in it can be trusted and the caller reads it again. Any entry is read
+    on its own: one Azure added after this release, or one that is garbled, never hides the
+    others (another VM's event broadcast to the availability set must not silence this VM's own).
+    An entry is kept with what can be read (`unreadable` says what could not), and only an entry
+    without an EventId is left out (`skipped` says why): it cannot be followed from one document
+    to the next, nor approved.
 
     Raises:
-        MalformedDocumentError: not JSON, or a field is missing or mistyped; the
-            message names it. The caller should keep its previous state and poll again.
+        MalformedDocumentError: the frame is missing; the caller should keep its previous state
+            and poll again.
     """
     try:
         document = load_json(body)
@@ -107,68 +128,136 @@ def parse_scheduled_events(body: bytes | str) -> ScheduledEventsDocument:
     entries = document.get("Events")
     if not isinstance(entries, list):
         raise MalformedDocumentError("Events must be a list (empty when nothing is scheduled)")
-    events = tuple(parse_event(entry, f"Events[{index}]") for index, entry in enumerate(entries))
-    seen = set()
-    for event in events:
-        if event.event_id.lower() in seen:
-            raise MalformedDocumentError(f"EventId {event.event_id} appears twice in one document")
-        seen.add(event.event_id.lower())
-    return ScheduledEventsDocument(incarnation=incarnation, events=events)
+    events: dict[str, AzureScheduledEvent] = {}
+    skipped: list[str] = []
+    for index, entry in enumerate(entries):
+        where = f"Events[{index}]"
+        try:
+            event = parse_event(entry, where)
+        except MalformedDocumentError as exc:
+            skipped.append(str(exc))
+            continue
+        key = event.event_id.lower()
+        if key in events:
+            skipped.append(f"{where}: EventId {event.event_id[:80]!r} appears twice; the first entry is kept")
+            continue
+        events[key] = event
+    return ScheduledEventsDocument(incarnation=incarnation, events=tuple(events.values()), skipped=tuple(skipped))
 
 
 def parse_event(entry: Any, where: str = "event") -> AzureScheduledEvent:
-    """Validate one entry of `Events` (also used to restore an event from saved state).
+    """Read one entry of `Events` (also used to restore an event from saved state) leniently:
+    a field that cannot be read is left empty and named in `unreadable`, with the reason.
 
     Raises:
-        MalformedDocumentError: naming `where` and the field.
+        MalformedDocumentError: the entry is not an object or has no EventId (naming `where`).
     """
     if not isinstance(entry, dict):
-        raise MalformedDocumentError(f"{where} must be an object")
+        raise MalformedDocumentError(f"{where} is not an object; left out")
     event_id = entry.get("EventId")
     if not isinstance(event_id, str) or not event_id.strip():
-        raise MalformedDocumentError(f"{where}.EventId is missing or not a string")
-    event_type = entry.get("EventType")
-    kind = EVENT_KINDS.get(event_type) if isinstance(event_type, str) else None
-    if kind is None:
-        raise MalformedDocumentError(
-            f"{where}.EventType {event_type!r} is not one of {', '.join(EVENT_KINDS)}; "
-            "upgrade maintenance-bridge if Azure added a new type"
-        )
-    status_text = entry.get("EventStatus")
-    try:
-        status = AzureEventStatus(status_text)
-    except ValueError:
-        raise MalformedDocumentError(f"{where}.EventStatus {status_text!r} is not Scheduled or Started") from None
-    resources = entry.get("Resources", [])
-    if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
-        raise MalformedDocumentError(f"{where}.Resources must be a list of resource names")
-    not_before_text = entry.get("NotBefore", "")
-    if not isinstance(not_before_text, str):
-        raise MalformedDocumentError(f"{where}.NotBefore must be a string (RFC 1123 or empty)")
-    try:
-        not_before = parse_rfc1123(not_before_text) if not_before_text.strip() else None
-    except ValueError as exc:
-        raise MalformedDocumentError(f"{where}.NotBefore: {exc}") from exc
-    description = entry.get("Description", "")
-    if not isinstance(description, str):
-        raise MalformedDocumentError(f"{where}.Description must be a string")
-    source_text = entry.get("EventSource")
-    event_source: EventSource | None = None
-    if source_text not in (None, ""):
-        if not isinstance(source_text, str) or source_text.lower() not in ("platform", "user"):
-            raise MalformedDocumentError(f"{where}.EventSource {source_text!r} is not Platform or User")
-        event_source = EventSource(source_text.lower())
+        raise MalformedDocumentError(f"{where} has no EventId (got {str(event_id)[:80]!r}); left out")
+    unreadable: dict[str, str] = {}
     return AzureScheduledEvent(
         event_id=event_id,
-        kind=kind,
-        status=status,
-        resources=tuple(resources),
-        not_before=not_before,
-        description=description,
-        event_source=event_source,
-        duration_seconds=_integer(entry.get("DurationInSeconds"), f"{where}.DurationInSeconds"),
+        kind=_kind(entry, unreadable),
+        status=_status(entry, unreadable),
+        resources=_resources(entry, unreadable),
+        not_before=_not_before(entry, unreadable),
+        description=_description(entry, unreadable),
+        event_source=_event_source(entry, unreadable),
+        duration_seconds=_duration(entry, unreadable),
         raw=dict(entry),
+        unreadable=unreadable,
     )
+
+
+# Each reader below returns the field's value, or its empty value after noting in `unreadable`
+# why it could not be read. Enums are matched in any casing and with surrounding blanks.
+
+
+def _word(value: Any) -> str | None:
+    return value.strip().lower() if isinstance(value, str) else None
+
+
+_EnumT = TypeVar("_EnumT", bound=Enum)
+
+
+def _member(
+    entry: JsonObject, name: str, members: Mapping[str, _EnumT], unknown: _EnumT, unreadable: dict[str, str]
+) -> _EnumT:
+    value = entry.get(name)
+    member = members.get(_word(value) or "")
+    if member is None:
+        unreadable[name] = f"{_shown(value)} is not one of {', '.join(word.title() for word in members)}"
+        return unknown
+    return member
+
+
+def _kind(entry: JsonObject, unreadable: dict[str, str]) -> EventKind:
+    return _member(entry, "EventType", EVENT_KINDS, EventKind.UNKNOWN, unreadable)
+
+
+def _status(entry: JsonObject, unreadable: dict[str, str]) -> AzureEventStatus:
+    return _member(entry, "EventStatus", _STATUSES, AzureEventStatus.UNKNOWN, unreadable)
+
+
+def _resources(entry: JsonObject, unreadable: dict[str, str]) -> tuple[str, ...]:
+    value = entry.get("Resources", [])
+    if not isinstance(value, list):
+        unreadable["Resources"] = f"{_shown(value)} is not a list of resource names"
+        return ()
+    names = tuple(name for name in value if isinstance(name, str))
+    if len(names) != len(value):
+        unreadable["Resources"] = f"{len(value) - len(names)} of its items are not names; the names were kept"
+    return names
+
+
+def _not_before(entry: JsonObject, unreadable: dict[str, str]) -> datetime | None:
+    value = entry.get("NotBefore", "")
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None  # "Will be blank if the event has already started"
+    if not isinstance(value, str):
+        unreadable["NotBefore"] = f"{_shown(value)} is not a date"
+        return None
+    try:
+        return parse_not_before(value)
+    except ValueError as exc:
+        unreadable["NotBefore"] = str(exc)
+        return None
+
+
+def _description(entry: JsonObject, unreadable: dict[str, str]) -> str:
+    value = entry.get("Description", "")
+    if not isinstance(value, str):
+        unreadable["Description"] = f"{_shown(value)} is not text"
+        return ""
+    return value
+
+
+def _event_source(entry: JsonObject, unreadable: dict[str, str]) -> EventSource | None:
+    value = entry.get("EventSource")
+    if value is None or _word(value) == "":
+        return None  # before api-version 2019-08-01
+    word = _word(value)
+    if word in ("platform", "user"):
+        return EventSource(word)
+    unreadable["EventSource"] = f"{_shown(value)} is not Platform or User"
+    return None
+
+
+def _duration(entry: JsonObject, unreadable: dict[str, str]) -> int | None:
+    try:
+        return _integer(entry.get("DurationInSeconds"), "DurationInSeconds")
+    except MalformedDocumentError as exc:
+        unreadable["DurationInSeconds"] = str(exc)
+        return None
+
+
+def _shown(value: Any) -> str:
+    """A value for a reason text, bounded: a hostile entry must not make the logs huge."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _integer(value: Any, name: str) -> int | None:
@@ -182,7 +271,7 @@ def _integer(value: Any, name: str) -> int | None:
         return value
     if isinstance(value, str) and _DECIMAL.match(value.strip()):
         return int(value.strip())
-    raise MalformedDocumentError(f"{name} must be an integer, got {value!r}")
+    raise MalformedDocumentError(f"{name} must be an integer, got {_shown(value)}")
 
 
 def to_maintenance_event(
@@ -207,4 +296,5 @@ def to_maintenance_event(
         event_source=event.event_source,
         description=event.description,
         raw=event.raw,
+        unreadable=tuple(event.unreadable),
     )

@@ -48,6 +48,10 @@ Action = Union[Drain, Approve, Restore, PerformMaintenance]
 # Kinds whose VM is gone afterwards: restoring it to a load balancer would add a dead backend.
 NO_RESTORE_KINDS = frozenset({EventKind.TERMINATE, EventKind.PREEMPT})
 GCE_DRAIN_KINDS = frozenset({EventKind.LIVE_MIGRATE, EventKind.HOST_TERMINATE, EventKind.PREEMPT})
+# The rule of a notice the agent could not fully read, and the field that makes it one when its
+# kind is known (an event whose status is unclear may already be under way).
+UNREADABLE_RULE = "unreadable"
+UNREADABLE_STATUS = "EventStatus"
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ def decide(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
         if event.kind in NO_RESTORE_KINDS and event.status is EventStatus.COMPLETED:
             return Decision("1-ended", f"{event.kind.value} {event.status.value}: the VM is gone, nothing to restore")
         return Decision("1-ended", f"{event.status.value}: restore what this system drained", (Restore(),))
+    if event.kind is EventKind.UNKNOWN or UNREADABLE_STATUS in event.unreadable:
+        return _unreadable(event)
     if _harmless_freeze(event, policy):
         if event.status is EventStatus.SCHEDULED:
             return Decision(
@@ -89,6 +95,20 @@ def decide(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
         "5-platform",
         f"platform {event.kind.value}: drain, approve after the {policy.drain_period_seconds:g} s drain period",
         (*_drain(event), Approve(target, execute_at=approval_time(event, policy, drained_at=now))),
+    )
+
+
+def _unreadable(event: MaintenanceEvent) -> Decision:
+    """A notice the agent could not fully read (a type or status added after this release, or a
+    garbled one): the conservative reading. Its VMs leave their pools, nothing approves it early —
+    Azure starts it at its NotBefore on its own, which is the only approval that cannot be wrong —
+    and rule 1 restores them once it is over (its kind is unknown, so it is never taken for a
+    deletion)."""
+    missing = ", ".join(event.unreadable) or "kind"
+    return Decision(
+        UNREADABLE_RULE,
+        f"the agent could not read this notice's {missing}: drain, never approve early (it starts at NotBefore)",
+        _drain(event),
     )
 
 

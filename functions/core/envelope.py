@@ -42,6 +42,9 @@ _CONTEXT_ATTRIBUTES = frozenset({"specversion", "id", "source", "type", "subject
 # CloudEvents 1.0: extension names are lowercase a-z/0-9, at most 20 characters.
 _EXTENSION_NAME = re.compile(r"^[a-z0-9]{1,20}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# data.unreadable names fields of the cloud's entry: a handful, with short names.
+MAX_UNREADABLE_FIELDS = 32
+MAX_FIELD_NAME = 64
 
 EnvelopeData = Union[MaintenanceEvent, CommandResult]
 ExtensionValue = Union[str, int, bool]
@@ -142,8 +145,9 @@ def encode(envelope: Envelope) -> bytes:
 
 
 def event_to_data(event: MaintenanceEvent) -> JsonObject:
-    """The `data` object of design §3.1, snake_case, in schema order."""
-    return {
+    """The `data` object of design §3.1, snake_case, in schema order; `unreadable` only when
+    some field of the cloud's entry could not be read."""
+    data: JsonObject = {
         "schema_version": event.schema_version,
         "cloud": event.cloud.value,
         "event_id": event.event_id,
@@ -159,6 +163,9 @@ def event_to_data(event: MaintenanceEvent) -> JsonObject:
         "sequence": event.sequence,
         "raw": event.raw,
     }
+    if event.unreadable:
+        data["unreadable"] = list(event.unreadable)
+    return data
 
 
 def command_result_to_data(result: CommandResult) -> JsonObject:
@@ -268,6 +275,16 @@ def event_from_data(data: Mapping[str, Any]) -> MaintenanceEvent:
     description = data.get("description")
     if not isinstance(description, str):
         raise MalformedEnvelopeError("data.description must be a string")
+    unreadable = data.get("unreadable", [])
+    if (
+        not isinstance(unreadable, list)
+        or len(unreadable) > MAX_UNREADABLE_FIELDS
+        or not all(isinstance(name, str) and 0 < len(name) <= MAX_FIELD_NAME for name in unreadable)
+    ):
+        raise MalformedEnvelopeError(
+            f"data.unreadable must be a list of at most {MAX_UNREADABLE_FIELDS} field names "
+            f"(strings of 1-{MAX_FIELD_NAME} characters)"
+        )
     try:
         event = MaintenanceEvent(
             cloud=cloud,
@@ -283,6 +300,7 @@ def event_from_data(data: Mapping[str, Any]) -> MaintenanceEvent:
             description=description,
             raw=raw,
             schema_version=version,
+            unreadable=tuple(unreadable),
         )
     except ValueError as exc:
         raise MalformedEnvelopeError(f"data is inconsistent: {exc}") from exc

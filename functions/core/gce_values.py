@@ -8,10 +8,12 @@ by the agent) or, for upcoming-maintenance, its stable windowStartTime.
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, TypedDict
+from typing import Callable, TypedDict, TypeVar
 
 from functions.core.errors import MalformedDocumentError
 from functions.core.jsontext import load_json
@@ -24,38 +26,49 @@ PREEMPTED_KEY = "preempted"
 
 
 class MaintenanceValue(str, Enum):
+    """The documented values of instance/maintenance-event. GCE metadata is unversioned and Google
+    may add values: any other well-formed value is a maintenance too (kind `unknown`)."""
+
     NONE = "NONE"
     MIGRATE_ON_HOST_MAINTENANCE = "MIGRATE_ON_HOST_MAINTENANCE"
     TERMINATE_ON_HOST_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
 
 
 # How long before impact GCE changes the value (reference doc): 60 s before a
-# live migration, 60 min before a terminate (GPU, bare metal).
+# live migration, 60 min before a terminate (GPU, bare metal). An unknown value has no known notice.
 NOTICE = {
-    MaintenanceValue.MIGRATE_ON_HOST_MAINTENANCE: timedelta(seconds=60),
-    MaintenanceValue.TERMINATE_ON_HOST_MAINTENANCE: timedelta(minutes=60),
+    MaintenanceValue.MIGRATE_ON_HOST_MAINTENANCE.value: timedelta(seconds=60),
+    MaintenanceValue.TERMINATE_ON_HOST_MAINTENANCE.value: timedelta(minutes=60),
 }
 
 KIND = {
-    MaintenanceValue.MIGRATE_ON_HOST_MAINTENANCE: EventKind.LIVE_MIGRATE,
-    MaintenanceValue.TERMINATE_ON_HOST_MAINTENANCE: EventKind.HOST_TERMINATE,
+    MaintenanceValue.MIGRATE_ON_HOST_MAINTENANCE.value: EventKind.LIVE_MIGRATE,
+    MaintenanceValue.TERMINATE_ON_HOST_MAINTENANCE.value: EventKind.HOST_TERMINATE,
 }
 
+# What a metadata value looks like: an upper-case word of letters, digits and underscores. Anything
+# else (binary, blanks inside, a cut-off answer) is a garbled answer, read again, never a value.
+_VALUE_WORD = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 
-def parse_maintenance_event(text: bytes | str) -> MaintenanceValue:
-    """Parse the value of instance/maintenance-event.
+
+def parse_maintenance_event(text: bytes | str) -> str:
+    """Parse the value of instance/maintenance-event: NONE, one of the documented maintenance values,
+    or a value Google added since (returned as sent, upper-cased; its kind is `unknown`).
 
     Raises:
-        MalformedDocumentError: the value is none of the documented ones.
+        MalformedDocumentError: the answer is not a value at all (garbled); read it again.
     """
-    value = _text(text).strip()
-    try:
-        return MaintenanceValue(value)
-    except ValueError:
-        allowed = ", ".join(member.value for member in MaintenanceValue)
+    value = _text(text).strip().upper()
+    if not _VALUE_WORD.match(value):
         raise MalformedDocumentError(
-            f"maintenance-event value {value[:80]!r} is not one of {allowed}; will retry"
-        ) from None
+            f"maintenance-event answered {value[:80]!r}, which is not a value (an upper-case word such as "
+            f"{MaintenanceValue.MIGRATE_ON_HOST_MAINTENANCE.value}); will retry"
+        )
+    return value
+
+
+def is_documented_maintenance_value(value: str) -> bool:
+    return value in KIND or value == MaintenanceValue.NONE.value
 
 
 def parse_preempted(text: bytes | str) -> bool:
@@ -86,6 +99,8 @@ class UpcomingMaintenance:
     window_end: datetime | None
     latest_window_start: datetime | None
     raw: JsonObject = field(hash=False)
+    # Each field that could not be read (its value above is then empty), and why.
+    unreadable: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def anchor(self) -> str | None:
@@ -115,10 +130,11 @@ class UpcomingMaintenance:
 
 
 def parse_upcoming_maintenance(text: bytes | str) -> UpcomingMaintenance:
-    """Parse instance/upcoming-maintenance (valid JSON; booleans may come as strings).
+    """Parse instance/upcoming-maintenance (valid JSON; booleans may come as strings). A field that
+    cannot be read is left empty and named in `unreadable`: the notice is reported all the same.
 
     Raises:
-        MalformedDocumentError: not a JSON object, or a field has the wrong type.
+        MalformedDocumentError: not a JSON object (garbled); read it again.
     """
     try:
         document = load_json(text)
@@ -126,17 +142,35 @@ def parse_upcoming_maintenance(text: bytes | str) -> UpcomingMaintenance:
         raise MalformedDocumentError(f"upcoming-maintenance is not JSON ({exc}); will retry") from exc
     if not isinstance(document, dict):
         raise MalformedDocumentError("upcoming-maintenance must be a JSON object")
-    maintenance_type = _string(document, "maintenanceType")
-    status = _string(document, "maintenanceStatus")
+    unreadable: dict[str, str] = {}
     return UpcomingMaintenance(
-        maintenance_type=maintenance_type,
-        status=status,
-        can_reschedule=_boolean(document.get("canReschedule")),
-        window_start=_time(document, "windowStartTime"),
-        window_end=_time(document, "windowEndTime"),
-        latest_window_start=_time(document, "latestWindowStartTime"),
+        maintenance_type=_lenient(_string, document, "maintenanceType", unreadable, ""),
+        status=_lenient(_string, document, "maintenanceStatus", unreadable, "").upper(),
+        can_reschedule=_lenient(_boolean, document, "canReschedule", unreadable, None),
+        window_start=_lenient(_time, document, "windowStartTime", unreadable, None),
+        window_end=_lenient(_time, document, "windowEndTime", unreadable, None),
+        latest_window_start=_lenient(_time, document, "latestWindowStartTime", unreadable, None),
         raw=dict(document),
+        unreadable=unreadable,
     )
+
+
+_FieldT = TypeVar("_FieldT")
+
+
+def _lenient(
+    read: Callable[[JsonObject, str], _FieldT],
+    document: JsonObject,
+    name: str,
+    unreadable: dict[str, str],
+    empty: _FieldT,
+) -> _FieldT:
+    """One field by `read`, or `empty` with the reason noted when it cannot be read."""
+    try:
+        return read(document, name)
+    except MalformedDocumentError as exc:
+        unreadable[name] = str(exc)
+        return empty
 
 
 def gce_event_id(instance_id: str, key: str, anchor: str | datetime) -> str:
@@ -157,17 +191,18 @@ def _text(value: bytes | str) -> str:
 def _string(document: JsonObject, name: str) -> str:
     value = document.get(name, "")
     if not isinstance(value, str):
-        raise MalformedDocumentError(f"upcoming-maintenance.{name} must be a string, got {value!r}")
+        raise MalformedDocumentError(f"upcoming-maintenance.{name} must be a string, got {repr(value)[:80]}")
     return value
 
 
-def _boolean(value: Any) -> bool | None:
+def _boolean(document: JsonObject, name: str) -> bool | None:
     """true/false as JSON booleans or as the strings "true"/"false" (as the doc shows)."""
+    value = document.get(name)
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise MalformedDocumentError(f"upcoming-maintenance.canReschedule must be true or false, got {value!r}")
+    raise MalformedDocumentError(f"upcoming-maintenance.{name} must be true or false, got {repr(value)[:80]}")
 
 
 def _time(document: JsonObject, name: str) -> datetime | None:
@@ -184,7 +219,7 @@ def _time(document: JsonObject, name: str) -> datetime | None:
 
 def maintenance_event(
     *,
-    value: MaintenanceValue,
+    value: str,
     status: EventStatus,
     instance_id: str,
     reporter: str,
@@ -194,21 +229,26 @@ def maintenance_event(
     """The event for a MIGRATE/TERMINATE value first seen at `first_observed`.
 
     The completion (value back to NONE) is built with the same `value` and
-    `first_observed`, so it carries the same event_id as its scheduled step.
+    `first_observed`, so it carries the same event_id as its scheduled step. A value that is not
+    documented is a maintenance of kind `unknown`, with no known notice (not_before null).
     """
-    if value is MaintenanceValue.NONE:
+    if isinstance(value, MaintenanceValue):
+        value = value.value  # the text, not the member's name, goes into the description and raw
+    if value == MaintenanceValue.NONE.value:
         raise ValueError("NONE is the absence of an event; pass the value that was announced")
+    notice = NOTICE.get(value)
     return MaintenanceEvent(
         cloud=Cloud.GCE,
         event_id=gce_event_id(instance_id, MAINTENANCE_EVENT_KEY, first_observed),
-        kind=KIND[value],
+        kind=KIND.get(value, EventKind.UNKNOWN),
         status=status,
         reporter=reporter,
         sequence=sequence,
         resources=(reporter,),
-        not_before=first_observed + NOTICE[value],
-        description=f"{MAINTENANCE_EVENT_KEY} is {value.value}",
-        raw={"key": MAINTENANCE_EVENT_KEY, "value": value.value},
+        not_before=first_observed + notice if notice is not None else None,
+        description=f"{MAINTENANCE_EVENT_KEY} is {value}",
+        raw={"key": MAINTENANCE_EVENT_KEY, "value": value},
+        unreadable=() if value in KIND else ("value",),
     )
 
 
@@ -234,6 +274,7 @@ def upcoming_event(
         not_before=upcoming.window_start,
         description=upcoming.summary,
         raw={"key": UPCOMING_MAINTENANCE_KEY, "value": upcoming.raw},
+        unreadable=tuple(upcoming.unreadable),
     )
 
 

@@ -35,13 +35,25 @@ class EventKind(str, Enum):
     LIVE_MIGRATE = "live_migrate"
     HOST_TERMINATE = "host_terminate"
     UPCOMING = "upcoming"
+    # Either cloud: a notice whose type could not be read (a type added after this release, or
+    # a garbled one). Forwarded all the same, and handled conservatively by the policy.
+    UNKNOWN = "unknown"
 
 
 KINDS_BY_CLOUD: Mapping[Cloud, frozenset[EventKind]] = {
     Cloud.AZURE: frozenset(
-        {EventKind.FREEZE, EventKind.REBOOT, EventKind.REDEPLOY, EventKind.PREEMPT, EventKind.TERMINATE}
+        {
+            EventKind.FREEZE,
+            EventKind.REBOOT,
+            EventKind.REDEPLOY,
+            EventKind.PREEMPT,
+            EventKind.TERMINATE,
+            EventKind.UNKNOWN,
+        }
     ),
-    Cloud.GCE: frozenset({EventKind.LIVE_MIGRATE, EventKind.HOST_TERMINATE, EventKind.PREEMPT, EventKind.UPCOMING}),
+    Cloud.GCE: frozenset(
+        {EventKind.LIVE_MIGRATE, EventKind.HOST_TERMINATE, EventKind.PREEMPT, EventKind.UPCOMING, EventKind.UNKNOWN}
+    ),
 }
 
 
@@ -64,6 +76,9 @@ class MaintenanceEvent:
     `event_id` is the cloud's id (Azure EventId in its original case) or, for GCE,
     the derived id of design §3.2. `reporter` is the VM that observed it;
     `sequence` the DocumentIncarnation or ETag of the document it came from.
+    `unreadable` names the fields of the cloud's entry that could not be read (their value is then
+    empty here, and the original text is in `raw`): such an event is forwarded all the same,
+    because a missed maintenance is worse than an imprecise one.
     """
 
     cloud: Cloud
@@ -79,6 +94,7 @@ class MaintenanceEvent:
     description: str = ""
     raw: JsonObject = field(default_factory=dict, compare=True, hash=False)
     schema_version: int = SCHEMA_VERSION
+    unreadable: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.event_id:
@@ -96,6 +112,13 @@ class MaintenanceEvent:
             object.__setattr__(self, "not_before", self.not_before.astimezone(timezone.utc))
         if isinstance(self.resources, list):  # tolerate lists from callers; keep the value immutable
             object.__setattr__(self, "resources", tuple(self.resources))
+        if isinstance(self.unreadable, list):
+            object.__setattr__(self, "unreadable", tuple(self.unreadable))
+
+    @property
+    def fully_read(self) -> bool:
+        """Whether the cloud's notice was understood: its kind is known and every field was read."""
+        return self.kind is not EventKind.UNKNOWN and not self.unreadable
 
     @property
     def concerns_reporter(self) -> bool:

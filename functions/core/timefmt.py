@@ -14,6 +14,8 @@ _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
     r"(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
 )
+# ISO 8601 without a zone, as some IMDS emulators print NotBefore ("2016-09-19T18:29:47").
+_ISO8601_NAIVE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?$")
 
 
 def parse_rfc3339(text: str) -> datetime:
@@ -86,3 +88,24 @@ def format_rfc1123(moment: datetime) -> str:
     if moment.tzinfo is None:
         raise ValueError("refusing a naive datetime: pass an aware one (UTC)")
     return moment.astimezone(timezone.utc).strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+
+def parse_not_before(text: str) -> datetime:
+    """Parse a NotBefore as Azure prints it (RFC 1123) or as some IMDS emulators do (ISO 8601 /
+    RFC 3339; without a zone it is taken as UTC, the zone Azure's NotBefore is always in).
+
+    Raises:
+        ValueError: the text is none of these.
+    """
+    stripped = text.strip()
+    if _ISO8601_NAIVE.match(stripped):
+        stripped += "Z"
+    if stripped[:4].isdigit():
+        return parse_rfc3339(stripped)
+    try:
+        return parse_rfc1123(stripped)
+    except ValueError:
+        raise ValueError(
+            f"{text[:80]!r} is neither an RFC 1123 date ('Mon, 11 Apr 2022 22:26:58 GMT') "
+            "nor an ISO 8601 time ('2022-04-11T22:26:58Z')"
+        ) from None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -32,13 +34,35 @@ OBSERVED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
     ],
 )
 def test_documented_maintenance_event_values(fixture: str, expected: MaintenanceValue) -> None:
-    assert parse_maintenance_event(fixture_text(fixture)) is expected
-    assert parse_maintenance_event(fixture_text(fixture).encode() + b"\n") is expected
+    assert parse_maintenance_event(fixture_text(fixture)) == expected.value
+    assert parse_maintenance_event(fixture_text(fixture).encode() + b"\n") == expected.value
 
 
-def test_unknown_maintenance_value_is_refused() -> None:
-    with pytest.raises(MalformedDocumentError, match="not one of NONE"):
-        parse_maintenance_event("MAYBE_LATER")
+def test_a_maintenance_value_google_added_is_read_as_a_value() -> None:
+    # GCE metadata is unversioned and Google may add values: a new one is a maintenance, not an error.
+    assert parse_maintenance_event("MAYBE_LATER") == "MAYBE_LATER"
+    assert parse_maintenance_event(b"migrate_on_host_maintenance\n") == "MIGRATE_ON_HOST_MAINTENANCE"
+
+
+@pytest.mark.parametrize("garbled", [b"\x00\xff<garbage>\x13", "", "MIGRATE ON HOST", '"NO', "X" * 65, "NONE\x00"])
+def test_a_garbled_maintenance_answer_is_refused_for_a_retry(garbled: str | bytes) -> None:
+    with pytest.raises(MalformedDocumentError, match=r"will retry|not UTF-8"):
+        parse_maintenance_event(garbled)
+
+
+SCHEDULED_BY_GCE_VM_0: dict[str, Any] = {
+    "status": EventStatus.SCHEDULED,
+    "instance_id": "1",
+    "reporter": "gce-vm-0",
+    "first_observed": datetime(2026, 3, 1, tzinfo=timezone.utc),
+    "sequence": "e",
+}
+
+
+def test_an_undocumented_maintenance_value_is_a_maintenance_of_kind_unknown() -> None:
+    event = maintenance_event(value="SUSPEND_ON_HOST_MAINTENANCE", **SCHEDULED_BY_GCE_VM_0)
+    assert (event.kind, event.not_before, event.unreadable) == (EventKind.UNKNOWN, None, ("value",))
+    assert event.raw == {"key": "maintenance-event", "value": "SUSPEND_ON_HOST_MAINTENANCE"}
 
 
 def test_preempted_values() -> None:
@@ -79,18 +103,30 @@ def test_upcoming_maintenance_as_printed_in_the_doc_is_refused_clearly() -> None
         parse_upcoming_maintenance(fixture_text("gce/upcoming-maintenance-as-documented.txt"))
 
 
+def test_upcoming_maintenance_that_is_not_an_object_is_refused_for_a_retry() -> None:
+    with pytest.raises(MalformedDocumentError, match="JSON object"):
+        parse_upcoming_maintenance('"PENDING"')
+
+
 @pytest.mark.parametrize(
-    ("body", "message"),
+    ("body", "field"),
     [
-        ('"PENDING"', "JSON object"),
         ('{"canReschedule": "perhaps"}', "canReschedule"),
         ('{"windowStartTime": "soon"}', "windowStartTime"),
         ('{"maintenanceStatus": 3}', "maintenanceStatus"),
+        ('{"windowEndTime": {"at": 1}}', "windowEndTime"),
     ],
 )
-def test_malformed_upcoming_maintenance(body: str, message: str) -> None:
-    with pytest.raises(MalformedDocumentError, match=message):
-        parse_upcoming_maintenance(body)
+def test_an_upcoming_field_that_cannot_be_read_is_left_empty_and_named(body: str, field: str) -> None:
+    upcoming = parse_upcoming_maintenance(body)
+    assert list(upcoming.unreadable) == [field]
+    assert upcoming.raw == json.loads(body)
+
+
+def test_an_upcoming_notice_without_a_readable_window_is_still_an_event() -> None:
+    upcoming = parse_upcoming_maintenance('{"maintenanceType": "SCHEDULED", "windowStartTime": "soon"}')
+    event = upcoming_event(upcoming=upcoming, **SCHEDULED_BY_GCE_VM_0)
+    assert (event.kind, event.not_before, event.unreadable) == (EventKind.UPCOMING, None, ("windowStartTime",))
 
 
 def test_live_migration_event_has_a_stable_id_and_60_seconds_notice() -> None:

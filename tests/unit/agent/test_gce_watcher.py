@@ -93,3 +93,44 @@ def test_a_long_poll_that_comes_back_unchanged_at_once_is_paced_to_a_second() ->
     assert watcher.pause_after_unchanged(clock.monotonic() - 0.9) == 1.0
     # a long-poll the server held for a while: the next one goes out at once
     assert watcher.pause_after_unchanged(clock.monotonic() - 5.0) == 0.0
+
+
+class FailingClient(GceMetadataClient):
+    """Answers every read with the 503 GCE sends while a maintenance goes on."""
+
+    def __init__(self) -> None:
+        super().__init__(MetadataHttp("http://metadata.invalid", {}))
+
+    def read(self, key: str, *, wait: bool = False, last_etag: str | None = None) -> GceReading:
+        raise MetadataUnavailableError("server_error", f"GET {key} answered 503", 503)
+
+
+@dataclass
+class CountingStop:
+    """A stop event that records each wait and is set after `waits` of them."""
+
+    waits: int
+    waited: list[float] = field(default_factory=list)
+
+    def is_set(self) -> bool:
+        return len(self.waited) >= self.waits
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.append(timeout or 0.0)
+        return self.is_set()
+
+
+def test_a_503_is_read_again_within_a_quarter_second_and_only_a_lasting_one_backs_off() -> None:
+    # GIVEN a metadata server answering 503, as during a maintenance
+    watcher = GceKeyWatcher(FailingClient(), MAINTENANCE_EVENT_KEY, Emitted(), clock=FixedClock())
+    stop = CountingStop(waits=6)
+
+    # WHEN the watcher keeps trying
+    watcher.run(stop)  # type: ignore[arg-type]
+
+    # THEN the first retry goes out at once (a 503 lasts under a second), the next ones back off,
+    # never past the 5 s cap (a live migration is announced only 60 s ahead)
+    first, *later = stop.waited
+    assert first <= 0.25
+    assert all(0.5 <= delay <= 5.0 for delay in later)
+    assert max(later) > first

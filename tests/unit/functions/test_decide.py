@@ -40,6 +40,7 @@ GCE_RAW = {  # metadata key and value of each kind, as the agent records them
     EventKind.HOST_TERMINATE: ("maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE"),
     EventKind.PREEMPT: ("preempted", "TRUE"),
     EventKind.UPCOMING: ("upcoming-maintenance", None),
+    EventKind.UNKNOWN: ("maintenance-event", "SUSPEND_ON_HOST_MAINTENANCE"),
 }
 
 
@@ -599,7 +600,7 @@ def test_user_approval_is_immediate_and_platform_approval_waits_for_the_drain() 
 
 # --- invariants over the whole cross product ----------------------------------------------------
 
-AZURE_KINDS = (K.FREEZE, K.REBOOT, K.REDEPLOY, K.PREEMPT, K.TERMINATE)
+AZURE_KINDS = (K.FREEZE, K.REBOOT, K.REDEPLOY, K.PREEMPT, K.TERMINATE, K.UNKNOWN)
 DURATIONS = (None, -1, 0, 5, 10, 11, 900)
 SOURCES = (None, USER, PLATFORM)
 REPORTERS = ("WestNO_0", "WestNO_1", "WestNO_2")  # first, second, not in Resources
@@ -679,6 +680,10 @@ def _check_invariants(event: MaintenanceEvent, policy: Policy, decision: Decisio
         and event.duration_seconds is not None
         and 0 <= event.duration_seconds <= policy.harmless_freeze_seconds
     )
+    if event.status is S.SCHEDULED and event.kind is K.UNKNOWN:
+        assert decision.rule == "unreadable", label
+        assert decision.actions == (Drain(event.resources),), f"an unknown kind is drained, never approved: {label}"
+        return
     if event.status is S.SCHEDULED:
         if short_freeze:
             assert decision.actions == (Approve(approvals[0].target),), label
@@ -688,7 +693,7 @@ def _check_invariants(event: MaintenanceEvent, policy: Policy, decision: Decisio
             assert bool(approvals) == (policy.approve_user_events if user else policy.approve_platform_events), label
 
 
-@pytest.mark.parametrize("kind", [K.LIVE_MIGRATE, K.HOST_TERMINATE, K.PREEMPT, K.UPCOMING])
+@pytest.mark.parametrize("kind", [K.LIVE_MIGRATE, K.HOST_TERMINATE, K.PREEMPT, K.UPCOMING, K.UNKNOWN])
 @pytest.mark.parametrize("status", list(EventStatus))
 @pytest.mark.parametrize("policy", [DEFAULT_POLICY, window(0, 23)], ids=["default", "perform-in-window"])
 def test_gce_is_never_approved(kind: EventKind, status: EventStatus, policy: Policy) -> None:
@@ -795,3 +800,39 @@ def test_maintenance_window_is_judged_in_utc_whatever_the_offset_of_now() -> Non
 
     # THEN it is inside the window: drain and start the maintenance
     assert decision.actions == PERFORM
+
+
+# --- what the agent could not read ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "actions"),
+    [
+        (azure_event(kind=K.UNKNOWN, unreadable=("EventType",)), (DRAIN_SET,)),
+        (azure_event(kind=K.REBOOT, unreadable=("EventStatus",)), (DRAIN_SET,)),
+        (azure_event(kind=K.UNKNOWN, event_source=USER, not_before=None, unreadable=("EventType",)), (DRAIN_SET,)),
+        (azure_event(kind=K.UNKNOWN, resources=(), unreadable=("EventType", "Resources")), (Drain(("WestNO_0",)),)),
+        (gce_event(K.UNKNOWN), (Drain((GCE_VM,)),)),
+    ],
+    ids=["unknown-type", "unknown-status", "unknown-user-event", "unreadable-resources", "gce-unknown-value"],
+)
+def test_a_notice_that_could_not_be_read_is_drained_and_never_approved_early(
+    event: MaintenanceEvent, actions: tuple[Action, ...]
+) -> None:
+    # GIVEN an event whose type or status the agent could not read WHEN the default policy decides
+    decision = decide(event, DEFAULT_POLICY, NOW)
+
+    # THEN its VMs are drained and no approval is sent: Azure starts it at NotBefore, never earlier
+    assert (decision.rule, decision.actions) == ("unreadable", actions)
+
+
+@pytest.mark.parametrize("status", [S.COMPLETED, S.CANCELED])
+def test_an_unknown_kind_that_ended_is_restored(status: EventStatus) -> None:
+    decision = decide(azure_event(kind=K.UNKNOWN, status=status, unreadable=("EventType",)), DEFAULT_POLICY, NOW)
+    assert decision.actions == (Restore(),)
+
+
+def test_an_unreadable_field_that_does_not_change_the_decision_keeps_the_rule() -> None:
+    # A Reboot whose EventSource could not be read is a platform Reboot: drained, approved after the period.
+    decision = decide(azure_event(kind=K.REBOOT, event_source=None, unreadable=("EventSource",)), DEFAULT_POLICY, NOW)
+    assert decision.rule == "5-platform"
