@@ -4,16 +4,24 @@ google-cloud-firestore. They behave as the SQLite store of functions/local_app/s
 Collections (each name starts with a prefix, `mbridge_` by default, so that two deployments
 can share one database):
 
-    claims/{h(key)}          key, state (in-progress | done), lease_until, updated_at, expire_at
-    budget_pools/{h(pool)}   pool, reservations: [{event_key, vms}]   one document per pool
-    drains/{h(event_key)}    event_key, vms: {vm: memento as JSON text}
-    remembered/{h(key)}      key, value (bytes): command bytes, event ends
-    parked/{h(pool, key)}    pool, event_key, envelope (bytes), parked_at
-    audit/{time-ordered id}  the AuditRecord fields, event_id_lower, recorded_at (server time)
+    claims/{h(key)}            key, state (in-progress | done), lease_until, updated_at, expire_at
+    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms}]   one document per pool
+    drains/{h(event_key, vm)}  event_key, vm, memento (JSON text)       one document per drained VM
+    remembered/{h(key)}        key, value (bytes): command bytes, event ends
+    parked/{h(pool, key)}      pool, event_key, envelope (bytes), parked_at
+    audit/{time-ordered id}    the AuditRecord fields, event_id_lower, recorded_at (server time)
 
 Document ids are SHA-256 hex digests of the keys (envelope ids, "azure:<guid>", pool and VM
 names may hold '/' or other characters Firestore refuses in ids); the keys themselves are kept
 as fields for people reading the console.
+
+Sizes: a document holds at most 1 MiB. A drain is a document of its own, as an event's VMs and
+their mementos together may be more than that (1,000 VMs in many backend pools); earlier versions
+kept an event's drains in one document, `drains/{h(event_key)}` with a map `vms`, which is still
+read and forgotten from. A pool's reservations stay in one document, for the transaction that
+admits an event; when one more event would not fit, it waits for a slot as for a budget (an event
+alone always fits). An envelope waiting for the budget is at most 256 KiB (`MAX_ENVELOPE_BYTES`),
+a remembered value a command or an event's end, and audit records cut their texts.
 
 Every method is atomic on its own: single-document writes (`create`, `delete`) are atomic in
 Firestore, and every read-modify-write runs in a transaction (`@firestore.transactional`),
@@ -27,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +50,8 @@ from google.cloud import firestore
 from functions.core.errors import BridgeError, PermanentError, RetryableError
 from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
 
+LOGGER = logging.getLogger("mbridge.gcp.firestore")
+
 DEFAULT_PREFIX = "mbridge_"
 DATASTORE_ROLE = "roles/datastore.user"
 IN_PROGRESS = "in-progress"
@@ -49,6 +60,9 @@ DONE = "done"
 # outlive every redelivery of its envelope: Pub/Sub keeps a message at most 7 days, and an agent
 # republishes only events that are still current.
 CLAIM_RETENTION = timedelta(days=30)
+# The most a pool's reservations take as JSON (which counts more than Firestore does: quotes,
+# commas), below the 1 MiB of a document: room for its name and other fields.
+RESERVATIONS_BYTES = 900 * 1024
 
 _RETRYABLE = (
     api_errors.Aborted,  # transaction contention the library's own attempts did not resolve
@@ -182,8 +196,12 @@ def _reserve(
     drained = {vm for entry in reservations for vm in entry["vms"]}
     if limit is not None and reservations and len(drained | set(vms)) > limit:
         return False
-    reservations.append({"event_key": event_key, "vms": list(vms)})
-    transaction.set(ref, {"pool": pool, "reservations": reservations})
+    admitted = [*reservations, {"event_key": event_key, "vms": list(vms)}]
+    if reservations and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
+        # The pool's document is full: the event waits for a slot as for a budget.
+        LOGGER.warning("the reservations of pool %s fill their document: %s waits for a slot", pool, event_key)
+        return False
+    transaction.set(ref, {"pool": pool, "reservations": admitted})
     return True
 
 
@@ -201,23 +219,15 @@ def _release(transaction: firestore.Transaction, ref: firestore.DocumentReferenc
 
 
 @firestore.transactional
-def _change_drains(
-    transaction: firestore.Transaction,
-    ref: firestore.DocumentReference,
-    event_key: str,
-    vm: str,
-    memento: str | None,
-) -> None:
-    """Set (memento given) or remove (None) one VM's entry of an event's drains."""
+def _forget_earlier_drain(transaction: firestore.Transaction, ref: firestore.DocumentReference, vm: str) -> None:
+    """Remove one VM from an event's drains as earlier versions kept them (one document, `vms`)."""
     snapshot = ref.get(transaction=transaction)
     vms: dict[str, str] = dict((snapshot.to_dict() or {}).get("vms", {})) if snapshot.exists else {}
-    if memento is None:
-        vms.pop(vm, None)
-    else:
-        vms[vm] = memento
+    if vms.pop(vm, None) is None:
+        return
     if vms:
-        transaction.set(ref, {"event_key": event_key, "vms": vms})
-    elif snapshot.exists:
+        transaction.update(ref, {"vms": vms})
+    else:
         transaction.delete(ref)
 
 
@@ -289,19 +299,25 @@ class FirestoreStateStore:
     def record_drain(self, event_key: str, vm: str, memento: JsonObject) -> None:
         # JSON text, as the SQLite store keeps it: a memento round-trips exactly, whatever it nests
         # (Firestore refuses arrays directly inside arrays).
-        text = json.dumps(memento, sort_keys=True)
+        fields = {"event_key": event_key, "vm": vm, "memento": json.dumps(memento, sort_keys=True)}
         with self._errors(f"record the drain of {vm}"):
-            _change_drains(self._client.transaction(), self._drains.document(doc_id(event_key)), event_key, vm, text)
+            self._drains.document(doc_id(event_key, vm)).set(fields)
 
     def drains(self, event_key: str) -> Mapping[str, JsonObject]:
+        # An equality filter only (the automatic single-field index); it also finds the one document
+        # in which an earlier version kept all of the event's drains, whose entries a newer
+        # record of the same VM replaces.
+        query = self._drains.where(filter=firestore.FieldFilter("event_key", "==", event_key))
         with self._errors("read drains of " + event_key):
-            snapshot = self._drains.document(doc_id(event_key)).get()
-        vms: Mapping[str, str] = (snapshot.to_dict() or {}).get("vms", {}) if snapshot.exists else {}
-        return {vm: json.loads(memento) for vm, memento in vms.items()}
+            documents = [snapshot.to_dict() or {} for snapshot in query.stream()]
+        earlier = {vm: memento for document in documents for vm, memento in document.get("vms", {}).items()}
+        recorded = {document["vm"]: document["memento"] for document in documents if "vm" in document}
+        return {vm: json.loads(memento) for vm, memento in {**earlier, **recorded}.items()}
 
     def forget_drain(self, event_key: str, vm: str) -> None:
         with self._errors(f"forget the drain of {vm}"):
-            _change_drains(self._client.transaction(), self._drains.document(doc_id(event_key)), event_key, vm, None)
+            self._drains.document(doc_id(event_key, vm)).delete()
+            _forget_earlier_drain(self._client.transaction(), self._drains.document(doc_id(event_key)), vm)
 
     # ---- remembered values and waits
 

@@ -228,6 +228,26 @@ def test_forget_drain_removes_one_vm_then_the_last(backend: Backend) -> None:
     assert backend.store.drains("azure:e1") == {}
 
 
+def test_the_drains_of_an_event_of_many_vms_outgrow_any_one_document(backend: Backend) -> None:
+    # GIVEN 250 VMs drained for one event, each memento about 5 KB (a VM in 20 backend pools):
+    # more than the 1 MiB a Firestore document holds
+    pools = [
+        f"/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/loadBalancers/lb/pool-{n}" for n in range(50)
+    ]
+    vms = [f"vmss-web_{n}" for n in range(250)]
+
+    # WHEN each drain is recorded, then one forgotten
+    for vm in vms:
+        backend.store.record_drain("azure:e1", vm, {"memento": {"pools": pools}, "state": "removed"})
+    backend.store.forget_drain("azure:e1", vms[0])
+
+    # THEN every other one is on record, with its memento
+    drains = backend.store.drains("azure:e1")
+    assert sorted(drains) == sorted(vms[1:])
+    assert drains[vms[-1]] == {"memento": {"pools": pools}, "state": "removed"}
+    assert backend.store.drains("azure:e2") == {}
+
+
 # ---------------------------------------------------------------- remembered values
 
 
@@ -447,6 +467,48 @@ def test_firestore_documents_keep_the_keys_readable(firestore_emulator: str) -> 
     assert [entry["key"] for entry in claims if entry] == ["azure:guid/with/slashes"]
     assert [entry["event_key"] for entry in drains if entry] == ["azure:guid/with/slashes"]
     assert list(client.collection("mbridge_claims").stream()) == []
+    client.close()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
+
+
+# 1,000 VMs (the most an event lists) of 80 characters (the longest name).
+LARGEST_EVENT_VMS = [f"vmss-{n:04d}-" + "x" * 70 + f"_{n:03d}" for n in range(1000)]
+
+
+@pytest.mark.peer
+def test_a_pool_whose_reservations_fill_a_document_makes_the_next_event_wait(firestore_emulator: str) -> None:
+    # GIVEN an unlimited pool holding events of 1,000 long VM names each (about 85 KB apiece)
+    client = firestore.Client(project=new_project())
+    store = FirestoreStateStore(client)
+    answers = [store.reserve("default", f"azure:{n}", LARGEST_EVENT_VMS, None) for n in range(14)]
+
+    # WHEN the pool's document is full
+    # THEN the next event is not admitted (it waits for a slot, as for a budget) instead of failing
+    assert (answers[0], answers[-1]) == (True, False)
+    refused = answers.index(False)
+    assert answers == [True] * refused + [False] * (len(answers) - refused)
+    # ... and it is admitted once another event lets its slot go
+    store.release("default", "azure:0")
+    assert store.reserve("default", f"azure:{refused}", LARGEST_EVENT_VMS, None)
+    client.close()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
+
+
+@pytest.mark.peer
+def test_drains_kept_in_one_document_per_event_are_still_read_and_forgotten(firestore_emulator: str) -> None:
+    # GIVEN the drains of an event as earlier versions kept them: one document, a map of VMs
+    client = firestore.Client(project=new_project())
+    store = FirestoreStateStore(client)
+    legacy = {"event_key": "azure:e1", "vms": {"web-0": '{"state": "removed"}', "web-1": "{}"}}
+    client.collection("mbridge_drains").document(doc_id("azure:e1")).set(legacy)
+    store.record_drain("azure:e1", "web-2", {"state": "located"})
+
+    # WHEN they are read, and two are forgotten
+    before = dict(store.drains("azure:e1"))
+    store.forget_drain("azure:e1", "web-0")
+    store.forget_drain("azure:e1", "web-2")
+
+    # THEN the old and the new records are one list, and forgetting works on both
+    assert before == {"web-0": {"state": "removed"}, "web-1": {}, "web-2": {"state": "located"}}
+    assert dict(store.drains("azure:e1")) == {"web-1": {}}
     client.close()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
 
 
