@@ -444,7 +444,7 @@ def test_an_audit_record_naming_a_thousand_vms_is_appended_and_found(stores: Sto
     # THEN it is found under that name (cut, like its reason, to what an audit record keeps)
     (found,) = stores.audit.query(vm=record.vm)
     assert found == record
-    assert len(found.vm) <= 2048 and len(found.reason) <= 2048
+    assert (len(found.vm), len(found.reason)) == (2048, 2048)
     assert stores.audit.query(vm="web-0") == []
 
 
@@ -545,7 +545,7 @@ def test_a_pool_whose_reservations_fill_an_entity_makes_the_next_event_wait(azur
 
     # WHEN the entity of the pool's budget is full
     # THEN the next event is not admitted (it waits for a slot, as for a budget) instead of failing
-    assert answers[0] and not answers[-1]
+    assert (answers[0], answers[-1]) == (True, False)
     refused = answers.index(False)
     assert answers == [True] * refused + [False] * (len(answers) - refused)
     # ... and it is admitted once another event lets its slot go
