@@ -11,6 +11,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 CREATE INDEX IF NOT EXISTS audit_vm ON audit (vm, seq);
 DROP INDEX IF EXISTS audit_event;
+CREATE TABLE IF NOT EXISTS dead_letters (
+    envelope_id TEXT PRIMARY KEY, bus_seq INTEGER NOT NULL, body BLOB NOT NULL, reason TEXT NOT NULL,
+    failed_at REAL NOT NULL
+);
 """
 
 
@@ -63,6 +68,17 @@ SELECT
 """
 
 _AUDIT_COLUMNS = "time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail"
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message of the embedded bus that the local host could not process and will not retry."""
+
+    envelope_id: str
+    bus_seq: int
+    body: bytes
+    reason: str
+    failed_at: datetime
 
 
 class SqliteStore:
@@ -197,6 +213,27 @@ class SqliteStore:
     def unpark(self, pool: str, event_key: str) -> None:
         with self._transaction() as db:
             db.execute("DELETE FROM parked WHERE pool = ? AND event_key = ?", (pool, event_key))
+
+    # ---- messages set aside (the local host's dead-letter queue)
+
+    def dead_letter(self, letter: DeadLetter) -> None:
+        """Keep a message the host gives up on; the first reason given for an envelope stays."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO dead_letters (envelope_id, bus_seq, body, reason, failed_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (letter.envelope_id, letter.bus_seq, letter.body, letter.reason, letter.failed_at.timestamp()),
+            )
+
+    def dead_letters(self) -> Sequence[DeadLetter]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT envelope_id, bus_seq, body, reason, failed_at FROM dead_letters ORDER BY bus_seq"
+            ).fetchall()
+        return [
+            DeadLetter(envelope_id, seq, bytes(body), reason, datetime.fromtimestamp(at, timezone.utc))
+            for envelope_id, seq, body, reason, at in rows
+        ]
 
     # ---- audit
 
