@@ -130,16 +130,16 @@ def parse_scheduled_events(body: bytes | str) -> ScheduledEventsDocument:
         raise MalformedDocumentError("Events must be a list (empty when nothing is scheduled)")
     events: dict[str, AzureScheduledEvent] = {}
     skipped: list[str] = []
-    for index, entry in enumerate(entries):
-        where = f"Events[{index}]"
+    for entry in entries:
+        # Reasons name no position: the agent logs each one once, and positions shift.
         try:
-            event = parse_event(entry, where)
+            event = parse_event(entry, "an entry of Events")
         except MalformedDocumentError as exc:
             skipped.append(str(exc))
             continue
         key = event.event_id.lower()
         if key in events:
-            skipped.append(f"{where}: EventId {event.event_id[:80]!r} appears twice; the first entry is kept")
+            skipped.append(f"EventId {event.event_id[:80]!r} appears twice; the first entry is kept")
             continue
         events[key] = event
     return ScheduledEventsDocument(incarnation=incarnation, events=tuple(events.values()), skipped=tuple(skipped))
