@@ -15,6 +15,7 @@ from typing import Callable
 
 from agent.simulator.azure_api import render_event
 from agent.simulator.clock import Clock, rfc3339
+from agent.simulator.departures import Departures
 from agent.simulator.faults import FaultBook, FaultChange, parse_fault_change
 from agent.simulator.gce_api import GceChange, GceState, parse_gce_change
 from agent.simulator.store import (
@@ -51,6 +52,7 @@ class SimContext:
     gce: GceState
     faults: FaultBook
     traffic: TrafficLog
+    departures: Departures
     vm_names: tuple[str, ...]
     urls: tuple[str, ...]
     default_names: tuple[str, ...] = ()  # the scenario's VM names, for "$N" beyond the VMs given
@@ -166,6 +168,7 @@ def event_view(event: SimEvent) -> dict[str, object]:
         "not_before_at": None if event.not_before_at is None else round(event.not_before_at, 3),
         "approval": event.approval.value,
         "approvals_from": list(event.approvals_from),
+        "keep_serving": event.keep_serving,
         "approved_at": None if event.approved_at is None else round(event.approved_at, 3),
         "approved_by": event.approved_by,
         "started_at": None if event.started_at is None else round(event.started_at, 3),

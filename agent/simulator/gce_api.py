@@ -16,12 +16,16 @@ from enum import Enum
 from typing import Callable, TypedDict
 
 from agent.simulator.clock import Clock, rfc3339
-from agent.simulator.store import FieldError, MetadataRequest, Response, SimLog
+from agent.simulator.departures import Departures
+from agent.simulator.store import FieldError, MetadataRequest, Response, SimLog, bool_field
 
 PREFIX = "/computeMetadata/v1/"
 PROJECT_ID = "maintenance-bridge-sim"
 PROJECT_NUMBER = str(10**11 + int(hashlib.sha256(PROJECT_ID.encode()).hexdigest(), 16) % (9 * 10**11))
 ZONE = "us-central1-a"
+
+# A Spot VM gets 30 s between ACPI G2 Soft Off and G3 Mechanical Off once preempted: then it is off.
+PREEMPTED_SHUTDOWN_SECONDS = 30.0
 
 DEFAULT_TIMEOUT_SEC = 60
 MAX_TIMEOUT_SEC = 300
@@ -84,6 +88,7 @@ class GceChange:
     preempted: bool | None = None
     upcoming: UpcomingPatch | None = None  # None with key upcoming-maintenance removes it
     require_watch: bool = True
+    keep_serving: bool = False  # a preempted VM is not shut down
 
 
 @dataclass(frozen=True)
@@ -109,16 +114,14 @@ _UPCOMING_FIELDS = {
 
 
 def parse_gce_change(body: Mapping[str, object]) -> GceChange:
-    allowed = {"vm", "key", "value", "require_watch"}
+    allowed = {"vm", "key", "value", "require_watch", "keep_serving"}
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise FieldError(unknown[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
     vm = body.get("vm")
     if vm is not None and (not isinstance(vm, str) or not vm):
         raise FieldError("vm", "must be a VM name ('$0' means the first VM)")
-    require_watch = body.get("require_watch", True)
-    if not isinstance(require_watch, bool):
-        raise FieldError("require_watch", "must be true or false")
+    require_watch = bool_field(body, "require_watch", default=True)
     raw_key = body.get("key")
     keys = ", ".join(k.value for k in GceKey)
     if raw_key not in {k.value for k in GceKey}:
@@ -127,7 +130,7 @@ def parse_gce_change(body: Mapping[str, object]) -> GceChange:
     if "value" not in body:
         raise FieldError("value", "is required (null removes upcoming-maintenance)")
     value = body["value"]
-    change = GceChange(key=key, vm=vm, require_watch=require_watch)
+    change = GceChange(key=key, vm=vm, require_watch=require_watch, keep_serving=bool_field(body, "keep_serving"))
     if key is GceKey.MAINTENANCE_EVENT:
         names = ", ".join(m.value for m in MaintenanceEvent)
         if value not in {m.value for m in MaintenanceEvent}:
@@ -214,11 +217,19 @@ class Served:
 class GceState:
     """Per-VM mutable metadata values, guarded by the simulator's shared condition."""
 
-    def __init__(self, clock: Clock, cond: threading.Condition, log: SimLog, vm_names: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        cond: threading.Condition,
+        log: SimLog,
+        vm_names: tuple[str, ...],
+        departures: Departures,
+    ) -> None:
         self._clock = clock
         self._cond = cond
         self._log = log
         self._vms = {vm: VmMetadata() for vm in vm_names}
+        self._departures = departures
 
     def get(self, vm: str) -> VmMetadata:
         with self._cond:
@@ -252,9 +263,7 @@ class GceState:
                 shown = self._set_maintenance_event(vm, meta, change.maintenance_event, change.require_watch, now)
             elif change.key is GceKey.PREEMPTED:
                 assert change.preempted is not None
-                self._vms[vm] = replace(meta, preempted=change.preempted)
-                if change.preempted != meta.preempted:
-                    self._log.add(f"preempted: {'TRUE' if change.preempted else 'FALSE'}", vm=vm, at=now)
+                self._set_preempted(vm, meta, change, now)
                 shown = True
             else:
                 upcoming = None if change.upcoming is None else self._merge(meta.upcoming, change.upcoming, now)
@@ -265,6 +274,16 @@ class GceState:
                 shown = True
             self._cond.notify_all()
             return shown
+
+    def _set_preempted(self, vm: str, meta: VmMetadata, change: GceChange, now: float) -> None:
+        self._vms[vm] = replace(meta, preempted=bool(change.preempted))
+        if change.preempted == meta.preempted:
+            return
+        self._log.add(f"preempted: {'TRUE' if change.preempted else 'FALSE'}", vm=vm, at=now)
+        if not change.preempted:
+            self._departures.stay(vm)  # a rehearsal undone through the control API
+        elif not change.keep_serving:
+            self._departures.leave_after(vm, now, PREEMPTED_SHUTDOWN_SECONDS, "preempted, shut down")
 
     def _set_maintenance_event(
         self, vm: str, meta: VmMetadata, value: MaintenanceEvent, require_watch: bool, now: float
@@ -330,11 +349,13 @@ class GceState:
 class GceApi:
     """Answers /computeMetadata/v1/ for every VM of one simulator."""
 
-    def __init__(self, state: GceState, clock: Clock, cond: threading.Condition, stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self, state: GceState, clock: Clock, cond: threading.Condition, stopping: Callable[[str], bool]
+    ) -> None:
         self._state = state
         self._clock = clock
         self._cond = cond
-        self._stopping = stopping
+        self._stopping = stopping  # (vm) -> the simulator stops, or that VM stopped answering
 
     def handle(self, request: MetadataRequest) -> Response:
         if request.header("X-Forwarded-For") is not None:
@@ -376,7 +397,7 @@ class GceApi:
             while True:
                 current = self._serve(request.vm, path, recursive) or current
                 remaining = deadline - self._clock.real_now()
-                if current.etag != last_etag or remaining <= 0 or self._stopping():
+                if current.etag != last_etag or remaining <= 0 or self._stopping(request.vm):
                     return current
                 self._cond.wait(remaining)
 

@@ -129,7 +129,7 @@ _BUILTINS: dict[str, dict[str, object]] = {
         ],
     },
     "azure-preempt": {
-        "description": "A Spot VM is evicted: Preempt with 30 s notice.",
+        "description": "A Spot VM is evicted: Preempt with 30 s notice; the VM is deleted once it started.",
         "cloud": "azure",
         "vms": ["spot-vm-0"],
         "steps": [
@@ -146,7 +146,8 @@ _BUILTINS: dict[str, dict[str, object]] = {
     },
     "azure-vmss-terminate": {
         "description": "A scale-in deletes one scale set instance: Terminate (notBeforeTimeout 10 min) "
-        "for that instance only, seen by every instance of the placement group.",
+        "for that instance only, seen by every instance of the placement group; that instance is deleted once "
+        "it started, the others see the event removed.",
         "cloud": "azure",
         "vms": ["myScaleSet_0", "myScaleSet_1"],
         "steps": [
@@ -244,7 +245,7 @@ _BUILTINS: dict[str, dict[str, object]] = {
         ],
     },
     "gce-preempt": {
-        "description": "A Spot / preemptible VM is preempted: preempted turns TRUE and stays.",
+        "description": "A Spot / preemptible VM is preempted: preempted turns TRUE, and the VM shuts down 30 s later.",
         "cloud": "gce",
         "vms": ["gce-spot-0"],
         "steps": [{"at": 60, "gce": {"vm": "$0", "key": "preempted", "value": "TRUE"}}],

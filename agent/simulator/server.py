@@ -6,6 +6,7 @@ straight to `ControlApi`; metadata paths first through the faults, then to the c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -21,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 from agent.simulator.azure_api import SCHEDULED_EVENTS_PATH, AzureApi, parse_start_requests
 from agent.simulator.clock import Clock
 from agent.simulator.control import CONTROL_PREFIX, Actions, ControlApi, SimContext
+from agent.simulator.departures import Departures
 from agent.simulator.faults import FaultBook
 from agent.simulator.gce_api import GceApi, GceState
 from agent.simulator.scenarios import Scenario, check_fits, schedule
@@ -52,6 +54,14 @@ class _Router:
 
     def route(self, request: MetadataRequest) -> Response | None:
         """The answer, or None to drop the connection without one."""
+        departures = self._ctx.departures
+        # A request on a connection opened before its VM left, or one that waited while it left.
+        if departures.gone(request.vm):
+            return None
+        response = self._answer(request)
+        return None if departures.gone(request.vm) else response
+
+    def _answer(self, request: MetadataRequest) -> Response | None:
         if request.path.startswith(CONTROL_PREFIX):
             return self._control.handle(request)
         response = self._metadata(request)
@@ -91,7 +101,26 @@ class _VmServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], vm: str) -> None:
         self.vm = vm
         self.router: _Router | None = None
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)
+
+    def track(self, connection: socket.socket, open_now: bool) -> None:
+        with self._connections_lock:
+            if open_now:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+    def close_for_good(self) -> None:
+        """Refuse new connections and cut the open ones (kept-alive clients, pending long-polls)."""
+        self.shutdown()
+        self.server_close()
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):  # already closed by its client
+                connection.shutdown(socket.SHUT_RDWR)
 
 
 class _VmServer6(_VmServer):
@@ -108,6 +137,14 @@ class _Handler(BaseHTTPRequestHandler):
     # client's delayed ACK of the headers (40 ms on Linux) on a kept-alive connection. The metadata
     # services answer without that delay; so does the simulator.
     disable_nagle_algorithm = True
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, open_now=True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, open_now=False)
+        super().finish()
 
     def do_GET(self) -> None:
         self._dispatch()
@@ -160,11 +197,12 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in response.headers:
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(response.body)))
-        self.end_headers()
         try:
+            self.end_headers()
             self.wfile.write(response.body)
-        except (BrokenPipeError, ConnectionResetError):
-            return  # the client gave up (a timeout on a long-poll); nothing to clean up
+        except OSError:
+            # The client gave up (a timeout on a long-poll), or its VM stopped answering meanwhile.
+            self.close_connection = True
 
 
 class Simulator:
@@ -229,7 +267,7 @@ class Simulator:
             ctx,
             ControlApi(ctx, actions),
             AzureApi(ctx.store),
-            GceApi(ctx.gce, ctx.clock, ctx.cond, lambda: ctx.timeline.stopped),
+            GceApi(ctx.gce, ctx.clock, ctx.cond, lambda vm: ctx.timeline.stopped or ctx.departures.gone(vm)),
             self._stop,
         )
         ctx.log.add(
@@ -246,7 +284,13 @@ class Simulator:
         self._spawn(ctx.timeline.run_forever, "sim-timeline")
         for vm, server in zip(ctx.vm_names, self._servers):
             self._spawn(functools.partial(server.serve_forever, poll_interval=0.1), f"sim-{vm}")
+        ctx.departures.close_with(self._close_port)
         return self
+
+    def _close_port(self, vm: str) -> None:
+        # Called under the simulator's lock: shutdown() waits for the serving loop, so off this thread.
+        server = self._servers[self.vm_names.index(vm)]
+        threading.Thread(target=server.close_for_good, name=f"sim-close-{vm}", daemon=True).start()
 
     def _context(self, urls: tuple[str, ...]) -> SimContext:
         cond = threading.Condition(threading.RLock())
@@ -254,16 +298,18 @@ class Simulator:
         log = SimLog(clock, cond)
         timeline = Timeline(clock, cond)
         names = tuple(self.vm_names)
+        departures = Departures(clock, cond, timeline, log, names)
         return SimContext(
             cloud=self.cloud,
             clock=clock,
             cond=cond,
             timeline=timeline,
             log=log,
-            store=EventStore(clock, cond, timeline, log, names),
-            gce=GceState(clock, cond, log, names),
+            store=EventStore(clock, cond, timeline, log, names, departures),
+            gce=GceState(clock, cond, log, names, departures),
             faults=FaultBook(clock, cond, log, self.cloud, names),
             traffic=TrafficLog(names),
+            departures=departures,
             vm_names=names,
             urls=urls,
             default_names=self.scenario.vms if self.scenario is not None else (),

@@ -15,9 +15,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Callable, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Callable, TypedDict, TypeVar
 
 from agent.simulator.clock import Clock, rfc1123, rfc3339
+
+if TYPE_CHECKING:
+    from agent.simulator.departures import Departures
 
 LOGGER = logging.getLogger("agent.simulator")
 
@@ -254,6 +257,9 @@ DEFAULT_NOTICE: Mapping[EventType, float] = {
 STARTED_FOR = 600.0  # "Started to Completed (event removed from Events array): 10 minutes"
 APPROVAL_START_DELAY = 3.0  # an approval starts the event "within a few seconds"
 MIN_STARTED_REAL_SECONDS = 2.0  # so a 1 s poller still sees Started at high --speed
+# "Preempt: The Spot Virtual Machine is being deleted"; "Terminate: The virtual machine is scheduled
+# to be deleted": once Started, the VMs in Resources are gone (departures.py).
+DELETES_ITS_VMS = frozenset({EventType.PREEMPT, EventType.TERMINATE})
 
 DEFAULT_DESCRIPTION: Mapping[EventType, str] = {
     EventType.FREEZE: "Virtual machine is being paused because of a memory-preserving Live Migration operation.",
@@ -282,6 +288,7 @@ class EventSpec:
     description: str | None = None
     audience: tuple[str, ...] | None = None
     approval: ApprovalRule = ApprovalRule.ANY
+    keep_serving: bool = False  # the VMs a Preempt/Terminate deletes go on answering
 
 
 @dataclass(frozen=True)
@@ -302,6 +309,7 @@ class SimEvent:
     not_before_at: float | None  # when NotBefore is reached (documented s); None once Started
     not_before_epoch: float | None  # that moment in real wall-clock time, as shown to clients
     approval: ApprovalRule = ApprovalRule.ANY
+    keep_serving: bool = False
     approvals_from: tuple[str, ...] = ()  # the VMs whose approval counted, in order
     approved_at: float | None = None  # when the approval that starts it arrived
     approved_by: str | None = None
@@ -341,6 +349,7 @@ def parse_event_spec(body: Mapping[str, object]) -> EventSpec:
         "description",
         "audience",
         "approval",
+        "keep_serving",
     }
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -370,6 +379,7 @@ def parse_event_spec(body: Mapping[str, object]) -> EventSpec:
         description=description,
         audience=_names_field(body, "audience"),
         approval=_enum_field(body, "approval", ApprovalRule) or ApprovalRule.ANY,
+        keep_serving=bool_field(body, "keep_serving"),
     )
 
 
@@ -387,6 +397,13 @@ def _enum_field(body: Mapping[str, object], name: str, kind: type[_E], required:
         if isinstance(value, str) and value.lower() == str(member.value).lower():
             return member
     raise FieldError(name, f"must be one of {choices}, got {value!r}")
+
+
+def bool_field(body: Mapping[str, object], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise FieldError(name, "must be true or false")
+    return value
 
 
 def _names_field(body: Mapping[str, object], name: str) -> tuple[str, ...] | None:
@@ -440,12 +457,14 @@ class EventStore:
         timeline: Timeline,
         log: SimLog,
         vm_names: Sequence[str],
+        departures: Departures,
     ) -> None:
         self._clock = clock
         self._cond = cond
         self._timeline = timeline
         self._log = log
         self._vm_names = tuple(vm_names)
+        self._departures = departures
         self._events: dict[str, SimEvent] = {}  # key: lowercased EventId, in insertion order
         self._incarnation = dict.fromkeys(self._vm_names, 1)
         self._seen: dict[str, tuple[object, ...]] = dict.fromkeys(self._vm_names, ())
@@ -509,6 +528,7 @@ class EventStore:
                 duration_seconds=spec.duration_seconds,
                 audience=audience,
                 approval=spec.approval,
+                keep_serving=spec.keep_serving,
                 started_for=started_for,
                 added_at=now,
                 due_at=now,
@@ -524,6 +544,7 @@ class EventStore:
                     f"{', '.join(resources)} (no notice)",
                     at=now,
                 )
+                self._delete_vms_of(event)
             else:
                 notice = DEFAULT_NOTICE[spec.event_type] if spec.notice is None else spec.notice
                 event = replace(
@@ -676,12 +697,23 @@ class EventStore:
             self._events[event_id.lower()] = event
             why = f"approved by {event.approved_by}" if event.approved_by else "NotBefore reached"
             self._log.add(f"event {event.event_id} Started ({why})", at=at)
+            self._delete_vms_of(event)
             self._schedule_next(event)
         else:
             del self._events[event_id.lower()]
             self._timeline.cancel(_timeline_key(event))  # when completed early through the control API
             self._log.add(f"event {event.event_id} removed (completed)", at=at)
         self._refresh()
+
+    def _delete_vms_of(self, event: SimEvent) -> None:
+        # Planned before the event's removal, so on a tie the deleted VMs are gone before it shows.
+        if event.event_type not in DELETES_ITS_VMS or event.keep_serving:
+            return
+        assert event.started_at is not None
+        for vm in event.resources:
+            self._departures.leave_after(
+                vm, event.started_at, 0.0, f"deleted by {event.event_type.value} {event.event_id}"
+            )
 
     def _schedule_next(self, event: SimEvent) -> None:
         what = "start" if event.status is EventStatus.SCHEDULED else "complete"

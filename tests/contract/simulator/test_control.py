@@ -35,8 +35,9 @@ def test_state_shows_vms_events_timeline_and_faults(start_sim: StartSim) -> None
 
 
 def test_notice_and_started_for_overrides(azure: VmClient) -> None:
-    # GIVEN a Terminate with 5 documented minutes of notice, staying Started 30 s
-    azure.add_event(event_type="Terminate", event_id="T-1", notice=300, started_for=30)
+    # GIVEN a Terminate with 5 documented minutes of notice, staying Started 30 s, whose VM is kept
+    # serving (else it is deleted and its port closed 2 s after the start) so it sees the removal
+    azure.add_event(event_type="Terminate", event_id="T-1", notice=300, started_for=30, keep_serving=True)
     # WHEN time passes just short of and then past each boundary
     azure.advance(299)
     before_start = azure.events()["Events"][0]["EventStatus"]

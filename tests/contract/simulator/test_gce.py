@@ -124,10 +124,10 @@ def test_alt_json_encodes_plain_values(gce: VmClient) -> None:
 
 
 def test_preempted_turns_true_and_stays(gce: VmClient) -> None:
-    # WHEN the VM is preempted
-    set_value(gce, "preempted", "TRUE")
+    # WHEN the VM is preempted, kept serving (else it shuts down 30 s later) so it can be read an hour on
+    set_value(gce, "preempted", "TRUE", keep_serving=True)
     gce.advance(3600)
-    # THEN preempted reads TRUE
+    # THEN preempted still reads TRUE
     assert gce.gce("instance/preempted").text == "TRUE"
 
 
