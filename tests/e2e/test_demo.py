@@ -20,12 +20,13 @@ from functions.local_app.store import SqliteStore
 ROOT = Path(__file__).resolve().parents[2]
 
 # The stages each flow must not reach (everything else it must): no approval and no start for
-# what is drained only or canceled, nothing restored for what is gone or never drained.
+# what is drained only or canceled, nothing restored for what is gone or never drained, no end
+# for what only a VM that the event deletes could report.
 NOT_REACHED = {
     "freeze": {"drained", "restored"},
     "user-reboot": set(),
-    "spot-preempt": {"restored"},
-    "scale-in": {"restored"},
+    "spot-preempt": {"completed", "restored"},
+    "scale-in": {"completed", "restored"},
     "gce-migration": {"approved", "started"},
     "platform-reboot": set(),
     "redeploy-canceled": {"approved", "started"},
