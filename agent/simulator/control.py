@@ -177,6 +177,30 @@ def event_view(event: SimEvent) -> dict[str, object]:
     return view
 
 
+def state_view(ctx: SimContext) -> dict[str, object]:
+    """Everything at once, as GET /_sim/state shows it."""
+    with ctx.cond:
+        incarnations = ctx.store.incarnations()
+        pending = ctx.timeline.pending()
+        return {
+            "cloud": ctx.cloud.value,
+            "speed": ctx.clock.speed,
+            "clock": {"sim_time": round(ctx.clock.sim_now(), 3), "wall_time": rfc3339(ctx.clock.wall_now())},
+            "vms": [
+                {"name": vm, "url": url, "document_incarnation": incarnations[vm]}
+                for vm, url in zip(ctx.vm_names, ctx.urls)
+            ],
+            "events": [event_view(e) for e in ctx.store.events()],
+            "gce": ctx.gce.snapshot() if ctx.cloud is Cloud.GCE else {},
+            "faults": ctx.faults.snapshot(),
+            "scenario": {
+                "name": ctx.scenario_name,
+                "steps_pending": sum(1 for entry in pending if str(entry["key"]).startswith("step:")),
+            },
+            "timeline": pending,
+        }
+
+
 class ControlApi:
     """Routes /_sim/ requests to `Actions` and the read-only views."""
 
@@ -196,7 +220,7 @@ class ControlApi:
         method = request.method
         if method == "GET":
             views: dict[str, Callable[[], object]] = {
-                "state": self._state,
+                "state": lambda: state_view(self._ctx),
                 "approvals": lambda: self._ctx.store.approvals(),
                 "log": lambda: self._ctx.log.entries(),
                 "faults": lambda: self._ctx.faults.snapshot(),
@@ -237,29 +261,6 @@ class ControlApi:
             return _json(200, {"result": "canceled", "event": event_view(event)})
         result, after = self._actions.advance_event(event_id)
         return _json(200, {"result": result, "event": None if after is None else event_view(after)})
-
-    def _state(self) -> dict[str, object]:
-        ctx = self._ctx
-        with ctx.cond:
-            incarnations = ctx.store.incarnations()
-            pending = ctx.timeline.pending()
-            return {
-                "cloud": ctx.cloud.value,
-                "speed": ctx.clock.speed,
-                "clock": {"sim_time": round(ctx.clock.sim_now(), 3), "wall_time": rfc3339(ctx.clock.wall_now())},
-                "vms": [
-                    {"name": vm, "url": url, "document_incarnation": incarnations[vm]}
-                    for vm, url in zip(ctx.vm_names, ctx.urls)
-                ],
-                "events": [event_view(e) for e in ctx.store.events()],
-                "gce": ctx.gce.snapshot() if ctx.cloud is Cloud.GCE else {},
-                "faults": ctx.faults.snapshot(),
-                "scenario": {
-                    "name": ctx.scenario_name,
-                    "steps_pending": sum(1 for entry in pending if str(entry["key"]).startswith("step:")),
-                },
-                "timeline": pending,
-            }
 
 
 def _json(status: int, payload: object) -> Response:

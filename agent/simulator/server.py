@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from agent.simulator.azure_api import SCHEDULED_EVENTS_PATH, AzureApi, parse_start_requests
 from agent.simulator.clock import Clock
-from agent.simulator.control import CONTROL_PREFIX, Actions, ControlApi, SimContext
+from agent.simulator.control import CONTROL_PREFIX, Actions, ControlApi, SimContext, state_view
 from agent.simulator.departures import Departures
 from agent.simulator.faults import FaultBook
 from agent.simulator.gce_api import GceApi, GceState
@@ -360,6 +360,10 @@ class Simulator:
         since the last maintenance event (the `gce` part of GET /_sim/state); {} on Azure."""
         context = self._started()
         return context.gce.snapshot() if context.cloud is Cloud.GCE else {}
+
+    def state(self) -> dict[str, object]:
+        """Everything at once (GET /_sim/state); also when no VM's port answers any more."""
+        return state_view(self._started())
 
     def log_entries(self) -> list[dict[str, object]]:
         """What happened, in order (GET /_sim/log)."""

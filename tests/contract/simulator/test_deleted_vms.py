@@ -140,6 +140,20 @@ def test_events_that_do_not_delete_their_vms_leave_the_ports_open(start_sim: Sta
     assert deletions(vm) == []
 
 
+def test_the_python_api_still_drives_a_simulator_whose_every_vm_is_gone(start_sim: StartSim) -> None:
+    # GIVEN the built-in Spot eviction, whose one VM is deleted at 92 documented seconds
+    sim = start_sim(scenario="azure-preempt")
+    vm = clients(sim)[0]
+    # WHEN the clock passes the deletion
+    sim.advance_clock(92)
+    # THEN no port is left, yet the state, as GET /_sim/state shows it, is still at hand
+    assert refuses_connections(vm)
+    state = sim.state()
+    assert [e["EventStatus"] for e in state["events"]] == ["Started"]
+    assert [entry["key"] for entry in state["timeline"]] == ["event:602d9444-d2cd-49c7-8624-8643e7171297"]
+    assert state["vms"] == [{"name": "spot-vm-0", "url": vm.base_url, "document_incarnation": 3}]
+
+
 def test_keep_serving_must_be_a_boolean(tmp_path: Path, azure: VmClient) -> None:
     # WHEN keep_serving is not true or false, in the control API or in a scenario
     refused = azure.control("POST", "events", {"event_type": "Preempt", "keep_serving": "yes"})
