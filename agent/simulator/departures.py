@@ -14,7 +14,6 @@ import threading
 from collections.abc import Sequence
 from typing import Callable
 
-from agent.simulator.clock import Clock
 from agent.simulator.store import SimLog, Timeline
 
 # Never sooner than this many real seconds after the change, whatever the speed: one poll of a
@@ -29,13 +28,13 @@ class Departures:
     """Which VMs still answer; guarded by the simulator's shared condition."""
 
     def __init__(
-        self, clock: Clock, cond: threading.Condition, timeline: Timeline, log: SimLog, vm_names: Sequence[str]
+        self, cond: threading.Condition, timeline: Timeline, log: SimLog, vm_names: Sequence[str], speed: float
     ) -> None:
-        self._clock = clock
         self._cond = cond
         self._timeline = timeline
         self._log = log
-        self._vm_names = tuple(vm_names)
+        self._served = frozenset(vm_names)
+        self._min_delay = MIN_ANSWERING_REAL_SECONDS * speed  # in documented seconds
         self._due: dict[str, float] = {}  # VM -> documented time it stops answering
         self._gone: set[str] = set()
         self._closer: Closer | None = None
@@ -47,9 +46,9 @@ class Departures:
         departure already planned for the VM stands.
         """
         with self._cond:
-            if vm not in self._vm_names or vm in self._gone:
+            if vm not in self._served or vm in self._gone:
                 return
-            at = since + max(delay, MIN_ANSWERING_REAL_SECONDS * self._clock.speed)
+            at = since + max(delay, self._min_delay)
             planned = self._due.get(vm)
             if planned is not None and planned <= at:
                 return

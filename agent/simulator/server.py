@@ -298,7 +298,7 @@ class Simulator:
         log = SimLog(clock, cond)
         timeline = Timeline(clock, cond)
         names = tuple(self.vm_names)
-        departures = Departures(clock, cond, timeline, log, names)
+        departures = Departures(cond, timeline, log, names, self.speed)
         return SimContext(
             cloud=self.cloud,
             clock=clock,
