@@ -29,10 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from agent.sources.azure_imds import ApprovalRefusedError
 from agent.sources.http import MetadataUnavailableError
+from agent.state_files import open_database, writing
 from agent.timing import Clock, SystemClock
 from functions.core.azure_document import AzureEventStatus, AzureScheduledEvent, ScheduledEventsDocument
 from functions.core.commands import (
@@ -87,7 +89,7 @@ class CommandRetryableError(RetryableError):
 
 
 class LedgerError(PermanentError):
-    """The command ledger file cannot be used; the message says what to fix."""
+    """The command ledger was written by a newer agent; the message says what to do."""
 
 
 class EntryState(str, Enum):
@@ -108,7 +110,7 @@ class LedgerEntry:
     result: CommandResult | None
 
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS commands (
     command_id  TEXT PRIMARY KEY,
     digest      TEXT NOT NULL,     -- SHA-256 of the canonical bytes: replay vs reused id
@@ -155,29 +157,20 @@ class CommandLedger:
         self._clock: Clock = clock or SystemClock()
         self._retention = retention
         self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # FULL: "executing" must be on disk before an approval is POSTed, even across a power loss.
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._migrate()
-        except sqlite3.Error as exc:
-            raise LedgerError(
-                f"cannot use the command ledger {self._path}: {exc}; check that its directory exists and is "
-                "writable by the agent"
-            ) from exc
+        # Synchronous FULL, as "executing" must be on disk before an approval is POSTed; a file that
+        # cannot be used is moved aside (agent.state_files).
+        self._db = open_database(Path(self._path), schema=SCHEMA, prepare=self._migrate)
         self.prune()
 
-    def _migrate(self) -> None:
-        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        (version,) = db.execute("PRAGMA user_version").fetchone()
         if version > LEDGER_SCHEMA_VERSION:
             raise LedgerError(
                 f"the command ledger {self._path} has schema version {version}, newer than this agent "
                 f"({LEDGER_SCHEMA_VERSION}): upgrade maintenance-bridge"
             )
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version = {LEDGER_SCHEMA_VERSION}")
+        db.executescript(SCHEMA)
+        db.execute(f"PRAGMA user_version = {LEDGER_SCHEMA_VERSION}")
 
     # ---- reads
 
@@ -214,7 +207,7 @@ class CommandLedger:
         """Store a command to run at `execute_at` (a new one, or one to retry later)."""
         now = self._now()
         command = received.command
-        with self._lock:
+        with self._lock, writing(self._path):
             self._db.execute(
                 "INSERT INTO commands (command_id, digest, state, body, type, event_id, execute_at, expires_at, "
                 "received_at, updated_at) VALUES (?, ?, 'held', ?, ?, ?, ?, ?, ?, ?) "
@@ -237,7 +230,7 @@ class CommandLedger:
         """Mark the command "executing" (durably) before any side effect; returns the attempt number."""
         now = self._now()
         command = received.command
-        with self._lock:
+        with self._lock, writing(self._path):
             self._db.execute(
                 "INSERT INTO commands (command_id, digest, state, body, type, event_id, execute_at, expires_at, "
                 "received_at, updated_at, attempts) VALUES (?, ?, 'executing', ?, ?, ?, NULL, ?, ?, ?, 1) "
@@ -263,7 +256,7 @@ class CommandLedger:
         """Store the final result (also for a command rejected before it ever executed)."""
         now = self._now()
         command = received.command
-        with self._lock:
+        with self._lock, writing(self._path):
             self._db.execute(
                 "INSERT INTO commands (command_id, digest, state, body, type, event_id, execute_at, expires_at, "
                 "received_at, updated_at, accepted, reason, result_target, result_event_id) "
@@ -298,7 +291,7 @@ class CommandLedger:
         return [entry.result for entry in map(_entry, rows) if entry.result is not None]
 
     def mark_reported(self, command_ids: Sequence[str]) -> None:
-        with self._lock:
+        with self._lock, writing(self._path):
             self._db.executemany("UPDATE commands SET reported = 1 WHERE command_id = ?", [(i,) for i in command_ids])
 
     def approved_event_ids(self) -> frozenset[str]:
@@ -318,7 +311,7 @@ class CommandLedger:
         would bring them back; execution re-validates against a fresh document before acting.
         """
         now = self._now()
-        with self._lock:
+        with self._lock, writing(self._path):
             cursor = self._db.execute(
                 "UPDATE commands SET state = 'held', execute_at = ?, updated_at = ? WHERE state = 'executing'",
                 (now, now),
@@ -330,7 +323,7 @@ class CommandLedger:
         ones that expired more than the retention ago. Held entries stay until they run."""
         now = self._now()
         cutoff = now - self._retention.total_seconds()
-        with self._lock:
+        with self._lock, writing(self._path):
             cursor = self._db.execute(
                 "DELETE FROM commands WHERE (state = 'done' AND updated_at < ? AND expires_at <= ?) "
                 "OR (state = 'executing' AND expires_at < ?)",

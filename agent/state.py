@@ -8,18 +8,21 @@ makes the agent lose nothing and double nothing:
 - a crash between the bus accepting an envelope and the row being marked published
   publishes it again, with the same id, which the bus and the functions deduplicate.
 WAL mode keeps readers (health, metrics) from blocking the writer.
+
+A write that fails for lack of space or an I/O error raises StateUnavailableError and leaves
+everything as it was: the caller keeps what it wanted to write and tries again (agent.loop).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.state_files import open_database, writing
 from agent.transports.base import OutboundMessage
 
 SCHEMA = """
@@ -54,14 +57,15 @@ class AgentState:
     """Outbox rows and named source states. Thread-safe (one connection, one lock)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Open (or make) the state at `path`; a file that cannot be used is moved aside.
+
+        Raises:
+            StateDirError: its directory cannot be used (a configuration error).
+            StateUnavailableError: a full disk or an I/O error; try again later.
+        """
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a row the agent calls written survives power loss, not only a process crash.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._db = open_database(path, schema=SCHEMA)
         self._changed = threading.Condition(self._lock)
 
     def load(self, name: str) -> Any | None:
@@ -84,25 +88,33 @@ class AgentState:
             for m, observed in messages
         ]
         with self._changed:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for name, value in (states or {}).items():
-                    self._db.execute(
-                        "INSERT INTO source_state (name, value) VALUES (?, ?) "
-                        "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-                        (name, json.dumps(value, sort_keys=True)),
-                    )
-                self._db.executemany(
-                    "INSERT INTO outbox (envelope_id, key, body, attributes, observed_at) VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            with writing(self.path):
+                self._write_together(rows, states or {})
             if rows:
                 self._changed.notify_all()
         return len(rows)
+
+    def _write_together(self, rows: list[tuple[Any, ...]], states: Mapping[str, Any]) -> None:
+        """One transaction: all of it is written or nothing. The caller holds the lock."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for name, value in states.items():
+                self._db.execute(
+                    "INSERT INTO source_state (name, value) VALUES (?, ?) "
+                    "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                    (name, json.dumps(value, sort_keys=True)),
+                )
+            self._db.executemany(
+                "INSERT INTO outbox (envelope_id, key, body, attributes, observed_at) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            # SQLite rolls the transaction back itself after some errors, a full disk among them;
+            # a ROLLBACK then fails ("no transaction is active") and would hide the cause.
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
 
     def next_pending(self) -> PendingMessage | None:
         """The oldest unpublished row: publishing strictly in order keeps per-VM order."""
@@ -123,11 +135,11 @@ class AgentState:
             self._changed.wait(timeout)
 
     def mark_published(self, seq: int, at: float) -> None:
-        with self._lock:
+        with self._lock, writing(self.path):
             self._db.execute("UPDATE outbox SET published_at = ?, last_error = NULL WHERE seq = ?", (at, seq))
 
     def mark_failed(self, seq: int, error: str) -> None:
-        with self._lock:
+        with self._lock, writing(self.path):
             self._db.execute(
                 "UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE seq = ?", (error[:500], seq)
             )
@@ -140,7 +152,7 @@ class AgentState:
 
     def prune(self, published_before: float) -> int:
         """Forget rows the bus accepted before `published_before` (epoch seconds)."""
-        with self._lock:
+        with self._lock, writing(self.path):
             cursor = self._db.execute(
                 "DELETE FROM outbox WHERE published_at IS NOT NULL AND published_at < ?", (published_before,)
             )

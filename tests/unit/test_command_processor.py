@@ -29,10 +29,13 @@ from agent.commands import (
 )
 from agent.sources.azure_imds import ApprovalRefusedError
 from agent.sources.http import MetadataUnavailableError
+from agent.state_files import StateDirError
 from functions.core.azure_document import ScheduledEventsDocument, parse_scheduled_events
 from functions.core.commands import Command, CommandType, encode_command, new_command
+from functions.core.errors import RetryableError
 from functions.core.model import Cloud, CommandResult
 from functions.core.signing import generate_keypair, load_private_key, load_public_key, sign_command
+from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
 
 VM = "WestNO_0"
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -705,9 +708,29 @@ def test_a_ledger_from_a_newer_agent_is_refused(tmp_path: Path) -> None:
         CommandLedger(path, clock=FakeClock(START))
 
 
-def test_an_unusable_ledger_path_says_what_to_fix(tmp_path: Path) -> None:
-    with pytest.raises(LedgerError, match="check that its directory exists"):
-        CommandLedger(tmp_path / "missing-dir" / "commands.db", clock=FakeClock(START))
+def test_an_unusable_ledger_directory_says_what_to_fix(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StateDirError, match="--state-dir"):
+        CommandLedger(tmp_path / "file" / "commands.db", clock=FakeClock(START))
+
+
+def test_a_missing_ledger_directory_is_made(tmp_path: Path) -> None:
+    CommandLedger(tmp_path / "missing-dir" / "commands.db", clock=FakeClock(START)).close()
+    assert (tmp_path / "missing-dir" / "commands.db").is_file()
+
+
+def test_a_full_disk_gives_the_command_back_for_redelivery(harness: Harness) -> None:
+    # GIVEN a ledger whose disk fills up (the page limit: see tests/unit/agent/full_disk.py)
+    processor = harness.processor()
+    no_room_to_grow(harness.ledger()._db)
+
+    # WHEN drain commands keep coming until one cannot be recorded
+    error = write_until_it_fails(lambda n: processor.handle(wire(command(CommandType.DRAIN))))
+
+    # THEN that one is a retryable error naming the full disk (the command loop gives the message
+    # back for redelivery), not an SQLite error the loop takes for a bug
+    assert isinstance(error, RetryableError), repr(error)
+    assert "database or disk is full" in str(error)
 
 
 def test_a_held_result_not_yet_in_the_outbox_is_reported_after_a_restart(harness: Harness) -> None:

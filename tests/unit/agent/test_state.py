@@ -9,6 +9,8 @@ import pytest
 
 from agent.state import AgentState
 from agent.transports.base import OutboundMessage
+from functions.core.errors import RetryableError
+from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
 
 
 def message(n: int) -> OutboundMessage:
@@ -76,3 +78,28 @@ def test_prune_forgets_only_published_rows(tmp_path: Path) -> None:
     state.mark_published(first.seq, 5.0)
     assert state.prune(published_before=6.0) == 1
     assert [m.envelope_id for m in state.messages()] == ["id-2"]
+
+
+def test_a_full_disk_is_reported_as_such_retryable_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    # GIVEN a state whose disk fills up while the agent records (the page limit: see full_disk.py)
+    path = tmp_path / "agent.db"
+    state = AgentState(path)
+    make_room = no_room_to_grow(state._db)
+
+    # WHEN it records until a record fails
+    error = write_until_it_fails(lambda n: state.record([(message(n), float(n))], {"azure": {"n": n}}))
+
+    # THEN the error is the full disk, naming the file, and one to retry: not a failed ROLLBACK
+    # hiding it (SQLite already rolled the transaction back)
+    assert isinstance(error, RetryableError), repr(error)
+    assert "database or disk is full" in str(error)
+    assert str(path) in str(error)
+    assert "rollback" not in str(error)
+    # ... and the failed record left nothing: the state and rows are those of the last good one
+    written = state.depth()
+    assert state.load("azure") == {"n": written - 1}
+
+    # WHEN there is room again, THEN the same record goes through
+    make_room()
+    state.record([(message(written), 0.0)], {"azure": {"n": written}})
+    assert (state.depth(), state.load("azure")) == (written + 1, {"n": written})
