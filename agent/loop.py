@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 
 from agent.health import Metrics, Readiness
 from agent.state import AgentState
+from agent.state_files import StateUnavailableError
 from agent.timing import Backoff, Clock
 from agent.trackers import Observation, Tracker
 from agent.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
@@ -151,8 +152,31 @@ class Agent:
                 observation = self._observations.get(timeout=0.2)
             except queue.Empty:
                 continue
-            self.handle_observation(observation)
+            self._handle_until_recorded(observation, stop)
         self.shutdown()
+
+    def _handle_until_recorded(self, observation: Observation, stop: threading.Event) -> None:
+        """Handle `observation`, again and again while its state cannot be written (a full disk).
+
+        A watcher reports a change once, so dropping it would lose it; the observations after it
+        wait in the queue, in order. Stopping meanwhile loses nothing either: the state on disk
+        is the one before the change, so the next start sees the change again.
+        """
+        backoff = Backoff(initial=0.5, maximum=5.0)
+        while True:
+            try:
+                self.handle_observation(observation)
+                return
+            except StateUnavailableError as exc:
+                if self._wait_for_room(exc, backoff, stop, "cannot record a metadata change yet"):
+                    return
+
+    def _wait_for_room(self, exc: StateUnavailableError, backoff: Backoff, stop: threading.Event, what: str) -> bool:
+        """Count and log a state write that failed for now, then wait for the retry; True when stopping."""
+        delay = backoff.next_delay()
+        self._metrics.inc("mbridge_errors_total", kind="state")
+        LOGGER.error("%s, retrying in %.1f s: %s", what, delay, exc)
+        return stop.wait(delay)
 
     def handle_observation(self, observation: Observation) -> None:
         try:
@@ -202,12 +226,17 @@ class Agent:
         """Run a worker; if it ever raises, log it and run it again: one bug must not silently
         stop the agent from watching, publishing or answering."""
         backoff = Backoff(initial=1.0, maximum=30.0)
+        state_backoff = Backoff(initial=0.5, maximum=5.0)
         # The publisher outlives the other workers: it flushes the outbox after they stopped.
         stop = self._stop_publisher if name == "publisher" else self._stop_sources
         while not stop.is_set():
             try:
                 target()
                 return
+            except StateUnavailableError as exc:
+                # A full disk or an I/O error, not a bug: what the worker was writing is still where
+                # it was (an outbox row, an unsettled command), so it starts over once there may be room.
+                self._wait_for_room(exc, state_backoff, stop, f"worker {name} cannot write the agent state")
             except Exception:
                 delay = backoff.next_delay()
                 self._metrics.inc("mbridge_errors_total", kind="crash")

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from agent.health import Metrics, Readiness
 from agent.loop import Agent
 from agent.sources.azure_imds import AzureObservation
@@ -20,6 +22,7 @@ from functions.core.azure_document import parse_scheduled_events
 from functions.core.errors import RetryableError
 from functions.core.model import Cloud, CommandResult
 from tests.fixtures import fixture_text
+from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
 from tests.waiting import wait_until
 
 
@@ -80,14 +83,19 @@ class FakeProcessor:
         self.reported.extend(r.command_id for r in results)
 
 
-def build(tmp_path: Path, transport: FakeTransport, commands: FakeProcessor | None = None) -> tuple[Agent, Metrics]:
+def build(
+    tmp_path: Path,
+    transport: FakeTransport,
+    commands: FakeProcessor | None = None,
+    state: AgentState | None = None,
+) -> tuple[Agent, Metrics]:
     metrics = Metrics()
     agent = Agent(
         cloud=Cloud.AZURE,
         vm_name="WestNO_0",
         tracker=AzureTracker("WestNO_0", None),
         transport=transport,
-        state=AgentState(tmp_path / "agent.db"),
+        state=state or AgentState(tmp_path / "agent.db"),
         readiness=Readiness(follows_commands=commands is not None),
         metrics=metrics,
         clock=SystemClock(),
@@ -198,3 +206,37 @@ def test_a_command_whose_handling_crashes_is_given_back_and_the_next_is_still_ha
     assert events == ["abandoned bug", "settled cmd-2"]
     assert metrics.value("mbridge_errors_total", kind="command_crash") == 1
     assert metrics.value("mbridge_errors_total", kind="crash") == 0
+
+
+def test_an_observation_that_meets_a_full_disk_is_recorded_once_there_is_room(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN an agent whose disk is full (the page limit: see full_disk.py) before a change comes
+    state = AgentState(tmp_path / "agent.db")
+    make_room = no_room_to_grow(state._db)
+    write_until_it_fails(lambda n: state.record([], {f"filler-{n}": "x" * 200}))
+    transport = FakeTransport()
+    agent, metrics = build(tmp_path, transport, state=state)
+    agent.observe(observation(2))
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+
+    # WHEN the change cannot be recorded for a while
+    wait_until(lambda: metrics.value("mbridge_errors_total", kind="state") >= 2, 10, "two failed records")
+    assert transport.published == []
+    assert runner.is_alive()
+
+    # ... and then there is room again
+    make_room()
+    wait_until(lambda: len(transport.published) == 1, 10, "the envelope")
+    stop.set()
+    runner.join(timeout=10)
+
+    # THEN the change was recorded and published after all, the agent said why it waited, and
+    # nothing was taken for a crash
+    assert json.loads(transport.published[0].body)["type"].endswith(".scheduled")
+    assert metrics.value("mbridge_errors_total", kind="crash") == 0
+    failures = [r for r in caplog.records if "database or disk is full" in r.getMessage()]
+    assert failures
+    assert all(r.exc_info is None for r in caplog.records)
