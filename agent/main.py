@@ -7,7 +7,8 @@ import logging
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, TextIO, Union
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TextIO, TypeVar, Union
 
 from agent import logs
 from agent.config import AgentSettings, ConfigError, add_agent_arguments, env, settings_from_args
@@ -17,7 +18,9 @@ from agent.loop import Agent, Watcher
 from agent.sources.azure_imds import AzureImdsClient, AzurePoller
 from agent.sources.gce_metadata import GceKeyWatcher, GceMetadataClient
 from agent.sources.http import MetadataUnavailableError
+from agent.state import SCHEMA as AGENT_SCHEMA
 from agent.state import AgentState
+from agent.state_files import StateUnavailableError, state_dir_problems
 from agent.timing import Clock, SystemClock
 from agent.trackers import AzureTracker, GceTracker, Tracker
 from agent.transports.base import AgentTransport, TransportConfigError, TransportUnavailableError
@@ -29,8 +32,11 @@ if TYPE_CHECKING:  # imported lazily at run time: only agents with a command cha
 
 LOGGER = logging.getLogger("mbridge.agent")
 READINESS_STATE = "readiness"
+AGENT_DB = "agent.db"  # outbox and source state
+LEDGER_DB = "commands.db"  # the command ledger
 
 MetadataClient = Union[AzureImdsClient, GceMetadataClient]
+T = TypeVar("T")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         return run_agent(settings, stop)
     except BridgeError as exc:
         LOGGER.error("cannot start: %s", exc)
-        return 1
+        # A setting that cannot work (a state directory, a port) exits 2 like a bad flag: the
+        # installers read 2 as "fix the configuration", anything else as worth retrying.
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 def metadata_client(settings: AgentSettings) -> MetadataClient:
@@ -101,14 +109,15 @@ def run_agent(
     """Run until `stop` is set. `transport` replaces the one the settings name (for embedding
     the agent, e.g. in the demo, or wrapping it in tests)."""
     clock = clock or SystemClock()
+    # The state first: an unusable state directory is a configuration error, best found at once.
+    state = _retry(lambda: AgentState(settings.state_dir / AGENT_DB), stop, "the agent state", StateUnavailableError)
     client = metadata_client(settings)
     vm_name = resolve_vm_name(settings, client, stop)
-    state = AgentState(settings.state_dir / "agent.db")
     transport = transport or build_transport(settings, vm_name)
     metrics = _metrics()
     readiness = _readiness(state, follows_commands=transport.commands is not None)
     tracker, watchers_for = _tracker(settings, client, vm_name, state, stop)
-    commands = _command_processor(settings, client, vm_name, readiness, clock) if transport.commands else None
+    commands = _command_processor(settings, client, vm_name, readiness, clock, stop) if transport.commands else None
     if commands is not None:
         tracker.follow_approvals(commands.approved_event_ids)
     agent = Agent(
@@ -167,13 +176,19 @@ def _tracker(
     return GceTracker(identity, state.load(GceTracker.state_name)), gce_watchers
 
 
-def _retry(read: Callable[[], str], stop: threading.Event, what: str) -> str:
-    """Read an identity value, retrying: the metadata service may be slow while the VM boots."""
+def _retry(
+    read: Callable[[], T],
+    stop: threading.Event,
+    what: str,
+    transient: type[BridgeError] = MetadataUnavailableError,
+) -> T:
+    """Read what start-up needs, retrying while it raises `transient`: the metadata service may be
+    slow while the VM boots, a full disk may get space again."""
     delay = 1.0
     while True:
         try:
             return read()
-        except MetadataUnavailableError as exc:
+        except transient as exc:
             LOGGER.warning("cannot read %s yet (%s); retrying in %.0f s", what, exc, delay)
             if stop.wait(delay):
                 raise
@@ -216,7 +231,12 @@ def _readiness(state: AgentState, *, follows_commands: bool) -> Readiness:
 
 
 def _command_processor(
-    settings: AgentSettings, client: MetadataClient, vm_name: str, readiness: Readiness, clock: Clock
+    settings: AgentSettings,
+    client: MetadataClient,
+    vm_name: str,
+    readiness: Readiness,
+    clock: Clock,
+    stop: threading.Event,
 ) -> CommandProcessor:
     from agent.commands import CommandLedger, CommandProcessor
 
@@ -228,7 +248,9 @@ def _command_processor(
     return CommandProcessor(
         vm_name=vm_name,
         cloud=settings.cloud,
-        ledger=CommandLedger(settings.state_dir / "commands.db"),
+        ledger=_retry(
+            lambda: CommandLedger(settings.state_dir / LEDGER_DB), stop, "the command ledger", StateUnavailableError
+        ),
         readiness=readiness,
         approver=client if isinstance(client, AzureImdsClient) else None,
         verify_key=verify_key,
@@ -296,6 +318,18 @@ def check(settings: AgentSettings, out: TextIO) -> int:
             transport.close()
     except (TransportConfigError, TransportUnavailableError, ConfigError) as exc:
         report(False, f"transport {settings.transport}: {exc}")
+    _check_state_dir(settings.state_dir, report)
     client.close()
     print("healthy" if problems == 0 else f"{problems} problem(s)", file=out)
     return 0 if problems == 0 else 1
+
+
+def _check_state_dir(state_dir: Path, report: Callable[[bool, str], None]) -> None:
+    """Write a database in the state directory for real, and look at the agent's own files there."""
+    from agent.commands import SCHEMA as LEDGER_SCHEMA
+
+    problems = state_dir_problems(state_dir, {AGENT_DB: AGENT_SCHEMA, LEDGER_DB: LEDGER_SCHEMA})
+    for problem in problems:
+        report(False, problem)
+    if not problems:
+        report(True, f"state directory {state_dir}: the agent can write its databases there")
