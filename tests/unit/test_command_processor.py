@@ -752,3 +752,39 @@ def test_a_held_result_not_yet_in_the_outbox_is_reported_after_a_restart(harness
     assert restarted.unreported() == []
     assert harness.processor().unreported() == []
     assert harness.imds.posts == [EVENT_ID]
+
+
+# ---- what the lifecycle learns from the ledger, and a status that cannot be read
+
+
+def test_an_event_whose_status_cannot_be_read_is_not_approved(harness: Harness) -> None:
+    # GIVEN IMDS listing this VM's event with an EventStatus that is neither Scheduled nor Started
+    harness.imds.add(status="Pending")
+
+    # WHEN an approval arrives
+    result = harness.processor().handle(wire(command()))
+
+    # THEN it is refused and nothing is POSTed: only an event plainly Scheduled is approved
+    assert result is not None
+    assert not result.accepted
+    assert "not Scheduled" in result.reason
+    assert harness.imds.posts == []
+
+
+def test_the_events_this_agent_approved_are_remembered_across_a_restart(harness: Harness) -> None:
+    # GIVEN an approval POSTed by this agent, and one refused
+    harness.imds.add()
+    harness.imds.add(event_id="OTHER-EVENT", resources=("someone-else",))
+    processor = harness.processor()
+    processor.handle(wire(command()))
+    processor.handle(wire(command(event_id="OTHER-EVENT")))
+
+    # WHEN the agent restarts THEN only the approved event is known as approved, lowercased
+    assert harness.processor().approved_event_ids() == frozenset({EVENT_ID.lower()})
+
+
+def test_a_dry_run_approved_nothing(harness: Harness) -> None:
+    harness.imds.add()
+    processor = harness.processor(dry_run=True)
+    processor.handle(wire(command()))
+    assert processor.approved_event_ids() == frozenset()
