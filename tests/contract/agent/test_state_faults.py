@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import resource
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,6 +18,8 @@ import requests
 from agent.simulator import Simulator
 from agent.transports.local import LocalBus
 from tests.agent_runner import ROOT, AgentProcess, read_jsonl
+from tests.contract.agent.test_process import free_port
+from tests.unit.agent.test_state_files import a_file, under_proc
 from tests.waiting import wait_until
 
 VM = "vm-0"
@@ -42,12 +43,6 @@ def mbridge_agent(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "agent.cli", "agent", *args], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
-
-
-def unused_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def test_damaged_state_files_are_moved_aside_and_events_still_reach_the_bus(
@@ -80,22 +75,13 @@ def test_damaged_state_files_are_moved_aside_and_events_still_reach_the_bus(
     assert "Traceback" not in log
 
 
-def a_file(tmp_path: Path) -> Path:
-    (tmp_path / "state").write_text("")
-    return tmp_path / "state"
-
-
-def under_proc(tmp_path: Path) -> Path:
-    return Path("/proc/mbridge-state")
-
-
 @pytest.mark.parametrize("place", [a_file, under_proc])
 def test_a_state_directory_the_agent_cannot_use_exits_2_with_one_line_saying_what_to_do(
     tmp_path: Path, place: Callable[[Path], Path]
 ) -> None:
     directory = place(tmp_path)
 
-    done = mbridge_agent(*agent_args(unused_url(), directory))
+    done = mbridge_agent(*agent_args(f"http://127.0.0.1:{free_port()}", directory))
 
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.splitlines()
