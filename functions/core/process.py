@@ -57,7 +57,16 @@ from functions.core.commands import (
     encode_command,
     new_command,
 )
-from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, Restore, approval_time, decide
+from functions.core.decide import (
+    NO_RESTORE_KINDS,
+    Approve,
+    Decision,
+    Drain,
+    PerformMaintenance,
+    Restore,
+    approval_time,
+    decide,
+)
 from functions.core.envelope import Envelope, decode, encode
 from functions.core.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
 from functions.core.model import CommandResult, EventStatus, MaintenanceEvent
@@ -278,6 +287,8 @@ def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime,
     for action in decision.actions:
         if isinstance(action, Drain):
             if not _drain(action, envelope, event, deps, now, outcome, decision):
+                if _deleted(event):
+                    _let_go_of_deleted(envelope, event, deps, now, outcome, decision)
                 return  # parked for the budget: the approval waits with it
             drained_at = _moment(deps, now, outcome)
             # Check again now that the drains are on record: the end may have been processed
@@ -292,6 +303,26 @@ def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime,
             _restore(envelope, event, deps, now, outcome, decision)
         elif isinstance(action, PerformMaintenance):
             _perform(action, envelope, event, deps, now, outcome, decision)
+    if _deleted(event):
+        _let_go_of_deleted(envelope, event, deps, now, outcome, decision)
+
+
+def _deleted(event: MaintenanceEvent) -> bool:
+    """A started Terminate or Preempt: the VM is being deleted (or, on GCE, stopped), and no report of
+    it may ever come again — its own agent goes with it, and a VM alone in its set has no one else
+    to see the event end. A started event cannot be canceled."""
+    return event.status is EventStatus.STARTED and event.kind in NO_RESTORE_KINDS
+
+
+def _let_go_of_deleted(
+    envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime, outcome: Outcome, decision: Decision
+) -> None:
+    """End a deleted VM's part now, as its completion would: drop its drain records (nothing is put
+    back), free its budget slots and admit what waits for them, and mark the event ended, so a step
+    of it redelivered later is only audited as late instead of draining and holding a slot again."""
+    gone = Decision(decision.rule, f"{event.kind.value} started: the VM is going, its budget slot is freed")
+    _restore(envelope, event, deps, now, outcome, gone, nothing=gone.reason, put_back=False)
+    _mark_ended(envelope, event, deps.store)
 
 
 def _mark_ended(envelope: Envelope, event: MaintenanceEvent, store: StateStore) -> None:

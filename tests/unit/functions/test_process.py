@@ -792,6 +792,37 @@ def test_a_completed_terminate_frees_its_budget_slot_without_putting_the_vm_back
     assert world.store.parked("web") == []
 
 
+@pytest.mark.parametrize("kind", [EventKind.TERMINATE, EventKind.PREEMPT])
+def test_a_started_deletion_frees_its_budget_slot_as_no_completion_may_ever_come(world: World, kind: EventKind) -> None:
+    # GIVEN a pool with one slot, taken by a Terminate (or Spot eviction) of web-0, and a Reboot of web-1 waiting
+    world.policy = Policy(pools=(Pool("web", frozenset(SET), max_drained=1),))
+    deletion: dict[str, Any] = {"event_id": "E1", "kind": kind, "resources": ("web-0",)}
+    world.run(reboot(EventStatus.SCHEDULED, **deletion))
+    world.run(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("web-1",), reporter="web-1"))
+
+    # WHEN the deletion starts: web-0 is going, and its own agent will report nothing more
+    started = world.run(reboot(EventStatus.STARTED, **deletion), at=NOW + timedelta(minutes=5))
+
+    # THEN web-0 is not put back, its drain record and slot are gone, and the Reboot is admitted
+    assert [(a.action, a.vm) for a in started.actions][-2:] == [("drain", "web-1"), ("approve", "web-1")]
+    assert world.pool.restored == []
+    assert world.store.drains("azure:e1") == {}
+    assert world.store.parked("web") == []
+
+    # AND its completion, reported by a VM that shares the event, puts nothing back
+    done = world.run(reboot(EventStatus.COMPLETED, reporter="web-1", **deletion), at=NOW + timedelta(minutes=9))
+    assert [a.action for a in done.actions] == ["none"]
+
+    # AND a deletion whose scheduled step comes after its started (buses reorder) is only late: no slot held
+    other: dict[str, Any] = {"event_id": "E3", "kind": kind, "resources": ("web-1",), "reporter": "web-1"}
+    world.run(reboot(EventStatus.STARTED, **other), at=NOW + timedelta(minutes=10))
+    late = world.run(reboot(EventStatus.SCHEDULED, **other), at=NOW + timedelta(minutes=11))
+    assert late.decision is not None
+    assert late.decision.rule == "late"
+    assert world.store.drains("azure:e3") == {}
+    assert world.pool.drained == ["web-0", "web-1"]
+
+
 # ---------------------------------------------------------------- what cannot be carried through is never begun
 
 # Envelopes the decoder takes, whose actions could not all be carried out: the approval command (or
