@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-import requests
 
 from agent.config import AgentSettings
 from agent.main import run_agent
@@ -66,7 +65,7 @@ def play_to_the_end(sim: Simulator, settle: float = 0.7) -> None:
     Deterministic and fast, whatever the documented timings."""
     while True:
         time.sleep(settle)
-        state = requests.get(f"{sim.base_urls[0]}/_sim/state", timeout=5).json()
+        state: dict[str, Any] = sim.state()  # also once a deleted VM's port is closed
         if not state["timeline"]:
             return
         due = state["timeline"][0]["at"] - state["clock"]["sim_time"]

@@ -44,7 +44,9 @@ MAX_BACKOFF = 5.0
 
 
 class ApprovalRefusedError(PermanentError):
-    """IMDS answered 400 to a StartRequests POST (unknown EventId or malformed request)."""
+    """IMDS answered 400 to a StartRequests POST: the docs give 400 only for a malformed header or
+    payload. (A well-formed POST naming an EventId IMDS no longer lists is answered 200; the agent
+    re-reads the document just before it POSTs, so only an event removed in between gets one.)"""
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class AzureImdsClient:
         was already approved or started (the docs: "always returns a 200 ... for a valid event ID").
 
         Raises:
-            ApprovalRefusedError: 400 — the id is unknown to IMDS or the request was malformed.
+            ApprovalRefusedError: 400 — the request header or payload was malformed.
             MetadataUnavailableError: transient; the caller decides whether to retry.
         """
         body = json.dumps({"StartRequests": [{"EventId": event_id}]}).encode("utf-8")

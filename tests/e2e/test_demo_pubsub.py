@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NOT_REACHED = {
     "freeze": {"drained", "restored"},
     "user-reboot": set(),
-    "spot-preempt": {"restored"},
-    "scale-in": {"restored"},
+    "spot-preempt": {"completed", "restored"},  # the VM is deleted: nothing after started
+    "scale-in": {"completed", "restored"},
     "gce-migration": {"approved", "started"},
     "platform-reboot": set(),
     "redeploy-canceled": {"approved", "started"},

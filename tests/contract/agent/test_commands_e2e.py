@@ -105,7 +105,8 @@ def test_only_the_valid_signed_approval_reaches_imds(
     with Simulator(cloud="azure", vm_names=[VM]) as sim:
         requests.post(
             f"{sim.base_urls[0]}/_sim/events",
-            json={"event_type": "Terminate", "resources": [VM], "event_id": EVENT_ID},
+            # keep_serving: the VM stays reachable after the approval starts its deletion, to be checked
+            json={"event_type": "Terminate", "resources": [VM], "event_id": EVENT_ID, "keep_serving": True},
             timeout=5,
         ).raise_for_status()
         settings = bus.settings(settings_for("azure", sim.base_urls[0], VM, tmp_path))

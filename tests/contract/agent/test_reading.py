@@ -125,24 +125,25 @@ def test_a_gce_maintenance_value_google_added_is_reported_as_a_maintenance_of_ki
 def test_an_event_that_ran_while_the_agent_was_stopped_is_reported_completed(
     tmp_path: Path, agent_thread: Callable[..., AgentThread]
 ) -> None:
-    # GIVEN IMDS at 300 times the documented pace (a Terminate's notice lasts a few real seconds)
+    # GIVEN IMDS at 300 times the documented pace (a Reboot's 15 minutes of notice last 3 real seconds)
     with Simulator(cloud="azure", vm_names=["vm-0"], speed=300) as sim:
         settings = settings_for("azure", sim.base_urls[0], "vm-0", tmp_path)
-        body = {"event_type": "Terminate", "resources": ["vm-0"], "event_id": "E-TERM", "notice": 900}
+        body = {"event_type": "Reboot", "resources": ["vm-0"], "event_id": "E-REBOOT", "notice": 900}
         requests.post(f"{sim.base_urls[0]}/_sim/events", json=body, timeout=5).raise_for_status()
         first = agent_thread(settings)
         first.wait_for_count(1)
 
-        # WHEN the agent is stopped, the event starts at its NotBefore and is removed, and the agent starts again
+        # WHEN the agent is stopped (the reboot takes it down), the event starts at its NotBefore and
+        # is removed, and the agent starts again
         first.halt()
         wait_until(lambda: not requests.get(f"{sim.base_urls[0]}/_sim/events", timeout=5).json(), 30, "the end")
         second = agent_thread(settings)
         envelopes = second.wait_for_count(2)
         time.sleep(1.0)  # room for anything else it would wrongly report
 
-    # THEN the event is reported completed, not canceled (a canceled Terminate would put the VM back)
+    # THEN the event is reported completed, not canceled (it ran; a canceled Terminate would even be put back)
     assert [e["data"]["status"] for e in second.envelopes()] == ["scheduled", "completed"]
-    assert envelopes[1]["data"]["event_id"] == "E-TERM"
+    assert envelopes[1]["data"]["event_id"] == "E-REBOOT"
 
 
 def test_an_older_api_version_is_read_with_the_fields_it_has(

@@ -148,7 +148,7 @@ def test_the_python_api_still_drives_a_simulator_whose_every_vm_is_gone(start_si
     sim.advance_clock(92)
     # THEN no port is left, yet the state, as GET /_sim/state shows it, is still at hand
     assert refuses_connections(vm)
-    state = sim.state()
+    state: dict[str, Any] = sim.state()
     assert [e["EventStatus"] for e in state["events"]] == ["Started"]
     assert [entry["key"] for entry in state["timeline"]] == ["event:602d9444-d2cd-49c7-8624-8643e7171297"]
     assert state["vms"] == [{"name": "spot-vm-0", "url": vm.base_url, "document_incarnation": 3}]

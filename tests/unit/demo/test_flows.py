@@ -72,6 +72,7 @@ CASES: list[tuple[Expectation, EventTimeline, EventTimeline, str]] = [
     ),
     (flows.reached("started"), timeline(stages=stages(started=1)), timeline(), "never started"),
     (flows.ended_as("canceled"), timeline(ended_as="canceled"), timeline(ended_as="completed"), "ended as completed"),
+    (flows.silent_after_start(), timeline(), timeline(ended_as="completed"), "ended as completed"),
     (
         flows.restored_after_end(),
         timeline(stages=stages(completed=1000, restored=1020)),
