@@ -12,12 +12,14 @@ anything is published, and a command is settled only after its result is recorde
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Protocol
 
@@ -27,12 +29,16 @@ from agent.state_files import StateUnavailableError
 from agent.timing import Backoff, Clock
 from agent.trackers import Observation, Tracker
 from agent.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
+from functions.core.bounds import MAX_ENVELOPE_BYTES, bounded
 from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
 from functions.core.errors import MalformedDocumentError, RetryableError
 from functions.core.model import Cloud, CommandResult, MaintenanceEvent
 
 LOGGER = logging.getLogger("mbridge.agent")
 KEEP_PUBLISHED_SECONDS = 24 * 3600
+# How each cloud names the field that becomes `description` (named in `unreadable` when it is cut).
+DESCRIPTION_FIELD = {Cloud.AZURE: "Description", Cloud.GCE: "description"}
+RESOURCES_FIELD = {Cloud.AZURE: "Resources", Cloud.GCE: "resources"}
 PRUNE_EVERY_SECONDS = 600.0
 
 
@@ -60,9 +66,23 @@ class Liveness:
 
 def event_message(event: MaintenanceEvent, observed_at: datetime) -> OutboundMessage:
     envelope = envelope_for_event(event, observed_at)
+    body = encode(envelope)
+    if len(body) > MAX_ENVELOPE_BYTES:
+        # A bus refuses a message this large, and the outbox never skips a row: one huge entry would
+        # hold up every envelope after it. What the functions act on stays; the rest is cut.
+        event = _cut_to_fit(event, len(body))
+        envelope = envelope_for_event(event, observed_at)
+        body = encode(envelope)
+    if len(body) > MAX_ENVELOPE_BYTES:
+        # Only Resources can still be this large (thousands of names, more than any set holds):
+        # keep whether this VM is affected, which is what its own maintenance needs.
+        mine = tuple(vm for vm in event.resources if vm == event.reporter)
+        named = tuple(dict.fromkeys((*event.unreadable, RESOURCES_FIELD[event.cloud])))
+        envelope = envelope_for_event(replace(event, resources=mine, unreadable=named), observed_at)
+        body = encode(envelope)
     return OutboundMessage(
         envelope_id=envelope.id,
-        body=encode(envelope),
+        body=body,
         key=event.reporter,
         attributes={
             "type": envelope.type,
@@ -71,6 +91,23 @@ def event_message(event: MaintenanceEvent, observed_at: datetime) -> OutboundMes
             "event_id": event.event_id,
         },
     )
+
+
+def _cut_to_fit(event: MaintenanceEvent, size: int) -> MaintenanceEvent:
+    """The event without its raw entry (a digest and its size instead) and with its description
+    bounded, both named in `unreadable`. The envelope id does not depend on them: every report of
+    the event keeps the same id."""
+    raw = json.dumps(event.raw, ensure_ascii=False, sort_keys=True).encode("utf-8")
+    cut = {"cut_bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    LOGGER.warning(
+        "event %s makes an envelope of %d bytes, over the %d a bus message holds: its raw entry and "
+        "description are cut",
+        event.event_id[:80],
+        size,
+        MAX_ENVELOPE_BYTES,
+    )
+    named = tuple(dict.fromkeys((*event.unreadable, "raw", DESCRIPTION_FIELD[event.cloud])))
+    return replace(event, raw=cut, description=bounded(event.description), unreadable=named)
 
 
 def result_message(result: CommandResult, cloud: Cloud, vm_name: str, at: datetime) -> OutboundMessage:

@@ -12,15 +12,17 @@ from pathlib import Path
 import pytest
 
 from agent.health import Metrics, Readiness
-from agent.loop import Agent
+from agent.loop import Agent, event_message
 from agent.sources.azure_imds import AzureObservation
 from agent.state import AgentState
 from agent.timing import SystemClock
 from agent.trackers import AzureTracker
 from agent.transports.base import InboundCommand, OutboundMessage
-from functions.core.azure_document import parse_scheduled_events
+from functions.core.azure_document import parse_scheduled_events, to_maintenance_event
+from functions.core.bounds import MAX_ENVELOPE_BYTES
+from functions.core.envelope import decode
 from functions.core.errors import RetryableError
-from functions.core.model import Cloud, CommandResult
+from functions.core.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
 from tests.fixtures import fixture_text
 from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
 from tests.waiting import wait_until
@@ -240,3 +242,48 @@ def test_an_observation_that_meets_a_full_disk_is_recorded_once_there_is_room(
     failures = [r for r in caplog.records if "database or disk is full" in r.getMessage()]
     assert failures
     assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_an_entry_too_large_for_one_bus_message_is_forwarded_cut_to_fit() -> None:
+    # GIVEN an Azure entry whose Description alone is larger than a Service Bus message holds
+    entry = {
+        "EventId": "E-HUGE",
+        "EventType": "Reboot",
+        "Resources": ["WestNO_0"],
+        "EventStatus": "Scheduled",
+        "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT",
+        "Description": "x" * 400_000,
+    }
+    (event,) = parse_scheduled_events(json.dumps({"DocumentIncarnation": 1, "Events": [entry]})).events
+    observed = datetime(2022, 4, 11, 22, 11, 58, tzinfo=timezone.utc)
+
+    # WHEN the agent makes its message
+    message = event_message(to_maintenance_event(event, status=EventStatus.SCHEDULED, reporter="WestNO_0",
+                                                 sequence="1"), observed)  # fmt: skip
+
+    # THEN it fits one bus message and still carries what the functions act on; what was cut is named
+    assert len(message.body) <= MAX_ENVELOPE_BYTES
+    data = decode(message.body).data
+    assert isinstance(data, MaintenanceEvent)
+    assert (data.event_id, data.kind.value, data.resources, data.not_before) == (
+        "E-HUGE", "reboot", ("WestNO_0",), datetime(2022, 4, 11, 22, 26, 58, tzinfo=timezone.utc),
+    )  # fmt: skip
+    assert set(data.unreadable) == {"raw", "Description"}
+    assert data.raw["cut_bytes"] > 400_000
+    assert len(data.description) <= 2048
+
+
+def test_an_entry_naming_more_vms_than_a_message_holds_keeps_whether_this_vm_is_affected() -> None:
+    # GIVEN an Azure entry listing 20,000 VMs, this one among them
+    names = [f"vm-{n:05d}-{'x' * 20}" for n in range(20_000)] + ["WestNO_0"]
+    entry = {"EventId": "E-WIDE", "EventType": "Reboot", "Resources": names, "EventStatus": "Scheduled"}
+    (event,) = parse_scheduled_events(json.dumps({"DocumentIncarnation": 1, "Events": [entry]})).events
+    mapped = to_maintenance_event(event, status=EventStatus.SCHEDULED, reporter="WestNO_0", sequence="1")
+
+    # WHEN the agent makes its message THEN it fits, and still says this VM is affected
+    message = event_message(mapped, datetime(2022, 4, 11, 22, 11, 58, tzinfo=timezone.utc))
+    assert len(message.body) <= MAX_ENVELOPE_BYTES
+    data = decode(message.body).data
+    assert isinstance(data, MaintenanceEvent)
+    assert (data.resources, data.concerns_reporter) == (("WestNO_0",), True)
+    assert "Resources" in data.unreadable
