@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -202,3 +205,24 @@ def test_a_state_directory_the_agent_cannot_write_is_a_configuration_error(
     # The message names the directory and what to do about it.
     assert str(directory) in str(raised.value)
     assert "--state-dir" in str(raised.value)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="for root only (where the permission cases skip), and it needs unshare from util-linux",
+)
+def test_the_permission_cases_hold_for_an_agent_that_is_not_root() -> None:
+    # GIVEN the cases that skip as root (root reads and writes whatever the permissions say), run again
+    # as an unprivileged user of a user namespace, as the agent's service account would run them
+    selected = "cannot_read or cannot_write"
+    done = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, "-m", "pytest", "-q",
+         "-p", "no:cacheprovider", str(Path(__file__)), "-k", selected],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3], timeout=120, check=False,
+    )  # fmt: skip
+
+    # THEN every one of them passes there, none skipped
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
+    assert "passed" in summary
+    assert "skipped" not in summary, summary
