@@ -237,6 +237,10 @@ class Agent:
                 event.status.value,
                 "concerns this VM" if event.concerns_reporter else "another VM",
             )
+            for name in event.unreadable:
+                # Forwarded all the same; the count tells an operator that this release reads less
+                # than the cloud sends (the reasons are in the log, once each).
+                self._metrics.inc("mbridge_unreadable_fields_total", field=name)
         self._readiness.set_pending_impact(self._tracker.impact_pending())
 
     def shutdown(self) -> None:

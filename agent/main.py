@@ -199,6 +199,11 @@ def _metrics() -> Metrics:
     metrics = Metrics()
     metrics.describe("mbridge_polls_total", "counter", "Metadata reads by result (changed, unchanged, error).")
     metrics.describe("mbridge_errors_total", "counter", "Errors by kind.")
+    metrics.describe(
+        "mbridge_unreadable_fields_total",
+        "counter",
+        "Envelopes forwarded with a field of the cloud's entry this release could not read, by field.",
+    )
     metrics.describe("mbridge_events_published_total", "counter", "Envelopes the bus accepted, by type.")
     metrics.describe("mbridge_commands_total", "counter", "Commands answered, by result.")
     metrics.describe("mbridge_outbox_depth", "gauge", "Envelopes waiting for the bus.")

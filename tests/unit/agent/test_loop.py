@@ -287,3 +287,19 @@ def test_an_entry_naming_more_vms_than_a_message_holds_keeps_whether_this_vm_is_
     assert isinstance(data, MaintenanceEvent)
     assert (data.resources, data.concerns_reporter) == (("WestNO_0",), True)
     assert "Resources" in data.unreadable
+
+
+def test_envelopes_forwarded_with_fields_the_agent_could_not_read_are_counted_by_field(tmp_path: Path) -> None:
+    # GIVEN a document with one entry of a type Azure added and a NotBefore this release cannot read
+    agent, metrics = build(tmp_path, FakeTransport())
+    entry = {"EventId": "E-NEW", "EventType": "Hibernate", "EventStatus": "Scheduled", "NotBefore": "soon"}
+    document = parse_scheduled_events(json.dumps({"DocumentIncarnation": 3, "Events": [entry]}))
+
+    # WHEN the agent takes it in
+    agent.handle_observation(
+        AzureObservation(document=document, observed_at=datetime(2026, 3, 1, tzinfo=timezone.utc), lag_bound=0.0)
+    )
+
+    # THEN the envelope is recorded, and /metrics says which fields could not be read
+    assert metrics.value("mbridge_unreadable_fields_total", field="EventType") == 1
+    assert metrics.value("mbridge_unreadable_fields_total", field="NotBefore") == 1
