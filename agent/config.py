@@ -12,6 +12,7 @@ from pathlib import Path
 
 from agent.health import DEFAULT_PORT
 from agent.sources.azure_imds import API_VERSION, API_VERSIONS
+from agent.transports.factory import DEFAULT_COMMANDS_TOPIC
 from functions.core.errors import PermanentError
 from functions.core.model import Cloud
 
@@ -47,6 +48,10 @@ class AgentSettings:
     pubsub_commands_subscription: str | None
     flush_seconds: float = 10.0
     api_version: str = API_VERSION
+    # The isolated commands mode (docs/transports.md): this VM's own subscription of the commands
+    # topic instead of its session of the commands queue. None: the queue.
+    servicebus_commands_subscription: str | None = None
+    servicebus_commands_topic: str | None = None
 
 
 def default_state_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -102,6 +107,18 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         "--servicebus-commands-queue",
         default=env("MBRIDGE_SERVICEBUS_COMMANDS_QUEUE", "maintenance-commands"),
         help="session-enabled queue [MBRIDGE_SERVICEBUS_COMMANDS_QUEUE]",
+    )
+    group.add_argument(
+        "--servicebus-commands-subscription",
+        default=env("MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION"),
+        help="this VM's own subscription of the commands topic: receive commands there instead of from the "
+        "queue (the isolated mode) [MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION]",
+    )
+    group.add_argument(
+        "--servicebus-commands-topic",
+        default=env("MBRIDGE_SERVICEBUS_COMMANDS_TOPIC"),
+        help="commands topic of the isolated mode; mbridge approve sends to it when set "
+        f"[MBRIDGE_SERVICEBUS_COMMANDS_TOPIC, default {DEFAULT_COMMANDS_TOPIC} with a subscription]",
     )
     group.add_argument("--pubsub-project", default=env("MBRIDGE_PUBSUB_PROJECT"), help="[MBRIDGE_PUBSUB_PROJECT]")
     group.add_argument(
@@ -201,6 +218,11 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             "--transport servicebus needs --servicebus-namespace FQDN (managed identity) "
             "or --servicebus-connection-string [MBRIDGE_SERVICEBUS_NAMESPACE / MBRIDGE_SERVICEBUS_CONNECTION_STRING]"
         )
+    if args.transport == "servicebus" and args.servicebus_commands_topic and not args.servicebus_commands_subscription:
+        raise ConfigError(
+            "--servicebus-commands-topic: the agent receives from its own subscription of the commands topic; "
+            "set --servicebus-commands-subscription too [MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION]"
+        )
     if args.transport == "pubsub" and not args.pubsub_project:
         raise ConfigError("--transport pubsub needs --pubsub-project [MBRIDGE_PUBSUB_PROJECT]")
     return AgentSettings(
@@ -223,4 +245,6 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         pubsub_topic=args.pubsub_topic,
         pubsub_commands_subscription=args.pubsub_commands_subscription,
         api_version=args.api_version,
+        servicebus_commands_subscription=args.servicebus_commands_subscription,
+        servicebus_commands_topic=args.servicebus_commands_topic,
     )

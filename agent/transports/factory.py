@@ -29,6 +29,10 @@ class TransportOptions(Protocol):
     @property
     def servicebus_commands_queue(self) -> str: ...
     @property
+    def servicebus_commands_subscription(self) -> str | None: ...
+    @property
+    def servicebus_commands_topic(self) -> str | None: ...
+    @property
     def pubsub_project(self) -> str | None: ...
     @property
     def pubsub_topic(self) -> str: ...
@@ -37,6 +41,8 @@ class TransportOptions(Protocol):
 
 
 DEFAULT_RESULTS_SUBSCRIPTION = "operator-results"
+# The commands topic of the isolated mode (one subscription per VM); it takes the queue's name.
+DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
 
 
 def servicebus_settings(
@@ -44,6 +50,10 @@ def servicebus_settings(
 ) -> ServiceBusSettings:
     from agent.transports.servicebus import ServiceBusSettings
 
+    # The isolated mode: a subscription names this VM's own subscription of the commands topic (the
+    # agent), a topic alone says where to send commands (`mbridge approve`). Neither: the queue.
+    subscription = options.servicebus_commands_subscription or None
+    topic = options.servicebus_commands_topic or (DEFAULT_COMMANDS_TOPIC if subscription else None)
     settings = ServiceBusSettings(
         namespace=options.servicebus_namespace,
         connection_string=options.servicebus_connection_string,
@@ -51,6 +61,8 @@ def servicebus_settings(
         commands_queue=options.servicebus_commands_queue,
         results_subscription=results_subscription,
         vm_name=vm_name,
+        commands_topic=topic,
+        commands_subscription=subscription,
     )
     settings.validate()
     return settings

@@ -4,8 +4,14 @@
   the topic's duplicate detection drops republished envelopes.
 - Commands come from a session-enabled queue (`maintenance-commands`); the agent binds its receiver
   to the session named after its VM, so it only ever sees its own commands, in order.
-- `mbridge approve` sends into that queue with `SessionId` = target VM and reads the command results
-  from the events topic through a subscription (`operator-results`).
+- Or, in the isolated mode (`--servicebus-commands-subscription`), from this VM's own subscription
+  of a commands topic (also `maintenance-commands`), whose filter passes only the messages whose
+  application property `target` is this VM and on which only this VM's identity holds the Data
+  Receiver role. No sessions there: a VM cannot be given a role on one session of a queue, but it
+  can on one subscription of a topic.
+- `mbridge approve` (and the functions) send into that queue with `SessionId` = target VM, or into
+  the topic with the application property `target`, and read the command results from the events
+  topic through a subscription (`operator-results`).
 
 Handlers (senders, receivers) are opened once and reused; after any error the handler is closed and a
 new one is created on next use, because the SDK does not recover a handler whose link has failed (a
@@ -51,6 +57,8 @@ MAX_RESULTS_PER_READ = 50
 # Renew the session lock when less than this (plus the coming wait) is left. Messages of a session
 # are locked by the session lock, so it must outlive the wait and the agent's handling of a command.
 SESSION_RENEW_MARGIN = timedelta(seconds=15)
+# Outside sessions each message has its own lock: renewed before completing when less than this is left.
+MESSAGE_RENEW_MARGIN = SESSION_RENEW_MARGIN
 
 SENDER_ROLE = "Azure Service Bus Data Sender"
 RECEIVER_ROLE = "Azure Service Bus Data Receiver"
@@ -62,7 +70,11 @@ RECEIVER_ROLE = "Azure Service Bus Data Receiver"
 @dataclass(frozen=True)
 class ServiceBusSettings:
     """Options of the Service Bus transport (design §3.7). Exactly one of `namespace` (managed
-    identity) and `connection_string` (SAS) is set; `vm_name` is needed by the agent only."""
+    identity) and `connection_string` (SAS) is set; `vm_name` is needed by the agent only.
+
+    `commands_topic` set: commands travel through that topic instead of the session queue (the
+    isolated mode); the agent then receives from its own subscription `commands_subscription`.
+    """
 
     namespace: str | None = None
     # repr=False: a connection string carries the shared access key.
@@ -72,6 +84,8 @@ class ServiceBusSettings:
     results_subscription: str = "operator-results"
     vm_name: str = ""
     operation_timeout: float = 30.0
+    commands_topic: str | None = None
+    commands_subscription: str | None = None
 
     def validate(self) -> None:
         """Raise TransportConfigError naming the flag to set when the options cannot work."""
@@ -86,13 +100,23 @@ class ServiceBusSettings:
             )
         if self.namespace is not None:
             _validate_namespace(self.namespace)
-        for flag, value in (
+        names = [
             ("--servicebus-topic", self.topic),
             ("--servicebus-commands-queue", self.commands_queue),
             ("the results subscription name", self.results_subscription),
-        ):
+        ]
+        if self.commands_topic is not None:
+            names.append(("--servicebus-commands-topic", self.commands_topic))
+        if self.commands_subscription is not None:
+            names.append(("--servicebus-commands-subscription", self.commands_subscription))
+        for flag, value in names:
             if not value.strip():
                 raise TransportConfigError(f"{flag} is empty: give the name of the Service Bus entity")
+        if self.commands_subscription is not None and self.commands_topic is None:
+            raise TransportConfigError(
+                "--servicebus-commands-subscription names a subscription of the commands topic: "
+                "give the topic too (--servicebus-commands-topic, default maintenance-commands)"
+            )
         if self.operation_timeout <= 0:
             raise TransportConfigError(
                 f"the Service Bus operation timeout must be positive, not {self.operation_timeout}"
@@ -157,6 +181,8 @@ class ReceiverLike(Protocol):
     ) -> list[ServiceBusReceivedMessage]: ...
 
     def complete_message(self, message: ServiceBusReceivedMessage) -> None: ...
+
+    def renew_message_lock(self, message: ServiceBusReceivedMessage, *, timeout: float | None = ...) -> datetime: ...
 
     def close(self) -> None: ...
 
@@ -365,7 +391,7 @@ class _Settle:
     """`InboundCommand.settle` of one received message: completes it once, through the receiver
     that received it (Service Bus only accepts settlement on the link that holds the lock)."""
 
-    def __init__(self, owner: ServiceBusCommandReceiver, receiver: ReceiverLike, message: ServiceBusReceivedMessage):
+    def __init__(self, owner: _CommandReceiving, receiver: ReceiverLike, message: ServiceBusReceivedMessage):
         self._owner = owner
         self._receiver = receiver
         self._message = message
@@ -378,30 +404,39 @@ class _Settle:
         self._done = True
 
 
-class ServiceBusCommandReceiver(CommandReceiver):
-    """Receives this VM's commands: a receiver on the commands queue bound to session = VM name."""
+class _CommandReceiving(CommandReceiver):
+    """What both command receivers share: one receiver kept open and replaced after an error,
+    commands settled through the receiver that delivered them, SDK errors mapped (map_error).
+    Subclasses say which entity they read and how its locks are kept."""
+
+    _open_action = "open the command receiver"
 
     def __init__(
         self,
-        client: ServiceBusClientLike,
+        entity: _Entity,
+        create: Callable[[], ReceiverLike],
         settings: ServiceBusSettings,
-        now: Callable[[], datetime] = _utc_now,
+        now: Callable[[], datetime],
     ) -> None:
         self._settings = settings
         self._now = now
-        self._entity = _Entity(
-            "queue", settings.commands_queue, "--servicebus-commands-queue", RECEIVER_ROLE, settings.endpoint
-        )
-        self._receiver: _Reusable[ReceiverLike] = _Reusable(
-            lambda: client.get_queue_receiver(settings.commands_queue, session_id=settings.vm_name)
-        )
+        self._entity = entity
+        self._receiver: _Reusable[ReceiverLike] = _Reusable(create)
         self._lock = threading.Lock()
+
+    # The hooks: keep the locks that the coming wait and the settlement need.
+
+    def _before_receive(self, receiver: ReceiverLike, max_wait: float) -> None:
+        pass
+
+    def _before_complete(self, receiver: ReceiverLike, message: ServiceBusReceivedMessage) -> None:
+        pass
 
     def receive_commands(self, max_wait: float) -> Sequence[InboundCommand]:
         with self._lock:
             receiver = self._receiver.get()
             try:
-                self._renew_if_needed(receiver, max_wait)
+                self._before_receive(receiver, max_wait)
                 messages = receiver.receive_messages(max_message_count=MAX_COMMANDS_PER_RECEIVE, max_wait_time=max_wait)
             except Exception as error:
                 mapped = self._failed(error, receiver, "receive commands")
@@ -411,14 +446,14 @@ class ServiceBusCommandReceiver(CommandReceiver):
         return [self._command(receiver, message) for message in messages]
 
     def open(self) -> None:
-        """Attach the session receiver: performs the Listen authorisation and takes this VM's
-        session lock, without requesting any message (no link credit until a receive)."""
+        """Attach the receiver: performs the Listen authorisation (and, on a session, takes this
+        VM's session lock) without requesting any message (no link credit until a receive)."""
         with self._lock:
             receiver = self._receiver.get()
             try:
                 receiver.__enter__()
             except Exception as error:
-                mapped = self._failed(error, receiver, "open the command session")
+                mapped = self._failed(error, receiver, self._open_action)
                 if mapped is None:
                     raise
                 raise mapped from error
@@ -443,7 +478,7 @@ class ServiceBusCommandReceiver(CommandReceiver):
                     "Service Bus redelivers the command once its lock expires"
                 )
             try:
-                self._renew_if_needed(receiver, 0.0)
+                self._before_complete(receiver, message)
                 receiver.complete_message(message)
             except sb_errors.MessageAlreadySettled:
                 LOG.debug("command message %s was already settled", message.message_id)
@@ -452,12 +487,6 @@ class ServiceBusCommandReceiver(CommandReceiver):
                 if mapped is None:
                     raise
                 raise mapped from error
-
-    def _renew_if_needed(self, receiver: ReceiverLike, horizon_seconds: float) -> None:
-        locked_until = receiver.session.locked_until_utc
-        horizon = self._now() + timedelta(seconds=horizon_seconds) + SESSION_RENEW_MARGIN
-        if locked_until is None or locked_until <= horizon:
-            receiver.session.renew_lock(timeout=self._settings.operation_timeout)
 
     def _failed(self, error: Exception, receiver: ReceiverLike, action: str) -> Exception | None:
         """Our error for `error` (None: not a bus failure, let it propagate); drops the broken receiver."""
@@ -473,17 +502,92 @@ class ServiceBusCommandReceiver(CommandReceiver):
         return mapped
 
 
+class ServiceBusCommandReceiver(_CommandReceiving):
+    """Receives this VM's commands: a receiver on the commands queue bound to session = VM name."""
+
+    _open_action = "open the command session"
+
+    def __init__(
+        self,
+        client: ServiceBusClientLike,
+        settings: ServiceBusSettings,
+        now: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        super().__init__(
+            _Entity("queue", settings.commands_queue, "--servicebus-commands-queue", RECEIVER_ROLE, settings.endpoint),
+            lambda: client.get_queue_receiver(settings.commands_queue, session_id=settings.vm_name),
+            settings,
+            now,
+        )
+
+    def _before_receive(self, receiver: ReceiverLike, max_wait: float) -> None:
+        self._renew_if_needed(receiver, max_wait)
+
+    def _before_complete(self, receiver: ReceiverLike, message: ServiceBusReceivedMessage) -> None:
+        self._renew_if_needed(receiver, 0.0)
+
+    def _renew_if_needed(self, receiver: ReceiverLike, horizon_seconds: float) -> None:
+        locked_until = receiver.session.locked_until_utc
+        horizon = self._now() + timedelta(seconds=horizon_seconds) + SESSION_RENEW_MARGIN
+        if locked_until is None or locked_until <= horizon:
+            receiver.session.renew_lock(timeout=self._settings.operation_timeout)
+
+
+class ServiceBusSubscriptionCommandReceiver(_CommandReceiving):
+    """Receives this VM's commands in the isolated mode: a plain (sessionless) receiver on this
+    VM's own subscription of the commands topic. The subscription's filter passes only this VM's
+    commands and only this VM's identity may read it (infra/). Each message has its own lock, renewed
+    before completing when it is about to run out; settling is otherwise the session receiver's."""
+
+    _open_action = "open the command subscription"
+
+    def __init__(
+        self,
+        client: ServiceBusClientLike,
+        settings: ServiceBusSettings,
+        now: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        topic, subscription = settings.commands_topic, settings.commands_subscription
+        if not topic or not subscription:
+            raise TransportConfigError(
+                "the isolated commands mode needs the commands topic and this VM's subscription "
+                "(--servicebus-commands-topic, --servicebus-commands-subscription)"
+            )
+        super().__init__(
+            _Entity(
+                "subscription",
+                f"{topic}/subscriptions/{subscription}",
+                "--servicebus-commands-subscription",
+                RECEIVER_ROLE,
+                settings.endpoint,
+            ),
+            lambda: client.get_subscription_receiver(topic, subscription),
+            settings,
+            now,
+        )
+
+    def _before_complete(self, receiver: ReceiverLike, message: ServiceBusReceivedMessage) -> None:
+        locked_until = message.locked_until_utc
+        if locked_until is not None and locked_until <= self._now() + MESSAGE_RENEW_MARGIN:
+            receiver.renew_message_lock(message, timeout=self._settings.operation_timeout)
+
+
 # ---------------------------------------------------------------- the agent's transport
 
 
-def _outbound(message: OutboundMessage, content_type: str, session_id: str | None = None) -> ServiceBusMessage:
+def _outbound(
+    message: OutboundMessage, content_type: str, *, target: str | None = None, in_session: bool = False
+) -> ServiceBusMessage:
+    """A message for `message`; with `target`, a command for that VM: the application property
+    `target` (what the per-VM subscription filters match) and, `in_session`, SessionId = target."""
     # The SDK's own value type (PrimitiveTypes); string keys and values are all this module sends.
     properties: dict[str | bytes, int | float | bytes | bool | str | uuid.UUID] = {}
     for key, value in message.attributes.items():
         properties[key] = value
     properties["envelope_id"] = message.envelope_id
-    if session_id is not None:
-        properties["target"] = session_id
+    if target is not None:
+        properties["target"] = target
+    session_id = target if in_session else None
     return ServiceBusMessage(
         message.body,
         message_id=message.envelope_id,
@@ -508,7 +612,13 @@ class ServiceBusTransport(AgentTransport):
         now: Callable[[], datetime] = _utc_now,
     ) -> None:
         settings.validate()
-        if not settings.vm_name.strip():
+        if settings.commands_topic is not None and settings.commands_subscription is None:
+            raise TransportConfigError(
+                "commands through a topic (--servicebus-commands-topic) are received from this VM's own "
+                "subscription of it: set --servicebus-commands-subscription too"
+            )
+        isolated = settings.commands_subscription is not None
+        if not isolated and not settings.vm_name.strip():
             raise TransportConfigError(
                 "the servicebus transport needs this VM's name: it is the session the agent receives commands from"
             )
@@ -518,7 +628,11 @@ class ServiceBusTransport(AgentTransport):
         self._events = _Sending(
             lambda: self._client.get_topic_sender(settings.topic), self._entity, settings.operation_timeout
         )
-        self._commands = ServiceBusCommandReceiver(self._client, settings, now)
+        self._commands: _CommandReceiving
+        if isolated:
+            self._commands = ServiceBusSubscriptionCommandReceiver(self._client, settings, now)
+        else:
+            self._commands = ServiceBusCommandReceiver(self._client, settings, now)
 
     def publish(self, message: OutboundMessage) -> None:
         self._events.send(_outbound(message, EVENT_CONTENT_TYPE))
@@ -530,9 +644,13 @@ class ServiceBusTransport(AgentTransport):
     def check(self) -> str:
         self._events.open()
         self._commands.open()
+        settings = self._settings
+        if settings.commands_subscription is not None:
+            source = f"subscription {settings.commands_subscription!r} of topic {settings.commands_topic!r}"
+        else:
+            source = f"session {settings.vm_name!r} of queue {settings.commands_queue!r}"
         return (
-            f"servicebus: authorised to send to topic {self._settings.topic!r} and to receive session "
-            f"{self._settings.vm_name!r} of queue {self._settings.commands_queue!r} in {self._settings.endpoint}"
+            f"servicebus: authorised to send to topic {settings.topic!r} and to receive {source} in {settings.endpoint}"
         )
 
     def close(self) -> None:
@@ -545,8 +663,10 @@ class ServiceBusTransport(AgentTransport):
 
 
 class ServiceBusOperator(CommandSender, ResultReader):
-    """What `mbridge approve` uses: sends a command into the target VM's session and reads command
-    results from the events topic through the results subscription (completing what it reads)."""
+    """What `mbridge approve` (and the functions) use: sends a command into the target VM's session
+    of the commands queue, or with `commands_topic` onto that topic with the application property
+    `target` that the VMs' subscription filters match; reads command results from the events topic
+    through the results subscription (completing what it reads)."""
 
     def __init__(
         self,
@@ -558,7 +678,6 @@ class ServiceBusOperator(CommandSender, ResultReader):
         settings.validate()
         self._settings = settings
         self._client = (client_factory or _default_factory(credential))(settings)
-        queue = _Entity("queue", settings.commands_queue, "--servicebus-commands-queue", SENDER_ROLE, settings.endpoint)
         self._results_entity = _Entity(
             "subscription",
             f"{settings.topic}/subscriptions/{settings.results_subscription}",
@@ -566,9 +685,13 @@ class ServiceBusOperator(CommandSender, ResultReader):
             RECEIVER_ROLE,
             settings.endpoint,
         )
-        self._commands = _Sending(
-            lambda: self._client.get_queue_sender(settings.commands_queue), queue, settings.operation_timeout
-        )
+        topic, queue = settings.commands_topic, settings.commands_queue
+        if topic is not None:
+            entity = _Entity("topic", topic, "--servicebus-commands-topic", SENDER_ROLE, settings.endpoint)
+            self._commands = _Sending(lambda: self._client.get_topic_sender(topic), entity, settings.operation_timeout)
+        else:
+            entity = _Entity("queue", queue, "--servicebus-commands-queue", SENDER_ROLE, settings.endpoint)
+            self._commands = _Sending(lambda: self._client.get_queue_sender(queue), entity, settings.operation_timeout)
         self._results: _Reusable[ReceiverLike] = _Reusable(
             lambda: self._client.get_subscription_receiver(settings.topic, settings.results_subscription)
         )
@@ -576,8 +699,12 @@ class ServiceBusOperator(CommandSender, ResultReader):
 
     def send_command(self, message: OutboundMessage) -> None:
         if not message.key:
-            raise TransportConfigError("a command needs a target VM (the message key): it is the queue session")
-        self._commands.send(_outbound(message, COMMAND_CONTENT_TYPE, session_id=message.key))
+            raise TransportConfigError(
+                "a command needs a target VM (the message key): it is the queue session, or the property the "
+                "subscriptions of the commands topic filter on"
+            )
+        in_session = self._settings.commands_topic is None
+        self._commands.send(_outbound(message, COMMAND_CONTENT_TYPE, target=message.key, in_session=in_session))
 
     def read_results(self, max_wait: float) -> Sequence[bytes]:
         with self._lock:
@@ -623,10 +750,9 @@ class ServiceBusOperator(CommandSender, ResultReader):
                 if mapped is None:
                     raise
                 raise mapped from error
-        return (
-            f"servicebus: authorised to send to queue {self._settings.commands_queue!r} and to read "
-            f"{self._results_entity}"
-        )
+        commands = self._settings.commands_topic
+        destination = f"topic {commands!r}" if commands is not None else f"queue {self._settings.commands_queue!r}"
+        return f"servicebus: authorised to send to {destination} and to read {self._results_entity}"
 
     def close(self) -> None:
         self._commands.close()
@@ -660,6 +786,7 @@ __all__ = [
     "ServiceBusCommandReceiver",
     "ServiceBusOperator",
     "ServiceBusSettings",
+    "ServiceBusSubscriptionCommandReceiver",
     "ServiceBusTransport",
     "SessionLike",
     "body_bytes",

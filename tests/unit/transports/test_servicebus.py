@@ -9,8 +9,11 @@ and string values as bytes, the body as byte sections).
 
 from __future__ import annotations
 
+import argparse
+import os
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +29,11 @@ from azure.servicebus._pyamqp._encode import encode_payload
 from azure.servicebus._pyamqp.message import Header
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
+from agent.cli import build_parser
+from agent.commands import CommandLedger, CommandProcessor
+from agent.config import ConfigError, settings_from_args
 from agent.transports.base import OutboundMessage, TransportConfigError, TransportUnavailableError
+from agent.transports.factory import servicebus_settings
 from agent.transports.servicebus import (
     COMMAND_CONTENT_TYPE,
     EVENT_CONTENT_TYPE,
@@ -36,6 +43,9 @@ from agent.transports.servicebus import (
     ServiceBusTransport,
     connect,
 )
+from functions.core.commands import CommandType, encode_command, new_command
+from functions.core.model import Cloud
+from tests.unit.test_command_processor import EVENT_ID, FakeClock, FakeImds, FakeReadiness
 
 VM = "vm-a"
 NAMESPACE = "mbridge-test.servicebus.windows.net"
@@ -43,6 +53,7 @@ NAMESPACE = "mbridge-test.servicebus.windows.net"
 CONNECTION_STRING = f"Endpoint=sb://{NAMESPACE}/;SharedAccessKeyName=agent;SharedAccessKey=bm90LWEtcmVhbC1rZXk="
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 LOCK_DURATION = timedelta(seconds=60)
+LOCKED_UNTIL = b"x-opt-locked-until"  # the broker's annotation of a message lock
 
 
 # ---------------------------------------------------------------- fakes of the network edge
@@ -56,13 +67,19 @@ class Clock:
         return self.now
 
 
-def received(message: ServiceBusMessage, delivery_count: int | None = None) -> ServiceBusReceivedMessage:
-    """`message` as a receiver gets it from the broker: through the SDK's AMQP codec."""
+def received(
+    message: ServiceBusMessage, delivery_count: int | None = None, locked_until: datetime | None = None
+) -> ServiceBusReceivedMessage:
+    """`message` as a receiver gets it from the broker: through the SDK's AMQP codec. `locked_until`:
+    the message lock the broker annotates a message received outside a session with."""
     wire = bytearray()
     encode_payload(wire, PyamqpTransport.to_outgoing_amqp_message(message.raw_amqp_message))
     decoded = decode_payload(memoryview(bytes(wire)))
     if delivery_count is not None:
         decoded = decoded._replace(header=Header(delivery_count=delivery_count))
+    if locked_until is not None:
+        expiry = int(locked_until.timestamp() * 1000)
+        decoded = decoded._replace(message_annotations={**(decoded.message_annotations or {}), LOCKED_UNTIL: expiry})
     return ServiceBusReceivedMessage(decoded, receiver=None)
 
 
@@ -133,11 +150,14 @@ class FakeReceiver:
         self.fake_session = FakeSession(clock, faults)
         self.receive_calls: list[tuple[int | None, float | None]] = []
         self.completed: list[ServiceBusReceivedMessage] = []
+        self.renewed_messages: list[str | None] = []
         self.opened = False
         self.closed = False
 
     @property
     def session(self) -> FakeSession:
+        if self.session_id is None:
+            raise AssertionError(f"{self.entity} is not a session receiver: it has no session lock")
         return self.fake_session
 
     def __enter__(self) -> FakeReceiver:
@@ -157,6 +177,11 @@ class FakeReceiver:
     def complete_message(self, message: ServiceBusReceivedMessage) -> None:
         self.faults.raise_if_any("complete")
         self.completed.append(message)
+
+    def renew_message_lock(self, message: ServiceBusReceivedMessage, *, timeout: float | None = None) -> datetime:
+        self.faults.raise_if_any("renew_message")
+        self.renewed_messages.append(message.message_id)
+        return self.fake_session.clock.now + LOCK_DURATION
 
     def close(self) -> None:
         self.closed = True
@@ -212,8 +237,19 @@ def agent(client: FakeClient, **overrides: Any) -> ServiceBusTransport:
     return ServiceBusTransport(settings(**overrides), client_factory=factory, now=client.clock)
 
 
-def operator(client: FakeClient) -> ServiceBusOperator:
-    return ServiceBusOperator(settings(vm_name=""), client_factory=lambda _: client)
+def operator(client: FakeClient, **overrides: Any) -> ServiceBusOperator:
+    return ServiceBusOperator(settings(vm_name="", **overrides), client_factory=lambda _: client)
+
+
+COMMANDS_TOPIC = "maintenance-commands"
+SUBSCRIPTION = f"vm-{VM}"
+
+
+def isolated_agent(client: FakeClient, **overrides: Any) -> ServiceBusTransport:
+    """An agent in the isolated mode: its own subscription of the commands topic."""
+    values: dict[str, Any] = {"commands_topic": COMMANDS_TOPIC, "commands_subscription": SUBSCRIPTION}
+    values.update(overrides)
+    return agent(client, **values)
 
 
 def event(number: int = 1) -> OutboundMessage:
@@ -248,6 +284,16 @@ def queued_command(client: FakeClient, command_id: str = "cmd-1", delivery_count
     sending = FakeClient()
     operator(sending).send_command(command(command_id))
     client.inbox.append(received(sending.senders[0].sent[0], delivery_count))
+
+
+def published_command(
+    client: FakeClient, message: OutboundMessage | None = None, locked_until: datetime | None = None
+) -> None:
+    """Put a command on this VM's subscription exactly as the topic-mode sender sent it (the
+    subscription's filter passed it: its `target` is this VM)."""
+    sending = FakeClient()
+    operator(sending, commands_topic=COMMANDS_TOPIC).send_command(message or command())
+    client.inbox.append(received(sending.senders[0].sent[0], locked_until=locked_until))
 
 
 # ---------------------------------------------------------------- publishing events
@@ -553,6 +599,306 @@ def test_results_already_received_are_returned_even_if_completing_fails() -> Non
     # WHEN the operator reads results THEN the body is still returned (it will come again anyway)
     assert operator(client).read_results(max_wait=3.0) == [b'{"n": 1}']
     assert client.receivers[0].closed
+
+
+# ---------------------------------------------------------------- the isolated mode: a subscription per VM
+
+
+def test_the_topic_mode_sender_names_the_target_in_a_property_and_opens_no_session() -> None:
+    # GIVEN the sender of the isolated mode (the functions and `mbridge approve` with a commands topic)
+    client = FakeClient()
+    # WHEN it sends a command for vm-b
+    operator(client, commands_topic=COMMANDS_TOPIC).send_command(command("cmd-9", target="vm-b"))
+    # THEN the commands topic got a real message with no session, MessageId = command id (the
+    # topic's duplicate detection), and the application property the subscriptions filter on
+    [sender] = client.senders
+    assert sender.entity == "topic:maintenance-commands"
+    [message] = sender.sent
+    assert isinstance(message, ServiceBusMessage)
+    assert message.session_id is None
+    assert message.message_id == "cmd-9"
+    assert message.content_type == COMMAND_CONTENT_TYPE
+    assert message.application_properties == {"type": "approve", "envelope_id": "cmd-9", "target": "vm-b"}
+    assert body_of(message) == command("cmd-9").body
+    assert sender.timeouts == [7.0]
+
+
+def test_the_topic_mode_sender_checks_the_topic_and_names_its_role() -> None:
+    # GIVEN an operator without Send on the commands topic
+    client = FakeClient()
+    client.faults.add("open_sender", sb_errors.ServiceBusAuthorizationError(message="unauthorized"))
+    # WHEN it checks THEN the error names the role, the topic and the flag
+    with pytest.raises(TransportConfigError) as failure:
+        operator(client, commands_topic=COMMANDS_TOPIC).check()
+    assert "Azure Service Bus Data Sender" in str(failure.value)
+    assert "topic 'maintenance-commands'" in str(failure.value)
+    # AND a working one says where it sends
+    assert "topic 'maintenance-commands'" in operator(FakeClient(), commands_topic=COMMANDS_TOPIC).check()
+
+
+def test_the_isolated_agent_reads_its_own_subscription_without_a_session() -> None:
+    # GIVEN an agent in the isolated mode
+    client = FakeClient()
+    transport = isolated_agent(client)
+    # WHEN it receives
+    assert receiver_of(transport).receive_commands(max_wait=5.0) == []
+    # THEN it read from its subscription of the commands topic (no session: the fake refuses to
+    # give one), up to 10 messages within the wait
+    [receiver] = client.receivers
+    assert (receiver.entity, receiver.session_id) == ("subscription:maintenance-commands/vm-vm-a", None)
+    assert receiver.receive_calls == [(10, 5.0)]
+
+
+def test_a_command_through_the_topic_reaches_the_agent_as_through_the_queue() -> None:
+    # GIVEN a command the topic-mode sender sent, on this VM's subscription, delivered again
+    client = FakeClient()
+    published_command(client, command("cmd-7"))
+    # WHEN the isolated agent receives
+    [inbound] = receiver_of(isolated_agent(client)).receive_commands(max_wait=1.0)
+    # THEN it carries the bytes sent and text attributes, exactly as the session receiver hands them over
+    assert inbound.body == command("cmd-7").body
+    assert inbound.attributes == {"type": "approve", "envelope_id": "cmd-7", "target": VM}
+    assert inbound.abandon is None
+
+
+def test_the_isolated_agent_settles_once_through_the_receiver_that_received() -> None:
+    # GIVEN a received command whose lock has most of its minute left
+    client = FakeClient()
+    published_command(client, locked_until=client.clock.now + LOCK_DURATION)
+    [inbound] = receiver_of(isolated_agent(client)).receive_commands(max_wait=1.0)
+    [receiver] = client.receivers
+    assert receiver.completed == []
+    # WHEN it is settled twice
+    inbound.settle()
+    inbound.settle()
+    # THEN it was completed once, and the lock needed no renewal
+    assert [message.message_id for message in receiver.completed] == ["cmd-1"]
+    assert receiver.renewed_messages == []
+
+
+def test_a_message_lock_about_to_run_out_is_renewed_before_completing() -> None:
+    # GIVEN a received command, then 50 s spent on it (10 s of its lock left)
+    client = FakeClient()
+    published_command(client, locked_until=client.clock.now + LOCK_DURATION)
+    [inbound] = receiver_of(isolated_agent(client)).receive_commands(max_wait=1.0)
+    client.clock.now += timedelta(seconds=50)
+    # WHEN it is settled
+    inbound.settle()
+    # THEN its lock was renewed first, then it was completed
+    [receiver] = client.receivers
+    assert receiver.renewed_messages == ["cmd-1"]
+    assert [message.message_id for message in receiver.completed] == ["cmd-1"]
+
+
+def test_a_lost_message_lock_is_unavailable_and_the_command_comes_again() -> None:
+    # GIVEN a command whose lock ran out before it was settled (the renewal is refused)
+    client = FakeClient()
+    published_command(client, locked_until=client.clock.now + LOCK_DURATION)
+    transport = isolated_agent(client)
+    [inbound] = receiver_of(transport).receive_commands(max_wait=1.0)
+    client.clock.now += timedelta(seconds=70)
+    client.faults.add("renew_message", sb_errors.MessageLockLostError(message="lock expired"))
+    # WHEN it is settled THEN it is a retryable error naming the subscription, and nothing was completed
+    with pytest.raises(TransportUnavailableError) as failure:
+        inbound.settle()
+    assert f"subscription 'maintenance-commands/subscriptions/vm-vm-a' in {NAMESPACE}" in str(failure.value)
+    assert client.receivers[0].completed == []
+    # AND as with sessions the receiver is replaced: the next receive opens a new one
+    receiver_of(transport).receive_commands(max_wait=1.0)
+    first, second = client.receivers
+    assert first.closed
+    assert second.entity == first.entity
+
+
+def test_settling_through_a_replaced_subscription_receiver_is_unavailable_not_silent() -> None:
+    # GIVEN a received command, then a receive error that replaced the receiver
+    client = FakeClient()
+    published_command(client)
+    commands = receiver_of(isolated_agent(client))
+    [inbound] = commands.receive_commands(max_wait=1.0)
+    client.faults.add("receive", sb_errors.ServiceBusConnectionError(message="dropped"))
+    with pytest.raises(TransportUnavailableError):
+        commands.receive_commands(max_wait=1.0)
+    # WHEN the old command is settled THEN it says it will be redelivered, and nothing was completed
+    with pytest.raises(TransportUnavailableError, match="redelivers"):
+        inbound.settle()
+    assert client.receivers[0].completed == []
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "words"),
+    [
+        (
+            sb_errors.MessagingEntityNotFoundError(message="none"),
+            TransportConfigError,
+            "--servicebus-commands-subscription",
+        ),
+        (sb_errors.ServiceBusAuthorizationError(message="no Listen"), TransportConfigError, "Data Receiver"),
+        (sb_errors.ServiceBusAuthenticationError(message="bad token"), TransportConfigError, "managed identity"),
+        (sb_errors.ServiceBusConnectionError(message="reset"), TransportUnavailableError, "will retry"),
+    ],
+)
+def test_check_of_the_isolated_agent_names_its_subscription(
+    error: Exception, expected: type[Exception], words: str
+) -> None:
+    # GIVEN this VM's subscription cannot be opened
+    client = FakeClient()
+    client.faults.add("open_receiver", error)
+    # WHEN the agent checks THEN the error is ours, names the subscription and what to do
+    with pytest.raises(expected) as failure:
+        isolated_agent(client).check()
+    assert words in str(failure.value)
+    assert "subscription 'maintenance-commands/subscriptions/vm-vm-a'" in str(failure.value)
+    # AND the receiver is dropped, to be opened anew
+    assert client.receivers[0].closed
+
+
+def test_check_of_the_isolated_agent_opens_both_links_without_moving_a_message() -> None:
+    # GIVEN an agent in the isolated mode
+    client = FakeClient()
+    # WHEN it checks
+    description = isolated_agent(client).check()
+    # THEN the events sender and the subscription receiver were opened, nothing sent or received
+    [sender] = client.senders
+    [receiver] = client.receivers
+    assert (sender.opened, sender.sent) == (True, [])
+    assert (receiver.opened, receiver.receive_calls) == (True, [])
+    assert "subscription 'vm-vm-a' of topic 'maintenance-commands'" in description
+
+
+def test_a_commands_topic_without_a_subscription_is_refused_for_the_agent() -> None:
+    # WHEN the agent is given the topic but not its subscription THEN it says what to add
+    with pytest.raises(TransportConfigError, match="--servicebus-commands-subscription"):
+        agent(FakeClient(), commands_topic=COMMANDS_TOPIC)
+    # AND a subscription needs its topic
+    with pytest.raises(TransportConfigError, match="--servicebus-commands-topic"):
+        agent(FakeClient(), commands_subscription=SUBSCRIPTION)
+
+
+@pytest.mark.parametrize("field", ["commands_topic", "commands_subscription"])
+def test_an_empty_commands_topic_or_subscription_is_refused(field: str) -> None:
+    values = {"commands_topic": COMMANDS_TOPIC, "commands_subscription": SUBSCRIPTION, field: " "}
+    with pytest.raises(TransportConfigError, match="is empty"):
+        settings(**values).validate()
+
+
+# ---------------------------------------------------------------- the isolated mode: flags and order
+
+
+def parsed(command_name: str, argv: list[str]) -> argparse.Namespace:
+    """`mbridge <command_name>`'s options from `argv` (and the MBRIDGE_* variables they default to)."""
+    return build_parser(command_name).parse_args([command_name, *argv])
+
+
+@pytest.fixture
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No MBRIDGE_* variable but those the test sets."""
+    for name in list(os.environ):
+        if name.startswith("MBRIDGE_") or name == "AZURE_CLIENT_ID":
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+AGENT_FLAGS = ["--cloud", "azure", "--transport", "servicebus", "--servicebus-namespace", NAMESPACE]
+
+
+def test_a_subscription_in_the_environment_puts_the_agent_in_the_isolated_mode(
+    clean_environment: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN an agent's environment naming its own subscription
+    clean_environment.setenv("MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION", "vm-web-0")
+    # WHEN the agent reads its settings
+    options = settings_from_args(parsed("agent", AGENT_FLAGS))
+    # THEN its transport receives from that subscription of the default commands topic
+    built = servicebus_settings(options, "web-0")
+    assert (built.commands_topic, built.commands_subscription) == ("maintenance-commands", "vm-web-0")
+    # AND a topic named on the command line is taken
+    options = settings_from_args(parsed("agent", [*AGENT_FLAGS, "--servicebus-commands-topic", "commands-x"]))
+    assert servicebus_settings(options, "web-0").commands_topic == "commands-x"
+
+
+def test_without_a_subscription_the_agent_keeps_its_session_of_the_queue(
+    clean_environment: pytest.MonkeyPatch,
+) -> None:
+    options = settings_from_args(parsed("agent", AGENT_FLAGS))
+    built = servicebus_settings(options, "web-0")
+    assert (built.commands_topic, built.commands_subscription, built.commands_queue) == (
+        None,
+        None,
+        "maintenance-commands",
+    )
+
+
+def test_the_agent_refuses_a_commands_topic_without_its_subscription(clean_environment: pytest.MonkeyPatch) -> None:
+    args = parsed("agent", [*AGENT_FLAGS, "--servicebus-commands-topic", "maintenance-commands"])
+    with pytest.raises(ConfigError, match="MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION"):
+        settings_from_args(args)
+
+
+def test_mbridge_approve_sends_to_the_commands_topic_when_given_one(clean_environment: pytest.MonkeyPatch) -> None:
+    # GIVEN `mbridge approve` pointed at the commands topic of an isolated deployment
+    clean_environment.setenv("MBRIDGE_SERVICEBUS_COMMANDS_TOPIC", "maintenance-commands")
+    flags = ["--event-id", "E1", "--target", "web-0", "--transport", "servicebus", "--servicebus-namespace", NAMESPACE]
+    args = parsed("approve", flags)
+    # WHEN its Service Bus settings are built THEN commands go to the topic, and no subscription is read
+    built = servicebus_settings(args, args.target, args.results_subscription)
+    assert (built.commands_topic, built.commands_subscription) == ("maintenance-commands", None)
+
+
+def test_commands_delivered_out_of_order_are_executed_as_if_in_order(tmp_path: Path) -> None:
+    """A subscription without sessions does not promise order. What the agent needs of it: a
+    platform event's approval carries execute_at, so it is held until then whatever came first;
+    a redelivered command is answered from the ledger, not executed twice."""
+    # GIVEN the functions' drain and approve (after a 30 s drain period) for this VM, the approve
+    # delivered first, and the drain delivered twice (its first lock ran out)
+    clock = FakeClock(T0)
+    imds, readiness = FakeImds(), FakeReadiness()
+    imds.add(resources=(VM,))
+    drain = new_command(
+        CommandType.DRAIN, target=VM, event_id=EVENT_ID, issued_at=T0, expires_at=T0 + timedelta(minutes=10)
+    )
+    approve = new_command(
+        CommandType.APPROVE,
+        target=VM,
+        event_id=EVENT_ID,
+        issued_at=T0,
+        execute_at=T0 + timedelta(seconds=30),
+        expires_at=T0 + timedelta(minutes=10),
+    )
+    client = FakeClient()
+    for sent in (approve, drain, drain):
+        published_command(client, OutboundMessage(sent.command_id, encode_command(sent), VM, {"type": sent.type.value}))
+    ledger = CommandLedger(tmp_path / "commands.db", clock=clock)
+    processor = CommandProcessor(
+        vm_name=VM,
+        cloud=Cloud.AZURE,
+        ledger=ledger,
+        readiness=readiness,
+        approver=imds,
+        verify_key=None,
+        dry_run=False,
+        clock=clock,
+    )
+    try:
+        # WHEN the isolated agent receives and handles them as they come, settling each
+        results = []
+        for inbound in receiver_of(isolated_agent(client)).receive_commands(max_wait=1.0):
+            results.append(processor.handle(inbound.body))
+            inbound.settle()
+        # THEN the VM was drained once, and nothing approved before the drain period
+        assert [drained for drained, _ in readiness.calls] == [True]
+        assert imds.posts == []
+        assert results[0] is None  # the approve is held
+        assert results[1] is not None
+        assert results[1].accepted
+        assert results[2] == results[1]  # the redelivered drain: the stored result
+        # AND once its execute_at has come the approval is POSTed, after the drain
+        clock.advance(30)
+        [approved] = processor.run_due()
+        assert approved.accepted
+        assert imds.posts == [EVENT_ID]
+    finally:
+        ledger.close()
 
 
 # ---------------------------------------------------------------- settings and the real SDK client
