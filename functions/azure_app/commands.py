@@ -1,9 +1,10 @@
-"""CommandSender onto the Service Bus commands queue, over the agent's Service Bus transport.
+"""CommandSender onto the Service Bus commands queue (or topic), over the agent's Service Bus transport.
 
 `agent.transports.servicebus.ServiceBusOperator` already sends a command the way agents expect it
-(session = target VM, MessageId = command_id, the attributes of design §3.3) and maps the SDK's
-errors (TransportUnavailableError is retryable, TransportConfigError names the role to grant);
-this adapter only turns a `Command` into its message.
+(session = target VM on the queue; on the topic of the isolated mode the application property
+`target`, which each VM's subscription filters on; MessageId = command_id and the attributes of
+design §3.3 either way) and maps the SDK's errors (TransportUnavailableError is retryable,
+TransportConfigError names the role to grant); this adapter only turns a `Command` into its message.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class ServiceBusCommandSender:
     def send(self, command: Command) -> None:
         self._transport.send_command(
             OutboundMessage(
-                # MessageId = command_id: the queue's duplicate detection drops a re-sent command.
+                # MessageId = command_id: the queue's (or topic's) duplicate detection drops a re-sent command.
                 envelope_id=command.command_id,
                 body=encode_command(command),
                 key=command.target,

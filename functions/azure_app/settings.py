@@ -24,6 +24,8 @@ EVENTS_SUBSCRIPTION = "MBRIDGE_EVENTS_SUBSCRIPTION"
 SERVICEBUS_CONNECTION = "MBRIDGE_SERVICEBUS"  # the binding's `connection`: a prefix, or a connection string
 SERVICEBUS_NAMESPACE = "MBRIDGE_SERVICEBUS__fullyQualifiedNamespace"
 COMMANDS_QUEUE = "MBRIDGE_COMMANDS_QUEUE"
+COMMANDS_MODE = "MBRIDGE_COMMANDS_MODE"
+COMMANDS_TOPIC = "MBRIDGE_COMMANDS_TOPIC"
 TABLE_ENDPOINT = "MBRIDGE_TABLE_ENDPOINT"
 TABLE_CONNECTION_STRING = "MBRIDGE_TABLE_CONNECTION_STRING"
 STATE_TABLE = "MBRIDGE_STATE_TABLE"
@@ -37,6 +39,10 @@ POLICY = "MBRIDGE_POLICY"
 SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
 
 DEFAULT_COMMANDS_QUEUE = "maintenance-commands"
+DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
+# How commands reach the agents (docs/azure.md): the session queue (one session per VM), or a topic
+# with one filtered subscription per VM, readable by that VM's identity only (the isolated mode).
+COMMANDS_MODES = ("queue", "topic")
 DEFAULT_STATE_TABLE = "mbridgestate"
 DEFAULT_AUDIT_TABLE = "mbridgeaudit"
 
@@ -76,6 +82,10 @@ class Settings:
     readiness_drain: bool
     policy: Policy
     signing_key: Ed25519PrivateKey | None = field(repr=False, compare=False)
+    # "topic": commands go to `commands_topic` with the application property `target` instead of
+    # into the target's session of `commands_queue`.
+    commands_mode: str = "queue"
+    commands_topic: str = DEFAULT_COMMANDS_TOPIC
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -118,6 +128,8 @@ class Settings:
             readiness_drain=env.flag(READINESS_DRAIN, default=True),
             policy=_policy(env.optional(POLICY)),
             signing_key=_signing_key(env.optional(SIGNING_KEY)),
+            commands_mode=env.choice(COMMANDS_MODE, COMMANDS_MODES),
+            commands_topic=env.optional(COMMANDS_TOPIC) or DEFAULT_COMMANDS_TOPIC,
         )
 
 
@@ -146,6 +158,13 @@ class _Env:
         if value.lower() in _FALSE:
             return False
         raise SettingsError(f"{name} is true or false, not {value!r}")
+
+    def choice(self, name: str, choices: tuple[str, ...]) -> str:
+        """One of `choices` (case-insensitive); unset: the first."""
+        value = (self.optional(name) or choices[0]).lower()
+        if value not in choices:
+            raise SettingsError(f"{name} is {' or '.join(choices)}, not {self.optional(name)!r}")
+        return value
 
     def table_name(self, name: str, default: str) -> str:
         value = self.optional(name) or default

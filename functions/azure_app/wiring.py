@@ -44,16 +44,7 @@ def build_deps(settings: Settings, *, credential: TokenCredential | None = None)
         credential = DefaultAzureCredential()
     service = _table_service(settings, credential)
     signer = _signer(settings)
-    sender = ServiceBusCommandSender(
-        ServiceBusOperator(
-            ServiceBusSettings(
-                namespace=settings.servicebus_namespace,
-                connection_string=settings.servicebus_connection_string,
-                commands_queue=settings.commands_queue,
-            ),
-            credential=credential,
-        )
-    )
+    sender = ServiceBusCommandSender(ServiceBusOperator(command_bus_settings(settings), credential=credential))
     return Deps(
         store=TableStateStore(_table(service, settings.state_table)),
         balancer=_balancer(settings, credential, sender, signer),
@@ -63,6 +54,18 @@ def build_deps(settings: Settings, *, credential: TokenCredential | None = None)
         signer=signer,
         # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
         claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
+    )
+
+
+def command_bus_settings(settings: Settings) -> ServiceBusSettings:
+    """Where the command sender sends: into the target's session of the commands queue, or (the
+    isolated mode, MBRIDGE_COMMANDS_MODE=topic) onto the commands topic, where each VM's
+    subscription filters on the application property `target`."""
+    return ServiceBusSettings(
+        namespace=settings.servicebus_namespace,
+        connection_string=settings.servicebus_connection_string,
+        commands_queue=settings.commands_queue,
+        commands_topic=settings.commands_topic if settings.commands_mode == "topic" else None,
     )
 
 
