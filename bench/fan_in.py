@@ -44,6 +44,7 @@ from bench.results import Figure, exactly
 from functions.core.commands import CommandType
 from functions.core.envelope import event_envelope_id
 from functions.core.errors import RetryableError
+from functions.core.identity import ReporterName
 from functions.core.model import Cloud, EventStatus
 from functions.core.policy import Policy
 from functions.core.process import Deps, process
@@ -217,7 +218,7 @@ def deliver(bodies: list[bytes], path: Path, pool: MemoryPool, sender: MemorySen
     stores = [SqliteStore(path) for _ in range(WORKERS)]
 
     def worker(store: SqliteStore) -> None:
-        deps = Deps(store=store, balancer=pool, sender=sender, audit=store, policy=POLICY)
+        deps = Deps(store=store, balancer=pool, sender=sender, audit=store, policy=POLICY, verifier=ReporterName())
         while True:
             try:
                 body = inbox.get_nowait()

@@ -29,6 +29,7 @@ from bench.functions_fakes import MemoryPool, MemorySender
 from bench.peers import PeerUnavailableError, environment, start_azurite_tables, start_firestore_emulator
 from bench.results import Figure, at_least
 from functions.core.commands import CommandType
+from functions.core.identity import ReporterName
 from functions.core.policy import Policy
 from functions.core.ports import AuditLog, StateStore
 from functions.core.process import Deps, process
@@ -71,7 +72,7 @@ def measure(store: StateStore, audit: AuditLog, seconds: float, prefix: str) -> 
     """Process the workload until `seconds` of processing time have passed (events still open then
     are left open: the store is thrown away)."""
     pool, sender = MemoryPool(), MemorySender()
-    deps = Deps(store=store, balancer=pool, sender=sender, audit=audit, policy=Policy())
+    deps = Deps(store=store, balancer=pool, sender=sender, audit=audit, policy=Policy(), verifier=ReporterName())
     rounds = workload(prefix)
     results: list[str] = []
 

@@ -275,7 +275,17 @@ class TableStateStore:
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
         def admit(reservations: dict[str, list[str]]) -> bool | None:
             if event_key in reservations:
-                return True
+                # Admitted already: another VM of the event joins it (each VM's own report drains it).
+                held = reservations[event_key]
+                joined = [*held, *(vm for vm in vms if vm not in held)]
+                if joined == held:
+                    return True  # nothing to write
+                if not _fits_in_an_entity(json.dumps({**reservations, event_key: joined})):
+                    # Admitted with its event, but the pool's one entity cannot count it too.
+                    LOGGER.warning("the reservations of pool %s fill their entity: %s is not counted", pool, vms)
+                    return True
+                reservations[event_key] = joined
+                return None
             drained = {vm for vms_of in reservations.values() for vm in vms_of}
             if limit is not None and reservations and len(drained | set(vms)) > limit:
                 return False

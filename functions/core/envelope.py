@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any, TypeVar, Union
 
 from functions.core.errors import MalformedEnvelopeError
+from functions.core.identity import content_digest
 from functions.core.jsontext import load_json, require_unicode
 from functions.core.model import (
     SCHEMA_VERSION,
@@ -73,8 +74,8 @@ def _sha256(text: str) -> str:
 class Envelope:
     """A decoded CloudEvent: context attributes plus typed data.
 
-    `extensions` keeps any extension attribute as received (e.g. a future
-    cloud-signed identity), so forwarding an envelope never drops them.
+    `extensions` keeps any extension attribute as received (the proof of the sender's identity
+    among them), so forwarding an envelope never drops them.
     """
 
     id: str
@@ -84,6 +85,13 @@ class Envelope:
     time: datetime
     data: EnvelopeData
     extensions: Mapping[str, ExtensionValue] = field(default_factory=dict, hash=False)
+    # `content_digest` of the message as received; an envelope built here computes its own.
+    received_digest: str = field(default="", compare=False, repr=False)
+
+    @property
+    def digest(self) -> str:
+        """What the sender's proof is bound to (`functions.core.identity.content_digest`)."""
+        return self.received_digest or content_digest(to_cloudevent(self))
 
 
 def envelope_for_event(
@@ -237,7 +245,15 @@ def decode(body: bytes | str | Mapping[str, Any]) -> Envelope:
         time=time,
         data=data,
         extensions=extensions,
+        received_digest=_digest_of(document),
     )
+
+
+def _digest_of(document: Mapping[str, Any]) -> str:
+    try:
+        return content_digest(document)
+    except ValueError as exc:  # NaN or an infinity: not JSON text anyone signed
+        raise MalformedEnvelopeError(f"the message is not plain JSON: {exc}") from exc
 
 
 def event_from_data(data: Mapping[str, Any]) -> MaintenanceEvent:

@@ -15,6 +15,12 @@ from typing import Any
 
 from functions.core.errors import PermanentError
 
+# Who a report may speak for (docs/security.md): `attested`, the VM its cloud-signed proof names;
+# `reporter-name`, the VM it names itself — only for VMs without a metadata identity (unsafe).
+TRUST_ATTESTED = "attested"
+TRUST_REPORTER_NAME = "reporter-name"
+TRUST_MODES = (TRUST_ATTESTED, TRUST_REPORTER_NAME)
+
 
 class PolicyError(PermanentError):
     """The policy document is invalid; the message names the key and what it accepts."""
@@ -52,6 +58,8 @@ class Policy:
     maintenance_window_utc: tuple[int, int] | None = None
     # Decide and audit, but change nothing (no drain, no approval, no restore).
     dry_run: bool = False
+    # Whose word a report is: see TRUST_MODES.
+    trust: str = TRUST_ATTESTED
 
     def pool_of(self, vm: str) -> Pool:
         for pool in self.pools:
@@ -78,6 +86,7 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "default_max_drained": (int, type(None)),
     "gce_upcoming_action": (str,),
     "dry_run": (bool,),
+    "trust": (str,),
 }
 
 
@@ -127,6 +136,11 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
         raise PolicyError("policy setting 'default_max_drained' must be >= 1, or null for unlimited")
     if values.get("gce_upcoming_action", "audit") not in ("audit", "perform_maintenance"):
         raise PolicyError("policy setting 'gce_upcoming_action' is 'audit' or 'perform_maintenance'")
+    if values.get("trust", TRUST_ATTESTED) not in TRUST_MODES:
+        raise PolicyError(
+            "policy setting 'trust' is 'attested' (act on a report only for the VM its cloud-signed proof names) "
+            "or 'reporter-name' (take the reporter's word: only for VMs without a metadata identity, unsafe)"
+        )
     if "pools" in document:
         values["pools"] = _pools(document["pools"])
     if "maintenance_window_utc" in document:

@@ -56,7 +56,9 @@ class StateStore(Protocol):
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
         """Admit the event into the pool's budget: True when the VMs already reserved plus these
-        stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event.
+        stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event:
+        an event admitted already is admitted again, and `vms` it did not hold yet join its
+        reservation (another VM's own report of it), whatever the limit.
 
         A store that can record only so many reservations per pool (one Table entity, one Firestore
         document) refuses an event that no longer fits while others are reserved: it waits for a

@@ -1,9 +1,18 @@
 """`process`: one envelope in, its actions done exactly once in effect (design §5).
 
-    decode → claim the envelope id → decide → execute (drain / approve / restore / perform) → complete
+    decode → verify who sent it → claim (envelope id, VM) → decide → execute (drain / approve / restore / perform)
+    → complete
 
-- A duplicate (every VM of an availability set reports the same event; buses redeliver) finds
-  its claim done and is acknowledged with no action.
+- A verified report speaks only for its own VM. The proof attached by the agent (see
+  `functions.core.identity`) names the VM the message comes from; an event moves that VM — drain,
+  approval, restore, budget slot, lifecycle — and no other, whatever the message lists. A message
+  without a valid proof is audited as `unverified`, a report about other VMs as `not-self`, and
+  nothing is done for either. The claim is taken only after the check and is per (envelope, VM):
+  a forged envelope carrying a genuine id can never shadow the genuine report, and every VM of an
+  availability set has its own report acted on.
+
+- A duplicate (buses redeliver; an agent republishes after a crash) finds its claim done and is
+  acknowledged with no action.
 - A crash between claim and completion leaves a claim whose lease runs out; the redelivery takes
   it over and executes again. Every action is idempotent for that: a drain first records where
   the VM takes traffic (read only), then removes it, then marks it removed, so a crash at any
@@ -69,8 +78,9 @@ from functions.core.decide import (
 )
 from functions.core.envelope import Envelope, decode, encode
 from functions.core.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
+from functions.core.identity import Identity, IdentityVerifier, ReporterName, UnverifiedError
 from functions.core.model import CommandResult, EventStatus, MaintenanceEvent
-from functions.core.policy import Policy, Pool
+from functions.core.policy import TRUST_REPORTER_NAME, Policy, Pool
 from functions.core.ports import (
     AuditLog,
     AuditRecord,
@@ -118,7 +128,9 @@ class ClaimWait:
 
 @dataclass
 class Deps:
-    """Everything `process` touches. `signer` signs commands when the deployment has a key."""
+    """Everything `process` touches. `signer` signs commands when the deployment has a key;
+    `verifier` checks who sent a message (policy `trust: attested`; without one, nothing is
+    verified and nothing is done)."""
 
     store: StateStore
     balancer: LoadBalancer
@@ -128,6 +140,7 @@ class Deps:
     maintenance: Maintenance | None = None
     signer: Callable[[Command], Command] | None = None
     claim_wait: ClaimWait | None = None
+    verifier: IdentityVerifier | None = None
     # How long the invocation has taken so far is measured on this clock and added to its `now`.
     monotonic: Callable[[], float] = time.monotonic
 
@@ -148,7 +161,7 @@ class Outcome:
     """What one invocation did, in order."""
 
     envelope_id: str
-    result: str  # processed | duplicate | malformed | command-result
+    result: str  # processed | duplicate | malformed | unverified | not-self | command-result
     decision: Decision | None = None
     actions: list[Taken] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic, repr=False)  # on `Deps.monotonic`
@@ -169,13 +182,34 @@ class Ended:
     envelope_id: str
 
 
+def subject_key(event: MaintenanceEvent) -> str:
+    """The event as one VM lives it: its own part of the lifecycle and of the budget's waiting line.
+
+    `event` is a VM's own part (`own_part`), whose reporter is that VM.
+    """
+    return f"{event_key(event)}|{event.reporter}"
+
+
 def ended_key(event: MaintenanceEvent) -> str:
-    """Where the end of the event is remembered (a key of `StateStore.remember`)."""
-    return f"ended|{event_key(event)}"
+    """Where the end of the event for its VM is remembered (a key of `StateStore.remember`)."""
+    return f"ended|{subject_key(event)}"
 
 
-def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
+def own_part(event: MaintenanceEvent, vm: str) -> MaintenanceEvent:
+    """The event as far as `vm`'s own report may move it: that VM, and only that VM."""
+    return replace(event, reporter=vm, resources=(vm,))
+
+
+def claim_key(envelope_id: str, vm: str) -> str:
+    """The idempotency key of one VM's report: the envelope id is the same for every VM of an event."""
+    return hashlib.sha256(f"{envelope_id}|{vm}".encode()).hexdigest()
+
+
+def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None = None) -> Outcome:
     """Handle one message body from the events channel.
+
+    `accepted_at` is when the bus took the message (its enqueued or publish time), for the
+    sender's proof: a proof that was valid then is accepted after a backlog. Default: `now`.
 
     Raises:
         RetryableError: a transient failure; the platform must redeliver the message.
@@ -184,29 +218,76 @@ def process(body: bytes, deps: Deps, now: datetime) -> Outcome:
         envelope = _decode_actionable(body)
     except MalformedEnvelopeError as exc:
         return Outcome(_audit_malformed(body, exc, deps, now), "malformed")
+    identity = _identify(envelope, deps, accepted_at or now, now)
     if isinstance(envelope.data, CommandResult):
-        _audit_result(envelope, envelope.data, deps, now)
-        return Outcome(envelope.id, "command-result")
-    event = envelope.data
-    claim = deps.store.claim(envelope.id, now, CLAIM_LEASE)
+        return _audit_result(envelope, envelope.data, identity, deps, now)
+    reported = envelope.data
+    refusal = _refusal(reported, identity)
+    if refusal is not None:
+        result, reason = refusal
+        deps.audit.append(_record(now, result, envelope, reported, action="none", reason=reason))
+        LOGGER.warning("%s report %s not acted on: %s", result, envelope.id[:16], bounded(reason))
+        return Outcome(envelope.id, result)
+    assert isinstance(identity, Identity)
+    event = own_part(reported, identity.vm)
+    key = claim_key(envelope.id, identity.vm)
+    claim = deps.store.claim(key, now, CLAIM_LEASE)
     if claim is Claim.BUSY and deps.claim_wait is not None:
-        claim, now = _wait_for_claim(envelope.id, deps.store, deps.claim_wait)
+        claim, now = _wait_for_claim(key, deps.store, deps.claim_wait)
     if claim is Claim.DONE:
         deps.audit.append(_record(now, "duplicate", envelope, event, action="none", reason="already processed"))
         return Outcome(envelope.id, "duplicate")
     if claim is Claim.BUSY:
-        raise ClaimBusyError(f"envelope {envelope.id} is being processed by another invocation; retry later")
+        raise ClaimBusyError(
+            f"the report of envelope {envelope.id} by {identity.vm} is being processed by another invocation; "
+            "retry later"
+        )
     outcome = Outcome(envelope.id, "processed", began=deps.monotonic())
     try:
-        deps.audit.append(_record(now, "event", envelope, event, reason=event.description))
+        # What was reported (its VMs, as far as the audit names them) and who vouches for it.
+        record = _record(now, "event", envelope, event, reason=event.description)
+        deps.audit.append(replace(record, detail={**_detail(reported), "sender": _vouched(identity)}))
         _act(envelope, event, deps, now, outcome)
     except Exception:
         # The platform retries: let that retry take the claim over at once. (If this process
         # dies instead, the lease runs out and the redelivery takes over then.)
-        deps.store.abandon(envelope.id, now)
+        deps.store.abandon(key, now)
         raise
-    deps.store.complete(envelope.id, now)
+    deps.store.complete(key, now)
     return outcome
+
+
+def _identify(envelope: Envelope, deps: Deps, accepted_at: datetime, now: datetime) -> Identity | str:
+    """The VM the message provably comes from, or why that is not known."""
+    verifier = deps.verifier
+    if verifier is None:
+        if deps.policy.trust != TRUST_REPORTER_NAME:
+            return (
+                "no identity verifier is configured, so no sender can be verified: set the trust settings "
+                "(docs/security.md), or policy trust: reporter-name for VMs without a metadata identity"
+            )
+        verifier = ReporterName()
+    try:
+        return verifier.verify(envelope, accepted_at, now)
+    except UnverifiedError as error:
+        return str(error)
+
+
+def _refusal(event: MaintenanceEvent, identity: Identity | str) -> tuple[str, str] | None:
+    """Why a report may not move anything (`unverified` or `not-self`), or None when it may."""
+    if isinstance(identity, str):
+        return "unverified", f"unverified: {identity}"
+    if identity.vm != event.reporter:
+        return "unverified", f"unverified: the proof is {identity.vm}'s, the report says it comes from {event.reporter}"
+    if event.resources and identity.vm not in event.resources:
+        return "not-self", f"not-self: {identity.vm} reports an event of other VMs; only their own reports move them"
+    return None
+
+
+def _vouched(identity: Identity) -> str:
+    if identity.how == TRUST_REPORTER_NAME:
+        return f"reported by {identity.vm}, taken at its word (trust: reporter-name)"
+    return f"reported by {identity.vm}, {identity.how}" + (f": {identity.detail}" if identity.detail else "")
 
 
 def _decode_actionable(body: bytes) -> Envelope:
@@ -400,7 +481,7 @@ def _drain(
     records = deps.store.drains(key)
     refused = _reserve(key, action.vms, records, deps)
     if refused is not None:
-        deps.store.park(refused.name, key, _body(envelope), now)
+        deps.store.park(refused.name, subject_key(event), _body(envelope), now)
         # An unlimited pool refuses only when its store can record no more drained VMs for now.
         limit = (
             "the most its store can record" if refused.max_drained is None else f"its budget of {refused.max_drained}"
@@ -469,7 +550,8 @@ def _approve(
     decision: Decision,
     drained_at: datetime | None,
 ) -> None:
-    command_id = hashlib.sha256(f"{envelope.id}|approve".encode()).hexdigest()[:32]
+    # One approval per VM of the event: each VM's own report approves its own part.
+    command_id = hashlib.sha256(f"{envelope.id}|{action.target}|approve".encode()).hexdigest()[:32]
     execute_at = action.execute_at
     if execute_at is not None and drained_at is not None:
         # The drain period counts from when the VMs were out of their pools, not from when the step
@@ -509,13 +591,16 @@ def _restore(
     nothing: str = "nothing drained by this system",
     put_back: bool = True,
 ) -> None:
-    """End the event's drains: put each VM back (unless `put_back` is off: the VMs are gone), drop
-    its drain record, free the event's budget slots and admit the events waiting for them."""
+    """End the VM's part of the event: put it back (unless `put_back` is off: the VM is gone), drop
+    its drain record, free the event's budget slots once none of its VMs is drained in a pool, and
+    admit the events waiting for them. `event` is a VM's own part (`own_part`): the drains of the
+    event's other VMs are theirs to end."""
     key = event_key(event)
-    drained = deps.store.drains(key)
-    pools = _pools([*event.resources, event.reporter, *drained], deps.policy)
+    own = {*event.resources, event.reporter}
+    drained = {vm: record for vm, record in deps.store.drains(key).items() if vm in own}
+    pools = _pools(sorted(own), deps.policy)
     for name in pools:
-        deps.store.unpark(name, key)  # ended while waiting for the budget: nothing to do for it
+        deps.store.unpark(name, subject_key(event))  # ended while waiting for the budget: nothing to do
     if not drained:
         _note(deps, outcome, now, envelope, event, "none", event.reporter, decision, nothing)
     failures: list[BridgeError] = []
@@ -540,10 +625,14 @@ def _restore(
             continue
         deps.store.forget_drain(key, vm)
         _note(deps, outcome, now, envelope, event, "restore", vm, decision)
-    # The event is over: its slots go back even when a VM could not be put back, or every later
-    # event of the pool would wait on a repair (and go undrained when its deadline came).
+    # The event is over for this VM: its slots go back even when it could not be put back, or every
+    # later event of the pool would wait on a repair (and go undrained when its deadline came) —
+    # unless another VM of the event is still drained in that pool and its part has not ended: the
+    # slot is the event's. (One whose part ended keeps a record only when it could not be put back.)
+    others = {vm for vm in deps.store.drains(key) if vm not in own and _ended(own_part(event, vm), deps.store) is None}
     for name in pools:
-        deps.store.release(name, key)
+        if not any(deps.policy.pool_of(vm).name == name for vm in others):
+            deps.store.release(name, key)
     for name in pools:
         _admit_waiting(name, deps, now, outcome)
     if failures:
@@ -582,10 +671,12 @@ def _admit_waiting(pool: str, deps: Deps, now: datetime, outcome: Outcome) -> No
             _audit_malformed(parked.envelope, exc, deps, now)
             deps.store.unpark(pool, parked.event_key)
             continue
-        event = envelope.data
-        if not isinstance(event, MaintenanceEvent):
+        if not isinstance(envelope.data, MaintenanceEvent):
             deps.store.unpark(pool, parked.event_key)
             continue
+        # Parked under its subject key, after its sender was verified: the VM is the key's last part
+        # (its proof may have expired since, so it is not checked again).
+        event = own_part(envelope.data, parked.event_key.rsplit("|", 1)[-1])
         before = len(outcome.actions)
         _act(envelope, event, deps, now, outcome)
         if outcome.actions[before:] and outcome.actions[before].action == "wait":
@@ -661,19 +752,30 @@ def _detail(event: MaintenanceEvent) -> JsonObject:
     return detail
 
 
-def _audit_result(envelope: Envelope, result: CommandResult, deps: Deps, now: datetime) -> None:
+def _audit_result(
+    envelope: Envelope, result: CommandResult, identity: Identity | str, deps: Deps, now: datetime
+) -> Outcome:
+    """Audit an agent's answer to a command; one its target's proof does not vouch for is `unverified`."""
+    if isinstance(identity, str):
+        refusal: str | None = identity
+    elif identity.vm != result.target:
+        refusal = f"the proof is {identity.vm}'s, the result claims to come from {result.target}"
+    else:
+        refusal = None
+    kind = "command-result" if refusal is None else "unverified"
     deps.audit.append(
         AuditRecord(
             time=now,
-            kind="command-result",
+            kind=kind,
             envelope_id=envelope.id,
             event_id=result.event_id,
             vm=result.target,
             action=result.result,
-            reason=result.reason,
+            reason=result.reason if refusal is None else f"unverified: {refusal} (reason given: {result.reason})",
             detail={"command_id": bounded(result.command_id)},
         )
     )
+    return Outcome(envelope.id, kind)
 
 
 def _body(envelope: Envelope) -> bytes:

@@ -191,8 +191,14 @@ def _reserve(
 ) -> bool:
     snapshot = ref.get(transaction=transaction)
     reservations: list[JsonObject] = list((snapshot.to_dict() or {}).get("reservations", [])) if snapshot.exists else []
-    if any(entry["event_key"] == event_key for entry in reservations):
-        return True  # idempotent per event
+    for entry in reservations:
+        if entry["event_key"] == event_key:
+            # Admitted already: another VM of the event joins it (each VM's own report drains it).
+            joined = [*entry["vms"], *(vm for vm in vms if vm not in entry["vms"])]
+            if joined != entry["vms"]:
+                entry["vms"] = joined
+                transaction.set(ref, {"pool": pool, "reservations": reservations})
+            return True
     drained = {vm for entry in reservations for vm in entry["vms"]}
     if limit is not None and reservations and len(drained | set(vms)) > limit:
         return False

@@ -22,6 +22,7 @@ from datetime import datetime
 from agent.transports.local import BusEvent, LocalBus
 from functions.core.bounds import bounded
 from functions.core.errors import PermanentError, RetryableError
+from functions.core.identity import IdentityVerifier
 from functions.core.policy import Policy
 from functions.core.ports import LoadBalancer
 from functions.core.process import Deps, Outcome, process
@@ -42,12 +43,14 @@ class LocalFunctionHost:
         policy: Policy,
         clock: Callable[[], datetime],
         on_outcome: Callable[[Outcome], None] = lambda outcome: None,
+        verifier: IdentityVerifier | None = None,
     ) -> None:
         self._bus = bus
         self._store = store
         self._clock = clock
         self._on_outcome = on_outcome
-        self.deps = Deps(store=store, balancer=balancer, sender=LocalCommandSender(bus), audit=store, policy=policy)
+        sender = LocalCommandSender(bus)
+        self.deps = Deps(store=store, balancer=balancer, sender=sender, audit=store, policy=policy, verifier=verifier)
 
     def step(self, limit: int = 100) -> int:
         """Process what is waiting on the bus; return how many envelopes were taken."""

@@ -5,6 +5,9 @@ that drains any VM, so the output shows exactly what the policy would have done 
 policy before deploying it, or to review an incident from the agent's recorded output.
 Duplicated envelopes (same id) produce no new actions, as in production; nor does a step recorded
 after its event's end (an unordered bus): it is printed as `none`, with a reason starting "late:".
+Each report is taken as coming from the VM it names (`ReporterName`): replay rehearses the policy,
+and the recorded proofs of identity have long expired; the trust rule — a report moves only its
+own VM — applies as in production.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, TextIO
 from functions.core.commands import Command
 from functions.core.envelope import decode
 from functions.core.errors import MalformedEnvelopeError
+from functions.core.identity import ReporterName
 from functions.core.policy import PolicyError, load_policy
 from functions.core.ports import JsonObject
 from functions.core.process import Deps, process
@@ -47,7 +51,9 @@ class _Discard:
 def replay(lines: Iterable[str], policy_text: str | None, out: TextIO, err: TextIO) -> int:
     policy = load_policy(policy_text)
     store = SqliteStore(":memory:")
-    deps = Deps(store=store, balancer=_EveryVmBalancer(), sender=_Discard(), audit=store, policy=policy)
+    deps = Deps(
+        store=store, balancer=_EveryVmBalancer(), sender=_Discard(), audit=store, policy=policy, verifier=ReporterName()
+    )
     for number, line in _numbered(lines):
         body = line.encode("utf-8")
         try:

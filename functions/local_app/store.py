@@ -146,7 +146,16 @@ class SqliteStore:
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
         with self._transaction() as db:
-            if db.execute("SELECT 1 FROM reservations WHERE pool = ? AND event_key = ?", (pool, event_key)).fetchone():
+            held = db.execute(
+                "SELECT vms FROM reservations WHERE pool = ? AND event_key = ?", (pool, event_key)
+            ).fetchone()
+            if held:
+                # Admitted already: another VM of the event joins it (each VM's own report drains it).
+                joined = _joined(json.loads(held[0]), vms)
+                db.execute(
+                    "UPDATE reservations SET vms = ? WHERE pool = ? AND event_key = ?",
+                    (json.dumps(joined), pool, event_key),
+                )
                 return True
             if limit is not None:
                 others, drained = db.execute(_POOL_USE, (pool, pool, json.dumps(list(vms)))).fetchone()
@@ -292,3 +301,8 @@ def _audit_record(row: tuple[Any, ...]) -> AuditRecord:
         at=parse_rfc3339(at) if at else None,
         detail=json.loads(detail),
     )
+
+
+def _joined(held: Sequence[str], vms: Sequence[str]) -> list[str]:
+    """The VMs of a reservation after more VMs of its event joined it, in the order they came."""
+    return [*held, *(vm for vm in vms if vm not in held)]

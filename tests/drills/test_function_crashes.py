@@ -36,6 +36,7 @@ from functions.core.azure_document import ScheduledEventsDocument, parse_schedul
 from functions.core.commands import Command, encode_command
 from functions.core.envelope import encode, envelope_for_event
 from functions.core.errors import RetryableError
+from functions.core.identity import ReporterName
 from functions.core.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
@@ -83,16 +84,17 @@ AZURE_TYPE = {
     EventKind.TERMINATE: "Terminate",
 }
 # What every schedule must come to: one drain per VM, one restore (the terminated VM is gone), one
-# POST per approved event (a Started event without notice is never approved).
+# POST per VM of an approved event (a Started event without notice is never approved).
 EXPECTED_REMOVED = {vm: 1 for vm in VMS if vm != "web-3"}
 EXPECTED_RESTORED = {vm: 1 for vm in VMS if vm not in ("web-3", "web-6")}
-EXPECTED_POSTS = {"E-REBOOT": 1, "E-USER": 1, "E-FREEZE": 1, "E-REDEPLOY": 1, "E-TERMINATE": 1}
+EXPECTED_POSTS = {"E-REBOOT": 2, "E-USER": 1, "E-FREEZE": 1, "E-REDEPLOY": 1, "E-TERMINATE": 1}
 
 
-def reporters(planned: Planned) -> tuple[str, str]:
-    """Two VMs of the set report each event: one it concerns, and one it does not (Azure broadcasts)."""
+def reporters(planned: Planned) -> tuple[str, ...]:
+    """Every VM an event concerns reports it (each report moves its own VM), and one it does not
+    (Azure broadcasts; with --forward all such a report arrives, and moves nothing)."""
     outside = next(vm for vm in VMS if vm not in planned.resources)
-    return planned.resources[0], outside
+    return (*planned.resources, outside)
 
 
 def body(planned: Planned, status: EventStatus, reporter: str, at: datetime) -> bytes:
@@ -298,17 +300,30 @@ class VirtualClock:
 
 @dataclass
 class Imds:
-    """IMDS for the whole availability set, in memory: every event stays Scheduled until it is
-    approved, so a second approval would be POSTed (and counted) instead of refused."""
+    """IMDS for the whole availability set, in memory: every event stays Scheduled for a VM until
+    that VM approved it (Azure waits for every VM of the event), so a second approval would be
+    POSTed (and counted) instead of refused. `posts` counts POSTs per event, of all VMs."""
 
     posts: Counter[str] = field(default_factory=Counter)
+    by_vm: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def of(self, vm: str) -> VmImds:
+        return VmImds(self, vm)
+
+
+@dataclass
+class VmImds:
+    """What one VM sees of `Imds`, and the approvals it POSTs."""
+
+    imds: Imds
+    vm: str
 
     def fetch_document(self) -> ScheduledEventsDocument:
         events = [
             {
                 "EventId": planned.event_id,
                 "EventType": AZURE_TYPE[planned.kind],
-                "EventStatus": "Started" if self.posts[planned.event_id] else "Scheduled",
+                "EventStatus": "Started" if self.imds.by_vm[(self.vm, planned.event_id)] else "Scheduled",
                 "Resources": list(planned.resources),
                 "NotBefore": "",
                 "EventSource": planned.source.value.title(),
@@ -319,7 +334,8 @@ class Imds:
         return parse_scheduled_events(json.dumps({"DocumentIncarnation": 1, "Events": events}))
 
     def post_approval(self, event_id: str) -> None:
-        self.posts[event_id] += 1
+        self.imds.posts[event_id] += 1
+        self.imds.by_vm[(self.vm, event_id)] += 1
 
 
 class NoReadiness:
@@ -332,7 +348,7 @@ class Agents:
 
     def __init__(self, directory: Path, clock: VirtualClock) -> None:
         self.imds = Imds()
-        self.sent: list[tuple[str, str, bytes]] = []  # (event_id, command_id, body) per send
+        self.sent: list[tuple[str, str, str, bytes]] = []  # (event_id, target, command_id, body) per send
         self.results: list[CommandResult] = []
         self._ledgers = [CommandLedger(directory / f"{vm}.db", clock=clock) for vm in VMS]
         self._processors = {
@@ -341,7 +357,7 @@ class Agents:
                 cloud=Cloud.AZURE,
                 ledger=ledger,
                 readiness=NoReadiness(),
-                approver=self.imds,
+                approver=self.imds.of(vm),
                 verify_key=None,
                 dry_run=False,
                 clock=clock,
@@ -351,7 +367,7 @@ class Agents:
 
     def send(self, command: Command) -> None:
         body = encode_command(command)
-        self.sent.append((command.event_id, command.command_id, body))
+        self.sent.append((command.event_id, command.target, command.command_id, body))
         result = self._processors[command.target].handle(body)
         if result is not None:
             self.results.append(result)
@@ -360,16 +376,16 @@ class Agents:
         for processor in self._processors.values():
             self.results.extend(processor.run_due())
 
-    def approvals(self) -> dict[str, set[str]]:
-        """Distinct approval command ids sent per event."""
-        found: dict[str, set[str]] = {}
-        for event_id, command_id, _ in self.sent:
-            found.setdefault(event_id, set()).add(command_id)
+    def approvals(self) -> dict[tuple[str, str], set[str]]:
+        """Distinct approval command ids sent per (event, target VM)."""
+        found: dict[tuple[str, str], set[str]] = {}
+        for event_id, target, command_id, _ in self.sent:
+            found.setdefault((event_id, target), set()).add(command_id)
         return found
 
     def resent_identically(self) -> bool:
         bodies: dict[str, set[bytes]] = {}
-        for _, command_id, sent in self.sent:
+        for _, _, command_id, sent in self.sent:
             bodies.setdefault(command_id, set()).add(sent)
         return all(len(variants) == 1 for variants in bodies.values())
 
@@ -442,6 +458,7 @@ def run(
         sender=CrashingSender(agents, crashes),
         audit=crashing,
         policy=policy,
+        verifier=ReporterName(),
     )
     result = Run(effects, agents, crashes, store)
     streams = streams_for(rng, ordered=ordered)
@@ -542,11 +559,11 @@ def test_crashes_and_triple_delivery_out_of_order_with_a_budget_leave_nothing_dr
         chaos = sqlite_run(tmp_path, seed + offset, crash_rate=CRASH_RATE, ordered=False, policy=policy)
         where = f"seed {seed + offset}: {dict(chaos.crashes.hit)}"
         removed, restored, posts = effects_of(chaos)
-        # THEN no VM was drained twice nor restored without a drain, no event was approved twice,
+        # THEN no VM was drained twice nor restored without a drain, no VM approved an event twice,
         # and every approval was one command, re-sent identically
         assert all(count <= 1 for count in removed.values()), where
         assert all(restored.get(vm, 0) <= removed.get(vm, 0) for vm in VMS), where
-        assert all(count <= 1 for count in posts.values()), where
+        assert all(count <= 1 for count in chaos.agents.imds.by_vm.values()), where
         assert "E-HARDWARE" not in posts, where
         assert all(len(ids) == 1 for ids in chaos.agents.approvals().values()), where
         assert chaos.agents.resent_identically(), where

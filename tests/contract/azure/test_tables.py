@@ -188,6 +188,20 @@ def test_an_event_alone_in_its_pool_is_admitted_whatever_its_size(stores: Stores
     assert stores.state.reserve("web", "azure:a", ["web-0", "web-1", "web-2"], 1)
 
 
+def test_another_vm_of_an_admitted_event_joins_its_reservation_and_counts(stores: Stores) -> None:
+    # GIVEN event A admitted for web-0 in a pool of budget 2
+    assert stores.state.reserve("web", "azure:a", ["web-0"], 2)
+
+    # WHEN web-1's own report of A asks for it, whatever the limit (A is admitted already)
+    joined = stores.state.reserve("web", "azure:a", ["web-1"], 1)
+
+    # THEN it is admitted, and the pool counts both: event B finds no room
+    assert joined
+    assert not stores.state.reserve("web", "azure:b", ["web-2"], 2)
+    stores.state.release("web", "azure:a")
+    assert stores.state.reserve("web", "azure:b", ["web-2"], 2)
+
+
 def test_reserve_is_idempotent_per_event_and_counts_shared_vms_once(stores: Stores) -> None:
     # GIVEN event A holding web-0 and web-1 in a pool of budget 2
     assert stores.state.reserve("web", "azure:a", ["web-0", "web-1"], 2)

@@ -24,6 +24,7 @@ from google.api_core import exceptions as api_errors
 from google.cloud import firestore
 
 from functions.core.envelope import encode, envelope_for_event
+from functions.core.identity import ReporterName
 from functions.core.model import EventKind, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, StateStore
@@ -161,6 +162,16 @@ def test_reserve_is_idempotent_per_event(backend: Backend) -> None:
     assert backend.store.reserve("web", "E1", ["web-0"], 1)
     assert backend.store.reserve("web", "E1", ["web-0"], 1)
     assert not backend.store.reserve("web", "E2", ["web-1"], 1)
+
+
+def test_another_vm_of_an_admitted_event_joins_its_reservation_and_counts(backend: Backend) -> None:
+    # GIVEN E1 admitted for web-0 in a pool of budget 2; web-1's own report of E1 joins it
+    assert backend.store.reserve("web", "E1", ["web-0"], 2)
+    assert backend.store.reserve("web", "E1", ["web-1"], 1)
+    # THEN the pool counts both: E2 finds no room until E1 is released
+    assert not backend.store.reserve("web", "E2", ["web-2"], 2)
+    backend.store.release("web", "E1")
+    assert backend.store.reserve("web", "E2", ["web-2"], 2)
 
 
 def test_an_event_larger_than_the_budget_is_admitted_when_nothing_else_is_drained(backend: Backend) -> None:
@@ -413,7 +424,9 @@ def test_process_runs_a_whole_lifecycle_with_a_budget_on_this_backend(backend: B
     # GIVEN a pool that may have one VM drained, and two reboots of its VMs
     world = Recorded()
     policy = Policy(pools=(Pool("web", frozenset({"web-0", "web-1"}), max_drained=1),))
-    deps = Deps(store=backend.store, balancer=world, sender=world, audit=backend.audit, policy=policy)
+    deps = Deps(
+        store=backend.store, balancer=world, sender=world, audit=backend.audit, policy=policy, verifier=ReporterName()
+    )
     first, second = reboot(EventStatus.SCHEDULED, "E1", ("web-0",)), reboot(EventStatus.SCHEDULED, "E2", ("web-1",))
 
     # WHEN both are scheduled (each delivered twice), then the first completes
@@ -432,7 +445,9 @@ def test_process_runs_a_whole_lifecycle_with_a_budget_on_this_backend(backend: B
 def test_process_drains_nothing_for_a_scheduled_step_that_comes_after_its_completion(backend: Backend) -> None:
     # GIVEN an event whose completion was processed first (the trigger's subscription is not ordered)
     world = Recorded()
-    deps = Deps(store=backend.store, balancer=world, sender=world, audit=backend.audit, policy=Policy())
+    deps = Deps(
+        store=backend.store, balancer=world, sender=world, audit=backend.audit, policy=Policy(), verifier=ReporterName()
+    )
     process(reboot(EventStatus.COMPLETED), deps, NOW)
 
     # WHEN its scheduled step arrives

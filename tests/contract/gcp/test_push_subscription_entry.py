@@ -30,6 +30,7 @@ import pytest
 from functions.core.commands import Command
 from functions.core.envelope import encode, envelope_for_event
 from functions.core.errors import RetryableError
+from functions.core.identity import ReporterName
 from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import JsonObject
@@ -87,7 +88,7 @@ class World:
 def world() -> Iterator[World]:
     store = SqliteStore(":memory:")
     balancer, sender = FakeBalancer(), RecordingSender()
-    deps = Deps(store=store, balancer=balancer, sender=sender, audit=store, policy=Policy())
+    deps = Deps(store=store, balancer=balancer, sender=sender, audit=store, policy=Policy(), verifier=ReporterName())
     with wiring.override(deps):
         yield World(store, balancer, sender)
     store.close()

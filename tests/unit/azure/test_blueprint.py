@@ -35,6 +35,7 @@ from functions.azure_app.wiring import DepsProvider
 from functions.core.commands import Command, decode_command
 from functions.core.envelope import encode, envelope_for_event
 from functions.core.errors import PermanentError, RetryableError
+from functions.core.identity import ReporterName
 from functions.core.model import EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import CommandSender, JsonObject
@@ -90,6 +91,7 @@ class App:
             sender=sender or self.sender,
             audit=self.store,
             policy=Policy(),
+            verifier=ReporterName(),  # the sender is the reporter: trust is tested on its own
         )
 
     def deliver(self, body: bytes) -> None:
@@ -122,7 +124,7 @@ def reboot(status: EventStatus = EventStatus.SCHEDULED, **fields: Any) -> Mainte
         "kind": EventKind.REBOOT,
         "status": status,
         "reporter": "web-0",
-        "resources": ("web-0", "web-1"),
+        "resources": ("web-0",),
         "duration_seconds": -1,
         "not_before": NOW + timedelta(minutes=15),
         "event_id": "E-REBOOT",
@@ -166,7 +168,7 @@ def test_function_app_registers_exactly_the_service_bus_topic_function() -> None
 
 
 def test_a_scheduled_reboot_drains_its_vms_and_sends_one_approval(app: App) -> None:
-    # GIVEN a message of a platform Reboot of web-0 and web-1, due in 15 minutes
+    # GIVEN a message of a platform Reboot of web-0, due in 15 minutes
     # (the registered function runs on the wall clock: the host gives it no other)
     before = datetime.now(timezone.utc)
     event = reboot(not_before=before + timedelta(minutes=15))
@@ -174,9 +176,9 @@ def test_a_scheduled_reboot_drains_its_vms_and_sends_one_approval(app: App) -> N
     # WHEN the host delivers it
     app.deliver(message_body(event))
 
-    # THEN both VMs left the pool and web-0's agent got an approval after the drain period
+    # THEN web-0 left the pool and its agent got an approval after the drain period
     after = datetime.now(timezone.utc)
-    assert app.balancer.members == {"web-2"}
+    assert app.balancer.members == {"web-1", "web-2"}
     (approval,) = app.sender.commands
     assert (approval.type.value, approval.target, approval.event_id) == ("approve", "web-0", "E-REBOOT")
     assert approval.execute_at is not None
@@ -186,7 +188,7 @@ def test_a_scheduled_reboot_drains_its_vms_and_sends_one_approval(app: App) -> N
 
 
 def test_a_duplicate_message_is_acknowledged_without_acting_again(app: App) -> None:
-    # GIVEN a message processed once (web-1 reported the same event: same envelope id)
+    # GIVEN a message processed once
     app.deliver(message_body(reboot()))
 
     # WHEN the same envelope arrives again
@@ -212,7 +214,7 @@ def test_a_transient_failure_raises_so_the_message_is_redelivered(app: App) -> N
     # ... and the redelivery after the claim's lease completes the work once
     later = datetime.now(timezone.utc) + CLAIM_LEASE + timedelta(seconds=1)
     assert handle_message(message_body(reboot()), app.deps(), later).result == "processed"
-    assert app.balancer.members == {"web-2"}
+    assert app.balancer.members == {"web-1", "web-2"}
     assert len(app.sender.commands) == 1
 
 
@@ -251,11 +253,14 @@ def test_log_lines_stay_a_few_kib_whatever_the_error_or_the_event(app: App, capl
         app.deliver(message_body(reboot()))
     app.deliver(message_body(many))
 
-    # THEN each log line says what happened in at most a few KiB
+    # THEN each log line says what happened in at most a few KiB (the error's is cut; the event's
+    # names the one VM its report moved)
     lines = [record.getMessage() for record in caplog.records if record.name == "mbridge.functions.azure"]
     assert len(lines) == 2
     assert all(len(line) <= 2200 for line in lines), [len(line) for line in lines]
-    assert all("more characters cut" in line for line in lines)
+    assert "more characters cut" in lines[0]
+    assert "vmss-web_0" in lines[1]
+    assert "vmss-web_1" not in lines[1]
 
 
 def test_the_approval_leaves_on_the_commands_queue_in_the_target_vms_session(app: App) -> None:
@@ -289,7 +294,7 @@ def test_deps_are_built_once_per_worker_and_a_failed_build_is_tried_again() -> N
         if len(builds) == 1:
             raise RetryableError("Table Storage is not reachable yet")
         store = SqliteStore(":memory:")
-        return Deps(store, FakeBalancer(), RecordingSender(), store, Policy())
+        return Deps(store, FakeBalancer(), RecordingSender(), store, Policy(), verifier=ReporterName())
 
     provider = DepsProvider(build)
 

@@ -16,6 +16,7 @@ from agent.transports.base import OutboundMessage
 from agent.transports.local import LocalBus
 from functions.core.envelope import encode, envelope_for_event
 from functions.core.errors import PermanentError, RetryableError
+from functions.core.identity import ReporterName
 from functions.core.model import EventKind, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import JsonObject
@@ -62,7 +63,9 @@ class Host:
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[Host]:
     bus, store, balancer = LocalBus(tmp_path / "bus.db"), SqliteStore(tmp_path / "functions.db"), FailingBalancer()
-    yield Host(bus, store, balancer, LocalFunctionHost(bus, store, balancer, Policy(), lambda: NOW))
+    yield Host(
+        bus, store, balancer, LocalFunctionHost(bus, store, balancer, Policy(), lambda: NOW, verifier=ReporterName())
+    )
     bus.close()
     store.close()
 

@@ -1,0 +1,254 @@
+"""A verified report speaks only for its own VM: the attacks of a compromised VM, at the core.
+
+The proofs here come from a fake of the `IdentityVerifier` port that binds a VM name to the
+message digest the way the real proofs do (functions/trust/ checks the cloud-signed ones).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from functions.core.commands import Command
+from functions.core.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
+from functions.core.identity import GCE_TOKEN, Identity, UnverifiedError
+from functions.core.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
+from functions.core.policy import Policy, PolicyError, Pool, policy_from_mapping
+from functions.core.process import Deps, Outcome, process
+from functions.local_app.balancer import LocalPool
+from functions.local_app.store import SqliteStore
+from tests.factories import azure_event
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+SET = ("web-0", "web-1", "web-2", "web-3", "web-4", "web-5")
+
+
+class ProofsOfTest:
+    """The port, as the real verifiers behave: a proof names one VM and the digest it was made for."""
+
+    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
+        proof = envelope.extensions.get(GCE_TOKEN)
+        if not isinstance(proof, str) or proof.count("|") != 1:
+            raise UnverifiedError("no proof of identity")
+        vm, digest = proof.split("|")
+        if digest != envelope.digest:
+            raise UnverifiedError("the proof was made for another message")
+        return Identity(vm=vm, how="attested")
+
+
+def signed(envelope: Envelope, by: str) -> bytes:
+    """The message as agent `by` publishes it: the proof bound to this very message."""
+    document = json.loads(encode(envelope))
+    document[GCE_TOKEN] = f"{by}|{envelope.digest}"
+    return json.dumps(document).encode()
+
+
+@dataclass
+class Sent:
+    commands: list[Command] = field(default_factory=list)
+
+    def send(self, command: Command) -> None:
+        self.commands.append(command)
+
+
+@dataclass
+class World:
+    store: SqliteStore
+    pool: LocalPool
+    sent: Sent
+    policy: Policy = field(default_factory=Policy)
+
+    def deps(self) -> Deps:
+        return Deps(self.store, self.pool, self.sent, self.store, self.policy, verifier=ProofsOfTest())
+
+    def deliver(self, body: bytes, at: datetime = NOW) -> Outcome:
+        return process(body, self.deps(), at)
+
+    def report(self, event: MaintenanceEvent, by: str, at: datetime = NOW) -> Outcome:
+        return self.deliver(signed(envelope_for_event(event, at), by), at)
+
+    def members(self) -> list[str]:
+        return self.pool.members("web")
+
+    def audit(self, kind: str) -> list[str]:
+        return [record.reason for record in self.store.query() if record.kind == kind]
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    pool = LocalPool(":memory:")
+    pool.add("web", SET)
+    store = SqliteStore(":memory:")
+    yield World(store, pool, Sent())
+    store.close()
+
+
+def reboot(status: EventStatus = EventStatus.SCHEDULED, of: str = "web-0", **fields: Any) -> MaintenanceEvent:
+    values: dict[str, Any] = {
+        "kind": EventKind.REBOOT,
+        "status": status,
+        "reporter": of,
+        "resources": (of,),
+        "duration_seconds": -1,
+        "not_before": NOW + timedelta(minutes=15),
+        "event_id": "E-REBOOT",
+    }
+    values.update(fields)
+    return azure_event(**values)
+
+
+def test_another_vms_genuine_reboot_republished_as_a_short_freeze_is_refused_and_the_genuine_one_is_handled(
+    world: World,
+) -> None:
+    # GIVEN web-0's genuine Reboot, republished by a compromised web-1 as a 5 s Freeze of web-0
+    # (same event id, so the same envelope id), with web-1's own valid proof
+    genuine = reboot()
+    forged = replace(genuine, kind=EventKind.FREEZE, duration_seconds=5)
+    assert envelope_for_event(forged, NOW).id == envelope_for_event(genuine, NOW).id
+
+    # WHEN the forgery arrives first
+    refused = world.report(forged, by="web-1")
+
+    # THEN nothing is approved or drained, and the audit log says why
+    assert refused.result == "unverified"
+    assert world.sent.commands == []
+    assert world.members() == list(SET)
+    assert world.audit("unverified") == ["unverified: the proof is web-1's, the report says it comes from web-0"]
+
+    # AND web-0's own report afterwards is no duplicate: drained, approved after the drain period
+    handled = world.report(genuine, by="web-0")
+    assert handled.result == "processed"
+    assert [(a.action, a.vm) for a in handled.actions] == [("drain", "web-0"), ("approve", "web-0")]
+    (approval,) = world.sent.commands
+    assert approval.execute_at == NOW + timedelta(seconds=30)
+    assert "web-0" not in world.members()
+
+
+def test_a_report_without_proof_or_with_a_proof_made_for_another_message_moves_nothing(world: World) -> None:
+    event = reboot()
+    bare = encode(envelope_for_event(event, NOW))
+    # a genuine proof of web-0, lifted from one of its messages and put on a forged one
+    lifted = json.loads(signed(envelope_for_event(reboot(EventStatus.COMPLETED), NOW), by="web-0"))[GCE_TOKEN]
+    moved = json.loads(bare)
+    moved[GCE_TOKEN] = lifted
+
+    outcomes = [world.deliver(bare), world.deliver(json.dumps(moved).encode())]
+
+    assert [o.result for o in outcomes] == ["unverified", "unverified"]
+    assert world.audit("unverified") == [
+        "unverified: no proof of identity",
+        "unverified: the proof was made for another message",
+    ]
+    assert world.members() == list(SET)
+    assert world.sent.commands == []
+
+
+def test_a_forged_redeploy_naming_six_vms_moves_only_the_reporter_itself(world: World) -> None:
+    # GIVEN a compromised web-1 reporting a Redeploy of the whole pool, itself among them
+    redeploy = reboot(of="web-1", kind=EventKind.REDEPLOY, resources=SET, event_id="E-FORGED")
+
+    # WHEN it is processed
+    outcome = world.report(redeploy, by="web-1")
+
+    # THEN only web-1 leaves the pool: a report speaks only for its own VM
+    assert [(a.action, a.vm) for a in outcome.actions] == [("drain", "web-1"), ("approve", "web-1")]
+    assert world.members() == [vm for vm in SET if vm != "web-1"]
+
+    # AND the same Redeploy without web-1 in it moves nobody at all
+    others = replace(redeploy, resources=SET[2:], event_id="E-FORGED-2")
+    assert world.report(others, by="web-1").result == "not-self"
+    assert world.members() == [vm for vm in SET if vm != "web-1"]
+    assert world.audit("not-self") == [
+        "not-self: web-1 reports an event of other VMs; only their own reports move them"
+    ]
+
+
+def test_a_forged_event_of_another_vm_takes_no_budget_slot(world: World) -> None:
+    # GIVEN a pool that may have one VM out, and web-1 reporting a Reboot of web-2 (not of itself)
+    world.policy = Policy(pools=(Pool("web", frozenset(SET), max_drained=1),))
+    forged = reboot(of="web-2", reporter="web-1", resources=("web-2",), event_id="E-FORGED")
+    assert world.report(forged, by="web-1").result == "not-self"
+
+    # WHEN web-0's genuine Reboot arrives
+    genuine = world.report(reboot(), by="web-0")
+
+    # THEN it is admitted at once: the forgery holds nothing
+    assert [a.action for a in genuine.actions] == ["drain", "approve"]
+    assert world.store.parked("web") == []
+
+
+def test_a_forged_completion_neither_puts_the_vm_back_early_nor_shadows_the_genuine_one(world: World) -> None:
+    # GIVEN web-0 drained for its Reboot
+    world.report(reboot(), by="web-0")
+    assert "web-0" not in world.members()
+
+    # WHEN web-1 forges web-0's completion and cancellation (its own proof; or none)
+    for status in (EventStatus.COMPLETED, EventStatus.CANCELED):
+        assert world.report(reboot(status), by="web-1").result == "unverified"
+        assert world.deliver(encode(envelope_for_event(reboot(status), NOW))).result == "unverified"
+
+    # THEN web-0 stays out until its own completion, which is no duplicate and puts it back
+    assert "web-0" not in world.members()
+    done = world.report(reboot(EventStatus.COMPLETED), by="web-0", at=NOW + timedelta(minutes=20))
+    assert [(a.action, a.vm) for a in done.actions] == [("restore", "web-0")]
+    assert world.members() == list(SET)
+
+
+def test_a_vm_reporting_its_own_part_of_an_event_of_several_vms_does_not_end_it_for_the_others(
+    world: World,
+) -> None:
+    # GIVEN a Reboot of web-0 and web-1, each drained on its own report
+    pair: dict[str, Any] = {"resources": ("web-0", "web-1")}
+    world.report(reboot(**pair), by="web-0")
+    world.report(reboot(of="web-1", **pair), by="web-1")
+    assert world.members() == ["web-2", "web-3", "web-4", "web-5"]
+
+    # WHEN web-0 (compromised, or just first) reports the event completed
+    world.report(reboot(EventStatus.COMPLETED, **pair), by="web-0", at=NOW + timedelta(minutes=20))
+
+    # THEN web-0 is back and web-1 is still out, its lifecycle untouched
+    assert world.members() == ["web-0", "web-2", "web-3", "web-4", "web-5"]
+    late = world.report(reboot(EventStatus.STARTED, of="web-1", **pair), by="web-1", at=NOW + timedelta(minutes=21))
+    assert late.decision is not None
+    assert late.decision.rule == "2-started"
+
+
+def test_a_forged_command_result_is_audited_as_unverified(world: World) -> None:
+    result = CommandResult(command_id="c" * 32, accepted=True, event_id="E-REBOOT", target="web-0", reason="")
+    envelope = envelope_for_command_result(result, Cloud.AZURE, NOW)
+
+    assert world.deliver(signed(envelope, by="web-1")).result == "unverified"
+    assert world.deliver(signed(envelope, by="web-0")).result == "command-result"
+    kinds = [(record.kind, record.vm) for record in world.store.query()]
+    assert kinds == [("unverified", "web-0"), ("command-result", "web-0")]
+
+
+def test_without_a_verifier_nothing_is_trusted_unless_the_policy_says_reporter_name(world: World) -> None:
+    body = encode(envelope_for_event(reboot(), NOW))
+
+    # GIVEN no verifier: under the default trust (attested), nothing is acted on, and the audit says why
+    outcome = process(body, Deps(world.store, world.pool, world.sent, world.store, Policy()), NOW)
+    assert outcome.result == "unverified"
+    assert "no identity verifier is configured" in world.audit("unverified")[0]
+    assert world.members() == list(SET)
+
+    # WHEN the policy takes reporters at their word
+    policy = Policy(trust="reporter-name")
+    outcome = process(body, Deps(world.store, world.pool, world.sent, world.store, policy), NOW)
+
+    # THEN the reporter's own VM is moved, and the audit record says on whose word
+    assert [(a.action, a.vm) for a in outcome.actions] == [("drain", "web-0"), ("approve", "web-0")]
+    (event,) = [record for record in world.store.query() if record.kind == "event"]
+    assert event.detail["sender"] == "reported by web-0, taken at its word (trust: reporter-name)"
+
+
+def test_the_trust_setting_is_validated() -> None:
+    assert policy_from_mapping({"trust": "reporter-name"}).trust == "reporter-name"
+    assert Policy().trust == "attested"
+    with pytest.raises(PolicyError, match="'attested'"):
+        policy_from_mapping({"trust": "anyone"})
