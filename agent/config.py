@@ -14,9 +14,12 @@ from agent.health import DEFAULT_PORT
 from agent.sources.azure_imds import API_VERSION, API_VERSIONS
 from agent.transports.factory import DEFAULT_COMMANDS_TOPIC
 from functions.core.errors import PermanentError
+from functions.core.identity import DEFAULT_AUDIENCE
 from functions.core.model import Cloud
 
 TRANSPORTS = ("jsonl", "local", "servicebus", "pubsub")
+IDENTITY_PROOFS = ("cloud", "none")
+FORWARD = ("own", "all")
 DEFAULT_METADATA_URL = {Cloud.AZURE: "http://169.254.169.254", Cloud.GCE: "http://metadata.google.internal"}
 # Azure IMDS allows 5 requests/s per VM; the poller alone must stay well under it.
 MIN_POLL_INTERVAL = 0.25
@@ -52,6 +55,11 @@ class AgentSettings:
     # topic instead of its session of the commands queue. None: the queue.
     servicebus_commands_subscription: str | None = None
     servicebus_commands_topic: str | None = None
+    # Proof of this VM's identity on every message (docs/security.md): "cloud" or "none".
+    identity_proof: str = "cloud"
+    identity_audience: str = DEFAULT_AUDIENCE
+    # Which events to publish: those whose Resources name this VM ("own"), or every one it sees.
+    forward: str = "own"
 
 
 def default_state_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -184,6 +192,33 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "[MBRIDGE_VERIFY_KEY]",
     )
     parser.add_argument(
+        "--insecure-unsigned-commands",
+        action="store_true",
+        default=env_flag("MBRIDGE_INSECURE_UNSIGNED_COMMANDS"),
+        help="accept unsigned commands from a cloud bus (anyone who can send to it could approve this VM's "
+        "events); without it, --transport servicebus|pubsub needs --verify-key [MBRIDGE_INSECURE_UNSIGNED_COMMANDS]",
+    )
+    parser.add_argument(
+        "--identity-proof",
+        choices=IDENTITY_PROOFS,
+        default=env("MBRIDGE_IDENTITY_PROOF", "cloud"),
+        help="attach proof of this VM's identity from the metadata service to every message (Azure attested "
+        "document, GCE identity token), or none [MBRIDGE_IDENTITY_PROOF, default cloud]",
+    )
+    parser.add_argument(
+        "--identity-audience",
+        default=env("MBRIDGE_IDENTITY_AUDIENCE", DEFAULT_AUDIENCE),
+        help="GCE: the audience identity tokens are asked for (the functions' MBRIDGE_TRUST_AUDIENCE), to which "
+        f"the message's digest is added [MBRIDGE_IDENTITY_AUDIENCE, default {DEFAULT_AUDIENCE}]",
+    )
+    parser.add_argument(
+        "--forward",
+        choices=FORWARD,
+        default=env("MBRIDGE_FORWARD", "own"),
+        help="publish only the events whose Resources name this VM (own: only those can move anything), "
+        "or every event this VM sees [MBRIDGE_FORWARD, default own]",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="diagnose metadata access, own name and bus auth, then exit 0 or 1"
     )
     add_transport_arguments(parser)
@@ -223,6 +258,15 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             "--servicebus-commands-topic: the agent receives from its own subscription of the commands topic; "
             "set --servicebus-commands-subscription too [MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION]"
         )
+    if args.transport in ("servicebus", "pubsub") and not args.verify_key and not args.insecure_unsigned_commands:
+        raise ConfigError(
+            f"--transport {args.transport} takes commands from a cloud bus that other identities can send to: "
+            "give the functions' public key with --verify-key [MBRIDGE_VERIFY_KEY] so that only signed commands "
+            "are executed, or accept unsigned ones knowingly with --insecure-unsigned-commands "
+            "[MBRIDGE_INSECURE_UNSIGNED_COMMANDS] (docs/security.md)"
+        )
+    if not args.identity_audience or any(c.isspace() for c in args.identity_audience):
+        raise ConfigError("--identity-audience must be a non-empty string without spaces [MBRIDGE_IDENTITY_AUDIENCE]")
     if args.transport == "pubsub" and not args.pubsub_project:
         raise ConfigError("--transport pubsub needs --pubsub-project [MBRIDGE_PUBSUB_PROJECT]")
     return AgentSettings(
@@ -247,4 +291,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         api_version=args.api_version,
         servicebus_commands_subscription=args.servicebus_commands_subscription,
         servicebus_commands_topic=args.servicebus_commands_topic,
+        identity_proof=args.identity_proof,
+        identity_audience=args.identity_audience,
+        forward=args.forward,
     )

@@ -24,12 +24,13 @@ from datetime import datetime
 from typing import Any, Callable, Protocol
 
 from agent.health import Metrics, Readiness
+from agent.proofs import NoProof, ProofUnavailableError, Prover
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError
 from agent.timing import Backoff, Clock
 from agent.trackers import Observation, Tracker
 from agent.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
-from functions.core.bounds import MAX_ENVELOPE_BYTES, bounded
+from functions.core.bounds import MAX_ENVELOPE_BYTES, PROOF_ROOM_BYTES, bounded
 from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
 from functions.core.errors import MalformedDocumentError, RetryableError
 from functions.core.model import Cloud, CommandResult, MaintenanceEvent
@@ -40,6 +41,13 @@ KEEP_PUBLISHED_SECONDS = 24 * 3600
 DESCRIPTION_FIELD = {Cloud.AZURE: "Description", Cloud.GCE: "description"}
 RESOURCES_FIELD = {Cloud.AZURE: "Resources", Cloud.GCE: "resources"}
 PRUNE_EVERY_SECONDS = 600.0
+# How long a message waits for its proof of identity before it goes without one: the metadata
+# service answers 503 for a second or so during maintenance, and a report the functions may
+# refuse (trust: attested) is still better late than a report never sent.
+PROOF_WAIT_SECONDS = 10.0
+PROOF_RETRY_SECONDS = 0.5
+# The most an envelope may weigh before its proof is added.
+MAX_UNPROVEN_BYTES = MAX_ENVELOPE_BYTES - PROOF_ROOM_BYTES
 
 
 class CommandHandler(Protocol):
@@ -67,13 +75,13 @@ class Liveness:
 def event_message(event: MaintenanceEvent, observed_at: datetime) -> OutboundMessage:
     envelope = envelope_for_event(event, observed_at)
     body = encode(envelope)
-    if len(body) > MAX_ENVELOPE_BYTES:
+    if len(body) > MAX_UNPROVEN_BYTES:
         # A bus refuses a message this large, and the outbox never skips a row: one huge entry would
         # hold up every envelope after it. What the functions act on stays; the rest is cut.
         event = _cut_to_fit(event, len(body))
         envelope = envelope_for_event(event, observed_at)
         body = encode(envelope)
-    if len(body) > MAX_ENVELOPE_BYTES:
+    if len(body) > MAX_UNPROVEN_BYTES:
         # Only Resources can still be this large (thousands of names, more than any set holds):
         # keep whether this VM is affected, which is what its own maintenance needs.
         mine = tuple(vm for vm in event.resources if vm == event.reporter)
@@ -93,6 +101,12 @@ def event_message(event: MaintenanceEvent, observed_at: datetime) -> OutboundMes
     )
 
 
+def _names_this_vm(event: MaintenanceEvent) -> bool:
+    """Whether an event is this VM's to report (`--forward own`): its Resources name this VM, or
+    they could not be read (forwarded rather than dropped: it may be this VM's)."""
+    return event.concerns_reporter or RESOURCES_FIELD[event.cloud] in event.unreadable or not event.resources
+
+
 def _cut_to_fit(event: MaintenanceEvent, size: int) -> MaintenanceEvent:
     """The event without its raw entry (a digest and its size instead) and with its description
     bounded, both named in `unreadable`. The envelope id does not depend on them: every report of
@@ -100,11 +114,11 @@ def _cut_to_fit(event: MaintenanceEvent, size: int) -> MaintenanceEvent:
     raw = json.dumps(event.raw, ensure_ascii=False, sort_keys=True).encode("utf-8")
     cut = {"cut_bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
     LOGGER.warning(
-        "event %s makes an envelope of %d bytes, over the %d a bus message holds: its raw entry and "
+        "event %s makes an envelope of %d bytes, over the %d a bus message holds with a proof: its raw entry and "
         "description are cut",
         event.event_id[:80],
         size,
-        MAX_ENVELOPE_BYTES,
+        MAX_UNPROVEN_BYTES,
     )
     named = tuple(dict.fromkeys((*event.unreadable, "raw", DESCRIPTION_FIELD[event.cloud])))
     return replace(event, raw=cut, description=bounded(event.description), unreadable=named)
@@ -135,6 +149,9 @@ class Agent:
         commands: CommandHandler | None = None,
         flush_seconds: float = 10.0,
         publish_backoff: Backoff | None = None,
+        prover: Prover | None = None,
+        proof_wait_seconds: float = PROOF_WAIT_SECONDS,
+        forward_all: bool = False,
     ) -> None:
         self.cloud = cloud
         self.vm_name = vm_name
@@ -147,6 +164,11 @@ class Agent:
         self._clock = clock
         self._commands = commands
         self._flush_seconds = flush_seconds
+        self._prover = prover or NoProof()
+        self._forward_all = forward_all
+        self._proof_wait_seconds = proof_wait_seconds
+        self._unproven_since: tuple[int, float] | None = None  # (outbox seq, monotonic) of the first miss
+        self.last_proof_error = ""  # for --check and the logs; "" while proofs come
         # Capped at 5 s: once the bus is back, the backlog goes out within seconds. One agent per VM
         # retrying every few seconds costs a broker nothing.
         self._publish_backoff = publish_backoff or Backoff(initial=0.5, maximum=5.0)
@@ -223,9 +245,10 @@ class Agent:
             self._metrics.inc("mbridge_errors_total", kind="malformed")
             LOGGER.warning("ignoring a metadata value that does not parse: %s", exc)
             return
-        messages = [
-            (event_message(e, observation.observed_at), observation.observed_at.timestamp()) for e in applied.events
-        ]
+        forwarded = [e for e in applied.events if self._forward_all or _names_this_vm(e)]
+        if len(forwarded) < len(applied.events):
+            self._metrics.inc("mbridge_events_not_forwarded_total", len(applied.events) - len(forwarded))
+        messages = [(event_message(e, observation.observed_at), observation.observed_at.timestamp()) for e in forwarded]
         self._state.record(messages, {self._tracker.state_name: applied.state_json})
         self._tracker.commit(applied)
         self._metrics.observe("mbridge_detection_lag_seconds", observation.lag_bound)
@@ -300,8 +323,12 @@ class Agent:
             if pending is None:
                 self._state.wait_for_pending(0.2)
                 continue
+            message = self._proven(pending.seq, pending.message)
+            if message is None:
+                self._stop_publisher.wait(PROOF_RETRY_SECONDS)
+                continue
             try:
-                self._transport.publish(pending.message)
+                self._transport.publish(message)
             except (TransportUnavailableError, TransportConfigError) as exc:
                 # Never skip ahead: order per VM matters more than latency. A config error is
                 # retried too — a role assignment may still be propagating.
@@ -317,6 +344,34 @@ class Agent:
             self._publish_backoff.reset()
             self._metrics.inc("mbridge_events_published_total", type=pending.message.attributes.get("type", ""))
             self._metrics.observe("mbridge_publish_lag_seconds", max(0.0, now - pending.observed_at))
+
+    def _proven(self, seq: int, message: OutboundMessage) -> OutboundMessage | None:
+        """The message with this VM's proof of identity; without one once the proof was missing for
+        `proof_wait_seconds`; None to wait a little and ask again. The proof is made when the
+        message goes out, not when it is recorded: a backlog must not publish stale proofs."""
+        try:
+            body = self._prover.prove(message.body)
+        except ProofUnavailableError as exc:
+            now = self._clock.monotonic()
+            if self._unproven_since is None or self._unproven_since[0] != seq:
+                self._unproven_since = (seq, now)
+                self._metrics.inc("mbridge_errors_total", kind="identity_proof")
+                LOGGER.warning("no proof of identity for message %d yet: %s", seq, exc)
+            self.last_proof_error = str(exc)
+            if now - self._unproven_since[1] < self._proof_wait_seconds:
+                return None
+            self._unproven_since = None
+            self._metrics.inc("mbridge_unproven_messages_total")
+            LOGGER.error(
+                "publishing message %d without a proof of identity after %.0f s: functions that require one "
+                "(trust: attested) will audit it as unverified and not act on it",
+                seq,
+                self._proof_wait_seconds,
+            )
+            return message
+        self._unproven_since = None
+        self.last_proof_error = ""
+        return replace(message, body=body)
 
     # ---- commands
 

@@ -15,6 +15,7 @@ from agent.config import AgentSettings, ConfigError, add_agent_arguments, env, s
 from agent.diff import GCE_KEYS, GceIdentity
 from agent.health import HealthServer, Metrics, Readiness
 from agent.loop import Agent, Watcher
+from agent.proofs import AzureAttestedProver, GceIdentityProver, NoProof, ProofUnavailableError, Prover
 from agent.sources.azure_imds import AzureImdsClient, AzurePoller
 from agent.sources.gce_metadata import GceKeyWatcher, GceMetadataClient
 from agent.sources.http import MetadataUnavailableError
@@ -131,6 +132,8 @@ def run_agent(
         clock=clock,
         commands=commands,
         flush_seconds=settings.flush_seconds,
+        prover=build_prover(settings, client, clock),
+        forward_all=settings.forward == "all",
     )
     agent.attach_watchers(watchers_for(agent, clock))
     metrics.gauge("mbridge_outbox_depth", lambda: float(state.depth()))
@@ -149,6 +152,16 @@ def run_agent(
         client.close()
     LOGGER.info("agent %s stopped", vm_name)
     return 0
+
+
+def build_prover(settings: AgentSettings, client: MetadataClient, clock: Clock) -> Prover:
+    """How this agent proves its identity on each message (it shares the metadata client: on Azure,
+    its rate limit counts every request of this agent)."""
+    if settings.identity_proof == "none":
+        return NoProof()
+    if isinstance(client, AzureImdsClient):
+        return AzureAttestedProver(client, clock.monotonic)
+    return GceIdentityProver(client, settings.identity_audience)
 
 
 def _tracker(
@@ -205,6 +218,16 @@ def _metrics() -> Metrics:
         "Envelopes forwarded with a field of the cloud's entry this release could not read, by field.",
     )
     metrics.describe("mbridge_events_published_total", "counter", "Envelopes the bus accepted, by type.")
+    metrics.describe(
+        "mbridge_unproven_messages_total",
+        "counter",
+        "Messages published without a proof of this VM's identity (the metadata service gave none in time).",
+    )
+    metrics.describe(
+        "mbridge_events_not_forwarded_total",
+        "counter",
+        "Events of other VMs seen in the metadata and not published (--forward own).",
+    )
     metrics.describe("mbridge_commands_total", "counter", "Commands answered, by result.")
     metrics.describe("mbridge_outbox_depth", "gauge", "Envelopes waiting for the bus.")
     metrics.describe(
@@ -314,6 +337,7 @@ def check(settings: AgentSettings, out: TextIO) -> int:
             report(True, f"this VM's name: {settings.vm_name} (from --vm-name; metadata did not say: {exc})")
         else:
             report(False, f"this VM's name: {exc}; pass --vm-name NAME to set it")
+    _check_proof(settings, client, report)
     vm_name = settings.vm_name or "unknown-vm"
     try:
         transport = build_transport(settings, vm_name)
@@ -327,6 +351,25 @@ def check(settings: AgentSettings, out: TextIO) -> int:
     client.close()
     print("healthy" if problems == 0 else f"{problems} problem(s)", file=out)
     return 0 if problems == 0 else 1
+
+
+def _check_proof(settings: AgentSettings, client: MetadataClient, report: Callable[[bool, str], None]) -> None:
+    """Ask the metadata service for a proof of identity as the publisher will."""
+    if settings.identity_proof == "none":
+        report(True, "proof of identity: off (--identity-proof none); functions must use trust: reporter-name")
+        return
+    probe = b'{"specversion":"1.0","id":"check"}'
+    try:
+        proven = build_prover(settings, client, SystemClock()).prove(probe)
+    except ProofUnavailableError as exc:
+        report(
+            False,
+            f"proof of identity: {exc}. Messages will go without one, and functions with trust: attested "
+            "will not act on them",
+        )
+        return
+    what = "attested document" if isinstance(client, AzureImdsClient) else "identity token"
+    report(True, f"proof of identity: the metadata service gives an {what} ({len(proven) - len(probe)} bytes)")
 
 
 def _check_state_dir(state_dir: Path, report: Callable[[bool, str], None]) -> None:

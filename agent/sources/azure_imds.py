@@ -26,6 +26,10 @@ LOGGER = logging.getLogger("mbridge.azure")
 DEFAULT_BASE_URL = "http://169.254.169.254"
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 NAME_PATH = "/metadata/instance/compute/name"
+ATTESTED_PATH = "/metadata/attested/document"
+# The attested document's api-version: the first whose document carries timeStamp and vmId as they
+# are read today.
+ATTESTED_API_VERSION = "2020-09-01"
 API_VERSION = "2020-07-01"
 # The generally available versions the Scheduled Events docs list (2017-03-01 was a preview). The
 # newest is the default; an older one serves clouds whose docs stop earlier (the Azure China docs
@@ -112,6 +116,29 @@ class AzureImdsClient:
         raise MetadataUnavailableError(
             "client_error", f"POST scheduledevents answered {response.status_code}", response.status_code
         )
+
+    def attested_document(self, nonce: str) -> str:
+        """The `signature` of the attested document for `nonce` (base64 PKCS#7, signed by Azure).
+
+        Raises:
+            MetadataUnavailableError: any answer but a 200 with a PKCS#7 signature; retry later.
+        """
+        params = {"api-version": ATTESTED_API_VERSION, "nonce": nonce}
+        response = self._http.get(ATTESTED_PATH, params, timeout=(2.0, 10.0))
+        if response.status_code != 200:
+            raise MetadataUnavailableError(
+                "client_error",
+                f"GET attested/document answered {response.status_code}: {response.text.strip()[:200]}",
+                response.status_code,
+            )
+        try:
+            answer = json.loads(response.content)
+        except ValueError as exc:
+            raise MetadataUnavailableError("malformed", f"attested/document is not JSON: {exc}") from exc
+        signature = answer.get("signature") if isinstance(answer, dict) else None
+        if not isinstance(signature, str) or not signature or answer.get("encoding") != "pkcs7":
+            raise MetadataUnavailableError("malformed", "attested/document has no pkcs7 signature")
+        return signature
 
     def own_name(self) -> str:
         """This VM's name exactly as IMDS reports it (what Resources contains)."""

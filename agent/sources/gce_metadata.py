@@ -41,6 +41,7 @@ LOGGER = logging.getLogger("mbridge.gce")
 DEFAULT_BASE_URL = "http://metadata.google.internal"
 PREFIX = "/computeMetadata/v1/instance/"
 HEADERS = {"Metadata-Flavor": "Google"}
+IDENTITY_KEY = "service-accounts/default/identity"
 # The server holds a long-poll up to timeout_sec; the read timeout leaves it room to answer.
 LONG_POLL_SECONDS = 60
 # A long-poll is held by the server until a change or its timeout; one that comes back unchanged
@@ -118,6 +119,24 @@ class GceMetadataClient:
                 "client_error", f"GET {key} answered {response.status_code}", response.status_code
             )
         return GceReading(key=key, value=response.text, etag=etag)
+
+    def identity_token(self, audience: str) -> str:
+        """A Google-signed instance identity token for `audience`, with the instance's details
+        (format=full), without license codes.
+
+        Raises:
+            MetadataUnavailableError: any answer but a 200 with a token; retry later.
+        """
+        params = {"audience": audience, "format": "full", "licenses": "FALSE"}
+        response = self._http.get(PREFIX + IDENTITY_KEY, params, timeout=(2.0, 10.0))
+        token = response.text.strip()
+        if response.status_code != 200 or token.count(".") != 2:
+            raise MetadataUnavailableError(
+                "client_error",
+                f"GET {IDENTITY_KEY} answered {response.status_code}: {token[:200]}",
+                response.status_code,
+            )
+        return token
 
     def own_name(self) -> str:
         return self._identity("name")

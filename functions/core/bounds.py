@@ -13,6 +13,9 @@ from __future__ import annotations
 # holds no more, and a real envelope is a few KiB (one listing 1,000 VMs, twice, about 170 KiB).
 # It also bounds what a store keeps of an event waiting for its pool's budget.
 MAX_ENVELOPE_BYTES = 256 * 1024
+# What the agent leaves of that for the proof of its identity, added when the message goes out
+# (an Azure attested document is about 5 KiB of base64, a GCE identity token about 1 KiB).
+PROOF_ROOM_BYTES = 16 * 1024
 
 # At most this many VMs in one event's `resources`: a scale set holds at most 1,000 VMs and an
 # availability set 200, and an event lists the VMs of one update domain at most.

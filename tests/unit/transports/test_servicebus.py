@@ -45,6 +45,7 @@ from agent.transports.servicebus import (
 )
 from functions.core.commands import CommandType, encode_command, new_command
 from functions.core.model import Cloud
+from functions.core.signing import generate_keypair
 from tests.unit.test_command_processor import EVENT_ID, FakeClock, FakeImds, FakeReadiness
 
 VM = "vm-a"
@@ -799,7 +800,17 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-AGENT_FLAGS = ["--cloud", "azure", "--transport", "servicebus", "--servicebus-namespace", NAMESPACE]
+# An agent on a cloud bus takes only signed commands: it is given the functions' public key.
+AGENT_FLAGS = [
+    "--cloud",
+    "azure",
+    "--transport",
+    "servicebus",
+    "--servicebus-namespace",
+    NAMESPACE,
+    "--verify-key",
+    generate_keypair()[1].decode(),
+]
 
 
 def test_a_subscription_in_the_environment_puts_the_agent_in_the_isolated_mode(

@@ -1,0 +1,147 @@
+"""Proof of this VM's identity on every message the agent publishes (docs/security.md).
+
+The functions act on a report only for the VM its proof names, so the proof comes from the cloud's
+own metadata service — nothing the VM could forge — and is bound to the message it travels with
+(`functions.core.identity` defines the attributes and the binding):
+
+- GCE: an instance identity token requested for this message's digest (one metadata GET per
+  message; messages are a handful per maintenance).
+- Azure: the attested document is asked for once per key, with a nonce derived from an Ed25519 key
+  this agent makes and never writes down, and each message carries that key's signature of its
+  digest. IMDS answers the attested document slowly and counts it against the 5 requests/s of
+  the VM, so it is kept and asked again only after `AZURE_REFRESH_SECONDS` (with a new key).
+
+A proof that cannot be fetched does not stop the agent: the caller publishes the message without
+one after a short wait (`Publisher`), counts it, and says so in /metrics and `--check`; the
+functions then decide by their trust setting.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Callable, Protocol
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from agent.sources.http import MetadataUnavailableError
+from functions.core.identity import (
+    AZURE_ATTESTED,
+    AZURE_SESSION_KEY,
+    AZURE_SIGNATURE,
+    GCE_TOKEN,
+    content_digest,
+    session_nonce,
+    signed_digest,
+    token_audience,
+)
+from functions.core.jsontext import load_json
+
+LOGGER = logging.getLogger("mbridge.proofs")
+
+# Azure's attested documents are valid for hours (docs/security.md); one an hour old is still
+# fresh, and a new key an hour bounds how long a stolen one could sign.
+AZURE_REFRESH_SECONDS = 3600.0
+
+
+class ProofUnavailableError(Exception):
+    """The metadata service did not give a proof now; the message may go without one."""
+
+
+class Prover(Protocol):
+    def prove(self, body: bytes) -> bytes:
+        """The message body with this VM's proof attributes added.
+
+        Raises:
+            ProofUnavailableError: the metadata service did not answer with a proof.
+        """
+        ...
+
+
+class IdentityTokens(Protocol):
+    """GCE's metadata server (`GceMetadataClient`)."""
+
+    def identity_token(self, audience: str) -> str: ...
+
+
+class AttestedDocuments(Protocol):
+    """Azure IMDS (`AzureImdsClient`)."""
+
+    def attested_document(self, nonce: str) -> str: ...
+
+
+class NoProof:
+    """`--identity-proof none`: messages go as they are (functions with trust: reporter-name)."""
+
+    def prove(self, body: bytes) -> bytes:
+        return body
+
+
+class GceIdentityProver:
+    def __init__(self, client: IdentityTokens, audience: str) -> None:
+        self._client = client
+        self._audience = audience
+
+    def prove(self, body: bytes) -> bytes:
+        document = _document(body)
+        try:
+            token = self._client.identity_token(token_audience(self._audience, content_digest(document)))
+        except MetadataUnavailableError as exc:
+            raise ProofUnavailableError(f"no identity token from the metadata server: {exc}") from exc
+        document[GCE_TOKEN] = token
+        return _body(document)
+
+
+class AzureAttestedProver:
+    def __init__(
+        self,
+        client: AttestedDocuments,
+        monotonic: Callable[[], float],
+        refresh_seconds: float = AZURE_REFRESH_SECONDS,
+    ) -> None:
+        self._client = client
+        self._monotonic = monotonic
+        self._refresh_seconds = refresh_seconds
+        self._key: Ed25519PrivateKey | None = None
+        self._public = b""
+        self._attested = ""
+        self._fetched_at = 0.0
+
+    def prove(self, body: bytes) -> bytes:
+        document = _document(body)
+        self._refresh()
+        assert self._key is not None
+        signature = self._key.sign(signed_digest(content_digest(document)))
+        document[AZURE_ATTESTED] = self._attested
+        document[AZURE_SESSION_KEY] = base64.b64encode(self._public).decode("ascii")
+        document[AZURE_SIGNATURE] = base64.b64encode(signature).decode("ascii")
+        return _body(document)
+
+    def _refresh(self) -> None:
+        if self._key is not None and self._monotonic() - self._fetched_at < self._refresh_seconds:
+            return
+        key = Ed25519PrivateKey.generate()
+        public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        try:
+            attested = self._client.attested_document(session_nonce(public))
+        except MetadataUnavailableError as exc:
+            if self._key is None:
+                raise ProofUnavailableError(f"no attested document from IMDS: {exc}") from exc
+            # The one in hand is still valid for hours: keep it, ask again next time.
+            LOGGER.warning("could not renew the attested document, keeping the current one: %s", exc)
+            return
+        self._key, self._public, self._attested = key, public, attested
+        self._fetched_at = self._monotonic()
+
+
+def _document(body: bytes) -> dict[str, object]:
+    document = load_json(body)
+    if not isinstance(document, dict):
+        raise ValueError("an outbox message is a CloudEvent (a JSON object)")
+    return document
+
+
+def _body(document: dict[str, object]) -> bytes:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

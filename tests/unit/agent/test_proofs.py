@@ -1,0 +1,237 @@
+"""The proof an agent attaches to each message, and what the publisher does without one.
+
+The metadata clients are replaced by small fakes of the two calls the provers make; the same
+provers run against the simulator over HTTP in tests/contract/agent/test_proofs_over_http.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from agent.health import Metrics, Readiness
+from agent.loop import Agent
+from agent.proofs import AzureAttestedProver, GceIdentityProver, ProofUnavailableError
+from agent.sources.azure_imds import AzureObservation
+from agent.sources.http import MetadataUnavailableError
+from agent.state import AgentState
+from agent.timing import SystemClock
+from agent.trackers import AzureTracker
+from functions.core.azure_document import parse_scheduled_events
+from functions.core.envelope import decode
+from functions.core.identity import (
+    AZURE_ATTESTED,
+    AZURE_SESSION_KEY,
+    AZURE_SIGNATURE,
+    GCE_TOKEN,
+    content_digest,
+    session_nonce,
+    signed_digest,
+    token_audience,
+)
+from functions.core.model import Cloud
+from tests.unit.agent.test_loop import FakeTransport
+from tests.waiting import wait_until
+
+BODY = json.dumps({"specversion": "1.0", "id": "a" * 64, "data": {"x": "é"}}, ensure_ascii=False).encode()
+
+
+@dataclass
+class FakeGce:
+    audiences: list[str] = field(default_factory=list)
+    down: bool = False
+
+    def identity_token(self, audience: str) -> str:
+        if self.down:
+            raise MetadataUnavailableError("server_error", "503 during maintenance", 503)
+        self.audiences.append(audience)
+        return f"header.{len(self.audiences)}.signature"
+
+
+@dataclass
+class FakeImds:
+    nonces: list[str] = field(default_factory=list)
+    down: bool = False
+
+    def attested_document(self, nonce: str) -> str:
+        if self.down:
+            raise MetadataUnavailableError("server_error", "500", 500)
+        self.nonces.append(nonce)
+        return f"pkcs7-for-{nonce}"
+
+
+@dataclass
+class Ticks:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def unsigned(body: bytes) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(body)
+    return document
+
+
+def test_a_gce_message_carries_a_token_asked_for_its_own_digest() -> None:
+    metadata = FakeGce()
+    proven = GceIdentityProver(metadata, "maintenance-bridge").prove(BODY)
+
+    document = unsigned(proven)
+    assert document[GCE_TOKEN] == "header.1.signature"
+    # The digest is that of the message without its proof: the functions recompute it from what they get.
+    assert metadata.audiences == [token_audience("maintenance-bridge", content_digest(document))]
+    assert content_digest(document) == content_digest(unsigned(BODY))
+    assert {k: v for k, v in document.items() if k != GCE_TOKEN} == unsigned(BODY)
+
+
+def test_without_a_gce_token_the_prover_says_so() -> None:
+    with pytest.raises(ProofUnavailableError, match="503"):
+        GceIdentityProver(FakeGce(down=True), "maintenance-bridge").prove(BODY)
+
+
+def test_an_azure_message_carries_the_attested_document_of_a_key_that_signed_its_digest() -> None:
+    imds, ticks = FakeImds(), Ticks()
+    prover = AzureAttestedProver(imds, ticks)
+
+    first, second = unsigned(prover.prove(BODY)), unsigned(prover.prove(b'{"id":"other"}'))
+
+    # THEN the document was asked for once, with the nonce of the key that signs each message's digest
+    public = base64.b64decode(first[AZURE_SESSION_KEY])
+    assert imds.nonces == [session_nonce(public)]
+    assert first[AZURE_ATTESTED] == second[AZURE_ATTESTED] == f"pkcs7-for-{session_nonce(public)}"
+    key = Ed25519PublicKey.from_public_bytes(public)
+    for document in (first, second):
+        key.verify(base64.b64decode(document[AZURE_SIGNATURE]), signed_digest(content_digest(document)))
+    assert first[AZURE_SIGNATURE] != second[AZURE_SIGNATURE]
+
+
+def test_the_azure_document_is_renewed_with_a_new_key_and_kept_while_imds_fails() -> None:
+    imds, ticks = FakeImds(), Ticks()
+    prover = AzureAttestedProver(imds, ticks, refresh_seconds=3600)
+    before = unsigned(prover.prove(BODY))
+
+    # WHEN the hour is up but IMDS does not answer: the one in hand goes on
+    ticks.now = 3601
+    imds.down = True
+    kept = unsigned(prover.prove(BODY))
+    assert kept[AZURE_SESSION_KEY] == before[AZURE_SESSION_KEY]
+
+    # AND once IMDS answers again, a new key and its document take over
+    imds.down = False
+    renewed = unsigned(prover.prove(BODY))
+    assert renewed[AZURE_SESSION_KEY] != before[AZURE_SESSION_KEY]
+    assert len(imds.nonces) == 2
+
+
+def test_without_any_attested_document_the_prover_says_so() -> None:
+    with pytest.raises(ProofUnavailableError, match="attested document"):
+        AzureAttestedProver(FakeImds(down=True), Ticks()).prove(BODY)
+
+
+# ---------------------------------------------------------------- the publisher
+
+
+def agent_with(tmp_path: Path, transport: FakeTransport, **options: Any) -> tuple[Agent, Metrics]:
+    metrics = Metrics()
+    agent = Agent(
+        cloud=Cloud.AZURE,
+        vm_name="web-0",
+        tracker=AzureTracker("web-0", None),
+        transport=transport,
+        state=AgentState(tmp_path / "agent.db"),
+        readiness=Readiness(follows_commands=False),
+        metrics=metrics,
+        clock=SystemClock(),
+        flush_seconds=1.0,
+        **options,
+    )
+    return agent, metrics
+
+
+def observe(agent: Agent, *entries: dict[str, Any]) -> None:
+    document = parse_scheduled_events(json.dumps({"DocumentIncarnation": 1, "Events": list(entries)}))
+    agent.handle_observation(
+        AzureObservation(document=document, observed_at=datetime(2026, 3, 1, tzinfo=timezone.utc), lag_bound=0.0)
+    )
+
+
+def reboot(event_id: str, *resources: str) -> dict[str, Any]:
+    return {
+        "EventId": event_id,
+        "EventType": "Reboot",
+        "EventStatus": "Scheduled",
+        "Resources": list(resources),
+        "NotBefore": "Mon, 02 Mar 2026 12:00:00 GMT",
+    }
+
+
+def run_until(agent: Agent, done: Any) -> None:
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    try:
+        wait_until(done, 10, "the outbox to go out")
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+
+
+def test_messages_go_out_with_their_proof(tmp_path: Path) -> None:
+    transport, metadata = FakeTransport(), FakeGce()
+    agent, metrics = agent_with(tmp_path, transport, prover=GceIdentityProver(metadata, "aud"))
+    observe(agent, reboot("E1", "web-0"))
+
+    run_until(agent, lambda: len(transport.published) == 1)
+
+    (message,) = transport.published
+    envelope = decode(message.body)
+    assert envelope.extensions[GCE_TOKEN] == "header.1.signature"
+    assert metadata.audiences == [token_audience("aud", envelope.digest)]
+    assert metrics.value("mbridge_unproven_messages_total") == 0
+
+
+def test_a_message_whose_proof_does_not_come_goes_without_one_after_the_wait_and_is_counted(tmp_path: Path) -> None:
+    # GIVEN a metadata server that gives no identity token
+    transport, metadata = FakeTransport(), FakeGce(down=True)
+    agent, metrics = agent_with(
+        tmp_path,
+        transport,
+        prover=GceIdentityProver(metadata, "aud"),
+        proof_wait_seconds=0.3,
+    )
+    observe(agent, reboot("E1", "web-0"))
+
+    # WHEN the publisher runs THEN the message goes out without a proof, once the wait is over
+    run_until(agent, lambda: len(transport.published) == 1)
+    assert GCE_TOKEN not in decode(transport.published[0].body).extensions
+    assert metrics.value("mbridge_unproven_messages_total") == 1
+    assert metrics.value("mbridge_errors_total", kind="identity_proof") == 1
+    assert "503" in agent.last_proof_error
+
+
+@pytest.mark.parametrize(
+    ("forward_all", "published"), [(False, ["E-MINE", "E-UNREAD"]), (True, ["E-MINE", "E-OTHER", "E-UNREAD"])]
+)
+def test_only_events_naming_this_vm_are_forwarded_unless_all_are_asked_for(
+    tmp_path: Path, forward_all: bool, published: list[str]
+) -> None:
+    # GIVEN a document with this VM's event, another VM's, and one whose Resources cannot be read
+    transport = FakeTransport()
+    agent, metrics = agent_with(tmp_path, transport, forward_all=forward_all)
+    unreadable = {**reboot("E-UNREAD"), "Resources": "web-0"}
+    observe(agent, reboot("E-MINE", "web-0", "web-1"), reboot("E-OTHER", "web-1"), unreadable)
+
+    run_until(agent, lambda: len(transport.published) == len(published))
+
+    # THEN another VM's event is published only with --forward all (its report could move nothing)
+    assert [decode(m.body).subject for m in transport.published] == published
+    assert metrics.value("mbridge_events_not_forwarded_total") == (0 if forward_all else 1)
