@@ -1,0 +1,1 @@
+"""Verification of cloud-issued identity proofs."""
