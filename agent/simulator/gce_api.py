@@ -3,6 +3,9 @@
 Values change only through the control API or scenario steps (`GceState.apply`). One fidelity rule
 lives here: GCE gives the 60-second warning only if `instance/maintenance-event` was queried directly
 since the last maintenance event; an unwatched VM's maintenance happens with the value left at NONE.
+
+`instance/service-accounts/default/identity` issues instance identity tokens signed with keys made
+for this run (`GceApi.identity`, see gce_identity.py); it is the one path that is not a stored value.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from enum import Enum
-from typing import Callable, TypedDict
+from typing import TYPE_CHECKING, Callable, TypedDict
 
 from agent.simulator.clock import Clock, rfc3339
 from agent.simulator.departures import Departures
 from agent.simulator.store import FieldError, MetadataRequest, Response, SimLog, bool_field
+
+if TYPE_CHECKING:
+    from agent.simulator.gce_identity import TokenIssuer
 
 PREFIX = "/computeMetadata/v1/"
 PROJECT_ID = "maintenance-bridge-sim"
@@ -35,6 +42,10 @@ _FORBIDDEN_NO_FLAVOR = (
     "Your client does not have permission to get this URL from this server. Missing Metadata-Flavor:Google header.\n"
 )
 _FORBIDDEN_PROXIED = "Requests with an X-Forwarded-For header are refused; call the metadata server directly.\n"
+
+IDENTITY_PATH = "instance/service-accounts/default/identity"
+IDENTITY_FORMATS = ("standard", "full")  # the documented values of `format`; standard is the default
+_NO_AUDIENCE = "non-empty audience parameter required\n"  # GCE's answer (400) without an audience
 
 
 class GceKey(str, Enum):
@@ -347,15 +358,38 @@ class GceState:
 
 
 class GceApi:
-    """Answers /computeMetadata/v1/ for every VM of one simulator."""
+    """Answers /computeMetadata/v1/ for every VM of one simulator.
+
+    `identity` signs the instance identity tokens; without one, keys are made when first needed
+    (the first token, or the first read of `identity`), so a simulator that serves no token spends
+    nothing on RSA key generation and runs where google-auth is not installed.
+    """
 
     def __init__(
-        self, state: GceState, clock: Clock, cond: threading.Condition, stopping: Callable[[str], bool]
+        self,
+        state: GceState,
+        clock: Clock,
+        cond: threading.Condition,
+        stopping: Callable[[str], bool],
+        identity: TokenIssuer | None = None,
     ) -> None:
         self._state = state
         self._clock = clock
         self._cond = cond
         self._stopping = stopping  # (vm) -> the simulator stops, or that VM stopped answering
+        self._identity = identity
+        self._identity_lock = threading.Lock()
+        self._created = int(clock.wall_now())  # every VM of the simulator was created at its launch
+
+    @property
+    def identity(self) -> TokenIssuer:
+        """The issuer of this simulator's identity tokens; `identity.certs()` is what to trust."""
+        with self._identity_lock:
+            if self._identity is None:
+                from agent.simulator.gce_identity import TokenIssuer
+
+                self._identity = TokenIssuer.generate(now=self._wall_now())
+            return self._identity
 
     def handle(self, request: MetadataRequest) -> Response:
         if request.header("X-Forwarded-For") is not None:
@@ -367,6 +401,8 @@ class GceApi:
         if not request.path.startswith(PREFIX):
             return _text(404, f"Not found: {request.path}; metadata lives under {PREFIX}\n")
         path = request.path[len(PREFIX) :]
+        if path == IDENTITY_PATH:
+            return self._identity_token(request)
         if path == "instance/maintenance-event":
             # Only a direct query of the key counts as watching it; a parent directory does not.
             self._state.mark_watched(request.vm)
@@ -381,6 +417,45 @@ class GceApi:
         except ValueError as exc:
             return _text(400, f"{exc}\n")
         return _render(served, request.query.get("alt", ""))
+
+    def _identity_token(self, request: MetadataRequest) -> Response:
+        """A new token at every request (no ETag, no long-poll), as text/html like GCE sends it."""
+        audience = request.query.get("audience", "")
+        if not audience:
+            return _text(400, _NO_AUDIENCE)
+        requested_format = request.query.get("format", "standard")
+        if requested_format not in IDENTITY_FORMATS:
+            return _text(400, f"format must be one of {', '.join(IDENTITY_FORMATS)}, got {requested_format!r}\n")
+        # licenses=TRUE adds the license codes of the VM's images: a simulated VM boots none.
+        if request.query.get("licenses", "FALSE").upper() not in {"TRUE", "FALSE"}:
+            return _text(400, f"licenses must be TRUE or FALSE, got {request.query['licenses']!r}\n")
+        try:
+            issuer = self.identity
+        except ImportError:
+            return _text(500, "identity tokens need the google-auth package; pip install google-auth\n")
+        vm = request.vm
+        token = issuer.issue(
+            audience,
+            instance_name=vm,
+            instance_id=instance_id(vm),
+            project_id=PROJECT_ID,
+            project_number=PROJECT_NUMBER,
+            zone=ZONE,
+            full=requested_format == "full",
+            now=self._wall_now(),
+            instance_creation_timestamp=self._created,
+        )
+        return Response(
+            status=200,
+            body=token.encode("ascii"),
+            content_type="text/html; charset=utf-8",
+            headers=(("Metadata-Flavor", "Google"),),
+            broken=token[: len(token) // 2].encode("ascii"),  # the `malformed` fault: a cut-off token
+        )
+
+    def _wall_now(self) -> datetime:
+        # Tokens carry real wall-clock times, whatever the speed: their verifiers read real clocks.
+        return datetime.fromtimestamp(self._clock.wall_now(), timezone.utc)
 
     def _wait_or_now(self, request: MetadataRequest, path: str, recursive: bool) -> Served:
         current = self._serve(request.vm, path, recursive)
