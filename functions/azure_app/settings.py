@@ -37,6 +37,7 @@ LB_NIC_RESOURCE_GROUP = "MBRIDGE_LB_NIC_RESOURCE_GROUP"
 READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
 POLICY = "MBRIDGE_POLICY"
 SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
+TRUST_RESOURCE_GROUPS = "MBRIDGE_TRUST_RESOURCE_GROUPS"
 
 DEFAULT_COMMANDS_QUEUE = "maintenance-commands"
 DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
@@ -48,6 +49,8 @@ DEFAULT_AUDIT_TABLE = "mbridgeaudit"
 
 # Table Storage: 3-63 alphanumeric characters, starting with a letter.
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
+# A resource group: 1-90 letters, digits (Unicode ones too), '-', '_', '.', '(' and ')', not ending in '.'.
+_RESOURCE_GROUP = re.compile(r"^[-\w.()]{0,89}[-\w()]$")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -86,6 +89,9 @@ class Settings:
     # into the target's session of `commands_queue`.
     commands_mode: str = "queue"
     commands_topic: str = DEFAULT_COMMANDS_TOPIC
+    # Where the VMs an attested document names are looked up by vmId, in each subscription;
+    # empty: the whole subscription.
+    trust_resource_groups: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -130,6 +136,7 @@ class Settings:
             signing_key=_signing_key(env.optional(SIGNING_KEY)),
             commands_mode=env.choice(COMMANDS_MODE, COMMANDS_MODES),
             commands_topic=env.optional(COMMANDS_TOPIC) or DEFAULT_COMMANDS_TOPIC,
+            trust_resource_groups=_resource_groups(env.optional(TRUST_RESOURCE_GROUPS)),
         )
 
 
@@ -193,6 +200,22 @@ def _load_balancer(env: _Env) -> LoadBalancerTarget | None:
         name=name,
         nic_resource_group=env.optional(LB_NIC_RESOURCE_GROUP) or resource_group,
     )
+
+
+def _resource_groups(text: str | None) -> tuple[str, ...]:
+    """Comma-separated resource group names, each once (ARM compares them case-insensitively)."""
+    groups: dict[str, str] = {}
+    for item in (text or "").split(","):
+        name = item.strip()
+        if not name:
+            continue
+        if not _RESOURCE_GROUP.fullmatch(name):
+            raise SettingsError(
+                f"{TRUST_RESOURCE_GROUPS}: {name[:100]!r} is not a resource group name (1-90 letters, digits, "
+                f"'-', '_', '.', '(' or ')', not ending in '.'); give names separated by commas, not resource ids"
+            )
+        groups.setdefault(name.lower(), name)
+    return tuple(groups.values())
 
 
 def _policy(text: str | None) -> Policy:

@@ -330,6 +330,7 @@ def test_minimal_settings_take_the_documented_defaults() -> None:
     assert settings.readiness_drain is True
     assert settings.policy == Policy()
     assert settings.signing_key is None
+    assert settings.trust_resource_groups == ()
 
 
 @pytest.mark.parametrize(
@@ -346,6 +347,12 @@ def test_minimal_settings_take_the_documented_defaults() -> None:
         ({names.READINESS_DRAIN: "maybe"}, "MBRIDGE_READINESS_DRAIN is true or false"),
         ({names.POLICY: '{"drain_period": 10}'}, "MBRIDGE_POLICY: unknown policy setting 'drain_period'"),
         ({names.SIGNING_KEY: "not-a-key"}, "MBRIDGE_SIGNING_KEY: the key is neither PEM"),
+        (
+            {names.TRUST_RESOURCE_GROUPS: "rg-vms,/subscriptions/x/resourceGroups/rg-db"},
+            "MBRIDGE_TRUST_RESOURCE_GROUPS: '/subscriptions/x/resourceGroups/rg-db' is not a resource group name",
+        ),
+        ({names.TRUST_RESOURCE_GROUPS: "rg-vms."}, "MBRIDGE_TRUST_RESOURCE_GROUPS: 'rg-vms.' is not a resource group"),
+        ({names.TRUST_RESOURCE_GROUPS: "rg vms"}, "MBRIDGE_TRUST_RESOURCE_GROUPS: 'rg vms' is not a resource group"),
     ],
 )
 def test_a_wrong_setting_is_named_in_the_error(change: dict[str, str | None], message: str) -> None:
@@ -376,6 +383,7 @@ def test_a_full_configuration_is_read_and_keeps_secrets_out_of_its_repr() -> Non
         names.READINESS_DRAIN: "false",
         names.POLICY: '{"default_max_drained": 1, "drain_period_seconds": 45}',
         names.SIGNING_KEY: private_pem.decode(),
+        names.TRUST_RESOURCE_GROUPS: " rg-vms, RG-VMS ,rg-batch(2).eu,",
     }
 
     # WHEN it is read
@@ -386,6 +394,7 @@ def test_a_full_configuration_is_read_and_keeps_secrets_out_of_its_repr() -> Non
     assert (settings.load_balancer.resource_group, settings.load_balancer.nic_resource_group) == ("rg-net", "rg-vms")
     assert (settings.readiness_drain, settings.commands_queue) == (False, "commands")
     assert (settings.policy.default_max_drained, settings.policy.drain_period_seconds) == (1, 45)
+    assert settings.trust_resource_groups == ("rg-vms", "rg-batch(2).eu")  # each group once, in the given order
     assert settings.signing_key is not None
     verify(b"payload", sign(b"payload", settings.signing_key), load_public_key(public_pem))
     for secret in ("sb-secret", "table-secret", "PRIVATE KEY"):
