@@ -1,4 +1,5 @@
-"""Azure IMDS as a VM sees it: Scheduled Events (GET and POST) and a minimal instance document.
+"""Azure IMDS as a VM sees it: Scheduled Events (GET and POST), a minimal instance document, and the
+attested document (signed by a PKI made per run: agent/simulator/attestation.py).
 
 Request checks follow IMDS: the `Metadata: true` header (not enforced by the 2017-03-01 preview of
 Scheduled Events), no proxied requests (`X-Forwarded-For`), and an explicit, known api-version. The
@@ -9,9 +10,12 @@ version had.
 from __future__ import annotations
 
 import json
+import re
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TypedDict
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, TypedDict
 
 from agent.simulator.store import (
     ApprovalResult,
@@ -22,8 +26,13 @@ from agent.simulator.store import (
     SimEvent,
 )
 
+if TYPE_CHECKING:
+    from agent.simulator.attestation import AttestationAuthority
+    from agent.simulator.clock import Clock
+
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 INSTANCE_PATH = "/metadata/instance"
+ATTESTED_PATH = "/metadata/attested/document"
 
 # The Scheduled Events version table; the newest three are what IMDS names in its 400 answer.
 SCHEDULED_EVENTS_VERSIONS = (
@@ -74,6 +83,41 @@ INSTANCE_VERSIONS = (
 )
 INSTANCE_NEWEST = ("2023-11-15", "2023-07-01", "2021-12-13")
 
+# The attested endpoint came with 2018-10-01 ("Endpoint categories"); every documented IMDS version
+# since serves it ("Supported API versions" of the IMDS docs).
+ATTESTED_VERSIONS = (
+    "2018-10-01",
+    "2019-02-01",
+    "2019-03-11",
+    "2019-04-30",
+    "2019-06-01",
+    "2019-06-04",
+    "2019-08-01",
+    "2019-08-15",
+    "2019-11-01",
+    "2020-06-01",
+    "2020-07-15",
+    "2020-09-01",
+    "2020-10-01",
+    "2020-12-01",
+    "2021-01-01",
+    "2021-02-01",
+    "2021-03-01",
+    "2021-05-01",
+    "2021-08-01",
+    "2021-10-01",
+    "2021-11-01",
+    "2021-11-15",
+    "2021-12-13",
+    "2023-07-01",
+    "2023-11-15",
+    "2024-03-15",
+    "2024-07-17",
+    "2025-04-07",
+)
+ATTESTED_NEWEST = ("2025-04-07", "2024-07-17", "2024-03-15")
+_NONCE = re.compile(r"[0-9]{10}")
+
 # When each event type and field appeared (release notes of the version table).
 _TYPE_SINCE: Mapping[EventType, str] = {EventType.PREEMPT: "2017-11-01", EventType.TERMINATE: "2019-01-01"}
 _DESCRIPTION_SINCE = "2019-04-01"
@@ -87,6 +131,10 @@ _BAD_VERSION = (
 _MISSING_HEADER = "Bad request. Required metadata header not specified"
 _PROXIED = "Bad request. Requests with an X-Forwarded-For header are refused; call IMDS directly, not through a proxy"
 _MALFORMED = 'Bad request. The body must be JSON: {"StartRequests": [{"EventId": "<EventId>"}]}'
+_BAD_NONCE = (
+    "Bad request. nonce must be a string of exactly 10 digits (0-9), e.g. nonce=1234567890; "
+    "leave it out to get the current time as the nonce"
+)
 
 SIM_LOCATION = "westeurope"
 SIM_RESOURCE_GROUP = "maintenance-bridge-sim"
@@ -141,12 +189,17 @@ def render_document(incarnation: int, events: Sequence[SimEvent], version: str) 
     return AzureDocumentJson(DocumentIncarnation=incarnation, Events=shown)
 
 
+def vm_id(vm: str) -> str:
+    """The simulated VM's vmId: a UUID of its name, the same in every run."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"maintenance-bridge-sim/vm/{vm}"))
+
+
 def instance_document(vm: str) -> dict[str, object]:
     """The part of /metadata/instance that identifies the VM (its name is what Resources lists)."""
     return {
         "compute": {
             "name": vm,
-            "vmId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"maintenance-bridge-sim/vm/{vm}")),
+            "vmId": vm_id(vm),
             "location": SIM_LOCATION,
             "resourceGroupName": SIM_RESOURCE_GROUP,
             "subscriptionId": SIM_SUBSCRIPTION_ID,
@@ -171,10 +224,32 @@ def error(status: int, message: str, newest: Sequence[str] | None = None) -> Res
 
 
 class AzureApi:
-    """Answers the Azure metadata paths of one simulator (every VM port shares it)."""
+    """Answers the Azure metadata paths of one simulator (every VM port shares it).
 
-    def __init__(self, store: EventStore) -> None:
+    `attestation` signs the attested documents; without one, this simulator's PKI is made when first
+    needed (the first attested document, or the first read of `attestation`): its three RSA keys
+    take a tenth of a second or more, which a simulator that serves no attested document (most test
+    simulators) need not spend. `clock` gives the documents' times (real wall-clock time, whatever
+    the speed); without one, the system clock.
+    """
+
+    def __init__(
+        self, store: EventStore, attestation: AttestationAuthority | None = None, *, clock: Clock | None = None
+    ) -> None:
         self._store = store
+        self._attestation = attestation
+        self._attestation_lock = threading.Lock()
+        self._clock = clock
+
+    @property
+    def attestation(self) -> AttestationAuthority:
+        """The authority signing this simulator's attested documents; `roots_pem()` is what to trust."""
+        with self._attestation_lock:
+            if self._attestation is None:
+                from agent.simulator.attestation import AttestationAuthority
+
+                self._attestation = AttestationAuthority.generate(now=self._wall_now(), region=SIM_LOCATION)
+            return self._attestation
 
     def handle(self, request: MetadataRequest) -> Response:
         path = request.path.rstrip("/") or "/"
@@ -182,6 +257,8 @@ class AzureApi:
             return self._scheduled_events(request)
         if path == INSTANCE_PATH or path.startswith(INSTANCE_PATH + "/"):
             return self._instance(request, path)
+        if path == ATTESTED_PATH:
+            return self._attested(request)
         return error(404, f"Resource not found: {request.path}")
 
     # ---- Scheduled Events
@@ -237,6 +314,31 @@ class AzureApi:
         if text_format != "json":
             return error(400, "Bad request. format must be json or text")
         return json_response(200, node, document=True)
+
+    # ---- attested data
+
+    def _attested(self, request: MetadataRequest) -> Response:
+        version = request.query.get("api-version", "")
+        refusal = _refusal(request, version, ATTESTED_VERSIONS, ATTESTED_NEWEST, header_optional=False)
+        if refusal is not None:
+            return refusal[0]
+        if request.method != "GET":
+            return error(405, f"Method {request.method} is not allowed; use GET")
+        nonce = request.query.get("nonce")
+        if nonce is not None and not _NONCE.fullmatch(nonce):
+            return error(400, _BAD_NONCE)
+        try:
+            authority = self.attestation
+        except ImportError:
+            return error(500, "attested documents need the cryptography package; pip install cryptography")
+        document = authority.sign(vm_id(request.vm), SIM_SUBSCRIPTION_ID, nonce, self._wall_now())
+        return json_response(200, document, document=True)
+
+    def _wall_now(self) -> datetime:
+        # Attested documents carry real wall-clock times, whatever the speed: their verifiers read real clocks.
+        if self._clock is None:
+            return datetime.now(timezone.utc)
+        return datetime.fromtimestamp(self._clock.wall_now(), timezone.utc)
 
 
 def _refusal(
