@@ -19,12 +19,12 @@ from types import TracebackType
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
-from agent.simulator.azure_api import SCHEDULED_EVENTS_PATH, AzureApi, parse_start_requests
+from agent.simulator.azure_api import SCHEDULED_EVENTS_PATH, SIM_SUBSCRIPTION_ID, AzureApi, parse_start_requests, vm_id
 from agent.simulator.clock import Clock
 from agent.simulator.control import CONTROL_PREFIX, Actions, ControlApi, SimContext, state_view
 from agent.simulator.departures import Departures
 from agent.simulator.faults import FaultBook
-from agent.simulator.gce_api import GceApi, GceState
+from agent.simulator.gce_api import PROJECT_ID, GceApi, GceState
 from agent.simulator.scenarios import Scenario, check_fits, schedule
 from agent.simulator.store import (
     ApprovalResult,
@@ -36,6 +36,7 @@ from agent.simulator.store import (
     Timeline,
 )
 from agent.simulator.traffic import TrafficLog, VmTraffic
+from functions.core.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT
 
 _MAX_BODY = 1 << 20
 _VM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
@@ -248,6 +249,8 @@ class Simulator:
         self._stop = threading.Event()
         self._ctx: SimContext | None = None
         self._actions: Actions | None = None
+        self._azure_api: AzureApi | None = None
+        self._gce_api: GceApi | None = None
 
     def _default_names(self, scenario: Scenario | None) -> list[str]:
         if scenario is not None:
@@ -263,13 +266,9 @@ class Simulator:
         urls = tuple(_url(self.host, server.server_address[1]) for server in self._servers)
         ctx = self._context(urls)
         actions = Actions(ctx)
-        router = _Router(
-            ctx,
-            ControlApi(ctx, actions),
-            AzureApi(ctx.store),
-            GceApi(ctx.gce, ctx.clock, ctx.cond, lambda vm: ctx.timeline.stopped or ctx.departures.gone(vm)),
-            self._stop,
-        )
+        self._azure_api = AzureApi(ctx.store)
+        self._gce_api = GceApi(ctx.gce, ctx.clock, ctx.cond, lambda vm: ctx.timeline.stopped or ctx.departures.gone(vm))
+        router = _Router(ctx, ControlApi(ctx, actions), self._azure_api, self._gce_api, self._stop)
         ctx.log.add(
             f"{self.cloud.value} simulator at speed {self.speed:g}: "
             + ", ".join(f"{vm} {url}" for vm, url in zip(ctx.vm_names, urls))
@@ -368,6 +367,29 @@ class Simulator:
     def log_entries(self) -> list[dict[str, object]]:
         """What happened, in order (GET /_sim/log)."""
         return [dict(entry) for entry in self._started().log.entries()]
+
+    def trust(self) -> dict[str, object]:
+        """What verifies the proofs of identity this run issues (a trust file's document: see
+        functions/trust/trust_file.py): its test PKI's roots and VMs on Azure, its signing
+        certificates on GCE. The keys are made for this run, when first needed."""
+        self._started()
+        if self.cloud is Cloud.AZURE:
+            assert self._azure_api is not None
+            authority = self._azure_api.attestation
+            azure: dict[str, object] = {
+                "roots": authority.roots_pem().decode("ascii"),
+                "intermediates": authority.intermediates_pem().decode("ascii"),
+                "subscriptions": [SIM_SUBSCRIPTION_ID],
+                "vms": {vm_id(vm): vm for vm in self.vm_names},
+            }
+            return {"format": TRUST_FILE_FORMAT, "azure": azure}
+        assert self._gce_api is not None
+        gce: dict[str, object] = {
+            "certs": self._gce_api.identity.certs(),
+            "audience": DEFAULT_AUDIENCE,
+            "projects": [PROJECT_ID],
+        }
+        return {"format": TRUST_FILE_FORMAT, "gce": gce}
 
     def advance_clock(self, seconds: float) -> float:
         """Jump `seconds` documented seconds ahead (POST /_sim/clock/advance); returns the new sim time."""

@@ -36,6 +36,8 @@ GCE_TOKEN = "gceidtoken"  # noqa: S105 (a name, not a secret) the instance ident
 PROOF_ATTRIBUTES = frozenset({AZURE_ATTESTED, AZURE_SESSION_KEY, AZURE_SIGNATURE, GCE_TOKEN})
 
 DEFAULT_AUDIENCE = "maintenance-bridge"
+# The format tag of a trust file (functions/trust/trust_file.py), which the simulator writes.
+TRUST_FILE_FORMAT = "maintenance-bridge trust 1"
 NONCE_DIGITS = 10  # what IMDS accepts as the nonce of an attested document
 _SIGNED_PREFIX = b"maintenance-bridge proof v1\n"
 

@@ -1,0 +1,195 @@
+"""The `IdentityVerifier`s of the function apps: which VM a message provably comes from.
+
+- `AzureAttestedVerifier`: the attested document (signed by Azure, checked by `azure_attested`)
+  names the VM by vmId and subscription; it must have been issued for the key that signed this
+  message's digest (its nonce is derived from that key), and the vmId is resolved to the VM's
+  name through a `VmDirectory` (the compute API in Azure, a fixed map with the simulator).
+- `GceTokenVerifier`: the identity token (signed by Google, checked by `gce_token`) must have been
+  issued for this deployment's audience and this message's digest; it names the instance.
+- `CloudVerifier`: the one of the message's cloud (its `source` is /azure/<vm> or /gce/<vm>).
+
+A proof that is missing, invalid, expired, made for another message or another key raises
+`UnverifiedError` with what failed; what cannot be checked now (Google's certificates or an
+issuing CA unreachable) raises a `RetryableError`, so the message is tried again, not refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Callable, Protocol
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from functions.core.envelope import Envelope
+from functions.core.errors import RetryableError
+from functions.core.identity import (
+    AZURE_ATTESTED,
+    AZURE_SESSION_KEY,
+    AZURE_SIGNATURE,
+    GCE_TOKEN,
+    Identity,
+    IdentityVerifier,
+    UnverifiedError,
+    session_nonce,
+    signed_digest,
+    token_audience,
+)
+from functions.trust.azure_attested import (
+    DEFAULT_SIGNER_NAMES,
+    AttestationError,
+    IssuerFetchError,
+    verify_attested_document,
+)
+from functions.trust.gce_token import CertSource, TokenError, verify_with_source
+
+ATTESTED = "attested"
+
+
+class VmDirectory(Protocol):
+    """Azure: the name of the VM with a vmId (what Scheduled Events list in Resources)."""
+
+    def name_of(self, subscription_id: str, vm_id: str) -> str | None:
+        """The VM's name, or None when no VM of that subscription has that vmId."""
+        ...
+
+
+class IssuerUnavailableError(RetryableError):
+    """The attested document's issuing CA could not be fetched now; the message is tried again."""
+
+
+class AzureAttestedVerifier:
+    def __init__(
+        self,
+        *,
+        roots: Sequence[x509.Certificate],
+        directory: VmDirectory,
+        intermediates: Sequence[x509.Certificate] = (),
+        signer_names: Sequence[str] = DEFAULT_SIGNER_NAMES,
+        subscriptions: Collection[str] | None = None,
+        fetch_issuer: Callable[[str], bytes] | None = None,
+    ) -> None:
+        self._roots = list(roots)
+        self._directory = directory
+        self._intermediates = list(intermediates)
+        self._signer_names = tuple(signer_names)
+        self._subscriptions = None if subscriptions is None else {s.lower() for s in subscriptions}
+        self._fetch_issuer = fetch_issuer
+
+    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
+        attested, key_text, signature_text = _azure_proof(envelope)
+        key = _session_key(key_text)
+        try:
+            key.verify(_base64(signature_text, AZURE_SIGNATURE), signed_digest(envelope.digest))
+        except InvalidSignature:
+            raise UnverifiedError(
+                "the agent key's signature does not match this message: it was made for another message, "
+                "or the message was changed"
+            ) from None
+        try:
+            document = verify_attested_document(
+                attested,
+                roots=self._roots,
+                intermediates=self._intermediates,
+                signer_names=self._signer_names,
+                valid_at=accepted_at,
+                fetch_issuer=self._fetch_issuer,
+            )
+        except IssuerFetchError as exc:
+            raise IssuerUnavailableError(f"cannot check the attested document now: {exc}") from exc
+        except AttestationError as exc:
+            raise UnverifiedError(f"the attested document is not valid proof: {exc}") from exc
+        public = base64.b64decode(key_text)
+        if document.nonce != session_nonce(public):
+            raise UnverifiedError(
+                f"the attested document was issued for nonce {document.nonce!r}, not for the key that signed this "
+                "message: it was taken from another agent's messages"
+            )
+        if self._subscriptions is not None and document.subscription_id.lower() not in self._subscriptions:
+            raise UnverifiedError(
+                f"the VM is in subscription {document.subscription_id}, which this deployment does not trust "
+                "(MBRIDGE_TRUST_SUBSCRIPTIONS)"
+            )
+        name = self._directory.name_of(document.subscription_id, document.vm_id)
+        if name is None:
+            raise UnverifiedError(
+                f"no VM with vmId {document.vm_id} in subscription {document.subscription_id} is visible to the "
+                "functions: grant their identity read access to the VMs (docs/azure.md)"
+            )
+        return Identity(vm=name, how=ATTESTED, detail=f"Azure vmId {document.vm_id}")
+
+
+class GceTokenVerifier:
+    def __init__(self, *, certs: CertSource, audience: str, projects: Collection[str] | None = None) -> None:
+        self._certs = certs
+        self._audience = audience
+        self._projects = None if projects is None else frozenset(projects)
+
+    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
+        token = envelope.extensions.get(GCE_TOKEN)
+        if not isinstance(token, str) or not token:
+            raise UnverifiedError(
+                f"no GCE identity token ({GCE_TOKEN}): is the agent's --identity-proof on, and may its VM ask "
+                "the metadata server for identity tokens?"
+            )
+        try:
+            vm = verify_with_source(
+                token,
+                source=self._certs,
+                audience=token_audience(self._audience, envelope.digest),
+                valid_at=accepted_at,
+                now=max(now, accepted_at),
+                allowed_projects=self._projects,
+            )
+        except TokenError as exc:
+            raise UnverifiedError(f"the identity token is not valid proof for this message: {exc}") from exc
+        return Identity(
+            vm=vm.instance_name, how=ATTESTED, detail=f"GCE instance {vm.instance_id} in {vm.project_id}/{vm.zone}"
+        )
+
+
+class CloudVerifier:
+    """The verifier of the message's cloud; a cloud without one has no valid proof."""
+
+    def __init__(self, *, azure: IdentityVerifier | None = None, gce: IdentityVerifier | None = None) -> None:
+        self._verifiers = {"azure": azure, "gce": gce}
+
+    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
+        cloud = envelope.source.split("/")[1] if envelope.source.count("/") >= 2 else ""
+        verifier = self._verifiers.get(cloud)
+        if verifier is None:
+            configured = ", ".join(name for name, v in self._verifiers.items() if v is not None) or "none"
+            raise UnverifiedError(f"this deployment verifies proofs of {configured}; the message is of {cloud!r}")
+        return verifier.verify(envelope, accepted_at, now)
+
+
+_AZURE = (AZURE_ATTESTED, AZURE_SESSION_KEY, AZURE_SIGNATURE)
+
+
+def _azure_proof(envelope: Envelope) -> tuple[str, str, str]:
+    values = [envelope.extensions.get(name) for name in _AZURE]
+    texts = [value for value in values if isinstance(value, str) and value]
+    if len(texts) != len(_AZURE):
+        raise UnverifiedError(
+            f"no Azure proof of identity (extension attributes {', '.join(_AZURE)}): is the agent's "
+            "--identity-proof on, and does it reach IMDS's attested document?"
+        )
+    return texts[0], texts[1], texts[2]
+
+
+def _base64(text: str, name: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise UnverifiedError(f"{name} is not base64") from None
+
+
+def _session_key(text: str) -> Ed25519PublicKey:
+    raw = _base64(text, AZURE_SESSION_KEY)
+    if len(raw) != 32:
+        raise UnverifiedError(f"{AZURE_SESSION_KEY} is not an Ed25519 public key (32 bytes), got {len(raw)} bytes")
+    return Ed25519PublicKey.from_public_bytes(raw)
