@@ -59,7 +59,7 @@ bench-quick: venv
 PYTHON39 ?= python3.9
 compat39:
 	$(PYTHON39) -m venv .venv39
-	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography asn1crypto
+	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography asn1crypto google-auth
 	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator tests/contract/agent \
 		tests/contract/test_commands_against_simulator.py --ignore=tests/unit/transports --ignore=tests/unit/azure \
 		--ignore=tests/unit/gcp --ignore=tests/unit/test_build_function_package.py --ignore=tests/unit/bench -k "not pubsub"

@@ -195,8 +195,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "--insecure-unsigned-commands",
         action="store_true",
         default=env_flag("MBRIDGE_INSECURE_UNSIGNED_COMMANDS"),
-        help="accept unsigned commands from a cloud bus (anyone who can send to it could approve this VM's "
-        "events); without it, --transport servicebus|pubsub needs --verify-key [MBRIDGE_INSECURE_UNSIGNED_COMMANDS]",
+        help="accept unsigned commands from the bus (anyone who can send to it could approve this VM's "
+        "events); without it, every transport but jsonl needs --verify-key [MBRIDGE_INSECURE_UNSIGNED_COMMANDS]",
     )
     parser.add_argument(
         "--identity-proof",
@@ -258,9 +258,9 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             "--servicebus-commands-topic: the agent receives from its own subscription of the commands topic; "
             "set --servicebus-commands-subscription too [MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION]"
         )
-    if args.transport in ("servicebus", "pubsub") and not args.verify_key and not args.insecure_unsigned_commands:
+    if args.transport != "jsonl" and not args.verify_key and not args.insecure_unsigned_commands:
         raise ConfigError(
-            f"--transport {args.transport} takes commands from a cloud bus that other identities can send to: "
+            f"--transport {args.transport} takes commands from a bus that others can send to: "
             "give the functions' public key with --verify-key [MBRIDGE_VERIFY_KEY] so that only signed commands "
             "are executed, or accept unsigned ones knowingly with --insecure-unsigned-commands "
             "[MBRIDGE_INSECURE_UNSIGNED_COMMANDS] (docs/security.md)"

@@ -21,6 +21,7 @@ from datetime import datetime
 
 from agent.transports.local import BusEvent, LocalBus
 from functions.core.bounds import bounded
+from functions.core.commands import Command
 from functions.core.errors import PermanentError, RetryableError
 from functions.core.identity import IdentityVerifier
 from functions.core.policy import Policy
@@ -44,13 +45,16 @@ class LocalFunctionHost:
         clock: Callable[[], datetime],
         on_outcome: Callable[[Outcome], None] = lambda outcome: None,
         verifier: IdentityVerifier | None = None,
+        signer: Callable[[Command], Command] | None = None,
     ) -> None:
         self._bus = bus
         self._store = store
         self._clock = clock
         self._on_outcome = on_outcome
         sender = LocalCommandSender(bus)
-        self.deps = Deps(store=store, balancer=balancer, sender=sender, audit=store, policy=policy, verifier=verifier)
+        self.deps = Deps(
+            store=store, balancer=balancer, sender=sender, audit=store, policy=policy, verifier=verifier, signer=signer
+        )
 
     def step(self, limit: int = 100) -> int:
         """Process what is waiting on the bus; return how many envelopes were taken."""

@@ -15,17 +15,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from agent.config import AgentSettings
 from agent.main import run_agent
 from agent.simulator import Simulator
 from agent.transports.local import LocalBus
+from functions.core.commands import Command
+from functions.core.identity import TRUST_FILE_FORMAT
 from functions.core.model import Cloud
 from functions.core.policy import Policy
+from functions.core.signing import generate_keypair, load_private_key, sign_command
 from functions.local_app.balancer import LocalPool
 from functions.local_app.demo.flows import AZURE_VMS, GCE_VM, POOLS
 from functions.local_app.demo.timeline import Observer
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
+from functions.trust.trust_file import verifier_from_trust
+from functions.trust.verifiers import CloudVerifier
 
 # The agents poll twice a second here (the documented once a second also works; it only adds
 # half a second on average to every detection).
@@ -115,9 +122,32 @@ class Simulators:
     def approvals(self) -> list[dict[str, object]]:
         return self.azure.approvals()
 
+    def trust(self) -> dict[str, object]:
+        """One trust file for both simulators: what verifies the proofs their VMs' agents attach."""
+        return {**self.azure.trust(), **self.gce.trust(), "format": TRUST_FILE_FORMAT}
+
+    def verifier(self) -> CloudVerifier:
+        return verifier_from_trust(self.trust())
+
     def stop(self) -> None:
         self.azure.stop()
         self.gce.stop()
+
+
+@dataclass(frozen=True)
+class CommandKeys:
+    """The demo's command-signing key pair, made for the run: the functions sign, the agents verify."""
+
+    private: Ed25519PrivateKey
+    public: str  # PEM, as an agent's --verify-key takes it
+
+    @classmethod
+    def generate(cls) -> CommandKeys:
+        private, public = generate_keypair()
+        return cls(load_private_key(private), public.decode("ascii"))
+
+    def sign(self, command: Command) -> Command:
+        return sign_command(command, self.private)
 
 
 @dataclass
@@ -151,7 +181,11 @@ class EmbeddedWorld:
         self.agents = AgentThreads()
         self._host_stop = threading.Event()
         clock = lambda: datetime.now(timezone.utc)  # noqa: E731
-        host = LocalFunctionHost(self.bus, self.store, self.pool, policy, clock)
+        # As deployed: the functions verify each sender's proof, and sign the commands the agents verify.
+        self.commands = CommandKeys.generate()
+        host = LocalFunctionHost(
+            self.bus, self.store, self.pool, policy, clock, verifier=self.sims.verifier(), signer=self.commands.sign
+        )
         self._host = threading.Thread(target=host.run, args=(self._host_stop,), name="function-host", daemon=True)
         self._position = 0
         self._audit_seen = 0
@@ -161,7 +195,10 @@ class EmbeddedWorld:
         self._host.start()
         for cloud, vm, url in self.sims.endpoints():
             state_dir = self.workdir / "agents" / vm
-            self.agents.start(agent_settings(cloud, url, vm, state_dir, bus_path=self.bus.path))
+            settings = agent_settings(
+                cloud, url, vm, state_dir, bus_path=self.bus.path, verify_key=self.commands.public
+            )
+            self.agents.start(settings)
         self.sims.wait_until_watched(timeout)
         return self
 

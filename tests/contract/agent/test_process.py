@@ -18,6 +18,7 @@ import requests
 
 from agent.simulator import Simulator, load_scenario
 from agent.state import AgentState
+from functions.core.signing import generate_keypair
 from tests.agent_runner import ROOT, AgentProcess, play_to_the_end
 from tests.waiting import wait_until
 
@@ -192,7 +193,8 @@ def test_check_reports_healthy_against_the_simulator(tmp_path: Path) -> None:
     with Simulator(cloud="azure", vm_names=["vm-0"]) as sim:
         done = subprocess.run(
             [sys.executable, "-m", "agent.cli", "agent", "--check", "--cloud", "azure", "--metadata-url",
-             sim.base_urls[0], "--transport", "local", "--state-dir", str(tmp_path)],
+             sim.base_urls[0], "--transport", "local", "--state-dir", str(tmp_path),
+             "--verify-key", generate_keypair()[1].decode()],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -57,7 +57,9 @@ def test_damaged_state_files_are_moved_aside_and_events_still_reach_the_bus(
         add_event(sim, "E1")
 
         # WHEN the agent starts on it with the local bus (a command channel: it opens its ledger too)
-        agent = agent_process(agent_args(sim.base_urls[0], state_dir, "--transport", "local"))
+        agent = agent_process(
+            agent_args(sim.base_urls[0], state_dir, "--transport", "local", "--insecure-unsigned-commands")
+        )
 
         # THEN the event reaches the bus, and the agent stops cleanly
         bus = LocalBus(state_dir / "bus.db")
@@ -91,10 +93,11 @@ def test_a_state_directory_the_agent_cannot_use_exits_2_with_one_line_saying_wha
 
 
 def check(metadata_url: str, state_dir: Path) -> tuple[int, list[str]]:
-    # --vm-name: three checks in a row may meet the simulator's IMDS rate limit on the name.
+    # --vm-name and no proof: three checks in a row would meet the simulator's IMDS rate limit (5/s).
     done = mbridge_agent(
-        "--check", "--cloud", "azure", "--metadata-url", metadata_url, "--vm-name", VM, "--state-dir", str(state_dir)
-    )
+        "--check", "--cloud", "azure", "--metadata-url", metadata_url, "--vm-name", VM, "--state-dir", str(state_dir),
+        "--identity-proof", "none",
+    )  # fmt: skip
     return done.returncode, done.stdout.splitlines()
 
 
