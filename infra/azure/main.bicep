@@ -5,7 +5,9 @@
 //
 // - Service Bus: topic `maintenance-events` (agents -> functions), its subscriptions for the
 //   function app and for `mbridge approve` (`operator-results`), queue `maintenance-commands`
-//   (functions -> agents, one session per VM)
+//   (functions -> agents, one session per VM); or, with commandsMode = 'topic', topic
+//   `maintenance-commands` and one subscription per VM of commandsSubscriptionVms, each readable
+//   by that VM's own identity only (modules/vm-commands-subscription.bicep)
 // - the function app on Flex Consumption, its storage (host, deployment package, state and audit
 //   tables) and its telemetry (Log Analytics + Application Insights)
 // - two user-assigned identities, one for the function app and one for the VMs (agents), each
@@ -63,6 +65,16 @@ param eventsDuplicateDetectionWindow string = 'P1D'
 @maxLength(50)
 param functionSubscriptionName string = 'functions'
 
+@description('How commands reach the agents. queue: one session per VM of a shared queue; the agents\' identity may open any session, so a VM could read or take another VM\'s commands (it cannot forge them). topic: one subscription per VM of a commands topic, readable by that VM\'s own identity only; for standalone VMs with identities of their own (the VMs of a scale set share one identity: keep them on queue). No example scale set in topic mode.')
+@allowed([
+  'queue'
+  'topic'
+])
+param commandsMode string = 'queue'
+
+@description('topic mode: the VMs to give a commands subscription, each { name: VM name as Scheduled Events name it, principalId: principal id of that VM\'s own managed identity }. More can be added later with modules/vm-commands-subscription.bicep.')
+param commandsSubscriptionVms array = []
+
 @description('Replication of the storage account (only zone- or geo-redundant: the audit table is the record of every approval). Use Standard_GRS where the region has no availability zones.')
 @allowed([
   'Standard_ZRS'
@@ -115,7 +127,7 @@ param drainVirtualNetworkResourceGroup string = ''
 @description('Name of the custom drain role. Role names are unique in the tenant: give a second deployment in the same tenant another name.')
 param drainerRoleName string = 'Maintenance Bridge Drainer'
 
-@description('Deploy the example scale set that runs the agent (needs adminSshPublicKey).')
+@description('Deploy the example scale set that runs the agent (needs adminSshPublicKey). Queue mode only: its VMs share one identity, which the topic mode cannot isolate.')
 param deployExampleScaleSet bool = false
 
 @description('How long a scale set VM being deleted may hold its Terminate event before Azure approves it (ISO 8601, 5 to 15 minutes).')
@@ -158,6 +170,7 @@ param instanceCount int = 2
 param encryptionAtHost bool = false
 
 var suffix = uniqueString(resourceGroup().id)
+var commandsViaTopic = commandsMode == 'topic'
 var stateTableName = 'mbridgestate'
 var auditTableName = 'mbridgeaudit'
 var deploymentContainerName = 'app-package'
@@ -203,8 +216,23 @@ module serviceBus 'modules/servicebus.bicep' = {
     functionSubscriptionName: functionSubscriptionName
     functionPrincipalId: functionIdentity.properties.principalId
     agentPrincipalId: agentIdentity.properties.principalId
+    commandsMode: commandsMode
   }
 }
+
+// The isolated mode: each VM's filtered subscription and its own receiver role on it.
+module vmCommandSubscriptions 'modules/vm-commands-subscription.bicep' = [
+  for vm in commandsSubscriptionVms: if (commandsViaTopic) {
+    name: '${namePrefix}-commands-${uniqueString(vm.name)}'
+    params: {
+      namespaceName: serviceBus.outputs.namespaceName
+      topicName: serviceBus.outputs.commandsTopicName
+      eventsTopicName: serviceBus.outputs.eventsTopicName
+      vmName: vm.name
+      principalId: vm.principalId
+    }
+  }
+]
 
 module storage 'modules/storage.bicep' = {
   name: '${namePrefix}-storage'
@@ -236,6 +264,8 @@ module functionApp 'modules/functionapp.bicep' = {
     eventsTopicName: serviceBus.outputs.eventsTopicName
     eventsSubscriptionName: serviceBus.outputs.functionSubscriptionName
     commandsQueueName: serviceBus.outputs.commandsQueueName
+    commandsMode: commandsMode
+    commandsTopicName: serviceBus.outputs.commandsTopicName
     stateTableName: storage.outputs.stateTableName
     auditTableName: storage.outputs.auditTableName
     loadBalancerSubscriptionId: drainEnabled ? subscription().subscriptionId : ''
@@ -308,7 +338,7 @@ module drainOnVirtualNetwork 'modules/drain-roles.bicep' = if (drainEnabled && !
   }
 }
 
-module exampleScaleSet 'modules/vmss-example.bicep' = if (deployExampleScaleSet) {
+module exampleScaleSet 'modules/vmss-example.bicep' = if (deployExampleScaleSet && !commandsViaTopic) {
   name: '${namePrefix}-vmss-example'
   params: {
     scaleSetName: '${namePrefix}-vmss'
@@ -337,6 +367,10 @@ output eventsTopic string = serviceBus.outputs.eventsTopicName
 output functionSubscription string = serviceBus.outputs.functionSubscriptionName
 output operatorResultsSubscription string = serviceBus.outputs.operatorResultsSubscriptionName
 output commandsQueue string = serviceBus.outputs.commandsQueueName
+@description('The commands topic of the topic mode (empty in the queue mode).')
+output commandsTopic string = serviceBus.outputs.commandsTopicName
+@description('topic mode: MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION of each VM of commandsSubscriptionVms, in its order.')
+output commandsSubscriptions array = [for (vm, index) in commandsSubscriptionVms: commandsViaTopic ? vmCommandSubscriptions[index].outputs.subscriptionName : '']
 output functionAppName string = functionApp.outputs.appName
 @description('Principal id of the function identity: grant it "Key Vault Secrets User" on the signing key secret.')
 output functionIdentityPrincipalId string = functionIdentity.properties.principalId
@@ -351,5 +385,5 @@ output stateTable string = storage.outputs.stateTableName
 output auditTable string = storage.outputs.auditTableName
 @description('Where the function app package goes (az functionapp deployment source config-zip uploads it there).')
 output deploymentContainerUrl string = storage.outputs.deploymentContainerUrl
-output exampleScaleSetName string = deployExampleScaleSet ? exampleScaleSet.outputs.scaleSetName : ''
-output exampleLoadBalancerName string = deployExampleScaleSet ? exampleScaleSet.outputs.loadBalancerName : ''
+output exampleScaleSetName string = deployExampleScaleSet && !commandsViaTopic ? exampleScaleSet.outputs.scaleSetName : ''
+output exampleLoadBalancerName string = deployExampleScaleSet && !commandsViaTopic ? exampleScaleSet.outputs.loadBalancerName : ''

@@ -23,6 +23,7 @@ AGENT = "agent"  # the VMs' user-assigned identity (the agents)
 SCOPE_EVENTS_TOPIC = "events_topic"
 SCOPE_FUNCTION_SUBSCRIPTION = "function_subscription"
 SCOPE_COMMANDS_QUEUE = "commands_queue"
+SCOPE_COMMANDS_TOPIC = "commands_topic"  # the isolated mode's topic
 SCOPE_STATE_TABLE = "state_table"
 SCOPE_AUDIT_TABLE = "audit_table"
 SCOPE_STORAGE_ACCOUNT = "storage_account"  # the Functions host's own storage (leases, deployment package)
@@ -32,6 +33,16 @@ SCOPE_NIC_RESOURCE_GROUP = "nic_resource_group"
 SCOPE_VIRTUAL_NETWORK = "virtual_network"
 
 DRAINER_ROLE = "Maintenance Bridge Drainer"
+
+
+def commands_subscription_scope(subscription: str) -> str:
+    """The scope of one VM's subscription of the commands topic (the isolated mode)."""
+    return f"{SCOPE_COMMANDS_TOPIC}/subscriptions/{subscription}"
+
+
+def vm_principal(principal_id: str) -> str:
+    """A VM's own identity, by the principal id the deployment is given for it (the isolated mode)."""
+    return f"vm identity {principal_id}"
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,36 @@ class AzureFacts:
     vmss_health_probe_port: int  # 9797
     # Interface
     outputs: frozenset[str]
+
+
+@dataclass(frozen=True)
+class VmCommandsSubscription:
+    """One VM's subscription of the commands topic (the module vm-commands-subscription)."""
+
+    name: str
+    topic: str  # the name of the topic it is a subscription of
+    filters: frozenset[str]  # each rule's filter: "target = 'web-0'" (correlation) or the SQL text
+    default_rule_kept: bool  # the `$Default` TrueFilter left in place (it passes every message)
+    requires_session: bool
+    lock: str  # ISO 8601 duration
+    ttl: str  # ISO 8601 duration (default message time to live)
+    max_delivery_count: int
+
+
+@dataclass(frozen=True)
+class IsolatedCommandsFacts:
+    """The deployment in the isolated mode (commands mode `topic`), with a given set of VMs."""
+
+    commands_topic: str
+    commands_topic_duplicate_detection: bool
+    commands_topic_duplicate_window: str  # ISO 8601 duration
+    commands_topic_ttl: str  # ISO 8601 duration
+    commands_topic_partitioned: bool
+    commands_queue_deployed: bool
+    example_scale_set_deployed: bool
+    function_app_settings: dict[str, str]  # name -> value (literal, or the source text of an expression)
+    grants: frozenset[RoleGrant]
+    subscriptions: tuple[VmCommandsSubscription, ...]  # by name
 
 
 _DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$")

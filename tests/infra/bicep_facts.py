@@ -29,6 +29,7 @@ from tests.infra.azure_facts import (
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
     SCOPE_COMMANDS_QUEUE,
+    SCOPE_COMMANDS_TOPIC,
     SCOPE_EVENTS_TOPIC,
     SCOPE_FUNCTION_SUBSCRIPTION,
     SCOPE_LOAD_BALANCER,
@@ -37,7 +38,11 @@ from tests.infra.azure_facts import (
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
     AzureFacts,
+    IsolatedCommandsFacts,
     RoleGrant,
+    VmCommandsSubscription,
+    commands_subscription_scope,
+    vm_principal,
 )
 from tests.infra.sources import AGENT_INSTALL, BICEP_DIR, load_bicep
 
@@ -101,29 +106,94 @@ class Unit:
     scope: Any = None  # the declaration's `scope:` expression, written in the caller
     condition: Any = None  # the declaration's condition, written in the caller
     assumed: Mapping[str, Any] = field(default_factory=dict)  # main.bicep only: parameter values to assume
-    _modules: dict[str, Unit] = field(default_factory=dict)
+    _modules: dict[str, list[Unit]] = field(default_factory=dict)
 
     def section(self, name: str) -> dict[str, Any]:
         found: dict[str, Any] = self.doc.get(name) or {}
         return found
 
     def module(self, symbol: str) -> Unit:
+        """The unit of a module declared once (not in a loop)."""
+        units = self.modules(symbol)
+        if "loop_type" in self.section("modules")[symbol]["config"] or len(units) != 1:
+            raise ExtractionError(f"{self.path.name}: module {symbol} is declared in a loop")
+        return units[0]
+
+    def modules(self, symbol: str) -> list[Unit]:
+        """The units of a module declaration: one, or for `[for item in array: ...]` one per element
+        when the array is known (a parameter value assumed), else one that stands for every element
+        (whatever reads the element resolves to a LoopRef)."""
         if symbol not in self._modules:
             declaration = self.section("modules")[symbol]
-            condition, config = split_condition(declaration["config"])
+            config = declaration["config"]
+            loop = config.get("loop_type")
+            if loop is not None:
+                config = {key: value for key, value in config.items() if key != "loop_type"}
+            condition, config = split_condition(config)
             path = (self.path.parent / declaration["detail"]["path"]).resolve()
-            self._modules[symbol] = Unit(
-                path=path,
-                doc=_parsed(path),
-                caller=self,
-                arguments=config.get("params") or {},
-                scope=config.get("scope"),
-                condition=condition,
-            )
+            arguments = config.get("params") or {}
+            bindings: list[Any] = [None] if loop is None else _loop_items(self, loop)
+            self._modules[symbol] = [
+                Unit(
+                    path=path,
+                    doc=_parsed(path),
+                    caller=self,
+                    arguments=arguments if loop is None else _bound(arguments, loop["detail"]["item_name"], item),
+                    scope=config.get("scope"),
+                    condition=condition if loop is None else _bound(condition, loop["detail"]["item_name"], item),
+                )
+                for item in bindings
+            ]
         return self._modules[symbol]
 
     def is_symbol(self, name: str) -> bool:
         return any(name in self.section(kind) for kind in ("parameters", "variables", "resources", "modules"))
+
+
+_ANY_ELEMENT = object()
+
+
+def _loop_items(unit: Unit, loop: Mapping[str, Any]) -> list[Any]:
+    """The elements a module loop runs over: the array's, when it is known; else one stand-in."""
+    if loop.get("type") != "array":
+        raise ExtractionError(f"{unit.path.name}: only `for item in array` module loops are read")
+    array = resolve(unit, loop["detail"]["array_name"])
+    if isinstance(array, Lit) and isinstance(array.node, list):
+        return [value_of(resolve(array.unit, item)) for item in array.node]
+    return [_ANY_ELEMENT]
+
+
+def _bound(node: Any, name: str, item: Any) -> Any:
+    """`node` with the loop variable `name` replaced: by the element's values when it is known, by a
+    `{"loop_item": ...}` marker (resolved to a LoopRef) when it stands for every element."""
+    if isinstance(node, str):
+        if node == name:
+            return _element(name, item, ())
+        return node
+    if isinstance(node, list):
+        return [_bound(value, name, item) for value in node]
+    if not isinstance(node, dict):
+        return node
+    operator = node.get("operator")
+    if isinstance(operator, dict) and operator.get("type") == "property_accessor":
+        chain = _accessor_chain(node)
+        if chain is not None and chain[0] == name:
+            return _element(name, item, tuple(chain[1]))
+    return {key: _bound(value, name, item) for key, value in node.items()}
+
+
+def _element(name: str, item: Any, path: tuple[str, ...]) -> Any:
+    if item is _ANY_ELEMENT:
+        return {"loop_item": {"name": name, "path": path}}
+    value = item
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            raise ExtractionError(f"the loop element {item!r} has no {'.'.join(path)}")
+        value = value[key]
+    if isinstance(value, str):
+        # A literal string, whatever it spells (even the name of a symbol).
+        return {"literal": value}
+    return value
 
 
 _PARSED: dict[Path, dict[str, Any]] = {}
@@ -222,6 +292,14 @@ class Choice:
     options: tuple[Resolved, ...]
 
 
+@dataclass(frozen=True)
+class LoopRef:
+    """A property of the element a module loop declaration stands for, when the array is not known."""
+
+    name: str
+    path: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, eq=False)
 class Lit:
     """An array or object literal; its elements are resolved on access."""
@@ -230,7 +308,7 @@ class Lit:
     node: Any
 
 
-Resolved = Union[str, int, bool, None, Ref, ParamRef, VarRef, Expr, Choice, Lit]
+Resolved = Union[str, int, bool, None, Ref, ParamRef, VarRef, Expr, Choice, Lit, LoopRef]
 
 _CHAIN = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 _INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
@@ -293,6 +371,12 @@ def resolve(unit: Unit, node: Any, path: tuple[str, ...] = ()) -> Resolved:
             return resolve(unit, node[int(path[0])], path[1:])
         return Lit(unit, node)
     if isinstance(node, dict):
+        if set(node) == {"loop_item"}:
+            return LoopRef(node["loop_item"]["name"], (*node["loop_item"]["path"], *path))
+        if set(node) == {"literal"}:
+            if path:
+                raise ExtractionError(f"{unit.path.name}: cannot read {'.'.join(path)} of {node['literal']!r}")
+            return str(node["literal"])
         operator = node.get("operator")
         if isinstance(operator, dict):
             if operator["type"] == "property_accessor":
@@ -390,7 +474,7 @@ def value_of(resolved: Resolved) -> Any:
         if isinstance(node, list):
             return [value_of(resolve(resolved.unit, item)) for item in node]
         return {key.strip("'"): value_of(resolve(resolved.unit, item)) for key, item in node.items()}
-    if isinstance(resolved, (Ref, VarRef, Expr, Choice)):
+    if isinstance(resolved, (Ref, VarRef, Expr, Choice, LoopRef)):
         return render(resolved)
     return resolved
 
@@ -421,6 +505,11 @@ def truth(unit: Unit, node: Any) -> bool | None:
     if operator.get("type") == "not":
         value = truth(unit, operands["bool_value"])
         return None if value is None else not value
+    if operator.get("type") in ("equals", "not_equals"):
+        left, right = (deref(resolve(unit, operand)) for operand in operands.values())
+        if all(isinstance(side, (str, int, bool)) for side in (left, right)):
+            return (left == right) is (operator["type"] == "equals")
+        return None
     if operator.get("type") in ("and", "or"):
         values = [truth(unit, operand) for operand in operands.values()]
         if operator["type"] == "and":
@@ -516,7 +605,7 @@ def render(resolved: Resolved) -> str:
         return str(resolved)
     if resolved is None:
         return ""
-    if isinstance(resolved, (Ref, ParamRef)):
+    if isinstance(resolved, (Ref, ParamRef, LoopRef)):
         name = resolved.symbol if isinstance(resolved, Ref) else resolved.name
         return ".".join((name, *resolved.path))
     if isinstance(resolved, VarRef):
@@ -569,7 +658,8 @@ class Deployment:
     def _collect(self, unit: Unit) -> None:
         self.units.append(unit)
         for symbol in unit.section("modules"):
-            self._collect(unit.module(symbol))
+            for module in unit.modules(symbol):
+                self._collect(module)
 
     def resources(self, kind: str, *, existing: bool | None = False) -> list[Resource]:
         """The resources of one type that some deployment creates (or, with existing=None, also references)."""
@@ -703,6 +793,9 @@ class Deployment:
                 return FUNCTION
             if identity == self.agent_identity():
                 return AGENT
+        if isinstance(principal, (str, LoopRef)):
+            # A principal id the deployment is given (one VM's own identity, commandsSubscriptionVms).
+            return vm_principal(render(principal))
         return f"unknown principal {render(principal)}"
 
     def resource_group_of(self, unit: Unit) -> Resolved:
@@ -737,7 +830,7 @@ class Deployment:
         return self.settings[name]
 
     def events_topic(self) -> Resource:
-        return self.one(TOPIC)
+        return self.named(TOPIC, value_of(self._setting("MBRIDGE_EVENTS_TOPIC")))
 
     def function_subscription(self) -> Resource:
         return self.named(SUBSCRIPTION, value_of(self._setting("MBRIDGE_EVENTS_SUBSCRIPTION")))
@@ -755,6 +848,20 @@ class Deployment:
 
     def commands_queue(self) -> Resource:
         return self.named(QUEUE, value_of(self._setting("MBRIDGE_COMMANDS_QUEUE")))
+
+    def commands_topic(self) -> Resource:
+        """The topic of the isolated mode (commandsMode = 'topic')."""
+        return self.named(TOPIC, value_of(self._setting("MBRIDGE_COMMANDS_TOPIC")))
+
+    def commands_subscriptions(self) -> list[Resource]:
+        """The per-VM subscriptions of the commands topic (modules/vm-commands-subscription.bicep)."""
+        topic = self.commands_topic().name
+        found = []
+        for subscription in self.resources(SUBSCRIPTION):
+            parent = self.resource_of(subscription.get("parent"))
+            if parent.type == TOPIC and parent.name == topic:
+                found.append(subscription)
+        return found
 
     def state_table(self) -> Resource:
         return self.named(TABLE, value_of(self._setting("MBRIDGE_STATE_TABLE")))
@@ -774,16 +881,26 @@ class Deployment:
                 return SCOPE_NIC_RESOURCE_GROUP
             return f"resource group {render(group) if group is not None else '(the deployment)'}"
         target = self.resource_of(resolve(assignment.unit, assignment.config["scope"]))
+        # The entities this deployment has (the queue or the commands topic, by the commands mode).
         by_name = {
-            (TOPIC, self.events_topic().name): SCOPE_EVENTS_TOPIC,
-            (SUBSCRIPTION, self.function_subscription().name): SCOPE_FUNCTION_SUBSCRIPTION,
-            (QUEUE, self.commands_queue().name): SCOPE_COMMANDS_QUEUE,
-            (TABLE, self.state_table().name): SCOPE_STATE_TABLE,
-            (TABLE, self.audit_table().name): SCOPE_AUDIT_TABLE,
-            (STORAGE_ACCOUNT, self.storage_account().name): SCOPE_STORAGE_ACCOUNT,
+            (kind, name): scope
+            for kind, lookup, scope in (
+                (TOPIC, self.events_topic, SCOPE_EVENTS_TOPIC),
+                (SUBSCRIPTION, self.function_subscription, SCOPE_FUNCTION_SUBSCRIPTION),
+                (QUEUE, self.commands_queue, SCOPE_COMMANDS_QUEUE),
+                (TOPIC, self.commands_topic, SCOPE_COMMANDS_TOPIC),
+                (TABLE, self.state_table, SCOPE_STATE_TABLE),
+                (TABLE, self.audit_table, SCOPE_AUDIT_TABLE),
+                (STORAGE_ACCOUNT, self.storage_account, SCOPE_STORAGE_ACCOUNT),
+            )
+            for name in _names_of(lookup)
         }
         if (target.type, target.name) in by_name:
             return by_name[(target.type, target.name)]
+        if target.type == SUBSCRIPTION:
+            parent = self.resource_of(target.get("parent"))
+            if (TOPIC, parent.name) in by_name and by_name[(TOPIC, parent.name)] == SCOPE_COMMANDS_TOPIC:
+                return commands_subscription_scope(str(target.name))
         if target.type == APP_INSIGHTS:
             return SCOPE_APP_INSIGHTS
         drained = self.settings.get("MBRIDGE_LB_NAME")
@@ -798,6 +915,14 @@ class Deployment:
             RoleGrant(self.principal_of(assignment), self.role_of(assignment), self.scope_of(assignment))
             for assignment in self.assignments()
         ]
+
+
+def _names_of(lookup: Any) -> list[Any]:
+    """[the name of the resource `lookup()` finds], or [] when this deployment has none."""
+    try:
+        return [lookup().name]
+    except ExtractionError:
+        return []
 
 
 def _snake(camel: str) -> str:
@@ -910,8 +1035,66 @@ def _decorator(unit: Unit, parameter: str, kind: str) -> Any:
 
 
 def read() -> AzureFacts:
-    """The facts of infra/azure/main.bicep, every parameter left to whoever deploys it."""
-    return facts_of(Deployment())
+    """The facts of infra/azure/main.bicep in the queue mode (the default commandsMode), every
+    other parameter left to whoever deploys it."""
+    return facts_of(Deployment(parameters={"commandsMode": "queue"}))
+
+
+def read_isolated(vms: Mapping[str, str]) -> IsolatedCommandsFacts:
+    """The facts of main.bicep in the topic mode, with commands subscriptions for `vms` (name ->
+    principal id of the VM's own identity), every other parameter left to whoever deploys it."""
+    parameters = {
+        "commandsMode": "topic",
+        "commandsSubscriptionVms": [{"name": name, "principalId": principal} for name, principal in vms.items()],
+    }
+    return isolated_facts_of(Deployment(parameters=parameters))
+
+
+def isolated_facts_of(deployment: Deployment) -> IsolatedCommandsFacts:
+    topic = deployment.commands_topic()
+    return IsolatedCommandsFacts(
+        commands_topic=str(topic.name),
+        commands_topic_duplicate_detection=topic.value("properties", "requiresDuplicateDetection") is True,
+        commands_topic_duplicate_window=str(topic.value("properties", "duplicateDetectionHistoryTimeWindow")),
+        commands_topic_ttl=str(topic.value("properties", "defaultMessageTimeToLive")),
+        commands_topic_partitioned=topic.value_or_none("properties", "enablePartitioning") is True,
+        commands_queue_deployed=bool(deployment.resources(QUEUE)),
+        example_scale_set_deployed=bool(deployment.resources(SCALE_SET)),
+        function_app_settings={name: source_text(value) for name, value in deployment.settings.items()},
+        grants=frozenset(deployment.grants()),
+        subscriptions=tuple(
+            sorted((vm_subscription(deployment, s) for s in deployment.commands_subscriptions()), key=lambda s: s.name)
+        ),
+    )
+
+
+def vm_subscription(deployment: Deployment, subscription: Resource) -> VmCommandsSubscription:
+    """One per-VM subscription: its own settings, and the rules declared on it."""
+    filters = set()
+    default_replaced = False
+    for rule in deployment.resources(RULE):
+        parent = deployment.resource_of(rule.get("parent"))
+        if (parent.unit, parent.symbol) != (subscription.unit, subscription.symbol):
+            continue
+        default_replaced = default_replaced or rule.name == "$Default"
+        kind = rule.value("properties", "filterType")
+        if kind == "CorrelationFilter":
+            properties = rule.value("properties", "correlationFilter", "properties")
+            filters.add(" AND ".join(f"{key} = '{value}'" for key, value in properties.items()))
+        else:
+            filters.add(str(rule.value("properties", "sqlFilter", "sqlExpression")))
+    parent = deployment.resource_of(subscription.get("parent"))
+    return VmCommandsSubscription(
+        name=str(subscription.name),
+        topic=str(parent.name),
+        filters=frozenset(filters),
+        # A rule written under the name `$Default` replaces the TrueFilter a new subscription gets.
+        default_rule_kept=not default_replaced,
+        requires_session=subscription.value_or_none("properties", "requiresSession") is True,
+        lock=str(subscription.value("properties", "lockDuration")),
+        ttl=str(subscription.value("properties", "defaultMessageTimeToLive")),
+        max_delivery_count=int(subscription.value("properties", "maxDeliveryCount")),
+    )
 
 
 def facts_of(deployment: Deployment) -> AzureFacts:

@@ -14,9 +14,15 @@ not by resource names:
   `role_definition_id` references; its scope is classified by what the `scope` expression
   references (a resource, or a `local` that builds an ARM id);
 - the accepted terminate timeouts are the list in the variable's `contains([...], var.x)`
-  validation.
+  validation;
+- the per-VM commands subscriptions of the isolated mode are the instances of the module
+  `vm_commands_subscription` that the root declares with `for_each`, read from the module's own
+  files with the call's arguments.
 
-Variables resolve to their defaults: the facts describe the deployment as shipped.
+Variables resolve to their defaults: the facts describe the deployment as shipped, in the commands
+mode the reader names. A resource's `count` is decided only where it hangs on a variable the reader
+sets (the commands mode); whatever else decides it (a load balancer given or not) leaves the
+resource counted, as conditional resources count in the contract.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from tests.infra.azure_facts import (
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
     SCOPE_COMMANDS_QUEUE,
+    SCOPE_COMMANDS_TOPIC,
     SCOPE_EVENTS_TOPIC,
     SCOPE_FUNCTION_SUBSCRIPTION,
     SCOPE_LOAD_BALANCER,
@@ -40,7 +47,11 @@ from tests.infra.azure_facts import (
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
     AzureFacts,
+    IsolatedCommandsFacts,
     RoleGrant,
+    VmCommandsSubscription,
+    commands_subscription_scope,
+    vm_principal,
 )
 from tests.infra.sources import (
     TERRAFORM_AZURE,
@@ -61,6 +72,11 @@ _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _CONTAINS_LIST = re.compile(r"contains\(\s*\[(?P<items>[^\]]*)\]\s*,\s*var\.(?P<var>\w+)\s*\)")
 _ID_TEMPLATE = re.compile(r'"(/subscriptions/[^"]*)"')
 _RESOURCE_GROUP_ID_TEMPLATE = re.compile(r"^/subscriptions/\$\{[^}]+\}/resourceGroups/\$\{[^}]+\}$")
+_VARIABLE_INTERPOLATION = re.compile(r"\$\{var\.(\w+)\}")
+_CONDITIONAL_COUNT = re.compile(r"(?P<condition>.+?)\s*\?\s*(?P<yes>\d+)\s*:\s*(?P<no>\d+)")
+_COMPARISON = re.compile(r'var\.(?P<var>\w+)\s*(?P<op>==|!=)\s*"(?P<value>[^"]*)"')
+VM_COMMANDS_MODULE = "./modules/vm_commands_subscription"
+_CHOICE = re.compile(r"(?P<condition>[^?]+?)\s*\?\s*(?P<yes>[^:]+?)\s*:\s*(?P<no>.+)")
 
 
 class TerraformSourceError(AssertionError):
@@ -68,10 +84,12 @@ class TerraformSourceError(AssertionError):
 
 
 class _Module:
-    """One parsed module with the lookups the extractor needs."""
+    """One parsed module with the lookups the extractor needs. `given`: values of its variables
+    that are set (a module call's arguments, or what the reader assumes of the root's)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, given: Mapping[str, Any] | None = None) -> None:
         self.directory = directory
+        self.given = dict(given or {})
         parsed = load_terraform(directory)
         self.resources = terraform_resources(parsed)
         self.data = {f"data.{address}": body for address, body in terraform_resources(parsed, "data").items()}
@@ -80,6 +98,9 @@ class _Module:
         self.locals: dict[str, Any] = {}
         for block in parsed.get("locals", []):
             self.locals.update(block)
+        self.calls: dict[str, dict[str, Any]] = {
+            name: body for block in parsed.get("module", []) for name, body in block.items()
+        }
 
     # ------------------------------------------------------------ values
 
@@ -101,12 +122,80 @@ class _Module:
         raise TerraformSourceError(f"too many indirections resolving {expression!r}")
 
     def variable_default(self, name: str) -> Any:
+        """The variable's value: as given, else its default."""
         variable = self.variables.get(name)
         if variable is None:
             raise TerraformSourceError(f"var.{name} is not declared")
+        if name in self.given:
+            return self.given[name]
         if "default" not in variable:
             raise TerraformSourceError(f"var.{name} has no default")
         return variable["default"]
+
+    def text(self, expression: Any) -> Any:
+        """`value`, with `${var.x}` inside a string replaced by a given variable's text."""
+        value = self.value(expression)
+        if not isinstance(value, str):
+            return value
+        return _VARIABLE_INTERPOLATION.sub(
+            lambda match: str(self.given[match.group(1)]) if match.group(1) in self.given else match.group(0), value
+        )
+
+    # ------------------------------------------------------------ counts
+
+    def exists(self, body: Mapping[str, Any]) -> bool | None:
+        """False when the resource's `count` is 0 by the given variables; True for 1 or no count;
+        None when it depends on something else."""
+        if "count" not in body:
+            return True
+        count = self._number(body["count"])
+        return None if count is None else count > 0
+
+    def _number(self, expression: Any) -> int | None:
+        value = self.value(expression)
+        if isinstance(value, int):
+            return value
+        whole = _WHOLE_INTERPOLATION.match(str(value))
+        if not whole:
+            return None
+        conditional = _CONDITIONAL_COUNT.fullmatch(whole.group(1).strip())
+        if not conditional:
+            return None
+        decided = self.truth(conditional.group("condition"))
+        if decided is None:
+            return None
+        return int(conditional.group("yes" if decided else "no"))
+
+    def truth(self, condition: str) -> bool | None:
+        """A condition made of `&&`, `!`, `var.x`, `local.y` and `var.x == "s"` / `!=`, decided by
+        the given variables only (None: it depends on something else)."""
+        terms = [self._term(term.strip()) for term in condition.split("&&")]
+        if False in terms:
+            return False
+        return True if all(term is True for term in terms) else None
+
+    def _term(self, term: str) -> bool | None:
+        if term.startswith("!"):
+            inner = self._term(term[1:].strip())
+            return None if inner is None else not inner
+        if term.startswith("(") and term.endswith(")"):
+            return self.truth(term[1:-1])
+        comparison = _COMPARISON.fullmatch(term)
+        if comparison:
+            name = comparison.group("var")
+            if name not in self.given:
+                return None
+            return (self.given[name] == comparison.group("value")) is (comparison.group("op") == "==")
+        local = re.fullmatch(r"local\.(\w+)", term)
+        if local:
+            definition = self.local(local.group(1))
+            whole = _WHOLE_INTERPOLATION.match(str(definition))
+            return self.truth(whole.group(1)) if whole else None
+        variable = re.fullmatch(r"var\.(\w+)", term)
+        if variable and variable.group(1) in self.given:
+            given = self.given[variable.group(1)]
+            return given if isinstance(given, bool) else None
+        return None
 
     def local(self, name: str) -> Any:
         if name not in self.locals:
@@ -176,7 +265,14 @@ def _block(body: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def read(directory: Path = TERRAFORM_AZURE) -> AzureFacts:
-    return _Extractor(_Module(directory)).facts()
+    """The deployment as shipped, in the queue mode (commands_mode's default)."""
+    return _Extractor(_Module(directory, given={"commands_mode": "queue"})).facts()
+
+
+def read_isolated(vms: Mapping[str, str], directory: Path = TERRAFORM_AZURE) -> IsolatedCommandsFacts:
+    """The deployment in the topic mode, with commands subscriptions for `vms` (name -> principal id)."""
+    given = {"commands_mode": "topic", "commands_subscription_vms": dict(vms)}
+    return _Extractor(_Module(directory, given=given)).isolated_facts()
 
 
 class _Extractor:
@@ -189,6 +285,9 @@ class _Extractor:
             self.settings["MBRIDGE_EVENTS_SUBSCRIPTION"], "azurerm_servicebus_subscription"
         )
         self.queue_address = module.referenced(self.settings["MBRIDGE_COMMANDS_QUEUE"], "azurerm_servicebus_queue")
+        self.commands_topic_address = module.referenced(
+            self.settings["MBRIDGE_COMMANDS_TOPIC"], "azurerm_servicebus_topic"
+        )
         self.state_table_address = module.referenced(self.settings["MBRIDGE_STATE_TABLE"])
         self.audit_table_address = module.referenced(self.settings["MBRIDGE_AUDIT_TABLE"])
         self.storage_address = module.referenced(
@@ -262,9 +361,13 @@ class _Extractor:
     def _grants(self) -> frozenset[RoleGrant]:
         grants = set()
         for assignment in self.m.of_kind("azurerm_role_assignment").values():
+            if self.m.exists(assignment) is False:
+                continue
             identity = self.m.referenced(assignment["principal_id"], "azurerm_user_assigned_identity")
             principal = {self.function_identity: FUNCTION, self.agent_identity: AGENT}.get(identity, identity)
             grants.add(RoleGrant(principal, self._role(assignment), self._scope(assignment["scope"])))
+        for instance in self._vm_subscription_modules():
+            grants |= self._module_grants(instance)
         return frozenset(grants)
 
     def _role(self, assignment: Mapping[str, Any]) -> str:
@@ -316,6 +419,7 @@ class _Extractor:
             self.topic_address: SCOPE_EVENTS_TOPIC,
             self.function_subscription_address: SCOPE_FUNCTION_SUBSCRIPTION,
             self.queue_address: SCOPE_COMMANDS_QUEUE,
+            self.commands_topic_address: SCOPE_COMMANDS_TOPIC,
             self.state_table_address: SCOPE_STATE_TABLE,
             self.audit_table_address: SCOPE_AUDIT_TABLE,
             self.storage_address: SCOPE_STORAGE_ACCOUNT,
@@ -364,6 +468,157 @@ class _Extractor:
             if found and found.group("var") == variable:
                 return tuple(_QUOTED.findall(found.group("items")))
         raise TerraformSourceError(f"var.{variable} has no contains([...], var.{variable}) validation")
+
+    # ------------------------------------------------------------ the isolated mode's module
+
+    def _vm_subscription_modules(self) -> list[_Module]:
+        """Each instance of the vm_commands_subscription module the root declares, as a module with
+        the call's arguments given (`each.key` / `each.value` filled in; references to the root's
+        resources kept as text)."""
+        instances = []
+        for name, call in self.m.calls.items():
+            if call.get("source") != VM_COMMANDS_MODULE:
+                continue
+            elements = self._for_each(name, call.get("for_each"))
+            for key, value in elements.items():
+                arguments = {
+                    argument: self._each(expression, key, value)
+                    for argument, expression in call.items()
+                    if argument not in ("source", "for_each", "depends_on", "providers")
+                }
+                instances.append(_Module((self.m.directory / call["source"]).resolve(), given=arguments))
+        return instances
+
+    def _for_each(self, call: str, expression: Any) -> dict[str, Any]:
+        whole = _WHOLE_INTERPOLATION.match(str(expression))
+        choice = _CHOICE.fullmatch(whole.group(1).strip()) if whole else None
+        if choice is None:
+            raise TerraformSourceError(f"module.{call}: for_each is not `condition ? var.x : {{}}`: {expression!r}")
+        decided = self.m.truth(choice.group("condition"))
+        if decided is None:
+            raise TerraformSourceError(f"module.{call}: cannot tell whether for_each applies: {expression!r}")
+        branch = choice.group("yes" if decided else "no").strip()
+        if branch == "{}":
+            return {}
+        variable = re.fullmatch(r"var\.(\w+)", branch)
+        if variable is None:
+            raise TerraformSourceError(f"module.{call}: for_each runs over {branch}, not a variable")
+        elements = self.m.variable_default(variable.group(1))
+        if not isinstance(elements, dict):
+            raise TerraformSourceError(f"module.{call}: var.{variable.group(1)} is not a map")
+        return elements
+
+    @staticmethod
+    def _each(expression: Any, key: str, value: Any) -> Any:
+        if expression == "${each.key}":
+            return key
+        if expression == "${each.value}":
+            return value
+        return expression
+
+    def _module_subscription(self, module: _Module) -> tuple[str, dict[str, Any]]:
+        subscriptions = module.of_kind("azurerm_servicebus_subscription")
+        if len(subscriptions) != 1:
+            raise TerraformSourceError(
+                f"{module.directory.name}: expected one subscription, found {sorted(subscriptions)}"
+            )
+        return next(iter(subscriptions.items()))
+
+    def _module_topic(self, module: _Module, subscription: Mapping[str, Any]) -> str:
+        """The root topic a module's subscription belongs to (its topic_id argument references it)."""
+        topic_id = module.value(subscription["topic_id"])
+        return self.m.referenced(topic_id, "azurerm_servicebus_topic")
+
+    def _module_grants(self, module: _Module) -> set[RoleGrant]:
+        address, subscription = self._module_subscription(module)
+        name = str(module.text(subscription["name"]))
+        grants = set()
+        for assignment in module.of_kind("azurerm_role_assignment").values():
+            if module.exists(assignment) is False:
+                continue
+            if module.references(assignment["scope"]) == [address]:
+                own = self._module_topic(module, subscription) == self.commands_topic_address
+                scope = commands_subscription_scope(name) if own else f"subscription {name} of another topic"
+            else:
+                # An argument of the call: a reference to a resource of the root.
+                scope = self._scope(module.value(assignment["scope"]))
+            principal = module.value(assignment["principal_id"])
+            grants.add(RoleGrant(vm_principal(str(principal)), self._role_in(module, assignment), scope))
+        return grants
+
+    @staticmethod
+    def _role_in(module: _Module, assignment: Mapping[str, Any]) -> str:
+        if "role_definition_name" not in assignment:
+            raise TerraformSourceError(f"{module.directory.name}: a role assignment without role_definition_name")
+        return str(module.value(assignment["role_definition_name"]))
+
+    def _vm_subscription(self, module: _Module) -> VmCommandsSubscription:
+        address, subscription = self._module_subscription(module)
+        subscription_id = f"${{{address}.id}}"
+        filters = set()
+        for rule in module.of_kind("azurerm_servicebus_subscription_rule").values():
+            if module.references(rule["subscription_id"]) != [address]:
+                continue
+            if module.value(rule.get("filter_type")) == "CorrelationFilter":
+                properties = _block(rule, "correlation_filter").get("properties", {})
+                filters.add(" AND ".join(f"{key} = '{module.value(value)}'" for key, value in properties.items()))
+            else:
+                filters.add(str(module.text(rule.get("sql_filter", ""))))
+        removed = any(
+            module.value(action.get("method")) == "DELETE"
+            and action.get("resource_id") == f"{subscription_id}/rules/$Default"
+            for action in module.of_kind("azapi_resource_action").values()
+        )
+        return VmCommandsSubscription(
+            name=str(module.text(subscription["name"])),
+            topic=self._name(self._module_topic(module, subscription)),
+            filters=frozenset(filters),
+            default_rule_kept=not removed,
+            requires_session=module.value(subscription.get("requires_session")) is True,
+            lock=str(module.value(subscription.get("lock_duration", ""))),
+            ttl=str(module.value(subscription.get("default_message_ttl", ""))),
+            max_delivery_count=int(module.value(subscription.get("max_delivery_count", 0))),
+        )
+
+    def _setting_value(self, text: str) -> str:
+        """An app setting's value where the given variables decide it: `${var.x}`, and
+        `${condition ? a : b}` whose branches are "" or a resource's name."""
+        value = self.m.value(text)
+        whole = _WHOLE_INTERPOLATION.match(str(value))
+        choice = _CHOICE.fullmatch(whole.group(1).strip()) if whole else None
+        if choice is None:
+            return str(value)
+        decided = self.m.truth(choice.group("condition"))
+        if decided is None:
+            return str(value)
+        branch = choice.group("yes" if decided else "no").strip()
+        if branch == '""':
+            return ""
+        [(address, attribute)] = _REFERENCE.findall(branch)
+        return self._name(address) if attribute == "name" else f"${{{branch}}}"
+
+    def isolated_facts(self) -> IsolatedCommandsFacts:
+        m = self.m
+        topic = m.body(self.commands_topic_address)
+        if m.exists(topic) is not True:
+            raise TerraformSourceError("the commands topic is not deployed in the topic mode")
+        return IsolatedCommandsFacts(
+            commands_topic=self._name(self.commands_topic_address),
+            commands_topic_duplicate_detection=m.value(topic.get("requires_duplicate_detection")) is True,
+            commands_topic_duplicate_window=str(m.value(topic.get("duplicate_detection_history_time_window", ""))),
+            commands_topic_ttl=str(m.value(topic.get("default_message_ttl", ""))),
+            # azurerm's default for partitioning_enabled is false.
+            commands_topic_partitioned=m.value(topic.get("partitioning_enabled", False)) is True,
+            commands_queue_deployed=m.exists(m.body(self.queue_address)) is not False,
+            example_scale_set_deployed=m.exists(self.vmss) is not False,
+            function_app_settings={name: self._setting_value(text) for name, text in self.settings.items()},
+            grants=self._grants(),
+            subscriptions=tuple(
+                sorted(
+                    (self._vm_subscription(module) for module in self._vm_subscription_modules()), key=lambda s: s.name
+                )
+            ),
+        )
 
     # ------------------------------------------------------------ all together
 

@@ -2,7 +2,8 @@
 
 GIVEN the facts an extractor reads from infra/azure/ (Bicep) or infra/terraform/azure/
 WHEN  they are compared with what design §2 and §3 and docs/azure.md, docs/transports.md demand
-THEN  both sources deploy the same entities, settings and least-privilege roles.
+THEN  both sources deploy the same entities, settings and least-privilege roles,
+      in the queue mode (the default) and in the isolated (topic) mode.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tests.infra.azure_facts import (
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
     SCOPE_COMMANDS_QUEUE,
+    SCOPE_COMMANDS_TOPIC,
     SCOPE_EVENTS_TOPIC,
     SCOPE_FUNCTION_SUBSCRIPTION,
     SCOPE_LOAD_BALANCER,
@@ -26,11 +28,16 @@ from tests.infra.azure_facts import (
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
     AzureFacts,
+    IsolatedCommandsFacts,
     RoleGrant,
+    commands_subscription_scope,
     duration_seconds,
+    vm_principal,
 )
 from tests.infra.bicep_facts import read as read_bicep
+from tests.infra.bicep_facts import read_isolated as read_bicep_isolated
 from tests.infra.terraform_azure_facts import read as read_terraform
+from tests.infra.terraform_azure_facts import read_isolated as read_terraform_isolated
 
 SOURCES: dict[str, Callable[[], AzureFacts]] = {
     "bicep": read_bicep,
@@ -189,9 +196,100 @@ def test_outputs_give_what_agents_and_operators_need(facts: AzureFacts) -> None:
         "servicebus_namespace_fqdn",
         "events_topic",
         "commands_queue",
+        "commands_topic",
+        "commands_subscriptions",
         "function_app_name",
         "agent_identity_client_id",
         "agent_identity_id",
         "table_endpoint",
         "audit_table",
     } <= facts.outputs
+
+
+# ---------------------------------------------------------------- the isolated (topic) mode
+
+# Two standalone VMs, each with its own managed identity (principal ids as a deployment gives them).
+ISOLATED_VMS = {
+    "web-0": "11111111-1111-4111-8111-111111111111",
+    "db-1": "22222222-2222-4222-8222-222222222222",
+}
+
+ISOLATED_SOURCES: dict[str, Callable[[], IsolatedCommandsFacts]] = {
+    "bicep": lambda: read_bicep_isolated(ISOLATED_VMS),
+    "terraform": lambda: read_terraform_isolated(ISOLATED_VMS),
+}
+
+
+@pytest.fixture(params=sorted(ISOLATED_SOURCES), scope="module")
+def isolated(request: pytest.FixtureRequest) -> IsolatedCommandsFacts:
+    return ISOLATED_SOURCES[request.param]()
+
+
+def test_the_topic_mode_sends_commands_through_a_topic_instead_of_the_queue(isolated: IsolatedCommandsFacts) -> None:
+    assert isolated.commands_topic == "maintenance-commands"
+    assert not isolated.commands_queue_deployed
+    assert isolated.commands_topic_duplicate_detection  # MessageId = command_id: a re-sent command is dropped
+    assert duration_seconds(isolated.commands_topic_duplicate_window) >= 10 * 60
+    assert duration_seconds(isolated.commands_topic_ttl) == 10 * 60  # a command's default lifetime
+    assert not isolated.commands_topic_partitioned  # one VM's commands in sequence
+    # AND the function app sends there, in the topic mode
+    settings = isolated.function_app_settings
+    assert settings["MBRIDGE_COMMANDS_MODE"] == "topic"
+    assert settings["MBRIDGE_COMMANDS_TOPIC"] == isolated.commands_topic
+    assert settings["MBRIDGE_COMMANDS_QUEUE"] == ""
+
+
+def test_each_vm_subscription_passes_only_its_own_vms_commands(isolated: IsolatedCommandsFacts) -> None:
+    assert [subscription.name for subscription in isolated.subscriptions] == sorted(f"vm-{vm}" for vm in ISOLATED_VMS)
+    for subscription in isolated.subscriptions:
+        vm = subscription.name.removeprefix("vm-")
+        assert subscription.topic == isolated.commands_topic
+        # The filter names this VM and nothing else, and no TrueFilter `$Default` lets the rest in
+        assert subscription.filters == {f"target = '{vm}'"}
+        assert not subscription.default_rule_kept
+        # One reader, no sessions; a lock the agent can settle within; commands expire as on the queue
+        assert not subscription.requires_session
+        assert 30 <= duration_seconds(subscription.lock) <= 300
+        assert duration_seconds(subscription.ttl) == 10 * 60
+        assert subscription.max_delivery_count >= 5
+
+
+EXPECTED_ISOLATED_GRANTS = (
+    EXPECTED_GRANTS
+    - {
+        RoleGrant(FUNCTION, "Azure Service Bus Data Sender", SCOPE_COMMANDS_QUEUE),
+        RoleGrant(AGENT, "Azure Service Bus Data Receiver", SCOPE_COMMANDS_QUEUE),
+    }
+    | {RoleGrant(FUNCTION, "Azure Service Bus Data Sender", SCOPE_COMMANDS_TOPIC)}
+    | {
+        grant
+        for vm, principal in ISOLATED_VMS.items()
+        for grant in (
+            # each VM's own identity: its own subscription, and the events topic it publishes to
+            RoleGrant(
+                vm_principal(principal), "Azure Service Bus Data Receiver", commands_subscription_scope(f"vm-{vm}")
+            ),
+            RoleGrant(vm_principal(principal), "Azure Service Bus Data Sender", SCOPE_EVENTS_TOPIC),
+        )
+    }
+)
+
+
+def test_in_the_topic_mode_each_vm_may_receive_from_its_own_subscription_only(isolated: IsolatedCommandsFacts) -> None:
+    assert isolated.grants == EXPECTED_ISOLATED_GRANTS
+    # Spelled out: no agent identity, shared or a VM's own, holds a role on the commands topic or on
+    # anything namespace-wide, and a VM's receiver role names its own subscription and no other
+    for grant in isolated.grants:
+        if grant.principal == FUNCTION:
+            continue
+        assert grant.scope != SCOPE_COMMANDS_TOPIC, grant
+        if grant.role == "Azure Service Bus Data Receiver":
+            [vm] = [vm for vm, principal in ISOLATED_VMS.items() if vm_principal(principal) == grant.principal]
+            assert grant.scope == commands_subscription_scope(f"vm-{vm}"), grant
+        else:
+            assert (grant.role, grant.scope) == ("Azure Service Bus Data Sender", SCOPE_EVENTS_TOPIC), grant
+
+
+def test_the_topic_mode_deploys_no_scale_set(isolated: IsolatedCommandsFacts) -> None:
+    # A scale set's VMs share one identity: it stays on the queue mode
+    assert not isolated.example_scale_set_deployed

@@ -65,8 +65,20 @@ GUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 
 
 @pytest.fixture(scope="module")
+def topic_deployment() -> Deployment:
+    """The isolated mode, with two VMs of their own identities."""
+    vms = [
+        {"name": "web-0", "principalId": "11111111-1111-4111-8111-111111111111"},
+        {"name": "db-1", "principalId": "22222222-2222-4222-8222-222222222222"},
+    ]
+    return Deployment(parameters={"commandsMode": "topic", "commandsSubscriptionVms": vms})
+
+
+@pytest.fixture(scope="module")
 def deployment() -> Deployment:
-    return Deployment()
+    """The deployment in the queue mode (commandsMode's default); test_azure_contract.py and the
+    tests below read the topic mode too."""
+    return Deployment(parameters={"commandsMode": "queue"})
 
 
 def _function(resolved: Resolved) -> tuple[Unit, dict[str, Any]]:
@@ -234,6 +246,18 @@ def test_role_ids_are_the_built_in_roles_their_names_say(deployment: Deployment)
 def test_role_assignment_names_are_guids_of_scope_principal_and_role(deployment: Deployment) -> None:
     assignments = deployment.assignments()
     assert len(assignments) == 11
+    assert_guid_names(assignments)
+
+
+def test_in_the_topic_mode_role_assignment_names_are_guids_too(topic_deployment: Deployment) -> None:
+    # GIVEN the topic mode with two VMs: the function's sender on the topic replaces its sender and
+    # the agents' receiver on the queue; each VM adds its receiver and its events sender
+    assignments = topic_deployment.assignments()
+    assert len(assignments) == 11 - 2 + 1 + 2 * 2
+    assert_guid_names(assignments)
+
+
+def assert_guid_names(assignments: list[bicep_facts.Resource]) -> None:
     for assignment in assignments:
         where = f"{assignment.unit.path.name}: {assignment.symbol}"
         unit, function = _function(assignment.get("name"))
@@ -624,3 +648,37 @@ def test_outputs_name_the_deployed_values(deployment: Deployment) -> None:
     storage = deployment.storage_account()
     assert output("tableEndpoint") == Ref(storage.unit, storage.symbol, ("properties", "primaryEndpoints", "table"))
     assert render(output("functionAppName")) == render(deployment.site.get("name"))
+
+
+# --- the isolated (topic) mode -------------------------------------------------------------
+
+
+def test_a_vm_gets_its_receiver_role_only_once_its_filter_is_in_place(topic_deployment: Deployment) -> None:
+    # GIVEN each VM's subscription, its `$Default` rule (rewritten with the VM's filter) and its
+    # receiver role
+    for subscription in topic_deployment.commands_subscriptions():
+        unit = subscription.unit
+        [rule] = [
+            r
+            for r in topic_deployment.resources(bicep_facts.RULE)
+            if r.unit is unit and r.get("parent") == Ref(unit, subscription.symbol)
+        ]
+        [receiver] = [
+            a
+            for a in topic_deployment.assignments()
+            if a.unit is unit and a.get("scope") == Ref(unit, subscription.symbol)
+        ]
+        # THEN the role waits for the filter: until then `$Default` passed every VM's commands
+        assert rule.name == "$Default"
+        assert receiver.config.get("dependsOn") == [rule.symbol]
+
+
+def test_the_per_vm_module_is_called_for_each_vm_in_the_topic_mode_only() -> None:
+    # GIVEN VMs listed in the queue mode THEN no subscription is made for them
+    vms = [{"name": "web-0", "principalId": "11111111-1111-4111-8111-111111111111"}]
+    queue = Deployment(parameters={"commandsMode": "queue", "commandsSubscriptionVms": vms})
+    assert [s for s in queue.resources(bicep_facts.SUBSCRIPTION) if "vm-" in str(s.name)] == []
+    # AND the module names the subscription after the VM, within the 50 characters Service Bus takes
+    module = next(unit for unit in queue.units if unit.path.name == "vm-commands-subscription.bicep")
+    limits = {d["type"]: d["argument"] for d in module.section("parameters")["vmName"]["decorators"]}
+    assert len("vm-") + limits["max_length"] == 50

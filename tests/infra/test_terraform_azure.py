@@ -42,6 +42,12 @@ FUNCTION_APP = "azurerm_function_app_flex_consumption.this"
 APP_SETTINGS_PUT = "azapi_resource_action.function_app_settings"
 DEFAULT_RULE_DELETE = "azapi_resource_action.remove_operator_results_default_rule"
 SCALE_SET = "azurerm_linux_virtual_machine_scale_set.agents"
+VM_COMMANDS_MODULE = TERRAFORM_AZURE / "modules" / "vm_commands_subscription"
+# The root's role assignments of one commands mode only.
+COMMANDS_MODE_ASSIGNMENTS = {
+    "queue": ("azurerm_role_assignment.function_sends_commands", "azurerm_role_assignment.agent_receives_commands"),
+    "topic": ("azurerm_role_assignment.function_sends_commands_to_topic",),
+}
 # Settings of settings.py that are alternatives to what is deployed (a key-based connection
 # string) or documented instead of deployed (the signing key, README.md).
 NOT_DEPLOYED = {
@@ -160,6 +166,8 @@ def test_variables_with_rules_are_validated() -> None:
         "admin_ssh_public_key",
         "agent_package",  # one line of an environment file
         "agent_verify_key",
+        "commands_mode",  # queue or topic
+        "commands_subscription_vms",  # subscription names of 50 characters, principal ids
     }
     variables = terraform_variables(parsed())
     # THEN each has a validation with a condition and a message
@@ -386,12 +394,17 @@ def test_namespace_capacity_follows_the_sku() -> None:
 
 
 def test_every_assignment_names_a_service_principal() -> None:
-    # GIVEN every role assignment; THEN each says its principal is a service principal (a new
-    # identity is then not looked up in Entra ID before it has replicated)
+    # GIVEN every role assignment, of the root and of the per-VM commands module; THEN each says
+    # its principal is a service principal (a new identity is then not looked up in Entra ID
+    # before it has replicated)
     assignments = of_type("azurerm_role_assignment")
-    assert len(assignments) == len(facts().grants)
+    # (each commands mode has its own: the queue's two, or the topic's sender)
+    assert len(assignments) == len(facts().grants) + len(COMMANDS_MODE_ASSIGNMENTS["topic"])
+    module = load_terraform(VM_COMMANDS_MODULE)
+    assignments.update(terraform_resources(module))
     for address, body in assignments.items():
-        assert body["principal_type"] == "ServicePrincipal", address
+        if address.startswith("azurerm_role_assignment."):
+            assert body["principal_type"] == "ServicePrincipal", address
 
 
 def test_drainer_assignments_exist_only_with_a_load_balancer() -> None:
@@ -400,10 +413,17 @@ def test_drainer_assignments_exist_only_with_a_load_balancer() -> None:
     drainer = {address: body for address, body in assignments.items() if "role_definition_id" in body}
     others = {address: body for address, body in assignments.items() if "role_definition_id" not in body}
     assert len(drainer) == 3
-    # THEN the drainer ones are counted on a given load balancer and the others always exist
+    # THEN the drainer ones are counted on a given load balancer, the commands ones on the commands
+    # mode, and the others always exist
     assert local("drain_enabled") == '${var.drain_load_balancer_name != ""}'
     for address, body in drainer.items():
         assert body["count"] == "${local.drain_enabled ? 1 : 0}", address
+    for mode, addresses in COMMANDS_MODE_ASSIGNMENTS.items():
+        for address in addresses:
+            expected = (
+                "${local.commands_via_topic ? 1 : 0}" if mode == "topic" else "${local.commands_via_topic ? 0 : 1}"
+            )
+            assert others.pop(address)["count"] == expected, address
     assert all("count" not in body for body in others.values())
     # AND a load balancer without its virtual network is refused at plan time
     preconditions = [
@@ -531,7 +551,7 @@ def test_scale_set_is_the_optional_example() -> None:
     # GIVEN every resource of the example file
     example = load_terraform_file(TERRAFORM_AZURE / "vmss_example.tf")
     # THEN each is counted on deploy_example_scale_set
-    assert local("example_count") == "${var.deploy_example_scale_set ? 1 : 0}"
+    assert local("example_count") == "${var.deploy_example_scale_set && !local.commands_via_topic ? 1 : 0}"
     for address, body in example.items():
         assert body["count"] == "${local.example_count}", address
     # AND the scale set takes SSH keys only
@@ -545,3 +565,60 @@ def load_terraform_file(path: Path) -> dict[str, Body]:
     options = hcl2.SerializationOptions(with_comments=False, explicit_blocks=False, strip_string_quotes=True)
     document = hcl2.loads(path.read_text(encoding="utf-8"), serialization_options=options)
     return terraform_resources({"resource": document.get("resource", [])})
+
+
+# ---------------------------------------------------------------- the per-VM commands module
+
+
+def module_resource(address: str) -> Body:
+    found = terraform_resources(load_terraform(VM_COMMANDS_MODULE))
+    assert address in found, f"{address} is not declared in {VM_COMMANDS_MODULE.name}"
+    return found[address]
+
+
+def test_the_vm_module_removes_default_and_grants_the_vm_only_after_its_filter_is_in_place() -> None:
+    # GIVEN the module's subscription, its filter rule, the `$Default` delete and the receiver role
+    subscription = "azurerm_servicebus_subscription.commands"
+    rule = module_resource("azurerm_servicebus_subscription_rule.only_this_vm")
+    delete = module_resource("azapi_resource_action.remove_default_rule")
+    receiver = module_resource("azurerm_role_assignment.vm_receives_its_commands")
+    # THEN the delete targets the subscription's own `$Default`, once the filter exists, and again
+    # for a replaced subscription (same id, new `$Default`)
+    assert rule["subscription_id"] == ref(f"{subscription}.id")
+    assert delete["method"] == "DELETE"
+    assert delete["resource_id"] == ref(f"{subscription}.id") + "/rules/$Default"
+    assert delete["depends_on"] == [ref("azurerm_servicebus_subscription_rule.only_this_vm")]
+    assert block(delete, "lifecycle")["replace_triggered_by"] == [ref(subscription)]
+    # AND the VM may receive only from this subscription, once `$Default` is gone (until then it
+    # passed every VM's commands)
+    assert receiver["scope"] == ref(f"{subscription}.id")
+    assert receiver["role_definition_name"] == "Azure Service Bus Data Receiver"
+    assert receiver["depends_on"] == [ref("azapi_resource_action.remove_default_rule")]
+
+
+def test_the_vm_module_is_described_validated_and_pinned() -> None:
+    module = load_terraform(VM_COMMANDS_MODULE)
+    variables = terraform_variables(module)
+    for name, body in variables.items():
+        assert str(body.get("description", "")).strip(), f"var.{name} has no description"
+        assert body.get("type"), f"var.{name} has no type"
+        assert body.get("validation"), f"var.{name} is not validated"
+    for name, body in terraform_outputs(module).items():
+        assert str(body.get("description", "")).strip(), f"output {name} has no description"
+    providers = module["terraform"][0]["required_providers"][0]
+    root = parsed()["terraform"][0]["required_providers"][0]
+    assert set(providers) == {"azurerm", "azapi"}
+    for name, spec in providers.items():
+        assert spec == root[name], name  # the root's constraints: one provider version for both
+
+
+def test_the_root_calls_the_vm_module_for_each_vm_in_topic_mode_only() -> None:
+    # GIVEN the root's module call
+    [call] = [body for entry in parsed().get("module", []) for body in entry.values()]
+    # THEN it runs over the given VMs in topic mode, with the commands topic and the events topic
+    assert call["source"] == "./modules/vm_commands_subscription"
+    assert call["for_each"] == "${local.commands_via_topic ? var.commands_subscription_vms : {}}"
+    assert call["topic_id"] == ref("azurerm_servicebus_topic.commands[0].id")
+    assert call["events_topic_id"] == ref("azurerm_servicebus_topic.events.id")
+    assert (call["vm_name"], call["principal_id"]) == ("${each.key}", "${each.value}")
+    assert local("commands_via_topic") == '${var.commands_mode == "topic"}'

@@ -40,8 +40,18 @@ param eventsTopicName string
 @description('The topic subscription this app consumes.')
 param eventsSubscriptionName string
 
-@description('The session-enabled commands queue.')
+@description('The session-enabled commands queue (empty in the topic mode).')
 param commandsQueueName string
+
+@description('queue: commands go into the target VM\'s session of the queue; topic: onto the commands topic, with the application property `target` the VMs\' subscriptions filter on.')
+@allowed([
+  'queue'
+  'topic'
+])
+param commandsMode string
+
+@description('The commands topic (empty in the queue mode).')
+param commandsTopicName string
 
 @description('The state table.')
 param stateTableName string
@@ -101,6 +111,8 @@ var appSettings = [
   { name: 'MBRIDGE_EVENTS_TOPIC', value: eventsTopicName }
   { name: 'MBRIDGE_EVENTS_SUBSCRIPTION', value: eventsSubscriptionName }
   { name: 'MBRIDGE_COMMANDS_QUEUE', value: commandsQueueName }
+  { name: 'MBRIDGE_COMMANDS_MODE', value: commandsMode }
+  { name: 'MBRIDGE_COMMANDS_TOPIC', value: commandsTopicName }
   // The trigger's identity-based connection `MBRIDGE_SERVICEBUS` (no SAS connection string).
   { name: 'MBRIDGE_SERVICEBUS__fullyQualifiedNamespace', value: serviceBusNamespaceFqdn }
   { name: 'MBRIDGE_SERVICEBUS__credential', value: 'managedidentity' }

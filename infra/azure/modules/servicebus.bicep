@@ -1,7 +1,9 @@
 // The bus between the agents and the functions (design §2, docs/transports.md):
 // - topic `maintenance-events`: agents publish envelopes, duplicate detection on MessageId
 // - its subscription for the function app, and `operator-results` for `mbridge approve`
-// - queue `maintenance-commands`: one session per VM (SessionId = VM name)
+// - queue `maintenance-commands`: one session per VM (SessionId = VM name); or, with
+//   commandsMode = 'topic', topic `maintenance-commands`, whose subscriptions (one per VM, each
+//   readable by that VM's identity only) come from vm-commands-subscription.bicep
 // Entra ID only: SAS keys are disabled on the namespace, every reader and writer gets a
 // data-plane role on the one entity it uses, never on the namespace.
 
@@ -47,9 +49,20 @@ param functionPrincipalId string
 @description('Principal (object) id of the agents\' (VMs\') identity.')
 param agentPrincipalId string
 
+@description('How commands reach the agents: queue (one session per VM; every VM holding the agents\' role can open any session) or topic (one subscription per VM, each readable by its VM\'s own identity only; the subscriptions come from vm-commands-subscription.bicep).')
+@allowed([
+  'queue'
+  'topic'
+])
+param commandsMode string
+
+var commandsViaTopic = commandsMode == 'topic'
+
 var eventsTopicName = 'maintenance-events'
 var operatorResultsSubscriptionName = 'operator-results'
 var commandsQueueName = 'maintenance-commands'
+// The same name: a deployment has the queue or the topic, never both.
+var commandsTopicName = 'maintenance-commands'
 var commandResultsFilter = 'type LIKE \'org.maintenancebridge.command.%\''
 
 // Built-in role definitions (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles)
@@ -125,7 +138,7 @@ resource commandResultsOnly 'Microsoft.ServiceBus/namespaces/topics/subscription
   }
 }
 
-resource commandsQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+resource commandsQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = if (!commandsViaTopic) {
   parent: namespace
   name: commandsQueueName
   properties: {
@@ -144,6 +157,21 @@ resource commandsQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
   }
 }
 
+// The isolated mode: the functions send each command here with the application property `target`;
+// each VM's subscription (vm-commands-subscription.bicep) filters on it.
+resource commandsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = if (commandsViaTopic) {
+  parent: namespace
+  name: commandsTopicName
+  properties: {
+    requiresDuplicateDetection: true // MessageId = command_id: a re-sent command is dropped
+    duplicateDetectionHistoryTimeWindow: 'PT10M'
+    // A command's default lifetime (design §3.3: expires_at = issued_at + 10 minutes).
+    defaultMessageTimeToLive: 'PT10M'
+    supportOrdering: true // one VM's commands in the order they were sent
+    enablePartitioning: false
+  }
+}
+
 // The agents publish events and command results on the topic.
 resource agentSendsEvents 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(eventsTopic.id, agentPrincipalId, serviceBusDataSenderRoleId)
@@ -156,11 +184,11 @@ resource agentSendsEvents 'Microsoft.Authorization/roleAssignments@2022-04-01' =
 }
 
 // Session caveat (design §3.3): Service Bus roles cannot be scoped to a session, so this lets
-// every VM open any session of the queue. A compromised VM could consume another VM's command,
-// but it can never make an agent approve an event that is not its own (each agent re-checks the
-// target and the event's Resources against its own IMDS); the worst case is a lost approval, and
-// Azure then starts the event at its NotBefore. Use one queue per VM if that is not acceptable.
-resource agentReceivesCommands 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+// every VM open any session of the queue. A compromised VM could read, take or hold another VM's
+// commands, but it can never make an agent approve an event that is not its own (each agent
+// re-checks the target and the event's Resources against its own IMDS); a lost approval means
+// Azure starts the event at its NotBefore. commandsMode = 'topic' gives each VM its own subscription.
+resource agentReceivesCommands 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!commandsViaTopic) {
   name: guid(commandsQueue.id, agentPrincipalId, serviceBusDataReceiverRoleId)
   scope: commandsQueue
   properties: {
@@ -182,9 +210,21 @@ resource functionReceivesEvents 'Microsoft.Authorization/roleAssignments@2022-04
 }
 
 // The function app sends approve/drain/restore commands.
-resource functionSendsCommands 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+resource functionSendsCommands 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!commandsViaTopic) {
   name: guid(commandsQueue.id, functionPrincipalId, serviceBusDataSenderRoleId)
   scope: commandsQueue
+  properties: {
+    principalId: functionPrincipalId
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// In the isolated mode, onto the topic. The agents get no role here: each VM receives from its own
+// subscription only (vm-commands-subscription.bicep).
+resource functionSendsCommandsToTopic 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (commandsViaTopic) {
+  name: guid(commandsTopic.id, functionPrincipalId, serviceBusDataSenderRoleId)
+  scope: commandsTopic
   properties: {
     principalId: functionPrincipalId
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
@@ -198,4 +238,7 @@ output namespaceName string = namespace.name
 output eventsTopicName string = eventsTopic.name
 output functionSubscriptionName string = functionSubscription.name
 output operatorResultsSubscriptionName string = operatorResultsSubscription.name
-output commandsQueueName string = commandsQueue.name
+@description('The commands queue; empty in the topic mode.')
+output commandsQueueName string = commandsViaTopic ? '' : commandsQueue.name
+@description('The commands topic; empty in the queue mode.')
+output commandsTopicName string = commandsViaTopic ? commandsTopic.name : ''

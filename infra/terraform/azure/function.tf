@@ -31,7 +31,10 @@ locals {
 
     "MBRIDGE_EVENTS_TOPIC"        = azurerm_servicebus_topic.events.name
     "MBRIDGE_EVENTS_SUBSCRIPTION" = azurerm_servicebus_subscription.functions.name
-    "MBRIDGE_COMMANDS_QUEUE"      = azurerm_servicebus_queue.commands.name
+    "MBRIDGE_COMMANDS_QUEUE"      = local.commands_via_topic ? "" : azurerm_servicebus_queue.commands[0].name
+    # The isolated mode: commands onto the topic, with the property each VM's subscription filters on.
+    "MBRIDGE_COMMANDS_MODE"  = var.commands_mode
+    "MBRIDGE_COMMANDS_TOPIC" = local.commands_via_topic ? azurerm_servicebus_topic.commands[0].name : ""
     # The trigger's connection `MBRIDGE_SERVICEBUS`, identity-based; the command sender reads the
     # same namespace.
     "MBRIDGE_SERVICEBUS__fullyQualifiedNamespace" = local.servicebus_fqdn

@@ -26,8 +26,18 @@ output "operator_results_subscription" {
 }
 
 output "commands_queue" {
-  description = "Session-enabled queue of commands to the agents (session = VM name)."
-  value       = azurerm_servicebus_queue.commands.name
+  description = "Session-enabled queue of commands to the agents (session = VM name); empty in topic mode."
+  value       = local.commands_via_topic ? "" : azurerm_servicebus_queue.commands[0].name
+}
+
+output "commands_topic" {
+  description = "Topic of commands to the agents in topic mode (commands_mode); empty in queue mode."
+  value       = local.commands_via_topic ? azurerm_servicebus_topic.commands[0].name : ""
+}
+
+output "commands_subscriptions" {
+  description = "Topic mode: each VM of commands_subscription_vms => its subscription, the agent's MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION."
+  value       = { for name, subscription in module.vm_commands_subscription : name => subscription.subscription_name }
 }
 
 output "function_app_name" {

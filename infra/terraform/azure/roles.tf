@@ -65,9 +65,19 @@ resource "azurerm_role_assignment" "function_receives_events" {
   principal_type       = "ServicePrincipal"
 }
 
-# The command sender: approve / drain / restore onto the commands queue.
+# The command sender: approve / drain / restore onto the commands queue ...
 resource "azurerm_role_assignment" "function_sends_commands" {
-  scope                = azurerm_servicebus_queue.commands.id
+  count                = local.commands_via_topic ? 0 : 1
+  scope                = azurerm_servicebus_queue.commands[0].id
+  role_definition_name = "Azure Service Bus Data Sender"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+# ... or, in the isolated mode, onto the commands topic.
+resource "azurerm_role_assignment" "function_sends_commands_to_topic" {
+  count                = local.commands_via_topic ? 1 : 0
+  scope                = azurerm_servicebus_topic.commands[0].id
   role_definition_name = "Azure Service Bus Data Sender"
   principal_id         = azurerm_user_assigned_identity.function.principal_id
   principal_type       = "ServicePrincipal"
@@ -147,13 +157,15 @@ resource "azurerm_role_assignment" "agent_sends_events" {
 }
 
 # Receive commands. Security caveat (design §3.3): Service Bus roles cannot be scoped to a
-# session, so this lets a VM open ANY VM's session, and a compromised VM could consume another
-# VM's command. It can never make an agent approve an event that is not its own: every agent
-# checks the target and the event's Resources against its own metadata service, and signed
-# commands cannot be forged without the functions' key. The worst case is a lost approval, and
-# Azure then starts the event at its NotBefore. One queue per VM is the alternative.
+# session, so this lets a VM open ANY VM's session, and a compromised VM could read, take or hold
+# another VM's commands. It can never make an agent approve an event that is not its own: every
+# agent checks the target and the event's Resources against its own metadata service, and signed
+# commands cannot be forged without the functions' key. A lost approval means Azure starts the
+# event at its NotBefore. commands_mode = "topic" gives each VM its own subscription instead, and
+# then the agents' shared identity gets nothing for commands (modules/vm_commands_subscription).
 resource "azurerm_role_assignment" "agent_receives_commands" {
-  scope                = azurerm_servicebus_queue.commands.id
+  count                = local.commands_via_topic ? 0 : 1
+  scope                = azurerm_servicebus_queue.commands[0].id
   role_definition_name = "Azure Service Bus Data Receiver"
   principal_id         = azurerm_user_assigned_identity.agent.principal_id
   principal_type       = "ServicePrincipal"

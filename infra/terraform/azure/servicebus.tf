@@ -1,6 +1,12 @@
 # Service Bus: the events topic (agents → function), the operators' results subscription, and the
-# session-enabled commands queue (function, operators → one agent). docs/transports.md describes
-# how the agents and the functions use each entity.
+# session-enabled commands queue (function, operators → one agent), or with commands_mode = "topic"
+# the commands topic and one filtered subscription per VM (modules/vm_commands_subscription).
+# docs/transports.md describes how the agents and the functions use each entity.
+
+locals {
+  # The isolated mode: each VM reads its own subscription of a commands topic, not a queue session.
+  commands_via_topic = var.commands_mode == "topic"
+}
 
 resource "azurerm_servicebus_namespace" "this" {
   #checkov:skip=CKV_AZURE_201:Microsoft-managed keys encrypt the namespace; customer-managed keys need the Premium tier and a Key Vault, which this deployment does not create
@@ -85,6 +91,7 @@ resource "azapi_resource_action" "remove_operator_results_default_rule" {
 
 # One session per VM (SessionId = VM name): each agent receives only its own commands, in order.
 resource "azurerm_servicebus_queue" "commands" {
+  count        = local.commands_via_topic ? 0 : 1
   name         = "maintenance-commands"
   namespace_id = azurerm_servicebus_namespace.this.id
 
@@ -100,4 +107,32 @@ resource "azurerm_servicebus_queue" "commands" {
   # An expired command is useless (the agent would reject it as expired, and its event has moved
   # on), so it is dropped rather than dead-lettered for someone to resubmit.
   dead_lettering_on_message_expiration = false
+}
+
+# The isolated mode: commands carry the application property `target`, and each VM's subscription
+# (below) passes only its own. Same name as the queue: a deployment has one or the other.
+resource "azurerm_servicebus_topic" "commands" {
+  count        = local.commands_via_topic ? 1 : 0
+  name         = "maintenance-commands"
+  namespace_id = azurerm_servicebus_namespace.this.id
+
+  # MessageId = command_id: a command sent twice is delivered once.
+  requires_duplicate_detection            = true
+  duplicate_detection_history_time_window = "PT10M"
+  # A command's default lifetime (expires_at = issued_at + 10 minutes, design §3.3).
+  default_message_ttl = "PT10M"
+  # One VM's commands in the order they were sent.
+  support_ordering = true
+}
+
+# One subscription per VM, filtered on its name, with the receiver role for that VM's own identity
+# only. VMs deployed elsewhere call the module themselves (docs/deploy.md).
+module "vm_commands_subscription" {
+  source   = "./modules/vm_commands_subscription"
+  for_each = local.commands_via_topic ? var.commands_subscription_vms : {}
+
+  topic_id        = azurerm_servicebus_topic.commands[0].id
+  events_topic_id = azurerm_servicebus_topic.events.id
+  vm_name         = each.key
+  principal_id    = each.value
 }

@@ -83,6 +83,32 @@ variable "function_subscription_name" {
   }
 }
 
+variable "commands_mode" {
+  description = "How commands reach the agents. queue: one session per VM of a shared queue; the agents' identity may open any session, so a VM could read or take another VM's commands (it cannot forge them). topic: one subscription per VM of a commands topic, readable by that VM's own identity only (commands_subscription_vms, modules/vm_commands_subscription); for standalone VMs with identities of their own, as the VMs of a scale set share one. The example scale set is not deployed in topic mode."
+  type        = string
+  default     = "queue"
+
+  validation {
+    condition     = contains(["queue", "topic"], var.commands_mode)
+    error_message = "commands_mode must be queue or topic."
+  }
+}
+
+variable "commands_subscription_vms" {
+  description = "Topic mode: the VMs to give a commands subscription (vm-<name>), as VM name (as Scheduled Events name it in Resources) => principal (object) id of that VM's own managed identity. Ignored in queue mode."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    # A subscription name takes 50 characters: "vm-" and at most 47 of the VM's name.
+    condition = alltrue([
+      for name, principal in var.commands_subscription_vms :
+      can(regex("^[A-Za-z0-9][A-Za-z0-9._-]{0,46}$", name)) && can(regex("^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", principal))
+    ])
+    error_message = "commands_subscription_vms maps VM names (1-47 letters, digits, '.', '_', '-') to principal ids (GUIDs)."
+  }
+}
+
 # ---------------------------------------------------------------- function app
 
 variable "function_maximum_instance_count" {
@@ -194,7 +220,7 @@ variable "drainer_role_name" {
 # ---------------------------------------------------------------- example scale set running the agent
 
 variable "deploy_example_scale_set" {
-  description = "Deploy the example: a Linux scale set running the agent behind an internal load balancer that probes /readyz, in a new virtual network."
+  description = "Deploy the example: a Linux scale set running the agent behind an internal load balancer that probes /readyz, in a new virtual network. Queue mode only (commands_mode): its VMs share one identity."
   type        = bool
   default     = true
 }

@@ -6,7 +6,8 @@
 # terminate_not_before_timeout for the agent's approval.
 
 locals {
-  example_count = var.deploy_example_scale_set ? 1 : 0
+  # Queue mode only: the scale set's VMs share one identity, which the topic mode cannot isolate.
+  example_count = var.deploy_example_scale_set && !local.commands_via_topic ? 1 : 0
 
   # The agent's environment file (/etc/mbridge/agent.env), one KEY=value per line. Also an output,
   # for agents on VMs outside the example.
