@@ -2,8 +2,9 @@
 
 An Azure IMDS attested document names its VM by `vmId` (the GUID in the VM's `properties.vmId`)
 and `subscriptionId`; Scheduled Events, the drains and the commands name VMs by resource name:
-the VM's name, or `<scale set>_<instance id>` for an instance of a uniform scale set. A
-`VmDirectory` maps the one to the other; `name_of` returns None for a vmId it cannot find.
+the VM's name, or `<scale set>_<instance id>` for an instance of a uniform scale set. Both classes
+here are the `VmDirectory` of `functions.trust.verifiers`, which maps the one to the other;
+`name_of` returns None for a vmId it cannot find.
 
 `ComputeVmDirectory` reads Azure Resource Manager (azure-mgmt-compute) with the app's identity:
 
@@ -46,7 +47,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
 from functions.azure_app.settings import TRUST_RESOURCE_GROUPS, Settings
 from functions.core.errors import PermanentError, RetryableError
@@ -72,12 +73,6 @@ class VmDirectoryConfigError(PermanentError):
 
 class VmDirectoryUnavailableError(RetryableError):
     """ARM throttled, failed or could not be reached; the message is redelivered."""
-
-
-class VmDirectory(Protocol):
-    def name_of(self, subscription_id: str, vm_id: str) -> str | None:
-        """The name of the VM with this vmId in this subscription; None when there is none."""
-        ...
 
 
 class StaticVmDirectory:

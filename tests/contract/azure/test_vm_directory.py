@@ -39,6 +39,7 @@ from functions.azure_app.vm_directory import (
 )
 from functions.core.errors import PermanentError, RetryableError
 from functions.core.ports import JsonObject
+from functions.trust.verifiers import VmDirectory
 from tests.contract.azure.test_load_balancer import TOKEN, StaticToken, _self_signed
 from tests.peers import free_port
 
@@ -609,11 +610,12 @@ def test_the_factory_takes_the_resource_groups_from_the_settings() -> None:
         names.SERVICEBUS_NAMESPACE: "mybus.servicebus.windows.net",
         names.TABLE_ENDPOINT: "https://myaccount.table.core.windows.net",
     }
-    whole = vm_directory(Settings.from_env(environ), StaticToken())
+    whole: VmDirectory = vm_directory(Settings.from_env(environ), StaticToken())
     limited = vm_directory(
         Settings.from_env({**environ, names.TRUST_RESOURCE_GROUPS: "rg-web,rg-batch"}), StaticToken()
     )
 
+    assert isinstance(whole, ComputeVmDirectory)
     assert (whole.resource_groups, limited.resource_groups) == ((), ("rg-web", "rg-batch"))
 
 
@@ -700,7 +702,7 @@ def test_an_unreachable_arm_is_retryable(certificate: tuple[Path, Path]) -> None
 
 
 def test_the_static_directory_names_vms_per_subscription_case_insensitively() -> None:
-    directory = StaticVmDirectory({SUB.upper(): {WEB_1: "web-1", WORKER_3: "workers_3"}})
+    directory: VmDirectory = StaticVmDirectory({SUB.upper(): {WEB_1: "web-1", WORKER_3: "workers_3"}})
 
     assert directory.name_of(SUB, WEB_1.lower()) == "web-1"
     assert directory.name_of(SUB.lower(), WORKER_3.upper()) == "workers_3"
