@@ -101,6 +101,11 @@ def event_message(event: MaintenanceEvent, observed_at: datetime) -> OutboundMes
     )
 
 
+def _with_message_id(message: OutboundMessage) -> OutboundMessage:
+    """The message with its bus id: the digest of the body as it goes out (see OutboundMessage)."""
+    return replace(message, message_id=hashlib.sha256(message.body).hexdigest())
+
+
 def _names_this_vm(event: MaintenanceEvent) -> bool:
     """Whether an event is this VM's to report (`--forward own`): its Resources name this VM, or
     they could not be read (forwarded rather than dropped: it may be this VM's)."""
@@ -362,6 +367,7 @@ class Agent:
                 return None
             self._unproven_since = None
             self._metrics.inc("mbridge_unproven_messages_total")
+            message = _with_message_id(message)
             LOGGER.error(
                 "publishing message %d without a proof of identity after %.0f s: functions that require one "
                 "(trust: attested) will audit it as unverified and not act on it",
@@ -371,7 +377,7 @@ class Agent:
             return message
         self._unproven_since = None
         self.last_proof_error = ""
-        return replace(message, body=body)
+        return _with_message_id(replace(message, body=body))
 
     # ---- commands
 

@@ -30,14 +30,23 @@ class TransportConfigError(PermanentError):
 class OutboundMessage:
     """One envelope to publish.
 
-    `envelope_id` becomes the Service Bus MessageId (duplicate detection); `key` is the
-    ordering key / session (the VM name for events, the target VM for commands).
+    `message_id` (default: `envelope_id`) becomes the Service Bus MessageId and the local bus's key
+    (duplicate detection); `key` is the ordering key / session (the VM name for events, the target
+    VM for commands). An agent's events carry a message id of their own (the digest of the body
+    with its proof): every VM of an event publishes the same envelope id, and a broker that dropped
+    all but the first would let any VM that publishes first shadow the others' reports.
     """
 
     envelope_id: str
     body: bytes
     key: str
     attributes: Mapping[str, str] = field(default_factory=dict)
+    message_id: str = ""
+
+    @property
+    def bus_id(self) -> str:
+        """The id the bus deduplicates on."""
+        return self.message_id or self.envelope_id
 
 
 @dataclass(frozen=True)

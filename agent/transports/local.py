@@ -2,8 +2,9 @@
 the demo and `mbridge approve`.
 
 It behaves like the cloud buses where it matters: events are deduplicated on their
-envelope id (Service Bus duplicate detection), commands are addressed to one VM and
-stay until settled (a session queue), and readers keep their own position.
+message id (Service Bus duplicate detection on MessageId: see `OutboundMessage.bus_id`),
+commands are addressed to one VM and stay until settled (a session queue), and readers keep
+their own position.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from agent.transports.base import (
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
-    envelope_id  TEXT NOT NULL UNIQUE,
+    message_id   TEXT NOT NULL UNIQUE,
+    envelope_id  TEXT NOT NULL,
     key          TEXT NOT NULL,
     body         BLOB NOT NULL,
     attributes   TEXT NOT NULL,
@@ -48,6 +50,25 @@ CREATE TABLE IF NOT EXISTS positions (
     reader   TEXT PRIMARY KEY,
     position INTEGER NOT NULL
 );
+"""
+
+# A bus file of an earlier version deduplicated events on their envelope id: its events move to
+# the current table, their envelope id as their message id, their sequence numbers (the readers'
+# positions) kept.
+MIGRATE_EVENTS = """
+ALTER TABLE events RENAME TO events_by_envelope;
+CREATE TABLE events (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id   TEXT NOT NULL UNIQUE,
+    envelope_id  TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    body         BLOB NOT NULL,
+    attributes   TEXT NOT NULL,
+    published_at REAL NOT NULL
+);
+INSERT INTO events (seq, message_id, envelope_id, key, body, attributes, published_at)
+    SELECT seq, envelope_id, envelope_id, key, body, attributes, published_at FROM events_by_envelope;
+DROP TABLE events_by_envelope;
 """
 
 # How often a waiting reader looks again: SQLite has no notifications across processes.
@@ -77,17 +98,37 @@ class LocalBus:
             self._db = sqlite3.connect(str(path), timeout=30, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
+            self._migrate()
             self._db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise TransportConfigError(f"cannot open the local bus at {path}: {exc}; check --bus-path") from exc
 
+    def _migrate(self) -> None:
+        if not self._events_by_envelope():
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if self._events_by_envelope():  # another process may have migrated meanwhile
+                for statement in MIGRATE_EVENTS.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def _events_by_envelope(self) -> bool:
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(events)")}
+        return bool(columns) and "message_id" not in columns
+
     # ---- events
 
     def publish_event(self, message: OutboundMessage) -> bool:
-        """Append an event; False when its envelope id was already there (duplicate detection)."""
+        """Append an event; False when its message id was already there (duplicate detection)."""
         cursor = self._execute(
-            "INSERT OR IGNORE INTO events (envelope_id, key, body, attributes, published_at) VALUES (?, ?, ?, ?, ?)",
-            (message.envelope_id, message.key, message.body, _attributes(message), self._clock()),
+            "INSERT OR IGNORE INTO events (message_id, envelope_id, key, body, attributes, published_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (message.bus_id, message.envelope_id, message.key, message.body, _attributes(message), self._clock()),
         )
         return cursor.rowcount == 1
 

@@ -590,7 +590,7 @@ def _outbound(
     session_id = target if in_session else None
     return ServiceBusMessage(
         message.body,
-        message_id=message.envelope_id,
+        message_id=message.bus_id,
         session_id=session_id,
         application_properties=properties,
         content_type=content_type,

@@ -137,6 +137,20 @@ def approved_once(by: tuple[str, ...] | None = None) -> Expectation:
     return Expectation(f"approved once{who}", check)
 
 
+def approved_once_by_each(*vms: str) -> Expectation:
+    """Each VM approved its own part once: a report moves only its own VM, and Azure starts an event
+    of a shared host once every VM in it approved (the simulator's "approval": "all")."""
+
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        counted = [a.vm for a in timeline.approvals if a.outcome in ("accepted", "waiting-for-others")]
+        targets = sorted(command.target for command in timeline.approve_commands)
+        if sorted(counted) != sorted(vms) or targets != sorted(vms):
+            return f"approvals counted by IMDS from {sorted(counted)}, commands sent to {targets}"
+        return None
+
+    return Expectation(f"approved once by each of {', '.join(vms)}", check)
+
+
 def approved_at_once() -> Expectation:
     def check(timeline: EventTimeline, _: Context) -> str | None:
         commands = timeline.approve_commands
@@ -229,8 +243,15 @@ FLOWS: tuple[Flow, ...] = (
         kind=EventKind.FREEZE,
         vms=("web-0", "web-1"),
         event_id=FREEZE_ID,
-        inject=_azure("Freeze", FREEZE_ID, ("web-0", "web-1"), duration_seconds=5, audience=list(AVAILABILITY_SET)),
-        expectations=(approved_once(), never_drained(), reached("started"), ended_as("completed")),
+        inject=_azure(
+            "Freeze", FREEZE_ID, ("web-0", "web-1"), duration_seconds=5, audience=list(AVAILABILITY_SET), approval="all"
+        ),
+        expectations=(
+            approved_once_by_each("web-0", "web-1"),
+            never_drained(),
+            reached("started"),
+            ended_as("completed"),
+        ),
         ends_with=("completed",),
     ),
     Flow(
@@ -302,12 +323,14 @@ FLOWS: tuple[Flow, ...] = (
         kind=EventKind.REBOOT,
         vms=("web-0", "web-1"),
         event_id=PLATFORM_REBOOT_ID,
-        inject=_azure("Reboot", PLATFORM_REBOOT_ID, ("web-0", "web-1"), audience=list(AVAILABILITY_SET)),
+        inject=_azure(
+            "Reboot", PLATFORM_REBOOT_ID, ("web-0", "web-1"), audience=list(AVAILABILITY_SET), approval="all"
+        ),
         expectations=(
             drained("web-0", "web-1"),
             drained_once_each(),
             approved_after_drain_period(),
-            approved_once(),
+            approved_once_by_each("web-0", "web-1"),
             reached("started"),
             ended_as("completed"),
             restored("web-0", "web-1"),
