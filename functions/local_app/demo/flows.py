@@ -1,10 +1,11 @@
 """The demo's maintenance flows: what each injects into the simulator, how the demo reacts
 (cancel, end a GCE maintenance), and what the default policy promises for it.
 
-Phase 1 and phase 2 use the same VMs of the availability set, so they run one after the other;
-the flows of a phase run at the same time. Every expectation is checked against what really
-happened: the agents' envelopes on the bus, the functions' audit log, and the simulator's log of
-approval POSTs (what reached IMDS).
+Phase 1, 2 and 3 use the same VMs of the availability set, so they run one after the other;
+the flows of a phase run at the same time. Phase 3 is an attack: a compromised VM publishes
+reports it has no right to (`Forgery`), with its own genuine proof of identity. Every expectation
+is checked against what really happened: the agents' envelopes on the bus, the functions' audit
+log, and the simulator's log of approval POSTs (what reached IMDS).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from functions.core.decide import NO_RESTORE_KINDS
-from functions.core.model import Cloud, EventKind
+from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.local_app.demo.timeline import EventTimeline
 
 AVAILABILITY_SET = ("web-0", "web-1", "web-2")
@@ -64,6 +65,35 @@ class Reaction:
 
 
 @dataclass(frozen=True)
+class Forgery:
+    """A report a compromised VM (`by`) publishes with its own genuine proof: about `resources`,
+    claiming to come from `claims`. At injection, or once `stage` of its flow is seen."""
+
+    by: str
+    claims: str
+    status: EventStatus
+    resources: tuple[str, ...]
+    stage: str | None = None
+    says: str = ""
+
+    def event(self, event_id: str, kind: EventKind) -> MaintenanceEvent:
+        return MaintenanceEvent(
+            cloud=Cloud.AZURE,
+            event_id=event_id,
+            kind=kind,
+            status=self.status,
+            reporter=self.claims,
+            sequence="1",
+            resources=self.resources,
+            not_before=None,
+            duration_seconds=-1,
+            event_source=EventSource.PLATFORM,
+            description="forged by the demo: a compromised VM speaking for others",
+            raw={"EventId": event_id},
+        )
+
+
+@dataclass(frozen=True)
 class Flow:
     key: str
     title: str
@@ -71,11 +101,12 @@ class Flow:
     phase: int
     kind: EventKind
     vms: tuple[str, ...]  # the VMs the maintenance is for
-    inject: tuple[str, Mapping[str, Any]]  # control API path and body
+    inject: tuple[str, Mapping[str, Any]] | None  # control API path and body (None: forgeries only)
     expectations: tuple[Expectation, ...]
     ends_with: tuple[str, ...]  # the stages after which nothing more is expected
     event_id: str | None = None  # Azure: fixed, so the demo can follow it; GCE: the agent derives it
     reactions: tuple[Reaction, ...] = ()
+    forgeries: tuple[Forgery, ...] = ()
 
 
 def pools_after(flows: Sequence[Flow]) -> dict[str, list[str]]:
@@ -151,6 +182,18 @@ def approved_once_by_each(*vms: str) -> Expectation:
     return Expectation(f"approved once by each of {', '.join(vms)}", check)
 
 
+def refused(*kinds: str) -> Expectation:
+    """The functions refused the forgeries, and their audit log says why (one record each)."""
+
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        seen = sorted(kind for kind, _reason in timeline.refusals)
+        if seen != sorted(kinds) or len(timeline.forged) != len(kinds):
+            return f"refused {seen} of {len(timeline.forged)} forged report(s): {timeline.refusals}"
+        return None
+
+    return Expectation(f"forged reports refused ({', '.join(kinds)}), the audit log says why", check)
+
+
 def approved_at_once() -> Expectation:
     def check(timeline: EventTimeline, _: Context) -> str | None:
         commands = timeline.approve_commands
@@ -212,7 +255,7 @@ def restored_after_end() -> Expectation:
             return f"ended at {end}, restored at {back}"
         return None if back >= end else "restored before the maintenance ended"
 
-    return Expectation("restored after NONE", check)
+    return Expectation("restored only once the maintenance was over", check)
 
 
 # ---- the flows
@@ -233,6 +276,9 @@ SPOT_ID = "1C8E5A90-4D2B-4E77-B013-6F9A2C3D5E33"
 SCALE_IN_ID = "7A3F9D12-8B6C-4A01-9C24-5E8B1D7F6A44"
 PLATFORM_REBOOT_ID = "3D6B2E85-1F9A-4C38-A742-8B0E5C2D1A55"
 REDEPLOY_ID = "6F0A7C23-5B8D-4E19-8D36-1A4C9E7B2F66"
+FORGED_ID = "0BADF00D-6E21-4C5A-9B0D-7D3E2F1A9C77"
+GENUINE_ID = "2C4E6A8B-3D5F-4A71-8E92-0B1C3D5E7F88"
+COMPROMISED = "web-2"
 
 FLOWS: tuple[Flow, ...] = (
     Flow(
@@ -360,6 +406,54 @@ FLOWS: tuple[Flow, ...] = (
         inject=_gce("TERMINATE_ON_HOST_MAINTENANCE"),
         reactions=(Reaction("drained", 1.0, *_gce("NONE"), says="the VM is back: maintenance-event NONE"),),
         expectations=(drained(GCE_VM), ended_as("completed"), restored(GCE_VM)),
+        ends_with=("restored",),
+    ),
+    Flow(
+        key="forged-reboot",
+        title=f"a compromised {COMPROMISED} forges a Reboot of web-0, then reports one of web-0, web-1",
+        cloud=Cloud.AZURE,
+        phase=3,
+        kind=EventKind.REBOOT,
+        vms=("web-0",),
+        event_id=FORGED_ID,
+        inject=None,
+        forgeries=(
+            # claims to be web-0's agent: its proof names web-2 (unverified)
+            Forgery(COMPROMISED, claims="web-0", status=EventStatus.SCHEDULED, resources=("web-0",)),
+            # as itself, about other VMs (not-self)
+            Forgery(COMPROMISED, claims=COMPROMISED, status=EventStatus.SCHEDULED, resources=("web-0", "web-1")),
+        ),
+        expectations=(refused("unverified", "not-self"), never_drained(), never_approved()),
+        ends_with=("refused",),
+    ),
+    Flow(
+        key="genuine-reboot",
+        title=f"web-0's genuine Reboot, with a completion forged by {COMPROMISED} while it is drained",
+        cloud=Cloud.AZURE,
+        phase=3,
+        kind=EventKind.REBOOT,
+        vms=("web-0",),
+        event_id=GENUINE_ID,
+        inject=_azure("Reboot", GENUINE_ID, ("web-0",), audience=list(AVAILABILITY_SET)),
+        forgeries=(
+            Forgery(
+                COMPROMISED,
+                claims="web-0",
+                status=EventStatus.COMPLETED,
+                resources=("web-0",),
+                stage="drained",
+                says=f"{COMPROMISED} publishes web-0's completion to put it back early",
+            ),
+        ),
+        expectations=(
+            refused("unverified"),
+            drained("web-0"),
+            approved_after_drain_period(),
+            approved_once(),
+            ended_as("completed"),
+            restored("web-0"),
+            restored_after_end(),
+        ),
         ends_with=("restored",),
     ),
 )

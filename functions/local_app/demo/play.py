@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 
 import requests
 
-from functions.local_app.demo.flows import Context, Flow, Reaction, pools_after
+from functions.core.envelope import encode, envelope_for_event
+from functions.local_app.demo.flows import Context, Flow, Forgery, Reaction, pools_after
 from functions.local_app.demo.timeline import EventTimeline, Observer, StageListener
 from functions.local_app.demo.world import DemoWorld
 
@@ -55,6 +56,13 @@ class _Pending:
     done: bool = False
 
 
+@dataclass
+class _PendingForgery:
+    flow: Flow
+    forgery: Forgery
+    done: bool = False
+
+
 def play(
     world: DemoWorld,
     flows: Sequence[Flow],
@@ -63,7 +71,7 @@ def play(
     say: Callable[[str], None],
 ) -> Result:
     timelines = {flow.key: EventTimeline(flow.key, flow.cloud, flow.kind, flow.event_id) for flow in flows}
-    observer = Observer(list(timelines.values()), on_stage)
+    observer = Observer(list(timelines.values()), on_stage, world.sender_of)
     started = time.monotonic()
     for phase in sorted({flow.phase for flow in flows}):
         members = [flow for flow in flows if flow.phase == phase]
@@ -93,17 +101,25 @@ def _run_phase(
     say: Callable[[str], None],
 ) -> None:
     pending = [_Pending(flow, reaction) for flow in flows for reaction in flow.reactions]
+    forgeries = [_PendingForgery(flow, forgery) for flow in flows for forgery in flow.forgeries]
     for flow in flows:
-        path, body = flow.inject
-        _post(world.control_url(flow.cloud) + path, body)
         timeline = timelines[flow.key]
         timeline.injected_at = datetime.now(timezone.utc)
         on_stage(timeline, "injected", flow.title)
+        for at_once in forgeries:
+            if at_once.flow is flow and at_once.forgery.stage is None:
+                _forge(world, at_once, say)
+        if flow.inject is not None:
+            path, body = flow.inject
+            _post(world.control_url(flow.cloud) + path, body)
     deadline = time.monotonic() + PHASE_TIMEOUT
     while time.monotonic() < deadline:
         world.poll(observer)
         for item in pending:
             _react(world, item, timelines[item.flow.key], say)
+        for forged in forgeries:
+            if not forged.done and forged.forgery.stage in timelines[forged.flow.key].stages:
+                _forge(world, forged, say)
         if all(all(stage in timelines[flow.key].stages for stage in flow.ends_with) for flow in flows):
             return
         time.sleep(POLL_SECONDS)
@@ -121,6 +137,16 @@ def _react(world: DemoWorld, item: _Pending, timeline: EventTimeline, say: Calla
         item.done = True
         say(f"{item.flow.key}: {item.reaction.says}")
         _post(world.control_url(item.flow.cloud) + item.reaction.path, item.reaction.body)
+
+
+def _forge(world: DemoWorld, item: _PendingForgery, say: Callable[[str], None]) -> None:
+    item.done = True
+    forgery, flow = item.forgery, item.flow
+    assert flow.event_id is not None, "a forgery names the event it forges"
+    if forgery.says:
+        say(f"{flow.key}: {forgery.says}")
+    envelope = envelope_for_event(forgery.event(flow.event_id, flow.kind), datetime.now(timezone.utc))
+    world.forge(forgery.by, encode(envelope))
 
 
 def _whole_run_verdicts(world: DemoWorld, expected: dict[str, list[str]], seconds: float) -> list[Verdict]:

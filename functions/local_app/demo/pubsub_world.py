@@ -69,7 +69,15 @@ from functions.local_app.demo.emulators import (
 from functions.local_app.demo.errors import DemoSetupError
 from functions.local_app.demo.flows import AZURE_VMS, GCE_VM, POOLS
 from functions.local_app.demo.timeline import Observer
-from functions.local_app.demo.world import AgentThreads, Simulators, agent_settings
+from functions.local_app.demo.world import (
+    AgentThreads,
+    CommandKeys,
+    Simulators,
+    agent_settings,
+    forged_message,
+    sender_of,
+)
+from functions.trust.verifiers import CloudVerifier
 
 if TYPE_CHECKING:  # the Google libraries are imported once they are known to be installed
     from functions.gcp_app.firestore_store import FirestoreAuditLog
@@ -234,6 +242,10 @@ class PubSubWorld:
         self.speed = speed
         self.logs = workdir / "logs"
         self.audit_export = workdir / "audit.jsonl"
+        self.trust_file = workdir / "trust.json"
+        self.commands = CommandKeys.generate()
+        self._verifier: CloudVerifier | None = None
+        self._publisher: Any = None
         self.pubsub: PeerProcess | None = None
         self.firestore: PeerProcess | None = None
         self.function: PeerProcess | None = None
@@ -265,6 +277,11 @@ class PubSubWorld:
             emulator_launcher(emulator, sdk_root)  # both are there before either starts
         self.pubsub = self._started(launch_emulator(PUBSUB, self.logs, sdk_root))
         self.firestore = self._started(launch_emulator(FIRESTORE, self.logs, sdk_root))
+        # The simulators first: their trust file (what verifies their VMs' proofs) goes to the function.
+        self.sims = Simulators.start(self.speed)
+        self._cleanup.callback(self.sims.stop)
+        self._verifier = self.sims.verifier()
+        self.trust_file.write_text(json.dumps(self.sims.trust(), indent=1), encoding="utf-8")
         self.function = self._started(self._launch_function(policy))
         wait_ready(self.pubsub, PUBSUB.ready_text)
         wait_ready(self.firestore, FIRESTORE.ready_text)
@@ -274,8 +291,6 @@ class PubSubWorld:
         self._cleanup.callback(self.shim.stop)
         self._create_bus()
         self._start_watching()
-        self.sims = Simulators.start(self.speed)
-        self._cleanup.callback(self.sims.stop)
         self._start_agents(self.sims)
         self.sims.wait_until_watched(timeout)
         return self
@@ -301,6 +316,8 @@ class PubSubWorld:
                 "MBRIDGE_PUBSUB_COMMANDS_TOPIC": COMMANDS_TOPIC,
                 "MBRIDGE_READINESS_DRAIN": "true",
                 "MBRIDGE_POLICY": policy,
+                "MBRIDGE_TRUST_FILE": str(self.trust_file),
+                "MBRIDGE_SIGNING_KEY": self.commands.private_pem.decode("ascii"),
                 PUBSUB.variable: self.pubsub.host,
                 FIRESTORE.variable: self.firestore.host,
                 "PYTHONUNBUFFERED": "1",
@@ -327,7 +344,7 @@ class PubSubWorld:
         import google.cloud.pubsub_v1 as pubsub_v1  # type: ignore[import-untyped]  # the library ships no py.typed
 
         assert self.shim is not None
-        publisher = pubsub_v1.PublisherClient()
+        publisher = self._publisher = pubsub_v1.PublisherClient()
         subscriber = pubsub_v1.SubscriberClient()
         self._cleanup.callback(_quietly, "close the Pub/Sub admin clients", subscriber.close)
         with _setting_up("create the Pub/Sub topics and subscriptions on the emulator"):
@@ -427,6 +444,7 @@ class PubSubWorld:
                 cloud, url, vm, state_dir,
                 transport="pubsub", pubsub_project=PROJECT, pubsub_topic=EVENTS_TOPIC,
                 pubsub_commands_subscription=f"maintenance-commands-{vm}", listen=("127.0.0.1", port),
+                verify_key=self.commands.public,
             )  # fmt: skip
             agents.start(settings)
 
@@ -457,6 +475,17 @@ class PubSubWorld:
 
     def pools(self) -> Mapping[str, Sequence[str]]:
         return {name: [vm for vm in vms if self._ready(vm)] for name, vms in POOLS.items()}
+
+    def forge(self, by: str, body: bytes) -> None:
+        assert self.sims is not None
+        message = forged_message(self.sims.prover(by), by, body)
+        attributes = {**message.attributes, "envelope_id": message.envelope_id}
+        future = self._publisher.publish(_topic(EVENTS_TOPIC), message.body, **attributes)
+        future.result(timeout=ADMIN_TIMEOUT)
+
+    def sender_of(self, body: bytes) -> str | None:
+        assert self._verifier is not None
+        return sender_of(self._verifier, body)
 
     def _ready(self, vm: str) -> bool:
         try:

@@ -6,6 +6,10 @@ Three witnesses, none of them the demo's own bookkeeping:
 - the functions' audit log: `decided`, `drained` (per VM), the approval sent, `restored`;
 - the simulator's approval log: `approved` is when IMDS accepted a StartRequests POST.
 Elapsed times count from the moment the demo injected the maintenance into the simulator.
+
+An envelope whose proof does not name the VM it claims to come from (a forgery the demo makes
+to show the functions refusing it) marks no stage: it is noted as `forged`, and the functions'
+audit records of what they refused (`unverified`, `not-self`) as `refused`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Optional
 
 from functions.core.envelope import decode
 from functions.core.errors import MalformedEnvelopeError
@@ -57,6 +61,8 @@ class EventTimeline:
     approve_commands: list[SentApproval] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     command_results: list[tuple[str, str, str]] = field(default_factory=list)  # vm, result, reason
+    forged: list[str] = field(default_factory=list)  # "<status> claimed by <vm>, proven by <vm>"
+    refusals: list[tuple[str, str]] = field(default_factory=list)  # audit kind (unverified | not-self), reason
 
     def matches(self, event: MaintenanceEvent) -> bool:
         if event.cloud is not self.cloud:
@@ -81,14 +87,20 @@ class EventTimeline:
 
 # Called with (timeline, stage, detail) the first time a stage is seen.
 StageListener = Callable[[EventTimeline, str, str], None]
+# The VM a message's proof names, or None when it has no valid proof (the demo's own check).
+SenderOf = Callable[[bytes], Optional[str]]
+REFUSED = ("unverified", "not-self")
 
 
 class Observer:
     """Feeds the witnesses' records into the timelines; each stage is marked once, at its first sighting."""
 
-    def __init__(self, timelines: Sequence[EventTimeline], on_stage: StageListener) -> None:
+    def __init__(
+        self, timelines: Sequence[EventTimeline], on_stage: StageListener, sender_of: SenderOf | None = None
+    ) -> None:
         self.timelines = list(timelines)
         self._on_stage = on_stage
+        self._sender_of = sender_of
 
     def envelope(self, body: bytes, published_at: datetime) -> None:
         try:
@@ -101,6 +113,15 @@ class Observer:
         timeline = next((t for t in self.timelines if t.matches(event)), None)
         if timeline is None:
             return
+        if self._sender_of is not None:
+            sender = self._sender_of(body)
+            if sender != event.reporter or event.reporter not in event.resources:
+                claim = f"{event.status.value} of {', '.join(event.resources)} by {event.reporter}"
+                timeline.forged.append(f"{claim}, proven by {sender or 'nobody'}")
+                self._mark(
+                    timeline, "forged", published_at, f"{claim}; its proof names {sender or 'nobody'}", again=True
+                )
+                return
         if timeline.event_id is None:
             timeline.event_id = event.event_id
         timeline.reporters.add(event.reporter)
@@ -118,7 +139,10 @@ class Observer:
         timeline = next((t for t in self.timelines if t.owns(record.event_id)), None)
         if timeline is None:
             return
-        if record.kind == "decision":
+        if record.kind in REFUSED:
+            timeline.refusals.append((record.kind, record.reason))
+            self._mark(timeline, "refused", record.time, record.reason, again=True)
+        elif record.kind == "decision":
             timeline.rules.append(record.rule)
             self._mark(timeline, "decided", record.time, f"rule {record.rule}: {record.reason}")
         elif record.kind == "command-result":

@@ -7,6 +7,7 @@ what happened into an `Observer`, the pools as they are, and where the audit log
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -19,10 +20,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.config import AgentSettings
 from agent.main import run_agent
+from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
 from agent.simulator import Simulator
+from agent.sources.azure_imds import AzureImdsClient
+from agent.sources.gce_metadata import GceMetadataClient
+from agent.transports.base import OutboundMessage
 from agent.transports.local import LocalBus
 from functions.core.commands import Command
-from functions.core.identity import TRUST_FILE_FORMAT
+from functions.core.envelope import decode
+from functions.core.errors import MalformedEnvelopeError
+from functions.core.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT, UnverifiedError
 from functions.core.model import Cloud
 from functions.core.policy import Policy
 from functions.core.signing import generate_keypair, load_private_key, sign_command
@@ -55,6 +62,14 @@ class DemoWorld(Protocol):
 
     def describe(self) -> list[str]:
         """Lines saying what runs and where to look (audit log, logs)."""
+        ...
+
+    def forge(self, by: str, body: bytes) -> None:
+        """Publish `body` as VM `by`'s compromised agent would: with `by`'s own genuine proof."""
+        ...
+
+    def sender_of(self, body: bytes) -> str | None:
+        """The VM a message's proof names (checked as the functions check it), or None."""
         ...
 
 
@@ -129,9 +144,36 @@ class Simulators:
     def verifier(self) -> CloudVerifier:
         return verifier_from_trust(self.trust())
 
+    def prover(self, vm: str) -> Prover:
+        """What VM `vm`'s agent proves its identity with: its own metadata service."""
+        cloud, url = next((cloud, url) for cloud, name, url in self.endpoints() if name == vm)
+        if cloud is Cloud.AZURE:
+            return AzureAttestedProver(AzureImdsClient.for_base_url(url), time.monotonic)
+        return GceIdentityProver(GceMetadataClient.for_base_url(url), DEFAULT_AUDIENCE)
+
     def stop(self) -> None:
         self.azure.stop()
         self.gce.stop()
+
+
+def sender_of(verifier: CloudVerifier, body: bytes) -> str | None:
+    """The VM a message's proof names, or None when it has none that verifies."""
+    try:
+        envelope = decode(body)
+        now = datetime.now(timezone.utc)
+        return verifier.verify(envelope, now, now).vm
+    except (MalformedEnvelopeError, UnverifiedError):
+        return None
+
+
+def forged_message(prover: Prover, by: str, body: bytes) -> OutboundMessage:
+    """A compromised agent's message: its own proof on a report of its choosing."""
+    proven = prover.prove(body)
+    envelope = decode(proven)
+    attributes = {"type": envelope.type, "vm": by, "cloud": envelope.source.split("/")[1]}
+    return OutboundMessage(
+        envelope.id, proven, key=by, attributes=attributes, message_id=hashlib.sha256(proven).hexdigest()
+    )
 
 
 @dataclass(frozen=True)
@@ -139,12 +181,13 @@ class CommandKeys:
     """The demo's command-signing key pair, made for the run: the functions sign, the agents verify."""
 
     private: Ed25519PrivateKey
+    private_pem: bytes  # as the functions' MBRIDGE_SIGNING_KEY takes it
     public: str  # PEM, as an agent's --verify-key takes it
 
     @classmethod
     def generate(cls) -> CommandKeys:
         private, public = generate_keypair()
-        return cls(load_private_key(private), public.decode("ascii"))
+        return cls(load_private_key(private), private, public.decode("ascii"))
 
     def sign(self, command: Command) -> Command:
         return sign_command(command, self.private)
@@ -187,6 +230,7 @@ class EmbeddedWorld:
             self.bus, self.store, self.pool, policy, clock, verifier=self.sims.verifier(), signer=self.commands.sign
         )
         self._host = threading.Thread(target=host.run, args=(self._host_stop,), name="function-host", daemon=True)
+        self._verifier = self.sims.verifier()
         self._position = 0
         self._audit_seen = 0
         self._approvals_seen = 0
@@ -227,6 +271,12 @@ class EmbeddedWorld:
             f"audit log: {db}  (mbridge audit list --db {db} [--vm NAME] [--event ID])",
             f"bus: {self.bus.path}; agent state: {self.workdir / 'agents'}; logs: {self.workdir / 'demo.log'}",
         ]
+
+    def forge(self, by: str, body: bytes) -> None:
+        self.bus.publish_event(forged_message(self.sims.prover(by), by, body))
+
+    def sender_of(self, body: bytes) -> str | None:
+        return sender_of(self._verifier, body)
 
     def close(self) -> None:
         self.agents.halt()
