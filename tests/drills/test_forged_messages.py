@@ -1,0 +1,278 @@
+"""Drill: 1,000 forged messages from compromised VMs, interleaved with genuine reports.
+
+Every proof here is real: the victims' and the attackers' agents prove their identity with the
+agent's own provers against the simulator's metadata services (Azure attested documents, GCE
+identity tokens, over HTTP), and the functions verify with the run's trust file. The attackers
+have everything a compromised VM has: their own genuine proofs, the events their metadata shows
+(an Azure VM sees the events of its whole availability set), and the bus.
+
+The forgeries, in equal parts and at seeded random places among the genuine messages:
+- no proof at all;
+- the attacker's own proof on a report that claims to come from a victim ("wrong VM");
+- a victim's genuine proof lifted from one of its messages onto another message ("reused");
+- a genuine proof presented after it expired (the bus took the message hours later);
+- the attacker, as itself, reporting an event of other VMs ("from a VM not named");
+- forged `completed` / `canceled` of the victims' genuine events;
+- forged command results (an approval accepted or rejected) in a victim's name.
+
+Done when: the run's effects — every drain, approval and restore, in order, and the budget —
+are exactly those of the genuine messages alone, and each forgery is audited as refused.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
+from agent.simulator import Simulator
+from agent.sources.azure_imds import AzureImdsClient
+from agent.sources.gce_metadata import GceMetadataClient
+from functions.core.commands import Command
+from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
+from functions.core.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, TRUST_FILE_FORMAT
+from functions.core.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
+from functions.core.policy import Policy, Pool
+from functions.core.ports import JsonObject
+from functions.core.process import Deps, process
+from functions.local_app.balancer import LocalPool
+from functions.local_app.store import SqliteStore
+from functions.trust.trust_file import verifier_from_trust
+from functions.trust.verifiers import CloudVerifier
+from tests.drills.conftest import drill_seed, say
+
+pytestmark = pytest.mark.drill
+
+SEED = 20261125
+FORGERIES = 1000
+AZURE_VICTIMS = ("web-0", "web-1", "web-2", "web-3")
+AZURE_ATTACKER = "web-9"
+GCE_VICTIMS = ("gce-0", "gce-1")
+GCE_ATTACKER = "gce-9"
+EVENTS_PER_VICTIM = 3
+KINDS = ("no-proof", "wrong-vm", "reused", "expired", "not-named", "forged-end", "forged-result")
+# What each kind of forgery must be refused for (the reason in its audit record).
+REASONS = {
+    "no-proof": ("no Azure proof", "no GCE identity token"),
+    "wrong-vm": ("the proof is web-9's", "the proof is gce-9's"),
+    "reused": ("made for another message", "not valid proof for this message"),
+    "expired": ("expire",),
+    "not-named": ("not-self: web-9 reports", "not-self: gce-9 reports"),
+    "forged-end": ("the proof is web-9's", "the proof is gce-9's"),
+    "forged-result": ("the proof is web-9's", "the proof is gce-9's", "no Azure proof", "no GCE identity token"),
+}
+# One slot for the whole pool: a forged event holding it would make a genuine one wait.
+POLICY = Policy(pools=(Pool("web", frozenset((*AZURE_VICTIMS, AZURE_ATTACKER)), max_drained=1),))
+
+
+@dataclass
+class Effects:
+    """What the functions did, in order: the ground truth compared between the two runs."""
+
+    log: list[tuple[str, str]] = field(default_factory=list)
+    pool: LocalPool = field(default_factory=lambda: LocalPool(":memory:"))
+
+    def locate(self, vm: str) -> JsonObject | None:
+        return self.pool.locate(vm)
+
+    def remove(self, vm: str, memento: JsonObject) -> None:
+        self.log.append(("drain", vm))
+        self.pool.remove(vm, memento)
+
+    def restore(self, vm: str, memento: JsonObject) -> None:
+        self.log.append(("restore", vm))
+        self.pool.restore(vm, memento)
+
+    def send(self, command: Command) -> None:
+        self.log.append((f"{command.type.value} {command.event_id}", command.target))
+
+
+@dataclass(frozen=True)
+class Message:
+    body: bytes
+    accepted_at: datetime
+    forged: str | None = None  # the kind of forgery, None for a genuine report
+
+
+@dataclass
+class Clouds:
+    azure: Simulator
+    gce: Simulator
+    provers: dict[str, Prover]
+    verifier: CloudVerifier
+    closers: list[Callable[[], None]]
+
+
+@pytest.fixture(scope="module")
+def clouds() -> Iterator[Clouds]:
+    with (
+        Simulator(cloud="azure", vm_names=[*AZURE_VICTIMS, AZURE_ATTACKER]) as azure,
+        Simulator(cloud="gce", vm_names=[*GCE_VICTIMS, GCE_ATTACKER]) as gce,
+    ):
+        provers: dict[str, Prover] = {}
+        closers: list[Callable[[], None]] = []
+        for vm, url in zip(azure.vm_names, azure.base_urls):
+            client = AzureImdsClient.for_base_url(url)
+            closers.append(client.close)
+            provers[vm] = AzureAttestedProver(client, time.monotonic)
+        for vm, url in zip(gce.vm_names, gce.base_urls):
+            gce_client = GceMetadataClient.for_base_url(url)
+            closers.append(gce_client.close)
+            provers[vm] = GceIdentityProver(gce_client, DEFAULT_AUDIENCE)
+        trust = {**azure.trust(), **gce.trust(), "format": TRUST_FILE_FORMAT}
+        yield Clouds(azure, gce, provers, verifier_from_trust(trust), closers)
+        for close in closers:
+            close()
+
+
+def lifecycle(vm: str, index: int, start: datetime) -> list[MaintenanceEvent]:
+    """A victim's own report of one of its events, step by step."""
+    azure = vm in AZURE_VICTIMS
+    event = MaintenanceEvent(
+        cloud=Cloud.AZURE if azure else Cloud.GCE,
+        event_id=f"{vm}-event-{index}",
+        kind=EventKind.REBOOT if azure else EventKind.LIVE_MIGRATE,
+        status=EventStatus.SCHEDULED,
+        reporter=vm,
+        sequence=str(index),
+        resources=(vm,),
+        not_before=start + timedelta(minutes=15) if azure else None,
+        duration_seconds=-1 if azure else None,
+        event_source=EventSource.PLATFORM if azure else None,
+        description="genuine",
+        raw={"index": index},
+    )
+    return [
+        replace(event, status=status) for status in (EventStatus.SCHEDULED, EventStatus.STARTED, EventStatus.COMPLETED)
+    ]
+
+
+def genuine_messages(clouds: Clouds, start: datetime) -> list[Message]:
+    """Each victim's events one after the other, reported by the victim itself."""
+    messages = []
+    at = start
+    for index in range(EVENTS_PER_VICTIM):
+        for vm in (*AZURE_VICTIMS, *GCE_VICTIMS):
+            for step in lifecycle(vm, index, start):
+                at += timedelta(seconds=1)
+                body = clouds.provers[vm].prove(encode(envelope_for_event(step, at)))
+                messages.append(Message(body, at))
+    return messages
+
+
+def forgeries(clouds: Clouds, genuine: list[Message], rng: random.Random, start: datetime) -> list[Message]:
+    forged = []
+    for number in range(FORGERIES):
+        kind = KINDS[number % len(KINDS)]
+        victim = rng.choice((*AZURE_VICTIMS, *GCE_VICTIMS))
+        attacker = AZURE_ATTACKER if victim in AZURE_VICTIMS else GCE_ATTACKER
+        index = rng.randrange(EVENTS_PER_VICTIM)
+        scheduled, _started, completed = lifecycle(victim, index, start)
+        at = start + timedelta(seconds=rng.uniform(0, 60))
+        # A short Freeze (approved at once, no drain) is what an attacker forges to start a Reboot early.
+        freeze = replace(scheduled, kind=EventKind.FREEZE, duration_seconds=5) if victim in AZURE_VICTIMS else scheduled
+        if kind == "no-proof":
+            body = encode(envelope_for_event(freeze, at))
+        elif kind == "wrong-vm":
+            body = clouds.provers[attacker].prove(encode(envelope_for_event(freeze, at)))
+        elif kind == "reused":
+            lifted = json.loads(rng.choice([m.body for m in genuine if victim.encode() in m.body]))
+            document = json.loads(encode(envelope_for_event(freeze, at)))
+            document.update({name: lifted[name] for name in PROOF_ATTRIBUTES if name in lifted})
+            body = json.dumps(document).encode()
+        elif kind == "expired":
+            body = clouds.provers[victim].prove(encode(envelope_for_event(freeze, at)))
+            forged.append(Message(body, at + timedelta(hours=7), kind))
+            continue
+        elif kind == "not-named":
+            about_others = replace(freeze, reporter=attacker, sequence="x")
+            body = clouds.provers[attacker].prove(encode(envelope_for_event(about_others, at)))
+        elif kind == "forged-end":
+            end = completed if rng.random() < 0.5 else replace(completed, status=EventStatus.CANCELED)
+            body = clouds.provers[attacker].prove(encode(envelope_for_event(end, at)))
+        else:
+            result = CommandResult(
+                command_id=f"forged-{number}", accepted=rng.random() < 0.5, event_id=scheduled.event_id, target=victim
+            )
+            cloud = Cloud.AZURE if victim in AZURE_VICTIMS else Cloud.GCE
+            envelope = encode(envelope_for_command_result(result, cloud, at))
+            body = clouds.provers[attacker].prove(envelope) if rng.random() < 0.5 else envelope
+        forged.append(Message(body, at, kind))
+    return forged
+
+
+@dataclass
+class Run:
+    effects: Effects
+    store: SqliteStore
+    results: dict[str, int] = field(default_factory=dict)
+    # per forged message: its kind, and the reason of the one audit record its processing wrote
+    refusals: list[tuple[str, str]] = field(default_factory=list)
+
+
+def run(clouds: Clouds, messages: list[Message]) -> Run:
+    effects = Effects()
+    effects.pool.add("web", (*AZURE_VICTIMS, AZURE_ATTACKER))
+    effects.pool.add("gce", (*GCE_VICTIMS, GCE_ATTACKER))
+    store = SqliteStore(":memory:")
+    result = Run(effects, store)
+    deps = Deps(store, effects, effects, store, POLICY, verifier=clouds.verifier)
+    for message in messages:
+        now = max(message.accepted_at, datetime.now(timezone.utc))
+        before = len(store.query())
+        outcome = process(message.body, deps, now, accepted_at=message.accepted_at)
+        result.results[outcome.result] = result.results.get(outcome.result, 0) + 1
+        if message.forged is not None:
+            written = store.query()[before:]
+            result.refusals.append((message.forged, " | ".join(f"{r.kind}: {r.reason}" for r in written)))
+    return result
+
+
+def test_a_thousand_forged_messages_change_nothing_and_the_genuine_events_go_as_without_them(clouds: Clouds) -> None:
+    started = time.monotonic()
+    seed = drill_seed(SEED)
+    rng = random.Random(seed)
+    start = datetime.now(timezone.utc)
+    # GIVEN the victims' genuine reports, and 1,000 forgeries of every kind by their neighbours
+    genuine = genuine_messages(clouds, start)
+    forged = forgeries(clouds, genuine, rng, start)
+    attacked = list(genuine)
+    for message in forged:
+        attacked.insert(rng.randrange(len(attacked) + 1), message)
+    built = time.monotonic() - started
+
+    # WHEN the functions take the genuine reports alone, and then the attacked stream
+    baseline = run(clouds, genuine)
+    attack = run(clouds, attacked)
+
+    # THEN every drain, approval and restore is the baseline's, in the same order: no forgery drained,
+    # approved, restored or held a budget slot (one slot for the whole pool: a held one would reorder)
+    assert attack.effects.log == baseline.effects.log
+    drains = [e for e in baseline.effects.log if e[0] == "drain"]
+    assert len(drains) == len(AZURE_VICTIMS + GCE_VICTIMS) * EVENTS_PER_VICTIM
+    assert attack.store.parked("web") == attack.store.parked("gce") == []
+    # AND each forgery wrote exactly one audit record, a refusal that says why, for the reason of its kind
+    assert len(attack.refusals) == FORGERIES
+    for kind, reason in attack.refusals:
+        assert reason.count(" | ") == 0, (kind, reason)
+        assert reason.startswith(("unverified: ", "not-self: ")), (kind, reason)
+        assert any(expected in reason for expected in REASONS[kind]), (kind, reason)
+    assert attack.results.get("processed", 0) == len(genuine)
+    results = attack.results
+    say(
+        "forged-messages",
+        seed=seed,
+        forged=FORGERIES,
+        genuine=len(genuine),
+        refused_unverified=results.get("unverified", 0),
+        refused_not_self=results.get("not-self", 0),
+        actions=len(attack.effects.log),
+        build_s=round(built, 1),
+        duration_s=round(time.monotonic() - started, 1),
+    )
