@@ -31,18 +31,22 @@ NOT_REACHED = {
     "platform-reboot": set(),
     "redeploy-canceled": {"approved", "started"},
     "gce-terminate": {"approved", "started"},
+    # refused forgeries: nothing at all happens for the forged event
+    "forged-reboot": set(STAGES),
+    "genuine-reboot": set(),
 }
 
-# (drained, who may get the one approval, restored) per Azure event, read back from the audit
-# log. The approval goes to the reporter of the first report processed when it is affected, so
-# for an event of two VMs either may get it.
+# (drained, approved, restored) per Azure event, read back from the audit log: each VM of an event
+# is moved by its own report only, so each VM named approves its own part.
 AZURE_ACTIONS = {
-    demo_flows.FREEZE_ID: ([], {"web-0", "web-1"}, []),
-    demo_flows.USER_REBOOT_ID: (["web-2"], {"web-2"}, ["web-2"]),
-    demo_flows.SPOT_ID: (["spot-0"], {"spot-0"}, []),
-    demo_flows.SCALE_IN_ID: (["vmss-0"], {"vmss-0"}, []),
-    demo_flows.PLATFORM_REBOOT_ID: (["web-0", "web-1"], {"web-0", "web-1"}, ["web-0", "web-1"]),
-    demo_flows.REDEPLOY_ID: (["web-2"], {"web-2"}, ["web-2"]),
+    demo_flows.FREEZE_ID: ([], ["web-0", "web-1"], []),
+    demo_flows.USER_REBOOT_ID: (["web-2"], ["web-2"], ["web-2"]),
+    demo_flows.SPOT_ID: (["spot-0"], ["spot-0"], []),
+    demo_flows.SCALE_IN_ID: (["vmss-0"], ["vmss-0"], []),
+    demo_flows.PLATFORM_REBOOT_ID: (["web-0", "web-1"], ["web-0", "web-1"], ["web-0", "web-1"]),
+    demo_flows.REDEPLOY_ID: (["web-2"], ["web-2"], ["web-2"]),
+    demo_flows.FORGED_ID: ([], [], []),
+    demo_flows.GENUINE_ID: (["web-0"], ["web-0"], ["web-0"]),
 }
 
 
@@ -82,11 +86,19 @@ def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(t
         for event_id, (drains, approvers, restores) in AZURE_ACTIONS.items():
             actions = [(r.action, r.vm) for r in store.query(event_id=event_id) if r.kind == "action"]
             assert sorted(vm for action, vm in actions if action == "drain") == drains, event_id
-            (approved,) = [vm for action, vm in actions if action == "approve"]
-            assert approved in approvers, event_id
+            assert sorted(vm for action, vm in actions if action == "approve") == approvers, event_id
             assert sorted(vm for action, vm in actions if action == "restore") == restores, event_id
         gce = [(r.action, r.rule) for r in store.query(vm="gce-0") if r.kind == "action"]
         assert gce == [("drain", "6-gce"), ("restore", "1-ended")] * 2
+        # the forgeries: refused, and why, in the audit log
+        refused = [(r.kind, r.event_id.upper()) for r in store.query() if r.kind in ("unverified", "not-self")]
+        assert sorted(refused) == sorted(
+            [
+                ("not-self", demo_flows.FORGED_ID),
+                ("unverified", demo_flows.FORGED_ID),
+                ("unverified", demo_flows.GENUINE_ID),
+            ]
+        )
         results = {r.event_id.upper(): r.action for r in store.query() if r.kind == "command-result"}
         assert results[demo_flows.REDEPLOY_ID] == "rejected"  # the agent re-checked IMDS: canceled
         assert results[demo_flows.PLATFORM_REBOOT_ID] == "accepted"

@@ -1,5 +1,7 @@
 """The whole product on one machine: simulator → agents → embedded bus → function core → commands
-back → IMDS approval → restore. A platform Reboot of two VMs of an availability set."""
+back → IMDS approval → restore. A platform Reboot of two VMs of an availability set, as deployed:
+every agent proves its identity, the functions verify it with the simulator's trust and sign their
+commands, and the agents execute only signed commands."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from agent.simulator import Simulator
 from agent.transports.local import LocalBus
 from functions.core.policy import Policy
 from functions.local_app.balancer import LocalPool
+from functions.local_app.demo.world import CommandKeys
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
+from functions.trust.trust_file import verifier_from_trust
 from tests.agent_runner import AgentThread, settings_for
 from tests.waiting import wait_until
 
@@ -33,27 +37,36 @@ def test_platform_reboot_is_drained_approved_once_and_restored(
     pool = LocalPool(tmp_path / "pool.db")
     pool.add("web", SET)
     store = SqliteStore(tmp_path / "functions.db")
+    keys = CommandKeys.generate()
     with Simulator(cloud="azure", vm_names=SET, speed=10) as sim:
         for vm, url in zip(sim.vm_names, sim.base_urls):
             settings = settings_for("azure", url, vm, tmp_path / vm)
-            agent_thread(replace(settings, transport="local", bus_path=bus_path))
+            agent_thread(replace(settings, transport="local", bus_path=bus_path, verify_key=keys.public))
         host = LocalFunctionHost(
-            LocalBus(bus_path), store, pool, Policy(drain_period_seconds=1.0), lambda: datetime.now(timezone.utc)
+            LocalBus(bus_path),
+            store,
+            pool,
+            Policy(drain_period_seconds=1.0),
+            lambda: datetime.now(timezone.utc),
+            verifier=verifier_from_trust(sim.trust()),
+            signer=keys.sign,
         )
         stop = threading.Event()
         runner = threading.Thread(target=host.run, args=(stop,), daemon=True)
         runner.start()
         try:
-            # WHEN Azure schedules a platform Reboot of web-0 and web-1 (broadcast to the whole set)
+            # WHEN Azure schedules a platform Reboot of web-0 and web-1 (broadcast to the whole set), which
+            # starts once both approved (they share a host)
             requests.post(
                 f"{sim.base_urls[0]}/_sim/events",
-                json={"event_type": "Reboot", "resources": ["web-0", "web-1"], "event_id": EVENT_ID},
+                json={"event_type": "Reboot", "resources": ["web-0", "web-1"], "event_id": EVENT_ID, "approval": "all"},
                 timeout=5,
             ).raise_for_status()
 
-            # THEN both leave the pool, one approval reaches IMDS after the drain period, the event starts
+            # THEN both leave the pool, each on its own report, each approves its own part after the drain
+            # period, and the event starts
             wait_until(lambda: pool.members("web") == ["web-2"], 20, lambda: f"drained pool, got {pool.members('web')}")
-            wait_until(lambda: len(sim.approvals()) == 1, 20, "the approval POST")
+            wait_until(lambda: len(sim.approvals()) == 2, 20, "the approval POSTs")
             wait_until(lambda: _status(sim) == "Started", 20, "the event to start")
 
             # AND when the maintenance is over, both come back
@@ -64,7 +77,10 @@ def test_platform_reboot_is_drained_approved_once_and_restored(
             runner.join(timeout=10)
         approvals = sim.approvals()
 
-    assert [(a["event_ids"], a["status"]) for a in approvals] == [([EVENT_ID], 200)]
+    assert sorted((a["vm"], a["event_ids"][0], a["status"]) for a in approvals) == [
+        ("web-0", EVENT_ID, 200),
+        ("web-1", EVENT_ID, 200),
+    ]
     actions = [(r.action, r.vm) for r in store.query(event_id=EVENT_ID) if r.kind == "action"]
     assert sorted(a for a in actions if a[0] in ("drain", "restore")) == [
         ("drain", "web-0"),
@@ -72,7 +88,9 @@ def test_platform_reboot_is_drained_approved_once_and_restored(
         ("restore", "web-0"),
         ("restore", "web-1"),
     ]
-    assert [a for a in actions if a[0] == "approve"] in ([("approve", "web-0")], [("approve", "web-1")])
+    assert sorted(a for a in actions if a[0] == "approve") == [("approve", "web-0"), ("approve", "web-1")]
+    senders = {r.detail.get("sender", "") for r in store.query(event_id=EVENT_ID) if r.kind == "event"}
+    assert all(sender.startswith(("reported by web-0, attested", "reported by web-1, attested")) for sender in senders)
 
 
 def _status(sim: Simulator) -> str | None:

@@ -171,6 +171,8 @@ def test_health_readiness_and_metrics_endpoints(
         # THEN /readyz turns unready (a health-probe load balancer drains the VM) and metrics count it
         wait_until(lambda: requests.get(f"{base}/readyz", timeout=5).status_code == 503, 20, "unready")
         assert "redeploy" in requests.get(f"{base}/readyz", timeout=5).json()["reason"]
+        # (the first message waits for the VM's attested document, asked for once)
+        wait_until(lambda: _outbox_empty(port), 20, "the outbox published")
         metrics = requests.get(f"{base}/metrics", timeout=5).text
         for name in (
             "mbridge_polls_total",

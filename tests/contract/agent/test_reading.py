@@ -90,8 +90,10 @@ def test_an_entry_the_agent_cannot_read_does_not_silence_the_vms_own_event(
     document = {"DocumentIncarnation": 7, "Events": [ODD_OTHER_VM_ENTRY, MY_ENTRY]}
     server = metadata({"/metadata/scheduledevents": json.dumps(document)})
 
-    # WHEN the agent reads it
-    agent = agent_thread(settings_for("azure", server.url, "vm-0", tmp_path))
+    # WHEN the agent reads it, forwarding every event it sees (the fixed answers hold no attested
+    # document: no proof is asked for)
+    settings = settings_for("azure", server.url, "vm-0", tmp_path, forward="all", identity_proof="none")
+    agent = agent_thread(settings)
     envelopes = agent.wait_for_count(2)
 
     # THEN both entries are forwarded: its own event fully read, the odd one with what could be read
@@ -113,7 +115,7 @@ def test_a_gce_maintenance_value_google_added_is_reported_as_a_maintenance_of_ki
     server = metadata({prefix + key: value for key, value in answers.items()})
 
     # WHEN the agent watches it
-    agent = agent_thread(settings_for("gce", server.url, "gce-0", tmp_path))
+    agent = agent_thread(settings_for("gce", server.url, "gce-0", tmp_path, identity_proof="none"))
     (envelope,) = agent.wait_for_count(1)
 
     # THEN it is reported as a maintenance of kind unknown (the policy drains for it)
