@@ -7,11 +7,13 @@ tools can read them; everything the simulator does is logged to stderr, one line
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Callable
 
@@ -85,6 +87,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="run documented timings F times faster (default 1; 60 turns 15 minutes into 15 seconds)",
     )
+    parser.add_argument(
+        "--trust-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write what verifies this run's proofs of identity (its test keys) to PATH, for the functions' "
+        "MBRIDGE_TRUST_FILE (see docs/security.md)",
+    )
     listing = "; ".join(f"{name}: {text.rstrip('.')}" for name, text in describe_scenarios().items())
     parser.epilog = f"Built-in scenarios - {listing}. Control API under <url>/_sim/ (see docs/simulator.md)."
 
@@ -119,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"mbridge simulate: error: {exc}", file=sys.stderr)
             return 1
+        if args.trust_file is not None:
+            _write_trust_file(simulator, args.trust_file)
+            logger.info("trust file (this run's test keys): %s", args.trust_file)
         for url in simulator.base_urls:
             print(url)
         sys.stdout.flush()
@@ -133,6 +146,13 @@ def run(args: argparse.Namespace) -> int:
         logger.removeHandler(handler)
         logger.setLevel(saved[0])
         logger.propagate = saved[1]
+
+
+def _write_trust_file(simulator: Simulator, path: Path) -> None:
+    """The run's trust file, readable by its owner only (it names the run's VMs, no secret)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(simulator.trust(), indent=1) + "\n", encoding="utf-8")
+    path.chmod(0o600)
 
 
 def _on_stop_signals(stop_requested: list[int]) -> Callable[[], None]:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import requests
 
 from agent.simulator import SCENARIO_NAMES
+from functions.trust.gce_token import verify_identity_token
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -129,3 +132,33 @@ def test_bad_flags_exit_2_with_a_message(args: list[str], message: str) -> None:
     assert result.returncode == 2
     assert message in result.stderr
     assert result.stdout == ""
+
+
+def test_writes_the_trust_file_of_its_run_before_printing_the_urls(
+    processes: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    # GIVEN the simulator asked to write its trust file
+    trust = tmp_path / "trust.json"
+    process = simulator_process("--cloud", "gce", "--vm-name", "alpha", "--trust-file", str(trust))
+    processes.append(process)
+    assert process.stdout is not None
+    (url,) = [process.stdout.readline().strip()]
+
+    # WHEN a token is asked of it for an audience, and checked with the functions' verifier from that file
+    token = requests.get(
+        f"{url}/computeMetadata/v1/instance/service-accounts/default/identity",
+        params={"audience": "maintenance-bridge/check", "format": "full"},
+        headers={"Metadata-Flavor": "Google"},
+        timeout=5,
+    ).text
+    document = json.loads(trust.read_text(encoding="utf-8"))
+    now = datetime.now(timezone.utc)
+    vm = verify_identity_token(
+        token, certs=document["gce"]["certs"], audience="maintenance-bridge/check", valid_at=now, now=now
+    )
+
+    # THEN the file was there once the URL was printed, readable by its owner only, and it verifies the run's tokens
+    assert vm.instance_name == "alpha"
+    assert trust.stat().st_mode & 0o777 == 0o600
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=20)
