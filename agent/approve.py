@@ -5,6 +5,11 @@ re-checks everything against a fresh Scheduled Events document and answers with 
 on the events channel. Exit codes: 0 accepted, 1 rejected (the reason is printed), 2 no answer
 (nothing came within `--wait`, the command could not be sent, or no results reader is configured).
 `--no-wait` (wait=None) prints the command_id and returns 0 once the bus accepted the command.
+
+A result counts only when its proof of identity is the target VM's (`verifier`): any VM may publish
+on the events channel, and a forged "accepted" would tell the operator an approval happened that
+did not. Results without such a proof are printed as ignored, and the wait goes on. Without a
+verifier (`--insecure-unverified-results`) every result is taken, and the answer says so.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from agent.transports.base import CommandSender, OutboundMessage, ResultReader
 from functions.core.commands import Command, CommandType, encode_command, new_command
 from functions.core.envelope import decode
 from functions.core.errors import BridgeError, MalformedEnvelopeError
+from functions.core.identity import IdentityVerifier, UnverifiedError
 from functions.core.model import Cloud, CommandResult
 from functions.core.timefmt import format_rfc3339
 
@@ -41,10 +47,12 @@ def run_approve(
     reader: ResultReader | None,
     wait: float | None,
     signing_key: Ed25519PrivateKey | None,
+    verifier: IdentityVerifier | None,
     clock: Clock,
     out: TextIO,
 ) -> int:
-    """Send one approve command and report its outcome; returns the exit code."""
+    """Send one approve command and report its outcome; returns the exit code. `verifier` None
+    takes results without checking who sent them (unsafe)."""
     if cloud is Cloud.GCE:
         print(
             "GCE has no in-VM approval: its 'start now' is instances.performMaintenance "
@@ -73,7 +81,7 @@ def run_approve(
     if reader is None:
         print(_no_reader_hint(), file=out)
         return EXIT_NO_ANSWER
-    return _await_result(command, reader, wait, clock, out)
+    return _await_result(command, reader, wait, verifier, clock, out)
 
 
 def _message(command: Command) -> OutboundMessage:
@@ -85,7 +93,9 @@ def _message(command: Command) -> OutboundMessage:
     )
 
 
-def _await_result(command: Command, reader: ResultReader, wait: float, clock: Clock, out: TextIO) -> int:
+def _await_result(
+    command: Command, reader: ResultReader, wait: float, verifier: IdentityVerifier | None, clock: Clock, out: TextIO
+) -> int:
     deadline = clock.monotonic() + wait
     while True:
         remaining = deadline - clock.monotonic()
@@ -97,9 +107,9 @@ def _await_result(command: Command, reader: ResultReader, wait: float, clock: Cl
             print(f"cannot read results of command {command.command_id}: {exc}", file=out)
             return EXIT_NO_ANSWER
         for body in bodies:
-            result = _result_for(command, body)
+            result = _result_for(command, body, verifier, clock, out)
             if result is not None:
-                return _report(result, out)
+                return _report(result, out, proven=verifier is not None)
     print(
         f"no answer for command {command.command_id} within {wait:g} s: the agent on {command.target} may be "
         "down, not subscribed to its commands, or behind; the command stays valid until "
@@ -109,8 +119,11 @@ def _await_result(command: Command, reader: ResultReader, wait: float, clock: Cl
     return EXIT_NO_ANSWER
 
 
-def _result_for(command: Command, body: bytes) -> CommandResult | None:
-    """The result of this command in one envelope body, or None (other envelopes share the channel)."""
+def _result_for(
+    command: Command, body: bytes, verifier: IdentityVerifier | None, clock: Clock, out: TextIO
+) -> CommandResult | None:
+    """The result of this command in one envelope body, or None (other envelopes share the channel,
+    and a result the target's proof does not vouch for is ignored)."""
     try:
         envelope = decode(body)
     except MalformedEnvelopeError as exc:
@@ -125,11 +138,22 @@ def _result_for(command: Command, body: bytes) -> CommandResult | None:
             "ignoring a result for %s from %s, not from the target %s", data.command_id, data.target, command.target
         )
         return None
+    if verifier is not None:
+        now = clock.now()
+        try:
+            sender = verifier.verify(envelope, now, now).vm
+        except UnverifiedError as exc:
+            print(f"ignored a '{data.result}' result without a valid proof of {command.target}: {exc}", file=out)
+            return None
+        if sender != command.target:
+            print(f"ignored a '{data.result}' result for {command.target} proven by {sender}", file=out)
+            return None
     return data
 
 
-def _report(result: CommandResult, out: TextIO) -> int:
-    print(f"{result.result} by {result.target}: {result.reason}", file=out)
+def _report(result: CommandResult, out: TextIO, *, proven: bool) -> int:
+    vouched = "" if proven else " (not verified: --insecure-unverified-results)"
+    print(f"{result.result} by {result.target}{vouched}: {result.reason}", file=out)
     return EXIT_ACCEPTED if result.accepted else EXIT_REJECTED
 
 

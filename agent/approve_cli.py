@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 from agent.approve import EXIT_NO_ANSWER, run_approve
-from agent.config import add_transport_arguments, default_state_dir, env
+from agent.config import ConfigError, add_transport_arguments, default_state_dir, env
 from agent.timing import SystemClock
 from agent.transports.base import Operator, TransportConfigError, TransportUnavailableError
 from agent.transports.factory import DEFAULT_RESULTS_SUBSCRIPTION
 from functions.core.errors import BridgeError
+from functions.core.identity import IdentityVerifier
 from functions.core.model import Cloud
 
 DEFAULT_WAIT = 30.0
@@ -37,6 +38,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=env("MBRIDGE_SIGNING_KEY"),
         help="Ed25519 private key (PEM, base64 or a file) to sign the command with [MBRIDGE_SIGNING_KEY]",
     )
+    trust = parser.add_argument_group(
+        "trust", "an answer counts only with a valid proof of identity from the target VM (docs/security.md)"
+    )
+    trust.add_argument(
+        "--trust-file",
+        default=env("MBRIDGE_TRUST_FILE"),
+        help="verify with a trust file, as the simulator writes it (mbridge simulate --trust-file) "
+        "[MBRIDGE_TRUST_FILE]",
+    )
+    trust.add_argument(
+        "--trust-subscriptions",
+        default=env("MBRIDGE_TRUST_SUBSCRIPTIONS"),
+        help="Azure: the subscriptions (comma-separated) whose VMs may answer; their vmIds are resolved to names "
+        "with your Azure credentials (Reader on the VMs) [MBRIDGE_TRUST_SUBSCRIPTIONS]",
+    )
+    trust.add_argument(
+        "--trust-resource-groups",
+        default=env("MBRIDGE_TRUST_RESOURCE_GROUPS", ""),
+        help="Azure: look for the VMs in these resource groups only (comma-separated) [MBRIDGE_TRUST_RESOURCE_GROUPS]",
+    )
+    trust.add_argument(
+        "--insecure-unverified-results",
+        action="store_true",
+        help="take any answer without checking who sent it: any VM that can publish could forge it",
+    )
     parser.add_argument(
         "--results-subscription",
         default=env("MBRIDGE_RESULTS_SUBSCRIPTION", DEFAULT_RESULTS_SUBSCRIPTION),
@@ -48,6 +74,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        verifier = build_verifier(args) if not args.no_wait else None
         operator = build_operator(args)
         signing_key = None
         if args.signing_key:
@@ -66,11 +93,46 @@ def run(args: argparse.Namespace) -> int:
             reader=operator,
             wait=None if args.no_wait else args.wait,
             signing_key=signing_key,
+            verifier=verifier,
             clock=SystemClock(),
             out=sys.stdout,
         )
     finally:
         operator.close()
+
+
+def build_verifier(args: argparse.Namespace) -> IdentityVerifier | None:
+    """What checks that an answer comes from the target VM; None only when asked for explicitly."""
+    if args.insecure_unverified_results:
+        return None
+    if args.trust_file:
+        from functions.trust.trust_file import TrustFileError, load_trust_file
+
+        try:
+            return load_trust_file(args.trust_file)
+        except TrustFileError as exc:
+            raise ConfigError(str(exc)) from exc
+    if args.trust_subscriptions:
+        return _azure_verifier(args)
+    raise ConfigError(
+        "mbridge approve takes an answer only from the target VM, proven by its cloud: give --trust-subscriptions "
+        "(Azure, with credentials that may read the VMs) or --trust-file, or --insecure-unverified-results "
+        "to take any answer (docs/security.md)"
+    )
+
+
+def _azure_verifier(args: argparse.Namespace) -> IdentityVerifier:
+    from azure.identity import DefaultAzureCredential
+
+    from functions.azure_app.settings import default_roots
+    from functions.azure_app.vm_directory import ComputeVmDirectory
+    from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier
+
+    subscriptions = [s.strip() for s in args.trust_subscriptions.split(",") if s.strip()]
+    groups = tuple(g.strip() for g in args.trust_resource_groups.split(",") if g.strip())
+    directory = ComputeVmDirectory(DefaultAzureCredential(), resource_groups=groups)
+    azure = AzureAttestedVerifier(roots=default_roots(), directory=directory, subscriptions=subscriptions)
+    return CloudVerifier(azure=azure)
 
 
 def build_operator(args: argparse.Namespace) -> Operator:

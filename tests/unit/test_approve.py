@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from agent import approve_cli
 from agent.approve import run_approve
 from agent.transports.base import OutboundMessage, TransportUnavailableError
 from functions.core.commands import CommandType, decode_command
-from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
+from functions.core.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
+from functions.core.identity import GCE_TOKEN, Identity, IdentityVerifier, UnverifiedError
 from functions.core.model import Cloud, CommandResult
 from functions.core.signing import generate_keypair, load_private_key, load_public_key, verify
 from tests.factories import azure_event
@@ -79,9 +83,30 @@ class FakeAgentOnTheBus:
         return batch
 
 
-def result_body(command_id: str, accepted: bool, reason: str, target: str = VM) -> bytes:
+class ProofsOfTest:
+    """The verifier port as the real ones behave: the proof names one VM and the message it was made for."""
+
+    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
+        proof = envelope.extensions.get(GCE_TOKEN)
+        if not isinstance(proof, str) or proof.count("|") != 1:
+            raise UnverifiedError("no proof of identity")
+        vm, digest = proof.split("|")
+        if digest != envelope.digest:
+            raise UnverifiedError("the proof was made for another message")
+        return Identity(vm=vm, how="attested")
+
+
+def result_body(
+    command_id: str, accepted: bool, reason: str, target: str = VM, proven_by: str | None = "target"
+) -> bytes:
+    """A result envelope as an agent publishes it, proven by `proven_by` (the target by default; None: no proof)."""
     result = CommandResult(command_id=command_id, accepted=accepted, event_id=EVENT_ID, target=target, reason=reason)
-    return encode(envelope_for_command_result(result, Cloud.AZURE, START))
+    envelope = envelope_for_command_result(result, Cloud.AZURE, START)
+    if proven_by is None:
+        return encode(envelope)
+    document = json.loads(encode(envelope))
+    document[GCE_TOKEN] = f"{target if proven_by == 'target' else proven_by}|{envelope.digest}"
+    return json.dumps(document).encode()
 
 
 def run(
@@ -92,6 +117,7 @@ def run(
     wait: float | None = 30,
     signing_key: Ed25519PrivateKey | None = None,
     cloud: Cloud = Cloud.AZURE,
+    verifier: IdentityVerifier | None = None,
 ) -> int:
     return run_approve(
         event_id=EVENT_ID,
@@ -101,6 +127,7 @@ def run(
         reader=reader,
         wait=wait,
         signing_key=signing_key,
+        verifier=verifier if verifier is not None else ProofsOfTest(),
         clock=clock,
         out=out,
     )
@@ -195,6 +222,43 @@ def test_other_envelopes_and_other_commands_results_are_skipped(
     assert out.getvalue().splitlines()[-1] == f"rejected by {VM}: this VM is not in Resources"
 
 
+def test_a_forged_answer_is_ignored_and_said_so_and_the_targets_own_counts(
+    sender: FakeSender, clock: FakeClock, out: io.StringIO
+) -> None:
+    # GIVEN a neighbour publishing "accepted" in the target's name (with its own proof, and with none)
+    # before the target's genuine "rejected"
+    def answer(command_id: str) -> list[bytes]:
+        return [
+            result_body(command_id, True, "forged", proven_by="WestNO_1"),
+            result_body(command_id, True, "forged", proven_by=None),
+            result_body(command_id, False, "this VM is not in Resources"),
+        ]
+
+    # WHEN approve waits
+    code = run(sender, clock, out, FakeAgentOnTheBus(clock, sender, answer))
+
+    # THEN the forgeries are printed as ignored, and the target's answer decides
+    assert code == 1
+    lines = out.getvalue().splitlines()
+    assert lines[-3] == f"ignored a 'accepted' result for {VM} proven by WestNO_1"
+    assert lines[-2] == f"ignored a 'accepted' result without a valid proof of {VM}: no proof of identity"
+    assert lines[-1] == f"rejected by {VM}: this VM is not in Resources"
+
+
+def test_without_a_verifier_any_answer_counts_and_the_output_says_it_was_not_verified(
+    sender: FakeSender, clock: FakeClock, out: io.StringIO
+) -> None:
+    reader = FakeAgentOnTheBus(clock, sender, lambda cid: [result_body(cid, True, "approved", proven_by=None)])
+    code = run_approve(
+        event_id=EVENT_ID, target=VM, cloud=Cloud.AZURE, sender=sender, reader=reader, wait=30,
+        signing_key=None, verifier=None, clock=clock, out=out,
+    )  # fmt: skip
+    assert code == 0
+    assert (
+        out.getvalue().splitlines()[-1] == f"accepted by {VM} (not verified: --insecure-unverified-results): approved"
+    )
+
+
 def test_no_answer_within_the_wait_is_exit_2(sender: FakeSender, clock: FakeClock, out: io.StringIO) -> None:
     # GIVEN an agent that never answers
     reader = FakeAgentOnTheBus(clock, sender, lambda cid: [])
@@ -232,3 +296,20 @@ def test_gce_is_refused_before_anything_is_sent(sender: FakeSender, clock: FakeC
     assert code == 1
     assert sender.sent == []
     assert "perform-maintenance" in out.getvalue()
+
+
+def test_the_cli_refuses_to_wait_for_an_answer_it_could_not_verify(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN mbridge approve with no way to check who answers
+    parser = argparse.ArgumentParser()
+    approve_cli.configure(parser)
+    args = parser.parse_args(["--event-id", EVENT_ID, "--target", VM, "--transport", "local",
+                              "--bus-path", str(tmp_path / "bus.db")])  # fmt: skip
+    args.trust_file = args.trust_subscriptions = None
+
+    # WHEN it runs THEN it sends nothing and says what to give it
+    assert approve_cli.run(args) == 2
+    error = capsys.readouterr().err
+    assert "--trust-subscriptions" in error
+    assert "--insecure-unverified-results" in error

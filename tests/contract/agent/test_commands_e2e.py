@@ -7,6 +7,7 @@ Runs on the embedded local bus and on Google's Pub/Sub emulator.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -216,11 +217,15 @@ def test_mbridge_approve_exit_codes_over_the_local_bus(
         ).raise_for_status()
         settings = replace(settings_for("azure", sim.base_urls[0], VM, tmp_path), transport="local")
         agent_thread(settings)
+        # the operator trusts this run's metadata service, as it would trust Azure's
+        trust = tmp_path / "trust.json"
+        trust.write_text(json.dumps(sim.trust()), encoding="utf-8")
 
         def approve_cli(event_id: str, target: str, wait: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 [sys.executable, "-m", "agent.cli", "approve", "--event-id", event_id, "--target", target,
-                 "--transport", "local", "--bus-path", str(settings.bus_path), "--wait", wait],
+                 "--transport", "local", "--bus-path", str(settings.bus_path), "--wait", wait,
+                 "--trust-file", str(trust)],
                 capture_output=True, text=True, timeout=60, cwd=ROOT,
             )  # fmt: skip
 
