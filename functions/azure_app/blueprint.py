@@ -43,11 +43,27 @@ DEPS = DepsProvider(from_environment(os.environ))
     cardinality="one",
 )
 def maintenance_events(msg: func.ServiceBusMessage) -> None:
-    handle_message(msg.get_body(), DEPS.get(), datetime.now(timezone.utc))
+    now = datetime.now(timezone.utc)
+    handle_message(msg.get_body(), DEPS.get(), now, enqueued_at(msg, now))
 
 
-def handle_message(body: bytes, deps: Deps, now: datetime) -> Outcome:
-    """Process one message body; raise to have the message redelivered.
+def enqueued_at(msg: func.ServiceBusMessage, now: datetime) -> datetime:
+    """When Service Bus took the message (its enqueued time, UTC), or `now` when the host gave none.
+
+    A sender's proof is checked as of then: one that was valid when the message was sent stays
+    valid through a backlog or a redelivery.
+    """
+    enqueued = getattr(msg, "enqueued_time_utc", None)
+    if not isinstance(enqueued, datetime):
+        return now
+    if enqueued.tzinfo is None:  # the library leaves a time without an offset naive; it is UTC
+        return enqueued.replace(tzinfo=timezone.utc)
+    return enqueued.astimezone(timezone.utc)
+
+
+def handle_message(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None = None) -> Outcome:
+    """Process one message body; raise to have the message redelivered. `accepted_at` is when
+    the bus took the message (default: `now`).
 
     Raises:
         RetryableError: a transient failure; the platform redelivers the message.
@@ -55,7 +71,7 @@ def handle_message(body: bytes, deps: Deps, now: datetime) -> Outcome:
             max delivery count, to be resubmitted once the deployment is fixed.
     """
     try:
-        outcome = process(body, deps, now)
+        outcome = process(body, deps, now, accepted_at)
     except RetryableError as exc:
         LOGGER.warning("transient failure, the message will be redelivered: %s", bounded(str(exc)))
         raise

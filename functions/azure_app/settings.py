@@ -9,11 +9,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asn1crypto import pem as asn1_pem  # type: ignore[import-untyped]
+from asn1crypto import x509 as asn1_x509
+from cryptography import x509
+
 from functions.core.errors import PermanentError
-from functions.core.policy import Policy, load_policy
+from functions.core.policy import TRUST_ATTESTED, Policy, load_policy
 from functions.core.signing import load_private_key
+from functions.trust.azure_attested import DEFAULT_SIGNER_NAMES, AttestationError, load_certificates
+from functions.trust.trust_file import TrustFileError, load_trust_file
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -38,6 +45,12 @@ READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
 POLICY = "MBRIDGE_POLICY"
 SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
 TRUST_RESOURCE_GROUPS = "MBRIDGE_TRUST_RESOURCE_GROUPS"
+# Who sent a report (policy trust: attested): docs/azure.md, "Trust".
+TRUST_FILE = "MBRIDGE_TRUST_FILE"
+TRUST_ROOTS = "MBRIDGE_TRUST_ROOTS"
+TRUST_INTERMEDIATES = "MBRIDGE_TRUST_INTERMEDIATES"
+TRUST_SIGNER_NAMES = "MBRIDGE_TRUST_SIGNER_NAMES"
+TRUST_SUBSCRIPTIONS = "MBRIDGE_TRUST_SUBSCRIPTIONS"
 
 DEFAULT_COMMANDS_QUEUE = "maintenance-commands"
 DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
@@ -46,11 +59,18 @@ DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
 COMMANDS_MODES = ("queue", "topic")
 DEFAULT_STATE_TABLE = "mbridgestate"
 DEFAULT_AUDIT_TABLE = "mbridgeaudit"
+# The root the attested documents' signers chain to, taken from certifi's bundle when
+# MBRIDGE_TRUST_ROOTS is not set. Azure is moving its signers to Microsoft TLS RSA Root G2 (not in
+# certifi): once a region's signer chains to it, give both roots in MBRIDGE_TRUST_ROOTS.
+DEFAULT_ROOT_NAME = "DigiCert Global Root G2"
 
 # Table Storage: 3-63 alphanumeric characters, starting with a letter.
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
 # A resource group: 1-90 letters, digits (Unicode ones too), '-', '_', '.', '(' and ')', not ending in '.'.
 _RESOURCE_GROUP = re.compile(r"^[-\w.()]{0,89}[-\w()]$")
+_GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_DNS_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)+$")
+_PEM_BEGIN = "-----BEGIN"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -92,6 +112,15 @@ class Settings:
     # Where the VMs an attested document names are looked up by vmId, in each subscription;
     # empty: the whole subscription.
     trust_resource_groups: tuple[str, ...] = ()
+    # A trust file (local runs and tests): when set, it alone verifies the reports' proofs.
+    trust_file: str | None = None
+    # What an attested document must chain to and be signed by, and the subscriptions whose VMs
+    # may report (lower case); the roots and subscriptions are empty when nothing is verified with
+    # attested documents (policy trust: reporter-name, or a trust file).
+    trust_roots: tuple[x509.Certificate, ...] = field(default=(), repr=False)
+    trust_intermediates: tuple[x509.Certificate, ...] = field(default=(), repr=False)
+    trust_signer_names: tuple[str, ...] = DEFAULT_SIGNER_NAMES
+    trust_subscriptions: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -120,6 +149,10 @@ class Settings:
             )
         if table_endpoint is not None and not table_endpoint.startswith(("https://", "http://")):
             raise SettingsError(f"{TABLE_ENDPOINT} is a URL such as https://myaccount.table.core.windows.net")
+        policy = _policy(env.optional(POLICY))
+        load_balancer = _load_balancer(env)
+        trust_file = _trust_file(env.optional(TRUST_FILE))
+        attested = policy.trust == TRUST_ATTESTED and trust_file is None
         return cls(
             events_topic=env.required(EVENTS_TOPIC, "the Service Bus topic the agents publish to"),
             events_subscription=env.required(EVENTS_SUBSCRIPTION, "the topic's subscription this app consumes"),
@@ -130,13 +163,18 @@ class Settings:
             table_connection_string=table_connection,
             state_table=env.table_name(STATE_TABLE, DEFAULT_STATE_TABLE),
             audit_table=env.table_name(AUDIT_TABLE, DEFAULT_AUDIT_TABLE),
-            load_balancer=_load_balancer(env),
+            load_balancer=load_balancer,
             readiness_drain=env.flag(READINESS_DRAIN, default=True),
-            policy=_policy(env.optional(POLICY)),
+            policy=policy,
             signing_key=_signing_key(env.optional(SIGNING_KEY)),
             commands_mode=env.choice(COMMANDS_MODE, COMMANDS_MODES),
             commands_topic=env.optional(COMMANDS_TOPIC) or DEFAULT_COMMANDS_TOPIC,
             trust_resource_groups=_resource_groups(env.optional(TRUST_RESOURCE_GROUPS)),
+            trust_file=trust_file,
+            trust_roots=_roots(env.optional(TRUST_ROOTS), needed=attested),
+            trust_intermediates=_certificates(TRUST_INTERMEDIATES, env.optional(TRUST_INTERMEDIATES)),
+            trust_signer_names=_signer_names(env.optional(TRUST_SIGNER_NAMES)),
+            trust_subscriptions=_subscriptions(env.optional(TRUST_SUBSCRIPTIONS), load_balancer, needed=attested),
         )
 
 
@@ -216,6 +254,123 @@ def _resource_groups(text: str | None) -> tuple[str, ...]:
             )
         groups.setdefault(name.lower(), name)
     return tuple(groups.values())
+
+
+def _trust_file(path: str | None) -> str | None:
+    """The trust file's path, once it is known to load (local runs and tests)."""
+    if path is None:
+        return None
+    try:
+        load_trust_file(path)
+    except TrustFileError as exc:
+        raise SettingsError(f"{TRUST_FILE}: {exc}") from exc
+    return path
+
+
+def _roots(text: str | None, *, needed: bool) -> tuple[x509.Certificate, ...]:
+    """The given roots; unset: DigiCert Global Root G2, when an attested verifier is built."""
+    if text is not None:
+        return _certificates(TRUST_ROOTS, text)
+    return default_roots() if needed else ()
+
+
+def default_roots() -> tuple[x509.Certificate, ...]:
+    """DigiCert Global Root G2 from certifi's bundle (installed with requests), chosen by subject CN.
+
+    Raises:
+        SettingsError: certifi is missing or its bundle has no such root; then set MBRIDGE_TRUST_ROOTS.
+    """
+    try:
+        import certifi
+    except ImportError:
+        raise SettingsError(
+            f"{TRUST_ROOTS} is not set and certifi (installed with requests) is missing: give the PEM of "
+            f"{DEFAULT_ROOT_NAME} (or a path to it)"
+        ) from None
+    try:
+        bundle = Path(certifi.where()).read_text(encoding="ascii", errors="replace")
+    except OSError as exc:
+        raise SettingsError(f"{TRUST_ROOTS} is not set and certifi's bundle cannot be read: {exc}") from exc
+    found: list[x509.Certificate] = []
+    for block in re.findall(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", bundle, flags=re.S):
+        if _common_name(block.encode("ascii", errors="replace")) == DEFAULT_ROOT_NAME:
+            found.extend(load_certificates(block.encode("ascii")))
+    if not found:
+        raise SettingsError(
+            f"{TRUST_ROOTS} is not set and certifi's bundle ({certifi.where()}) has no {DEFAULT_ROOT_NAME}: "
+            "give the PEM of the roots Azure's attested documents chain to (or a path to it)"
+        )
+    return tuple(found)
+
+
+def _common_name(pem: bytes) -> str | None:
+    """The subject CN of a PEM certificate, read with asn1crypto: cryptography would warn about, or
+    refuse, certificates of the bundle that break RFC 5280 (a serial number of zero, say)."""
+    try:
+        _, _, der = asn1_pem.unarmor(pem)
+        name = asn1_x509.Certificate.load(der).subject.native.get("common_name")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _certificates(name: str, text: str | None) -> tuple[x509.Certificate, ...]:
+    """PEM text (newlines may be written as \\n) or the path of a PEM bundle; unset: none."""
+    if text is None:
+        return ()
+    if _PEM_BEGIN in text:
+        data = (text if "\n" in text else text.replace("\\n", "\n")).encode("ascii", errors="replace")
+        origin = "the PEM text"
+    else:
+        try:
+            data = Path(text).read_bytes()
+        except OSError as exc:
+            raise SettingsError(
+                f"{name}: cannot read {text[:200]!r} ({exc.strerror or exc}); give PEM text or the path of a PEM bundle"
+            ) from None
+        origin = f"the file {text[:200]}"
+    try:
+        certificates = load_certificates(data)
+    except AttestationError as exc:
+        raise SettingsError(f"{name}: {origin} is not PEM certificates: {exc}") from exc
+    if not certificates:
+        raise SettingsError(f"{name}: {origin} holds no certificate")
+    return tuple(certificates)
+
+
+def _signer_names(text: str | None) -> tuple[str, ...]:
+    """DNS names an attested document's signer certificate must carry (or a subdomain of one)."""
+    names = [item.strip().lower().rstrip(".") for item in (text or "").split(",") if item.strip()]
+    for name in names:
+        if not _DNS_NAME.match(name):
+            raise SettingsError(
+                f"{TRUST_SIGNER_NAMES}: {name[:100]!r} is not a DNS name such as metadata.azure.com; give names "
+                "separated by commas"
+            )
+    return tuple(dict.fromkeys(names)) or DEFAULT_SIGNER_NAMES
+
+
+def _subscriptions(text: str | None, load_balancer: LoadBalancerTarget | None, *, needed: bool) -> tuple[str, ...]:
+    """The subscriptions whose VMs may report (lower case, each once); unset: the load balancer's."""
+    if text is None:
+        if load_balancer is not None:
+            return (load_balancer.subscription_id.lower(),)
+        if needed:
+            raise SettingsError(
+                f"{TRUST_SUBSCRIPTIONS} is not set: give the ids of the subscriptions whose VMs report, separated by "
+                f"commas (with {LB_SUBSCRIPTION_ID} set, that subscription is the default)"
+            )
+        return ()
+    subscriptions = [item.strip().lower() for item in text.split(",") if item.strip()]
+    for subscription in subscriptions:
+        if not _GUID.match(subscription):
+            raise SettingsError(
+                f"{TRUST_SUBSCRIPTIONS}: {subscription[:100]!r} is not a subscription id (a GUID such as "
+                "00000000-0000-0000-0000-000000000000); give ids separated by commas"
+            )
+    if not subscriptions:
+        raise SettingsError(f"{TRUST_SUBSCRIPTIONS} names no subscription: give subscription ids separated by commas")
+    return tuple(dict.fromkeys(subscriptions))
 
 
 def _policy(text: str | None) -> Policy:

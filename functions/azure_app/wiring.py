@@ -14,16 +14,23 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
+import requests
+
 from agent.transports.servicebus import ServiceBusOperator, ServiceBusSettings
 from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group
-from functions.azure_app.settings import Settings
+from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, Settings, SettingsError
 from functions.azure_app.tables import TableAuditLog, TableStateStore, table_errors
+from functions.azure_app.vm_directory import vm_directory
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
 from functions.core.commands import Command
+from functions.core.identity import IdentityVerifier
+from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import CommandSender, LoadBalancer
 from functions.core.process import ClaimWait, Deps
 from functions.core.signing import sign_command
+from functions.trust.trust_file import TrustFileError, load_trust_file
+from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, VmDirectory
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
@@ -33,6 +40,11 @@ if TYPE_CHECKING:
 # restored by the balancer of that name, so these must not change between releases.
 AZURE_LB = "azure_lb"
 READINESS = "readiness"
+
+# Fetching an attested document's issuing CA from its caIssuers URL (the verifier allows only
+# Microsoft's and DigiCert's PKI hosts, and caches what it fetched).
+ISSUER_FETCH_TIMEOUT = 10.0
+MAX_ISSUER_BYTES = 64 * 1024
 
 
 def build_deps(settings: Settings, *, credential: TokenCredential | None = None) -> Deps:
@@ -54,7 +66,61 @@ def build_deps(settings: Settings, *, credential: TokenCredential | None = None)
         signer=signer,
         # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
         claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
+        verifier=build_verifier(settings, credential),
     )
+
+
+def build_verifier(
+    settings: Settings, credential: TokenCredential, *, directory: VmDirectory | None = None
+) -> IdentityVerifier | None:
+    """Who sent a report. Policy trust `attested`: the trust file's verifier when MBRIDGE_TRUST_FILE
+    is set, else Azure's attested documents checked against the trust settings, the VM named by
+    `directory` (default: the compute API on `credential`, in MBRIDGE_TRUST_RESOURCE_GROUPS).
+    Trust `reporter-name`: None (the core then takes the reporter at its word).
+
+    Raises:
+        SettingsError: the trust file cannot be read, or no subscription is trusted.
+    """
+    if settings.policy.trust != TRUST_ATTESTED:
+        return None
+    if settings.trust_file is not None:
+        try:
+            return load_trust_file(settings.trust_file)
+        except TrustFileError as exc:
+            raise SettingsError(f"{TRUST_FILE}: {exc}") from exc
+    if not settings.trust_subscriptions:
+        raise SettingsError(f"{TRUST_SUBSCRIPTIONS} is not set: give the ids of the subscriptions whose VMs report")
+    azure = AzureAttestedVerifier(
+        roots=settings.trust_roots,
+        intermediates=settings.trust_intermediates,
+        signer_names=settings.trust_signer_names,
+        subscriptions=settings.trust_subscriptions,
+        directory=directory if directory is not None else vm_directory(settings, credential),
+        fetch_issuer=fetch_issuer,
+    )
+    return CloudVerifier(azure=azure)
+
+
+class IssuerFetchFailedError(Exception):
+    """The issuing CA's URL did not answer with a certificate of a sensible size."""
+
+
+def fetch_issuer(url: str) -> bytes:
+    """The body at a signer certificate's caIssuers URL: one GET, 10 s, no redirects, at most 64 KiB.
+
+    Raises:
+        requests.RequestException, IssuerFetchFailedError: the verifier takes either as "cannot
+            check now" and the message is redelivered.
+    """
+    with requests.get(url, timeout=ISSUER_FETCH_TIMEOUT, allow_redirects=False, stream=True) as response:
+        if response.status_code != 200:
+            raise IssuerFetchFailedError(f"{url} answered HTTP {response.status_code}, not the certificate")
+        body = bytearray()
+        for chunk in response.iter_content(chunk_size=16 * 1024):
+            body.extend(chunk)
+            if len(body) > MAX_ISSUER_BYTES:
+                raise IssuerFetchFailedError(f"{url} answered more than {MAX_ISSUER_BYTES} bytes: not a certificate")
+    return bytes(body)
 
 
 def command_bus_settings(settings: Settings) -> ServiceBusSettings:

@@ -609,6 +609,7 @@ def test_the_factory_takes_the_resource_groups_from_the_settings() -> None:
         names.EVENTS_SUBSCRIPTION: "functions",
         names.SERVICEBUS_NAMESPACE: "mybus.servicebus.windows.net",
         names.TABLE_ENDPOINT: "https://myaccount.table.core.windows.net",
+        names.TRUST_SUBSCRIPTIONS: SUB,
     }
     whole: VmDirectory = vm_directory(Settings.from_env(environ), StaticToken())
     limited = vm_directory(

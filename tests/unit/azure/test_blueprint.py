@@ -12,13 +12,19 @@ import functools
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import azure.functions as func
 import pytest
+from azure.functions.servicebus import ServiceBusMessage as HostMessage
 from azure.servicebus import ServiceBusMessage as SdkMessage
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 import function_app
 from agent.transports.servicebus import (
@@ -33,9 +39,9 @@ from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.settings import Settings, SettingsError
 from functions.azure_app.wiring import DepsProvider
 from functions.core.commands import Command, decode_command
-from functions.core.envelope import encode, envelope_for_event
+from functions.core.envelope import Envelope, encode, envelope_for_event
 from functions.core.errors import PermanentError, RetryableError
-from functions.core.identity import ReporterName
+from functions.core.identity import TRUST_FILE_FORMAT, Identity, ReporterName
 from functions.core.model import EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import CommandSender, JsonObject
@@ -45,6 +51,7 @@ from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+SUBSCRIPTION = "6f1c2d9e-0000-4000-8000-00000000c0de"
 
 
 # ---------------------------------------------------------------- fakes of our ports
@@ -282,6 +289,58 @@ def test_the_approval_leaves_on_the_commands_queue_in_the_target_vms_session(app
     assert (command.type.value, command.target) == ("approve", "web-0")
 
 
+# ---------------------------------------------------------------- when the bus took the message
+
+
+@dataclass
+class RecordingVerifier:
+    """Takes every sender at its word, and records the time each proof was checked as of."""
+
+    accepted: list[datetime] = field(default_factory=list)
+
+    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
+        self.accepted.append(accepted_at)
+        return Identity(vm=envelope.source.rsplit("/", 1)[-1], how="attested")
+
+
+ENQUEUED = datetime(2026, 3, 1, 11, 58, 30, 250000, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    "enqueued",
+    [ENQUEUED, ENQUEUED.replace(tzinfo=None), ENQUEUED.astimezone(timezone(timedelta(hours=2)))],
+    ids=["utc", "without-offset", "with-offset"],
+)
+def test_the_senders_proof_is_checked_as_of_when_service_bus_took_the_message(app: App, enqueued: datetime) -> None:
+    # GIVEN a message Service Bus enqueued at 11:58:30.25 UTC (the host passes the time as it parsed it)
+    verifier = RecordingVerifier()
+    message = HostMessage(
+        body=message_body(reboot()),
+        enqueued_time_utc=enqueued,
+        message_id="m-1",
+        application_properties={},
+        user_properties={},
+    )
+
+    # WHEN the host delivers it
+    with DEPS.overridden(replace(app.deps(), verifier=verifier)):
+        registered_function()(message)
+
+    # THEN the proof was checked as of that time, in UTC
+    assert verifier.accepted == [ENQUEUED]
+    assert verifier.accepted[0].utcoffset() == timedelta(0)
+    assert app.balancer.members == {"web-1", "web-2"}
+
+
+def test_without_an_enqueued_time_the_proof_is_checked_as_of_now(app: App) -> None:
+    verifier = RecordingVerifier()
+    before = datetime.now(timezone.utc)
+    with DEPS.overridden(replace(app.deps(), verifier=verifier)):
+        registered_function()(func.ServiceBusMessage(body=message_body(reboot())))
+    (accepted,) = verifier.accepted
+    assert before <= accepted <= datetime.now(timezone.utc)
+
+
 # ---------------------------------------------------------------- worker lifetime
 
 
@@ -315,7 +374,30 @@ MINIMAL = {
     names.EVENTS_SUBSCRIPTION: "functions",
     names.SERVICEBUS_NAMESPACE: "mybus.servicebus.windows.net",
     names.TABLE_ENDPOINT: "https://myaccount.table.core.windows.net",
+    names.TRUST_SUBSCRIPTIONS: SUBSCRIPTION,
 }
+
+
+def certificate_pem(name: str) -> str:
+    """A self-signed CA certificate, as PEM text."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - timedelta(days=1))
+        .not_valid_after(NOW + timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+def common_names(certificates: tuple[x509.Certificate, ...]) -> list[str]:
+    return [str(c.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value) for c in certificates]
 
 
 def test_minimal_settings_take_the_documented_defaults() -> None:
@@ -331,6 +413,13 @@ def test_minimal_settings_take_the_documented_defaults() -> None:
     assert settings.policy == Policy()
     assert settings.signing_key is None
     assert settings.trust_resource_groups == ()
+    # ... and attested documents are verified against Azure's public root, signed for
+    # metadata.azure.com, from the given subscription
+    assert settings.trust_file is None
+    assert common_names(settings.trust_roots) == ["DigiCert Global Root G2"]
+    assert settings.trust_intermediates == ()
+    assert settings.trust_signer_names == ("metadata.azure.com",)
+    assert settings.trust_subscriptions == (SUBSCRIPTION,)
 
 
 @pytest.mark.parametrize(
@@ -353,6 +442,22 @@ def test_minimal_settings_take_the_documented_defaults() -> None:
         ),
         ({names.TRUST_RESOURCE_GROUPS: "rg-vms."}, "MBRIDGE_TRUST_RESOURCE_GROUPS: 'rg-vms.' is not a resource group"),
         ({names.TRUST_RESOURCE_GROUPS: "rg vms"}, "MBRIDGE_TRUST_RESOURCE_GROUPS: 'rg vms' is not a resource group"),
+        ({names.TRUST_SUBSCRIPTIONS: None}, "MBRIDGE_TRUST_SUBSCRIPTIONS is not set"),
+        ({names.TRUST_SUBSCRIPTIONS: " "}, "MBRIDGE_TRUST_SUBSCRIPTIONS is not set"),
+        ({names.TRUST_SUBSCRIPTIONS: ","}, "MBRIDGE_TRUST_SUBSCRIPTIONS names no subscription"),
+        (
+            {names.TRUST_SUBSCRIPTIONS: f"{SUBSCRIPTION},/subscriptions/{SUBSCRIPTION}"},
+            f"MBRIDGE_TRUST_SUBSCRIPTIONS: '/subscriptions/{SUBSCRIPTION}' is not a subscription id",
+        ),
+        ({names.TRUST_ROOTS: "/nonexistent/roots.pem"}, "MBRIDGE_TRUST_ROOTS: cannot read '/nonexistent/roots.pem'"),
+        (
+            {names.TRUST_ROOTS: "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"},
+            "MBRIDGE_TRUST_ROOTS: the PEM text is not PEM certificates",
+        ),
+        ({names.TRUST_INTERMEDIATES: "/nonexistent/ca.pem"}, "MBRIDGE_TRUST_INTERMEDIATES: cannot read"),
+        ({names.TRUST_SIGNER_NAMES: "https://metadata.azure.com"}, "MBRIDGE_TRUST_SIGNER_NAMES: 'https://metadata"),
+        ({names.TRUST_SIGNER_NAMES: "metadata azure com"}, "MBRIDGE_TRUST_SIGNER_NAMES: 'metadata azure com' is not"),
+        ({names.TRUST_FILE: "/nonexistent/trust.json"}, "MBRIDGE_TRUST_FILE: cannot read the trust file"),
     ],
 )
 def test_a_wrong_setting_is_named_in_the_error(change: dict[str, str | None], message: str) -> None:
@@ -399,6 +504,60 @@ def test_a_full_configuration_is_read_and_keeps_secrets_out_of_its_repr() -> Non
     verify(b"payload", sign(b"payload", settings.signing_key), load_public_key(public_pem))
     for secret in ("sb-secret", "table-secret", "PRIVATE KEY"):
         assert secret not in repr(settings)
+
+
+def test_trust_settings_are_read_from_pem_text_or_files(tmp_path: Path) -> None:
+    # GIVEN two roots as PEM text written on one line (as an app setting may hold them), an
+    # intermediate as a file, regional signer names and subscriptions in any case
+    roots = certificate_pem("Root One") + certificate_pem("Root Two")
+    intermediate = tmp_path / "intermediate.pem"
+    intermediate.write_text(certificate_pem("Issuing CA"), encoding="ascii")
+    other = "0A1B2C3D-0000-4000-8000-000000000001"
+    environ = {
+        **MINIMAL,
+        names.TRUST_ROOTS: roots.replace("\n", "\\n"),
+        names.TRUST_INTERMEDIATES: str(intermediate),
+        names.TRUST_SIGNER_NAMES: " Metadata.Azure.com, eastus.metadata.azure.com ,metadata.azure.com,",
+        names.TRUST_SUBSCRIPTIONS: f"{SUBSCRIPTION.upper()}, {other}, {SUBSCRIPTION}",
+    }
+
+    # WHEN they are read
+    settings = Settings.from_env(environ)
+
+    # THEN each value is taken as given, names and ids in lower case and once each
+    assert common_names(settings.trust_roots) == ["Root One", "Root Two"]
+    assert common_names(settings.trust_intermediates) == ["Issuing CA"]
+    assert settings.trust_signer_names == ("metadata.azure.com", "eastus.metadata.azure.com")
+    assert settings.trust_subscriptions == (SUBSCRIPTION, other.lower())
+
+
+def test_the_trusted_subscription_defaults_to_the_load_balancers() -> None:
+    # GIVEN no trusted subscriptions, and a load balancer (the VMs behind it are in its subscription)
+    environ = {key: value for key, value in MINIMAL.items() if key != names.TRUST_SUBSCRIPTIONS}
+    environ.update({names.LB_SUBSCRIPTION_ID: SUBSCRIPTION.upper(), names.LB_RESOURCE_GROUP: "rg", names.LB_NAME: "lb"})
+
+    # WHEN they are read THEN the load balancer's subscription is trusted
+    assert Settings.from_env(environ).trust_subscriptions == (SUBSCRIPTION,)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{names.POLICY: '{"trust": "reporter-name"}'}, {names.TRUST_FILE: "trust.json"}],
+    ids=["reporter-name", "trust-file"],
+)
+def test_without_attested_documents_to_check_no_subscription_or_root_is_needed(
+    change: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN trust reporter-name, or a trust file (which says itself what it trusts)
+    monkeypatch.chdir(tmp_path)
+    Path("trust.json").write_text(json.dumps({"format": TRUST_FILE_FORMAT}), encoding="utf-8")
+    environ = {key: value for key, value in MINIMAL.items() if key != names.TRUST_SUBSCRIPTIONS}
+
+    # WHEN the settings are read without trusted subscriptions
+    settings = Settings.from_env({**environ, **change})
+
+    # THEN nothing is missing, and no root was looked for
+    assert (settings.trust_roots, settings.trust_subscriptions) == ((), ())
 
 
 # ---------------------------------------------------------------- a fake of the Service Bus SDK client
