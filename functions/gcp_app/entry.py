@@ -6,6 +6,9 @@ turns into the same CloudEvent.
 
     on_maintenance_event(cloud_event) → message_body → handle_message(body, deps, now) → process
 
+The message's `publishTime` (when Pub/Sub took it) goes to `process` as `accepted_at`: a sender's
+proof is checked as of then, so a backlog or a redelivery does not expire a genuine one.
+
 - Returning normally acknowledges the message (HTTP 2xx to the push subscription).
 - Raising fails the invocation (HTTP 500) and Pub/Sub redelivers with backoff until the
   subscription's dead-letter policy moves the message aside. Every error of `process` and of the
@@ -35,7 +38,7 @@ from cloudevents.http import CloudEvent
 from functions.core.bounds import bounded
 from functions.core.errors import PermanentError, RetryableError
 from functions.core.process import Deps, Outcome, process
-from functions.core.timefmt import format_rfc3339
+from functions.core.timefmt import format_rfc3339, parse_rfc3339
 from functions.gcp_app import wiring
 
 LOG = logging.getLogger("mbridge.gcp.entry")
@@ -82,8 +85,32 @@ def _message_id(cloud_event: CloudEvent) -> str:
     return str(message.get("messageId", "")) if isinstance(message, Mapping) else ""
 
 
-def handle_message(body: bytes, deps: Deps, now: datetime, *, labels: Mapping[str, str] | None = None) -> Outcome:
-    """Process one events-topic message body and log what was done.
+def publish_time(cloud_event: CloudEvent) -> datetime | None:
+    """When Pub/Sub took the message (`publishTime`, RFC 3339), or None when absent or unreadable."""
+    data = cloud_event.get_data()
+    message = data.get("message") if isinstance(data, Mapping) else None
+    if not isinstance(message, Mapping):
+        return None
+    text = message.get("publishTime") or message.get("publish_time")
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_rfc3339(text)
+    except ValueError:
+        LOG.warning("publishTime %r is not RFC 3339; the proof is checked as of now", bounded(text, 100))
+        return None
+
+
+def handle_message(
+    body: bytes,
+    deps: Deps,
+    now: datetime,
+    *,
+    labels: Mapping[str, str] | None = None,
+    accepted_at: datetime | None = None,
+) -> Outcome:
+    """Process one events-topic message body and log what was done. `accepted_at` is when the bus
+    took the message (default: `now`).
 
     Raises:
         RetryableError: transient; the platform must redeliver.
@@ -92,7 +119,7 @@ def handle_message(body: bytes, deps: Deps, now: datetime, *, labels: Mapping[st
     """
     context = dict(labels or {})
     try:
-        outcome = process(body, deps, now)
+        outcome = process(body, deps, now, accepted_at)
     except RetryableError as exc:
         LOG.warning("will be redelivered: %s", bounded(str(exc)), extra={"labels": context})
         raise
@@ -152,4 +179,5 @@ def on_maintenance_event(cloud_event: CloudEvent) -> None:
             extra={"labels": labels},
         )
         return
-    handle_message(body, deps, datetime.now(timezone.utc), labels=labels)
+    now = datetime.now(timezone.utc)
+    handle_message(body, deps, now, labels=labels, accepted_at=publish_time(cloud_event) or now)

@@ -11,9 +11,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from functions.core.errors import PermanentError
+from functions.core.identity import DEFAULT_AUDIENCE
 from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, load_policy
+from functions.trust.gce_token import GOOGLE_CERTS_URL
+from functions.trust.trust_file import TrustFileError, load_trust_file
 
 ENV_PROJECT = "MBRIDGE_GCP_PROJECT"
 # Set by Google's runtimes and by `gcloud` tooling; used when MBRIDGE_GCP_PROJECT is not.
@@ -28,16 +32,28 @@ ENV_POLICY = "MBRIDGE_POLICY"
 ENV_SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
 ENV_COMPUTE_TIMEOUT = "MBRIDGE_COMPUTE_TIMEOUT_SECONDS"
 ENV_LOG_LEVEL = "MBRIDGE_LOG_LEVEL"
+# Who sent a report (policy trust: attested): docs/gcp.md, "Trust".
+ENV_TRUST_FILE = "MBRIDGE_TRUST_FILE"
+ENV_TRUST_AUDIENCE = "MBRIDGE_TRUST_AUDIENCE"
+ENV_TRUST_PROJECTS = "MBRIDGE_TRUST_PROJECTS"
+ENV_TRUST_CERTS_URL = "MBRIDGE_TRUST_CERTS_URL"
 
 DEFAULT_DATABASE = "(default)"
 DEFAULT_PREFIX = "mbridge_"
 DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
 DEFAULT_COMPUTE_TIMEOUT = 120.0
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Google's certificates of the keys that sign identity tokens (PEM by key id).
+DEFAULT_CERTS_URL = GOOGLE_CERTS_URL
+MAX_AUDIENCE_CHARS = 512
 
 # GCE resource names (RFC 1035 labels): zones like us-central1-a, groups like web-ig.
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]{0,64}$")
+# A project id: 6-30 lowercase letters, digits and '-', starting with a letter, not ending in '-';
+# older projects may carry a domain ("example.com:my-project").
+_PROJECT = re.compile(r"^(?:[a-z0-9][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -70,6 +86,18 @@ class Settings:
     signing_key: str | None = None
     compute_timeout: float = DEFAULT_COMPUTE_TIMEOUT
     log_level: str = "INFO"
+    # A trust file (local runs and tests): when set, it alone verifies the reports' proofs.
+    trust_file: str | None = None
+    # What an identity token must be for: the audience the agents ask for (--identity-audience),
+    # and the projects whose VMs may report (empty: `project`).
+    trust_audience: str = DEFAULT_AUDIENCE
+    trust_projects: tuple[str, ...] = ()
+    trust_certs_url: str = DEFAULT_CERTS_URL
+
+    @property
+    def trusted_projects(self) -> tuple[str, ...]:
+        """The projects whose VMs' identity tokens are accepted."""
+        return self.trust_projects or (self.project,)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -114,6 +142,10 @@ class Settings:
             signing_key=environ.get(ENV_SIGNING_KEY) or None,
             compute_timeout=_seconds(ENV_COMPUTE_TIMEOUT, get(ENV_COMPUTE_TIMEOUT), DEFAULT_COMPUTE_TIMEOUT),
             log_level=level,
+            trust_file=_trust_file(get(ENV_TRUST_FILE)),
+            trust_audience=_audience(get(ENV_TRUST_AUDIENCE)),
+            trust_projects=_projects(get(ENV_TRUST_PROJECTS)),
+            trust_certs_url=_certs_url(get(ENV_TRUST_CERTS_URL)),
         )
 
 
@@ -162,6 +194,55 @@ def _seconds(name: str, text: str, default: float) -> float:
     if not 0 < value <= 3600:
         raise SettingsError(f"{name}={text!r}: give a number of seconds between 0 and 3600")
     return value
+
+
+def _trust_file(path: str) -> str | None:
+    """The trust file's path, once it is known to load (local runs and tests)."""
+    if not path:
+        return None
+    try:
+        load_trust_file(path)
+    except TrustFileError as exc:
+        raise SettingsError(f"{ENV_TRUST_FILE}: {exc}") from exc
+    return path
+
+
+def _audience(text: str) -> str:
+    if not text:
+        return DEFAULT_AUDIENCE
+    if len(text) > MAX_AUDIENCE_CHARS or any(c.isspace() or not c.isprintable() for c in text):
+        raise SettingsError(
+            f"{ENV_TRUST_AUDIENCE}={text[:100]!r}: give the audience the agents ask identity tokens for "
+            f"(their --identity-audience), at most {MAX_AUDIENCE_CHARS} characters without spaces"
+        )
+    return text
+
+
+def _projects(text: str) -> tuple[str, ...]:
+    projects = _items(text)
+    for project in projects:
+        if not _PROJECT.match(project):
+            raise SettingsError(
+                f"{ENV_TRUST_PROJECTS}: {project[:100]!r} is not a project id such as my-project-123; give the "
+                "ids (not names or numbers) separated by commas"
+            )
+    return tuple(dict.fromkeys(projects))
+
+
+def _certs_url(text: str) -> str:
+    if not text:
+        return DEFAULT_CERTS_URL
+    try:
+        parts = urlsplit(text)
+        host, _port = (parts.hostname or "").lower(), parts.port  # the port raises ValueError when not a number
+    except ValueError:
+        parts, host = urlsplit(""), ""
+    if not host or not (parts.scheme == "https" or (parts.scheme == "http" and host in _LOOPBACK)):
+        raise SettingsError(
+            f"{ENV_TRUST_CERTS_URL}={text[:200]!r}: give an https URL such as {DEFAULT_CERTS_URL} (http only for a "
+            "local stand-in on localhost)"
+        )
+    return text
 
 
 def _policy(text: str | None) -> Policy:

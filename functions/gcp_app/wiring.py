@@ -17,11 +17,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+import requests
 from google.cloud import compute_v1, firestore
 
 from agent.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSettings, new_publisher
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
 from functions.core.commands import Command
+from functions.core.identity import IdentityVerifier
+from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import LoadBalancer, Maintenance
 from functions.core.process import ClaimWait, Deps
 from functions.core.signing import load_private_key, sign_command
@@ -29,7 +32,10 @@ from functions.gcp_app import logging as logs
 from functions.gcp_app.commands import PubSubCommandSender
 from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
 from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
-from functions.gcp_app.settings import Settings
+from functions.gcp_app.settings import ENV_TRUST_FILE, Settings, SettingsError
+from functions.trust.gce_token import GoogleCerts
+from functions.trust.trust_file import TrustFileError, load_trust_file
+from functions.trust.verifiers import CloudVerifier, GceTokenVerifier
 
 LOG = logging.getLogger("mbridge.gcp.wiring")
 
@@ -102,7 +108,32 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         signer=signer,
         # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
         claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
+        verifier=build_verifier(settings),
     )
+
+
+def build_verifier(settings: Settings) -> IdentityVerifier | None:
+    """Who sent a report. Policy trust `attested`: the trust file's verifier when MBRIDGE_TRUST_FILE
+    is set, else GCE identity tokens checked against Google's certificates (fetched from
+    MBRIDGE_TRUST_CERTS_URL and cached as Google says), for the trust audience and projects. Trust
+    `reporter-name`: None (the core then takes the reporter at its word).
+
+    Raises:
+        SettingsError: the trust file cannot be read.
+    """
+    if settings.policy.trust != TRUST_ATTESTED:
+        return None
+    if settings.trust_file is not None:
+        try:
+            return load_trust_file(settings.trust_file)
+        except TrustFileError as exc:
+            raise SettingsError(f"{ENV_TRUST_FILE}: {exc}") from exc
+    gce = GceTokenVerifier(
+        certs=GoogleCerts(requests.Session(), settings.trust_certs_url),
+        audience=settings.trust_audience,
+        projects=settings.trusted_projects,
+    )
+    return CloudVerifier(gce=gce)
 
 
 def _signer(key_source: str | None) -> Callable[[Command], Command] | None:
@@ -133,14 +164,24 @@ def deps() -> Deps:
             logs.configure(settings.log_level)
             _built = build_deps(settings)
             LOG.info(
-                "wired: project %s, Firestore database %s, commands topic %s, instance groups %s, readiness %s",
+                "wired: project %s, Firestore database %s, commands topic %s, instance groups %s, readiness %s, "
+                "trust %s",
                 settings.project,
                 settings.firestore_database,
                 settings.commands_topic,
                 ", ".join(map(str, settings.instance_groups)) or "none",
                 "on" if settings.readiness_drain else "off",
+                _trust_summary(settings),
             )
         return _built
+
+
+def _trust_summary(settings: Settings) -> str:
+    if settings.policy.trust != TRUST_ATTESTED:
+        return settings.policy.trust
+    if settings.trust_file is not None:
+        return f"the trust file {settings.trust_file}"
+    return f"identity tokens for {settings.trust_audience} of projects {', '.join(settings.trusted_projects)}"
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import base64
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,9 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1, firestore
 
 from functions.core.commands import Command, CommandType, decode_command
-from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
+from functions.core.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
 from functions.core.errors import PermanentError, RetryableError
-from functions.core.identity import ReporterName
+from functions.core.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT, Identity, ReporterName
 from functions.core.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import JsonObject
@@ -41,6 +41,7 @@ from functions.gcp_app.entry import MESSAGE_PUBLISHED, handle_message, message_b
 from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
 from functions.gcp_app.settings import GroupRef, Settings, SettingsError
 from functions.local_app.store import SqliteStore
+from functions.trust.verifiers import CloudVerifier
 from tests.factories import azure_event
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -116,18 +117,27 @@ def body_of(event: MaintenanceEvent) -> bytes:
     return encode(envelope_for_event(event, NOW))
 
 
-def published(data: bytes | str | None, message_id: str = "11223344556677", **attributes: str) -> CloudEvent:
+PUBLISHED_AT = "2026-03-01T12:00:00.481Z"
+
+
+def published(
+    data: bytes | str | None,
+    message_id: str = "11223344556677",
+    publish_time: object = PUBLISHED_AT,
+    **attributes: str,
+) -> CloudEvent:
     """A messagePublished CloudEvent as Eventarc delivers it for a Pub/Sub message with `data`
-    (bytes are base64-encoded here; a str is sent as it is; None leaves `data` out)."""
+    (bytes are base64-encoded here; a str is sent as it is; None leaves `data` out) and
+    `publish_time` (None leaves it out)."""
     message: dict[str, Any] = {
         "@type": "type.googleapis.com/google.pubsub.v1.PubsubMessage",
         "attributes": {"type": "org.maintenancebridge.maintenance.scheduled", "vm": "web-0", **attributes},
         "messageId": message_id,
         "message_id": message_id,
-        "publishTime": "2026-03-01T12:00:00.481Z",
-        "publish_time": "2026-03-01T12:00:00.481Z",
         "orderingKey": "web-0",
     }
+    if publish_time is not None:
+        message.update({"publishTime": publish_time, "publish_time": publish_time})
     if data is not None:
         message["data"] = base64.b64encode(data).decode() if isinstance(data, bytes) else data
     return CloudEvent(
@@ -287,6 +297,46 @@ def test_message_body_is_the_decoded_pubsub_data() -> None:
     assert message_body(published(b"\x00raw bytes\xff")) == b"\x00raw bytes\xff"
 
 
+# ---------------------------------------------------------------- when the bus took the message
+
+
+@dataclass
+class RecordingVerifier:
+    """Takes every sender at its word, and records the time each proof was checked as of."""
+
+    accepted: list[datetime] = field(default_factory=list)
+
+    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
+        self.accepted.append(accepted_at)
+        return Identity(vm=envelope.source.rsplit("/", 1)[-1], how="attested")
+
+
+def test_the_senders_proof_is_checked_as_of_the_messages_publish_time(world: World) -> None:
+    # GIVEN a message Pub/Sub took at 12:00:00.481 (its publishTime)
+    verifier = RecordingVerifier()
+
+    # WHEN it is delivered
+    with wiring.override(replace(world.deps, verifier=verifier)):
+        on_maintenance_event(published(body_of(reboot())))
+
+    # THEN the proof was checked as of then, and the report acted on
+    assert verifier.accepted == [datetime(2026, 3, 1, 12, 0, 0, 481000, tzinfo=timezone.utc)]
+    assert world.balancer.drained == ["web-0"]
+
+
+@pytest.mark.parametrize("publish_time", [None, "yesterday", 1772366400], ids=["absent", "not-rfc3339", "a-number"])
+def test_without_a_readable_publish_time_the_proof_is_checked_as_of_now(world: World, publish_time: object) -> None:
+    verifier = RecordingVerifier()
+    event = published(body_of(reboot()), publish_time=publish_time)
+    before = datetime.now(timezone.utc)
+
+    with wiring.override(replace(world.deps, verifier=verifier)):
+        on_maintenance_event(event)
+
+    (accepted,) = verifier.accepted
+    assert before <= accepted <= datetime.now(timezone.utc)
+
+
 # ---------------------------------------------------------------- over HTTP, through the functions framework
 
 
@@ -337,6 +387,7 @@ def test_over_http_a_malformed_envelope_is_acknowledged_and_audited(world: World
 
 
 def test_settings_read_every_variable() -> None:
+    certs_url = "https://certs.example.com/oauth2/v1/certs"
     settings = Settings.from_env(
         {
             "MBRIDGE_GCP_PROJECT": PROJECT,
@@ -349,6 +400,9 @@ def test_settings_read_every_variable() -> None:
             "MBRIDGE_SIGNING_KEY": "/secrets/signing.pem",
             "MBRIDGE_COMPUTE_TIMEOUT_SECONDS": "300",
             "MBRIDGE_LOG_LEVEL": "debug",
+            "MBRIDGE_TRUST_AUDIENCE": "https://mbridge.example.com",
+            "MBRIDGE_TRUST_PROJECTS": "shop-prod, shop-batch ,shop-prod,example.com:legacy-shop",
+            "MBRIDGE_TRUST_CERTS_URL": certs_url,
         }
     )
     assert settings == Settings(
@@ -363,11 +417,27 @@ def test_settings_read_every_variable() -> None:
         signing_key="/secrets/signing.pem",
         compute_timeout=300.0,
         log_level="DEBUG",
+        trust_audience="https://mbridge.example.com",
+        trust_projects=("shop-prod", "shop-batch", "example.com:legacy-shop"),
+        trust_certs_url=certs_url,
     )
 
 
 def test_settings_defaults_need_only_a_project() -> None:
-    assert Settings.from_env({"GOOGLE_CLOUD_PROJECT": PROJECT}) == Settings(project=PROJECT)
+    settings = Settings.from_env({"GOOGLE_CLOUD_PROJECT": PROJECT})
+    assert settings == Settings(project=PROJECT)
+    # identity tokens asked for the agents' default audience, by VMs of the function's own project,
+    # checked with Google's certificates
+    assert (settings.trust_file, settings.trust_audience) == (None, DEFAULT_AUDIENCE)
+    assert settings.trusted_projects == (PROJECT,)
+    assert settings.trust_certs_url == "https://www.googleapis.com/oauth2/v1/certs"
+
+
+def test_settings_take_a_trust_file_that_loads(tmp_path: Path) -> None:
+    path = tmp_path / "trust.json"
+    path.write_text(json.dumps({"format": TRUST_FILE_FORMAT}), encoding="utf-8")
+    settings = Settings.from_env({"MBRIDGE_GCP_PROJECT": PROJECT, "MBRIDGE_TRUST_FILE": str(path)})
+    assert settings.trust_file == str(path)
 
 
 @pytest.mark.parametrize(
@@ -382,6 +452,14 @@ def test_settings_defaults_need_only_a_project() -> None:
         ({"MBRIDGE_COMPUTE_TIMEOUT_SECONDS": "soon"}, "MBRIDGE_COMPUTE_TIMEOUT_SECONDS='soon'"),
         ({"MBRIDGE_LOG_LEVEL": "loud"}, "MBRIDGE_LOG_LEVEL='LOUD'"),
         ({"MBRIDGE_FIRESTORE_COLLECTION_PREFIX": "a/b"}, "MBRIDGE_FIRESTORE_COLLECTION_PREFIX"),
+        ({"MBRIDGE_TRUST_FILE": "/nonexistent/trust.json"}, "MBRIDGE_TRUST_FILE: cannot read the trust file"),
+        ({"MBRIDGE_TRUST_AUDIENCE": "maintenance bridge"}, "MBRIDGE_TRUST_AUDIENCE='maintenance bridge'"),
+        ({"MBRIDGE_TRUST_AUDIENCE": "a" * 513}, "MBRIDGE_TRUST_AUDIENCE='aaa"),
+        ({"MBRIDGE_TRUST_PROJECTS": "shop-prod,Shop Batch"}, "MBRIDGE_TRUST_PROJECTS: 'Shop Batch' is not a project"),
+        ({"MBRIDGE_TRUST_PROJECTS": "123456789012"}, "MBRIDGE_TRUST_PROJECTS: '123456789012' is not a project id"),
+        ({"MBRIDGE_TRUST_CERTS_URL": "http://www.googleapis.com/oauth2/v1/certs"}, "MBRIDGE_TRUST_CERTS_URL='http:"),
+        ({"MBRIDGE_TRUST_CERTS_URL": "www.googleapis.com/oauth2/v1/certs"}, "MBRIDGE_TRUST_CERTS_URL='www"),
+        ({"MBRIDGE_TRUST_CERTS_URL": "https://localhost:port/certs"}, "MBRIDGE_TRUST_CERTS_URL='https://localhost:"),
     ],
 )
 def test_settings_errors_name_the_variable(environ: dict[str, str], message: str) -> None:
@@ -489,6 +567,17 @@ def test_instance_groups_and_maintenance_are_wired_when_configured() -> None:
     with pytest.raises(ComputeUnavailableError):
         deps.balancer.restore("web-0", memento)
     assert isinstance(deps.maintenance, ComputeMaintenance)
+
+
+def test_the_wired_verifier_follows_the_policys_trust() -> None:
+    # GIVEN the default trust (attested) and trust reporter-name
+    attested = wiring.build_deps(settings_for(), offline_clients(FakePublisher()))
+    reporter_name = wiring.build_deps(
+        settings_for(policy=Policy(trust="reporter-name")), offline_clients(FakePublisher())
+    )
+    # THEN the first verifies identity tokens, the second takes the reporter at its word
+    assert isinstance(attested.verifier, CloudVerifier)
+    assert reporter_name.verifier is None
 
 
 @pytest.fixture
