@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -75,7 +76,7 @@ def test_platform_reboot_is_drained_approved_once_and_restored(
         finally:
             stop.set()
             runner.join(timeout=10)
-        approvals = sim.approvals()
+        approvals: list[dict[str, Any]] = sim.approvals()
 
     assert sorted((a["vm"], a["event_ids"][0], a["status"]) for a in approvals) == [
         ("web-0", EVENT_ID, 200),

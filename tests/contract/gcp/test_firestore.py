@@ -10,12 +10,14 @@ emulators: an envelope in, commands out on the commands topic.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, TypeVar
 
 import google.cloud.pubsub_v1 as pubsub_v1  # type: ignore[import-untyped]  # the library ships no py.typed
@@ -23,12 +25,15 @@ import pytest
 from google.api_core import exceptions as api_errors
 from google.cloud import firestore
 
+from agent.proofs import AzureAttestedProver
+from agent.simulator import Simulator
+from agent.sources.azure_imds import AzureImdsClient
 from functions.core.envelope import encode, envelope_for_event
 from functions.core.identity import ReporterName
 from functions.core.model import EventKind, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, StateStore
-from functions.core.process import CLAIM_LEASE, Deps, process
+from functions.core.process import CLAIM_LEASE, Deps, claim_key, process
 from functions.gcp_app.entry import handle_message
 from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore, doc_id
 from functions.gcp_app.settings import Settings
@@ -532,37 +537,46 @@ def test_drains_kept_in_one_document_per_event_are_still_read_and_forgotten(fire
 
 @pytest.mark.peer
 def test_the_wired_app_acts_once_and_publishes_commands_for_each_vm(
-    firestore_emulator: str, pubsub_emulator: str
+    firestore_emulator: str, pubsub_emulator: str, tmp_path: Path
 ) -> None:
-    # GIVEN the app wired as deployed (Firestore state, Pub/Sub commands, readiness drains) in a
-    # fresh project, and a subscription on its commands topic
+    # GIVEN the app wired as deployed (Firestore state, Pub/Sub commands, readiness drains, senders
+    # verified) in a fresh project, trusting a simulator's VMs, and a subscription on its commands topic
     project = new_project()
     publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
     topic = publisher.create_topic(name=f"projects/{project}/topics/maintenance-commands").name
     subscription = f"projects/{project}/subscriptions/all-commands"
     subscriber.create_subscription(name=subscription, topic=topic, ack_deadline_seconds=10)
-    deps = build_deps(Settings(project=project))
+    with Simulator(cloud="azure", vm_names=["web-0", "web-1"]) as sim:
+        trust = tmp_path / "trust.json"
+        trust.write_text(json.dumps(sim.trust()), encoding="utf-8")
+        deps = build_deps(Settings(project=project, trust_file=str(trust)))
+        provers = {
+            vm: AzureAttestedProver(AzureImdsClient.for_base_url(url), time.monotonic)
+            for vm, url in zip(sim.vm_names, sim.base_urls)
+        }
+        web_0 = provers["web-0"].prove(reboot(EventStatus.SCHEDULED))
+        web_1 = provers["web-1"].prove(reboot(EventStatus.SCHEDULED, vms=("web-1", "web-0")))
 
-    # WHEN a scheduled reboot of web-0 and web-1 arrives, and again (a redelivery)
-    first = handle_message(reboot(EventStatus.SCHEDULED), deps, NOW)
-    again = handle_message(reboot(EventStatus.SCHEDULED), deps, NOW)
+        # WHEN each VM's own report of a scheduled reboot of both arrives, and web-0's again (a redelivery)
+        now = datetime.now(timezone.utc)
+        first = handle_message(web_0, deps, now)
+        other = handle_message(web_1, deps, now)
+        again = handle_message(web_0, deps, now)
 
-    # THEN both VMs were drained through their agents and web-0 got one approval, each command
-    # addressed by the attribute `target`; the redelivery added nothing
-    assert [(taken.action, taken.vm) for taken in first.actions] == [
-        ("drain", "web-0"),
-        ("drain", "web-1"),
-        ("approve", "web-0"),
-    ]
+    # THEN each VM was drained through its agent and approved its own part, each command addressed
+    # by the attribute `target`; the redelivery added nothing
+    assert [(taken.action, taken.vm) for taken in first.actions] == [("drain", "web-0"), ("approve", "web-0")]
+    assert [(taken.action, taken.vm) for taken in other.actions] == [("drain", "web-1"), ("approve", "web-1")]
     assert again.result == "duplicate"
-    received = pull(subscriber, subscription, expected=3)
+    received = pull(subscriber, subscription, expected=4)
     assert sorted((m.attributes["type"], m.attributes["target"]) for m in received) == [
         ("approve", "web-0"),
+        ("approve", "web-1"),
         ("drain", "web-0"),
         ("drain", "web-1"),
     ]
     assert pull(subscriber, subscription, expected=1, wait=2.0) == []
-    assert deps.store.claim(first.envelope_id, NOW, LEASE) is Claim.DONE
+    assert deps.store.claim(claim_key(first.envelope_id, "web-0"), now, LEASE) is Claim.DONE
     publisher.stop()
     subscriber.close()
 

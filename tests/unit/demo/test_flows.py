@@ -79,6 +79,21 @@ CASES: list[tuple[Expectation, EventTimeline, EventTimeline, str]] = [
         timeline(stages=stages(completed=1000)),
         "restored at None",
     ),
+    (
+        flows.approved_once_by_each("web-0", "web-1"),
+        timeline(
+            approvals=[ImdsApproval("web-0", "waiting-for-others", T0), ImdsApproval("web-1", "accepted", T0)],
+            approve_commands=[SentApproval("web-0", None), SentApproval("web-1", None)],
+        ),
+        timeline(approvals=[ACCEPTED], approve_commands=[SentApproval("web-0", None), SentApproval("web-1", None)]),
+        "approvals counted by IMDS from ['web-0']",
+    ),
+    (
+        flows.refused("unverified", "not-self"),
+        timeline(refusals=[("unverified", "u"), ("not-self", "n")], forged=["a", "b"]),
+        timeline(refusals=[("unverified", "u")], forged=["a", "b"]),
+        "refused ['unverified'] of 2 forged",
+    ),
 ]  # fmt: skip
 
 
@@ -95,10 +110,14 @@ def test_each_check_holds_on_the_promise_and_fails_on_anything_else(
 def test_the_flows_cover_what_the_demo_promises() -> None:
     assert [flow.key for flow in FLOWS] == [
         "freeze", "user-reboot", "spot-preempt", "scale-in", "gce-migration",
-        "platform-reboot", "redeploy-canceled", "gce-terminate",
+        "platform-reboot", "redeploy-canceled", "gce-terminate", "forged-reboot", "genuine-reboot",
     ]  # fmt: skip
     assert all(flow.expectations and flow.ends_with for flow in FLOWS)
-    assert len({flow.event_id for flow in FLOWS if flow.event_id}) == 6  # no two Azure flows share an event
+    assert len({flow.event_id for flow in FLOWS if flow.event_id}) == 8  # no two Azure flows share an event
+    # the attack is made by a VM of the set, with its own proof, in web-0's name and its own
+    forgeries = [forgery for flow in FLOWS for forgery in flow.forgeries]
+    assert {forgery.by for forgery in forgeries} == {flows.COMPROMISED}
+    assert {forgery.claims for forgery in forgeries} == {"web-0", flows.COMPROMISED}
 
 
 def test_vms_that_are_gone_stay_out_of_their_pools_and_the_others_come_back() -> None:
