@@ -12,13 +12,19 @@
 //   tables) and its telemetry (Log Analytics + Application Insights)
 // - two user-assigned identities, one for the function app and one for the VMs (agents), each
 //   with data-plane roles on the entities it uses and nothing broader
+// - Reader for the function identity on the resource groups of the VMs (trustResourceGroups;
+//   default: this one), where it resolves an agent's attested vmId to the VM's name
+// - the Ed25519 key pair of signed commands, given as parameters (Bicep cannot generate one):
+//   the private key becomes the function app's MBRIDGE_SIGNING_KEY, the public key the agents'
+//   MBRIDGE_VERIFY_KEY; agents refuse to start without one (docs/deploy.md, "Signing keys")
 // - optionally: the "Maintenance Bridge Drainer" custom role on an existing load balancer, its
 //   NICs' resource group and its virtual network (drainLoadBalancerName), and an example scale
 //   set that runs the agent (deployExampleScaleSet)
 //
 // Names are namePrefix plus uniqueString(resourceGroup().id): stable for one resource group,
 // unique across resource groups. Nothing is authenticated with a key: shared keys and SAS are
-// disabled on the storage account and on the namespace.
+// disabled on the storage account and on the namespace. The one secret is the command signing
+// key, a secure parameter (or a Key Vault secret, signingKeySecretUri).
 //
 // After the deployment, publish the function app (`func azure functionapp publish
 // <functionAppName>` uploads the package to deploymentContainerUrl) and give the agents' VMs
@@ -106,8 +112,15 @@ param functionInstanceMemoryMB int = 2048
 @description('The decision policy as JSON or YAML (docs/policy.md); empty for the default policy.')
 param policy string = ''
 
-@description('Key Vault secret URI (https://<vault>.vault.azure.net/secrets/<name>) of the Ed25519 private key that signs commands; empty: commands are not signed. Grant the function identity "Key Vault Secrets User" on that secret yourself: the vault is not part of this deployment.')
+@secure()
+@description('The Ed25519 private key that signs commands (MBRIDGE_SIGNING_KEY): unencrypted PKCS#8 PEM, or the raw 32-byte key as base64 (docs/deploy.md, "Signing keys"). Stored as an app setting of the function app. Required unless signingKeySecretUri is given: agents run no unsigned command.')
+param signingKey string = ''
+
+@description('Instead of signingKey: the Key Vault secret URI (https://<vault>.vault.azure.net/secrets/<name>) holding that private key, resolved by the function identity. Grant it "Key Vault Secrets User" on that secret yourself: the vault is not part of this deployment.')
 param signingKeySecretUri string = ''
+
+@description('Resource groups (of this subscription) holding the VMs that run the agent. The function identity gets Reader on each, to resolve an agent\'s attested vmId to its VM name (MBRIDGE_TRUST_RESOURCE_GROUPS). Empty: this resource group. VMs elsewhere need Reader on their group, granted by you.')
+param trustResourceGroups array = []
 
 @description('Existing load balancer to drain VMs from through its backend pools (in this subscription). Empty: VMs are drained through the agents\' /readyz only and no control-plane role is granted.')
 param drainLoadBalancerName string = ''
@@ -149,7 +162,7 @@ param terminateNotBeforeTimeout string = 'PT10M'
 @description('What the example VMs install with pip: a requirement spec or a wheel URL.')
 param agentPackage string = 'maintenance-bridge[azure]'
 
-@description('Ed25519 public key the agents verify commands with (one line: the raw key as base64); empty: unsigned commands are accepted.')
+@description('MBRIDGE_VERIFY_KEY of the example VMs: the public key of signingKey as one line (the raw 32-byte key as base64, docs/deploy.md "Signing keys"). Required with deployExampleScaleSet: the agents refuse to start without it.')
 param agentVerifyKey string = ''
 
 @description('Administrator of the example VMs (SSH key only).')
@@ -179,6 +192,8 @@ var drainEnabled = !empty(drainLoadBalancerName)
 var drainLoadBalancerResourceGroupName = empty(drainLoadBalancerResourceGroup) ? resourceGroup().name : drainLoadBalancerResourceGroup
 var drainNicResourceGroupName = empty(drainNicResourceGroup) ? drainLoadBalancerResourceGroupName : drainNicResourceGroup
 var drainVirtualNetworkResourceGroupName = empty(drainVirtualNetworkResourceGroup) ? drainLoadBalancerResourceGroupName : drainVirtualNetworkResourceGroup
+// The resource groups where the function looks VMs up by vmId, and holds Reader.
+var trustResourceGroupNames = empty(trustResourceGroups) ? [resourceGroup().name] : trustResourceGroups
 var drainerAssignableScopes = union([toLower(resourceGroup().id)], [toLower('${subscription().id}/resourceGroups/${drainLoadBalancerResourceGroupName}')], [toLower('${subscription().id}/resourceGroups/${drainNicResourceGroupName}')], [toLower('${subscription().id}/resourceGroups/${drainVirtualNetworkResourceGroupName}')])
 
 resource functionIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
@@ -273,11 +288,25 @@ module functionApp 'modules/functionapp.bicep' = {
     loadBalancerName: drainLoadBalancerName
     loadBalancerNicResourceGroup: drainEnabled ? drainNicResourceGroupName : ''
     policy: policy
-    signingKeySecretUri: signingKeySecretUri
+    // The key itself, or a Key Vault reference the platform resolves with the function identity.
+    signingKey: empty(signingKeySecretUri) ? signingKey : '@Microsoft.KeyVault(SecretUri=${signingKeySecretUri})'
+    trustResourceGroups: join(trustResourceGroupNames, ',')
     maximumInstanceCount: functionMaximumInstanceCount
     instanceMemoryMB: functionInstanceMemoryMB
   }
 }
+
+// Reader on each resource group of the VMs, deployed into that group: the VM directory lists
+// the VMs and scale set instances there to resolve an attested vmId (modules/vm-reader.bicep).
+module vmReaders 'modules/vm-reader.bicep' = [
+  for group in trustResourceGroupNames: {
+    name: '${namePrefix}-vm-reader-${uniqueString(group)}'
+    scope: resourceGroup(group)
+    params: {
+      principalId: functionIdentity.properties.principalId
+    }
+  }
+]
 
 // Only what the load balancer adapter does (docs/azure.md, "A custom role for draining"):
 // read and write NICs, read and write backend pools, and the join actions a NIC or pool
@@ -372,7 +401,7 @@ output commandsTopic string = serviceBus.outputs.commandsTopicName
 @description('topic mode: MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION of each VM of commandsSubscriptionVms, in its order.')
 output commandsSubscriptions array = [for (vm, index) in commandsSubscriptionVms: commandsViaTopic ? vmCommandSubscriptions[index].outputs.subscriptionName : '']
 output functionAppName string = functionApp.outputs.appName
-@description('Principal id of the function identity: grant it "Key Vault Secrets User" on the signing key secret.')
+@description('Principal id of the function identity: grant it "Key Vault Secrets User" on the signing key secret (signingKeySecretUri), and Reader on the resource groups of VMs outside trustResourceGroups.')
 output functionIdentityPrincipalId string = functionIdentity.properties.principalId
 @description('Client id of the agent identity: AZURE_CLIENT_ID on every VM that runs the agent.')
 output agentIdentityClientId string = agentIdentity.properties.clientId

@@ -31,6 +31,11 @@ SCOPE_APP_INSIGHTS = "app_insights"
 SCOPE_LOAD_BALANCER = "load_balancer"
 SCOPE_NIC_RESOURCE_GROUP = "nic_resource_group"
 SCOPE_VIRTUAL_NETWORK = "virtual_network"
+# Each resource group of MBRIDGE_TRUST_RESOURCE_GROUPS: a role assigned once per group of the list
+# the setting is written from, in that group (never the subscription).
+SCOPE_VM_RESOURCE_GROUPS = "vm_resource_groups"
+# What a list of resource groups defaults to: the resource group the deployment goes into.
+DEPLOYMENT_RESOURCE_GROUP = "(the deployment's resource group)"
 
 DRAINER_ROLE = "Maintenance Bridge Drainer"
 
@@ -90,6 +95,9 @@ class AzureFacts:
     # Identities and roles
     grants: frozenset[RoleGrant]
     drainer_actions: frozenset[str]
+    # MBRIDGE_TRUST_RESOURCE_GROUPS (and the Reader grants on them) when nothing is given:
+    # DEPLOYMENT_RESOURCE_GROUP, or the names written in the source.
+    trust_resource_groups_default: tuple[str, ...]
     drainer_assignable_to_resource_group: bool  # assignable scopes limited to the resource group
     # VM scale set example
     vmss_terminate_notification_enabled: bool

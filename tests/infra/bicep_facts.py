@@ -25,6 +25,7 @@ from typing import Any, Union
 
 from tests.infra.azure_facts import (
     AGENT,
+    DEPLOYMENT_RESOURCE_GROUP,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
@@ -37,6 +38,7 @@ from tests.infra.azure_facts import (
     SCOPE_STATE_TABLE,
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
+    SCOPE_VM_RESOURCE_GROUPS,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -105,6 +107,11 @@ class Unit:
     arguments: Mapping[str, Any] = field(default_factory=dict)
     scope: Any = None  # the declaration's `scope:` expression, written in the caller
     condition: Any = None  # the declaration's condition, written in the caller
+    # A loop declaration `[for <loop_item> in <loop_array>: ...]`, as written in the caller, and its
+    # `scope:` before the loop variable is bound.
+    loop_item: str | None = None
+    loop_array: Any = None
+    declared_scope: Any = None
     assumed: Mapping[str, Any] = field(default_factory=dict)  # main.bicep only: parameter values to assume
     _modules: dict[str, list[Unit]] = field(default_factory=dict)
 
@@ -139,8 +146,13 @@ class Unit:
                     doc=_parsed(path),
                     caller=self,
                     arguments=arguments if loop is None else _bound(arguments, loop["detail"]["item_name"], item),
-                    scope=config.get("scope"),
+                    scope=config.get("scope")
+                    if loop is None
+                    else _bound(config.get("scope"), loop["detail"]["item_name"], item),
                     condition=condition if loop is None else _bound(condition, loop["detail"]["item_name"], item),
+                    loop_item=None if loop is None else loop["detail"]["item_name"],
+                    loop_array=None if loop is None else loop["detail"]["array_name"],
+                    declared_scope=config.get("scope"),
                 )
                 for item in bindings
             ]
@@ -872,9 +884,39 @@ class Deployment:
     def storage_account(self) -> Resource:
         return self.one(STORAGE_ACCOUNT)
 
+    def trust_resource_groups_array(self) -> Resolved | None:
+        """The array MBRIDGE_TRUST_RESOURCE_GROUPS is written from: `join(<array>, ',')`."""
+        setting = deref(self.settings.get("MBRIDGE_TRUST_RESOURCE_GROUPS"))
+        if not isinstance(setting, Expr) or not isinstance(setting.node, dict):
+            return None
+        function = setting.node.get("function") or {}
+        parameters = function.get("parameters") or {}
+        if function.get("type") != "join" or value_of(resolve(setting.unit, parameters.get("delimiter"))) != ",":
+            return None
+        return resolve(setting.unit, parameters["input_array"])
+
+    def _per_trust_resource_group(self, unit: Unit) -> bool:
+        """Whether `unit` is a module declared once per element of the array the trust resource
+        groups setting is written from, each deployed into the resource group its element names
+        (`scope: resourceGroup(<element>)`, in this subscription)."""
+        array = self.trust_resource_groups_array()
+        caller = unit.caller
+        if array is None or caller is None or unit.loop_array is None:
+            return False
+        declared = unit.declared_scope if isinstance(unit.declared_scope, dict) else {}
+        function = declared.get("function") or {}
+        parameters = function.get("parameters") or {}
+        if function.get("type") != "resource_group" or parameters.get("subscription_id") is not None:
+            return False
+        if parameters.get("resource_group_name") != unit.loop_item:
+            return False
+        return _same_value(resolve(caller, unit.loop_array), array)
+
     def scope_of(self, assignment: Resource) -> str:
         """The SCOPE_* name of what a role assignment grants on."""
         if "scope" not in assignment.config:
+            if self._per_trust_resource_group(assignment.unit):
+                return SCOPE_VM_RESOURCE_GROUPS
             group = self.resource_group_of(assignment.unit)
             nic_group = self.settings.get("MBRIDGE_LB_NIC_RESOURCE_GROUP")
             if group is not None and nic_group is not None and same(group, nic_group):
@@ -915,6 +957,13 @@ class Deployment:
             RoleGrant(self.principal_of(assignment), self.role_of(assignment), self.scope_of(assignment))
             for assignment in self.assignments()
         ]
+
+
+def _same_value(a: Resolved, b: Resolved) -> bool:
+    """Equal references, or the same literal node (literals compare by identity)."""
+    if isinstance(a, (Lit, Expr)) and isinstance(b, (Lit, Expr)):
+        return type(a) is type(b) and a.unit is b.unit and a.node is b.node
+    return a == b
 
 
 def _names_of(lookup: Any) -> list[Any]:
@@ -1097,6 +1146,42 @@ def vm_subscription(deployment: Deployment, subscription: Resource) -> VmCommand
     )
 
 
+def _is_literal(unit: Unit, node: Any) -> bool:
+    """A value written out in full: no expression, no reference, no interpolation."""
+    if isinstance(node, (bool, int)) or node is None:
+        return True
+    if isinstance(node, str):
+        return "${" not in node and not unit.is_symbol(node)
+    if isinstance(node, list):
+        return all(_is_literal(unit, item) for item in node)
+    if isinstance(node, dict):
+        return not {"operator", "function", "loop_item", "literal"} & node.keys() and all(
+            _is_literal(unit, item) for item in node.values()
+        )
+    return False
+
+
+def trust_resource_groups_default(deployment: Deployment) -> tuple[str, ...]:
+    """The resource groups MBRIDGE_TRUST_RESOURCE_GROUPS names when main.bicep's parameters keep
+    their defaults (the ones the deployment assumes aside): DEPLOYMENT_RESOURCE_GROUP for
+    `resourceGroup().name`."""
+    main = deployment.main
+    defaults = {
+        name: parameter["default"]
+        for name, parameter in main.section("parameters").items()
+        if "default" in parameter and _is_literal(main, parameter["default"])
+    }
+    at_defaults = Deployment(main.path, parameters={**defaults, **main.assumed})
+    array = at_defaults.trust_resource_groups_array()
+    if array is None:
+        raise ExtractionError("MBRIDGE_TRUST_RESOURCE_GROUPS is not join(<array>, ',')")
+    groups = []
+    for item in array_items(array):
+        text = render(item)
+        groups.append(DEPLOYMENT_RESOURCE_GROUP if text == "resourceGroup().name" else str(value_of(item)))
+    return tuple(groups)
+
+
 def facts_of(deployment: Deployment) -> AzureFacts:
     settings = deployment.settings
     namespace = deployment.one(NAMESPACE)
@@ -1176,6 +1261,7 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         app_insights_local_auth_disabled=deployment.one(APP_INSIGHTS).value("properties", "DisableLocalAuth") is True,
         grants=grants,
         drainer_actions=actions,
+        trust_resource_groups_default=trust_resource_groups_default(deployment),
         drainer_assignable_to_resource_group=bool(assignable) and all(is_resource_group_id(s) for s in assignable),
         vmss_terminate_notification_enabled=scale_set.value(*terminate, "enable") is True,
         vmss_not_before_parameter=not_before_parameter,

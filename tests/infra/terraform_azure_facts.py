@@ -34,6 +34,7 @@ from typing import Any
 
 from tests.infra.azure_facts import (
     AGENT,
+    DEPLOYMENT_RESOURCE_GROUP,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
@@ -46,6 +47,7 @@ from tests.infra.azure_facts import (
     SCOPE_STATE_TABLE,
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
+    SCOPE_VM_RESOURCE_GROUPS,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -365,10 +367,57 @@ class _Extractor:
                 continue
             identity = self.m.referenced(assignment["principal_id"], "azurerm_user_assigned_identity")
             principal = {self.function_identity: FUNCTION, self.agent_identity: AGENT}.get(identity, identity)
-            grants.add(RoleGrant(principal, self._role(assignment), self._scope(assignment["scope"])))
+            grants.add(RoleGrant(principal, self._role(assignment), self._assignment_scope(assignment)))
         for instance in self._vm_subscription_modules():
             grants |= self._module_grants(instance)
         return frozenset(grants)
+
+    def _assignment_scope(self, assignment: Mapping[str, Any]) -> str:
+        if self._per_trust_resource_group(assignment):
+            return SCOPE_VM_RESOURCE_GROUPS
+        return self._scope(assignment["scope"])
+
+    def _trust_resource_groups_local(self) -> str | None:
+        """The local MBRIDGE_TRUST_RESOURCE_GROUPS is written from: `join(",", local.x)`."""
+        found = re.fullmatch(
+            r'\$\{join\(",",\s*local\.(\w+)\)\}', self.settings.get("MBRIDGE_TRUST_RESOURCE_GROUPS", "")
+        )
+        return found.group(1) if found else None
+
+    def _per_trust_resource_group(self, assignment: Mapping[str, Any]) -> bool:
+        """An assignment made once per element of that local, on the resource group (of this
+        subscription) the element names."""
+        name = self._trust_resource_groups_local()
+        if name is None or assignment.get("for_each") not in (f"${{toset(local.{name})}}", f"${{local.{name}}}"):
+            return False
+        scope = str(self.m.value(assignment["scope"]))
+        return bool(
+            re.fullmatch(r"/subscriptions/\$\{local\.subscription_id\}/resourceGroups/\$\{each\.(?:key|value)\}", scope)
+        )
+
+    def _trust_resource_groups_default(self) -> tuple[str, ...]:
+        """The groups of MBRIDGE_TRUST_RESOURCE_GROUPS with the variables at their defaults:
+        `length(var.x) > 0 ? var.x : [<the deployment's resource group>.name]`."""
+        name = self._trust_resource_groups_local()
+        if name is None:
+            raise TerraformSourceError('MBRIDGE_TRUST_RESOURCE_GROUPS is not join(",", local.x)')
+        whole = _WHOLE_INTERPOLATION.match(str(self.m.local(name)))
+        choice = _CHOICE.fullmatch(whole.group(1).strip()) if whole else None
+        condition = re.fullmatch(r"length\(var\.(\w+)\)\s*>\s*0", choice.group("condition").strip()) if choice else None
+        if choice is None or condition is None:
+            raise TerraformSourceError(f"local.{name} is not `length(var.x) > 0 ? var.x : [...]`")
+        given = self.m.variable_default(condition.group(1))
+        branch = choice.group("yes" if given else "no").strip()
+        if branch == f"var.{condition.group(1)}":
+            return tuple(str(group) for group in given)
+        listed = re.fullmatch(r"\[(.*)\]", branch)
+        if listed is None:
+            raise TerraformSourceError(f"local.{name}: the default is not a list: {branch}")
+        own = _WHOLE_INTERPOLATION.match(str(self.function["resource_group_name"]))
+        return tuple(
+            DEPLOYMENT_RESOURCE_GROUP if own and item.strip() == own.group(1).strip() else item.strip()
+            for item in listed.group(1).split(",")
+        )
 
     def _role(self, assignment: Mapping[str, Any]) -> str:
         if "role_definition_name" in assignment:
@@ -685,6 +734,7 @@ class _Extractor:
             app_insights_local_auth_disabled=m.value(app_insights.get("local_authentication_disabled")) is True,
             grants=self._grants(),
             drainer_actions=frozenset(str(action) for action in _block(drainer, "permissions").get("actions", [])),
+            trust_resource_groups_default=self._trust_resource_groups_default(),
             drainer_assignable_to_resource_group=self._assignable_to_resource_group(drainer),
             vmss_terminate_notification_enabled=m.value(notification.get("enabled")) is True,
             vmss_not_before_parameter=not_before_variable[0],

@@ -14,6 +14,7 @@ import pytest
 
 from tests.infra.azure_facts import (
     AGENT,
+    DEPLOYMENT_RESOURCE_GROUP,
     DRAINER_ROLE,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
@@ -27,6 +28,7 @@ from tests.infra.azure_facts import (
     SCOPE_STATE_TABLE,
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
+    SCOPE_VM_RESOURCE_GROUPS,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -118,11 +120,14 @@ def test_function_app_settings_are_identity_based(facts: AzureFacts) -> None:
         "AzureWebJobsStorage__clientId",
         "APPLICATIONINSIGHTS_CONNECTION_STRING",
         "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+        "MBRIDGE_SIGNING_KEY",
+        "MBRIDGE_TRUST_RESOURCE_GROUPS",
     }
     assert required <= settings.keys(), f"missing app settings: {sorted(required - settings.keys())}"
     assert settings["MBRIDGE_SERVICEBUS__credential"] == "managedidentity"
     assert settings["AzureWebJobsStorage__credential"] == "managedidentity"
-    # No secret travels in an app setting: no SAS connection string, no account key.
+    # No key to an Azure resource travels in an app setting: no SAS connection string, no account
+    # key (the one secret is the command signing key, see below).
     assert "MBRIDGE_SERVICEBUS" not in settings
     assert "MBRIDGE_TABLE_CONNECTION_STRING" not in settings
     assert "AzureWebJobsStorage" not in settings
@@ -154,6 +159,8 @@ EXPECTED_GRANTS = {
     RoleGrant(FUNCTION, DRAINER_ROLE, SCOPE_LOAD_BALANCER),
     RoleGrant(FUNCTION, DRAINER_ROLE, SCOPE_NIC_RESOURCE_GROUP),
     RoleGrant(FUNCTION, DRAINER_ROLE, SCOPE_VIRTUAL_NETWORK),
+    # resolving an agent's attested vmId to its VM: read the VMs' resource groups
+    RoleGrant(FUNCTION, "Reader", SCOPE_VM_RESOURCE_GROUPS),
     # the agents: publish events, receive their commands
     RoleGrant(AGENT, "Azure Service Bus Data Sender", SCOPE_EVENTS_TOPIC),
     RoleGrant(AGENT, "Azure Service Bus Data Receiver", SCOPE_COMMANDS_QUEUE),
@@ -162,6 +169,24 @@ EXPECTED_GRANTS = {
 
 def test_roles_are_assigned_on_the_narrowest_scope(facts: AzureFacts) -> None:
     assert facts.grants == EXPECTED_GRANTS
+
+
+def test_the_function_reads_the_vms_resource_groups_only(facts: AzureFacts) -> None:
+    # GIVEN the Reader grants, which the VM directory needs to resolve an attested vmId
+    readers = {grant for grant in facts.grants if grant.role == "Reader"}
+    # THEN the function alone holds Reader, once per resource group that MBRIDGE_TRUST_RESOURCE_GROUPS
+    # names, assigned in that group: never on the subscription, never on anything else
+    assert readers == {RoleGrant(FUNCTION, "Reader", SCOPE_VM_RESOURCE_GROUPS)}
+    # AND without resource groups given, that is the deployment's own
+    assert facts.trust_resource_groups_default == (DEPLOYMENT_RESOURCE_GROUP,)
+    # AND no other role is granted on a resource group but the drainer on the NICs' one
+    assert {grant.scope for grant in facts.grants if grant.scope.startswith(("resource group", "scope"))} == set()
+
+
+def test_every_command_is_signed(facts: AzureFacts) -> None:
+    # GIVEN the function app's settings; THEN a signing key is always deployed: the agents run no
+    # unsigned command, and refuse to start without the public key
+    assert facts.function_app_settings["MBRIDGE_SIGNING_KEY"].startswith("${"), "the key must come from an input"
 
 
 def test_drainer_role_allows_membership_changes_only(facts: AzureFacts) -> None:

@@ -245,7 +245,7 @@ def test_role_ids_are_the_built_in_roles_their_names_say(deployment: Deployment)
 
 def test_role_assignment_names_are_guids_of_scope_principal_and_role(deployment: Deployment) -> None:
     assignments = deployment.assignments()
-    assert len(assignments) == 11
+    assert len(assignments) == 12
     assert_guid_names(assignments)
 
 
@@ -253,7 +253,7 @@ def test_in_the_topic_mode_role_assignment_names_are_guids_too(topic_deployment:
     # GIVEN the topic mode with two VMs: the function's sender on the topic replaces its sender and
     # the agents' receiver on the queue; each VM adds its receiver and its events sender
     assignments = topic_deployment.assignments()
-    assert len(assignments) == 11 - 2 + 1 + 2 * 2
+    assert len(assignments) == 12 - 2 + 1 + 2 * 2
     assert_guid_names(assignments)
 
 
@@ -395,9 +395,19 @@ def test_function_app_settings_come_from_the_deployed_resources(deployment: Depl
     assert render(settings["AzureWebJobsStorage__accountName"]) == account_name
 
 
-def test_signing_key_is_a_key_vault_reference_only_when_given() -> None:
-    # GIVEN no secret URI THEN no MBRIDGE_SIGNING_KEY setting
-    assert "MBRIDGE_SIGNING_KEY" not in Deployment(parameters={"signingKeySecretUri": ""}).settings
+def _secure_parameter(unit: Unit, name: str) -> dict[str, Any]:
+    parameter: dict[str, Any] = unit.section("parameters")[name]
+    assert any(d["type"] == "secure" for d in parameter.get("decorators") or []), f"{name} is not @secure()"
+    return parameter
+
+
+def test_signing_key_is_a_secure_parameter_or_a_key_vault_reference() -> None:
+    # GIVEN no secret URI THEN MBRIDGE_SIGNING_KEY is the secure parameter signingKey
+    deployment = Deployment(parameters={"signingKeySecretUri": ""})
+    key = deployment.settings["MBRIDGE_SIGNING_KEY"]
+    assert isinstance(key, ParamRef)
+    assert key.name == "signingKey"
+    _secure_parameter(deployment.main, "signingKey")
     # GIVEN one THEN a Key Vault reference resolved with the function identity
     uri = "https://kv.vault.azure.net/secrets/mbridge-signing"
     deployment = Deployment(parameters={"signingKeySecretUri": uri})
@@ -406,6 +416,36 @@ def test_signing_key_is_a_key_vault_reference_only_when_given() -> None:
     reference_identity = deployment.site.get("properties", "keyVaultReferenceIdentity")
     assert isinstance(reference_identity, Ref)
     assert Ref(reference_identity.unit, reference_identity.symbol) == deployment.function_identity()
+
+
+def test_a_deployment_without_a_signing_key_fails(deployment: Deployment) -> None:
+    # GIVEN the function app module: the setting comes from a secure parameter that must not be
+    # empty, so neither signingKey nor signingKeySecretUri given fails the deployment (the agents
+    # would refuse every unsigned command)
+    app = next(unit for unit in deployment.units if unit.path.name == "functionapp.bicep")
+    parameter = _secure_parameter(app, "signingKey")
+    assert {"type": "min_length", "argument": 1} in parameter["decorators"]
+    assert parameter.get("default") is None
+    # AND the parameters file never carries the private key
+    assert "signingKey" not in json.loads(PARAMETERS_FILE.read_text(encoding="utf-8"))["parameters"]
+
+
+def test_reader_goes_to_each_trust_resource_group_and_into_the_setting() -> None:
+    # GIVEN two resource groups of VMs
+    deployment = Deployment(parameters={"trustResourceGroups": ["rg-web", "rg-batch"]})
+    readers = [a for a in deployment.assignments() if deployment.role_of(a) == "Reader"]
+    # THEN the function identity gets Reader in each, deployed into that group
+    assert sorted(render(deployment.resource_group_of(a.unit)) for a in readers) == ["rg-batch", "rg-web"]
+    assert all(deployment.principal_of(a) == FUNCTION for a in readers)
+    assert all("scope" not in a.config for a in readers)  # the resource group it is deployed into
+    # AND the function app is told to look there
+    array = deployment.trust_resource_groups_array()
+    assert array is not None
+    assert [value_of(item) for item in bicep_facts.array_items(array)] == ["rg-web", "rg-batch"]
+    # GIVEN none THEN this resource group
+    deployment = Deployment(parameters={"trustResourceGroups": []})
+    [reader] = [a for a in deployment.assignments() if deployment.role_of(a) == "Reader"]
+    assert render(deployment.resource_group_of(reader.unit)) == "resourceGroup().name"
 
 
 def test_function_app_deploys_its_package_with_its_identity(deployment: Deployment) -> None:
@@ -512,9 +552,14 @@ def test_agent_environment_sets_what_the_agent_reads(deployment: Deployment) -> 
     agent = deployment.agent_identity()
     assert environment["AZURE_CLIENT_ID"] == Ref(agent.unit, agent.symbol, ("properties", "clientId"))
     assert environment["MBRIDGE_LISTEN"] == f"0.0.0.0:{bicep_facts.read().vmss_health_probe_port}"
+    # AND the public key of the signing key, which the scale set module requires: its agents would
+    # not start without one
     verify_key = environment["MBRIDGE_VERIFY_KEY"]
     assert isinstance(verify_key, ParamRef)
-    assert value_of(verify_key) == ""
+    assert verify_key.name == "agentVerifyKey"
+    module = next(unit for unit in deployment.units if unit.path.name == "vmss-example.bicep")
+    decorators = module.section("parameters")["agentVerifyKey"]["decorators"]
+    assert {"type": "min_length", "argument": 1} in decorators
 
 
 def _evaluate(resolved: Resolved) -> str:

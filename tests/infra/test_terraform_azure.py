@@ -49,11 +49,10 @@ COMMANDS_MODE_ASSIGNMENTS = {
     "topic": ("azurerm_role_assignment.function_sends_commands_to_topic",),
 }
 # Settings of settings.py that are alternatives to what is deployed (a key-based connection
-# string) or documented instead of deployed (the signing key, README.md).
+# string).
 NOT_DEPLOYED = {
     app_settings.SERVICEBUS_CONNECTION,
     app_settings.TABLE_CONNECTION_STRING,
-    app_settings.SIGNING_KEY,
 }
 # Attributes that carry a key or a key-based connection string.
 KEY_ATTRIBUTE = re.compile(
@@ -165,7 +164,7 @@ def test_variables_with_rules_are_validated() -> None:
         "storage_replication_type",
         "admin_ssh_public_key",
         "agent_package",  # one line of an environment file
-        "agent_verify_key",
+        "trust_resource_groups",  # resource group names, each once
         "commands_mode",  # queue or topic
         "commands_subscription_vms",  # subscription names of 50 characters, principal ids
     }
@@ -198,7 +197,7 @@ def test_providers_are_pinned_within_a_major_version() -> None:
     assert terraform["required_version"] == ">= 1.6"
     providers = terraform["required_providers"][0]
     # THEN every provider has a source and a pessimistic `~> X.Y` constraint
-    assert set(providers) == {"azurerm", "azapi", "random"}
+    assert set(providers) == {"azurerm", "azapi", "random", "tls"}
     for name, spec in providers.items():
         assert spec.get("source"), name
         assert re.fullmatch(r"~> \d+\.\d+", spec["version"]), f"{name}: {spec['version']}"
@@ -206,6 +205,9 @@ def test_providers_are_pinned_within_a_major_version() -> None:
     major, minor = (int(part) for part in providers["azurerm"]["version"][3:].split("."))
     assert (major, minor) >= (4, 31)
     assert major == 4
+    # AND tls can make Ed25519 keys and write them as PKCS#8 (4.0)
+    assert providers["tls"]["source"] == "hashicorp/tls"
+    assert int(providers["tls"]["version"][3:].split(".")[0]) == 4
 
 
 def test_azurerm_reaches_storage_with_entra_id_through_resource_manager() -> None:
@@ -306,13 +308,46 @@ def test_deployed_settings_are_the_ones_the_function_reads() -> None:
         value for name, value in vars(app_settings).items() if name.isupper() and str(value).startswith("MBRIDGE_")
     }
     deployed = facts().function_app_settings
-    # THEN everything the app reads is deployed, except the key-based alternatives and the signing key
+    # THEN everything the app reads is deployed, except the key-based alternatives
     assert defined - NOT_DEPLOYED <= deployed.keys(), sorted(defined - NOT_DEPLOYED - deployed.keys())
     assert not NOT_DEPLOYED & deployed.keys()
     # AND no MBRIDGE_* setting is deployed that the app does not know (a typo would go unnoticed):
     # the only others are the sub-settings of the identity-based trigger connection
     unknown = {name for name in deployed if name.startswith("MBRIDGE_")} - defined
     assert all(name.startswith(f"{app_settings.SERVICEBUS_CONNECTION}__") for name in unknown), sorted(unknown)
+
+
+def test_commands_are_signed_with_a_generated_key_whose_public_key_the_agents_get() -> None:
+    # GIVEN the generated key pair
+    key = resource("tls_private_key.commands")
+    assert key["algorithm"] == "ED25519"
+    assert "count" not in key  # always: the agents run no unsigned command
+    # THEN the app signs with the private key (one line, signing.tf), from its PKCS#8 form ...
+    assert local("function_app_settings")[app_settings.SIGNING_KEY] == "${local.signing_key}"
+    assert "tls_private_key.commands.private_key_pem_pkcs8" in local("signing_key_der")
+    # ... and the agents verify with its public key, in the example and in the output for other VMs
+    assert local("agent_environment")["MBRIDGE_VERIFY_KEY"] == "${local.verify_key}"
+    assert "tls_private_key.commands.public_key_pem" in local("verify_key")
+    assert terraform_outputs(parsed())["agent_verify_key"]["value"] == "${local.verify_key}"
+    assert "MBRIDGE_INSECURE_UNSIGNED_COMMANDS" not in local("agent_environment")
+
+
+def test_reader_is_assigned_on_each_trust_resource_group() -> None:
+    # GIVEN the Reader assignment of the VM directory
+    reader = resource("azurerm_role_assignment.function_reads_vms")
+    # THEN it is made once per group of the setting's list, on that group of this subscription
+    assert reader["for_each"] == "${toset(local.trust_resource_groups)}"
+    assert reader["scope"] == "/subscriptions/${local.subscription_id}/resourceGroups/${each.value}"
+    assert reader["role_definition_name"] == "Reader"
+    assert reader["principal_id"] == ref("azurerm_user_assigned_identity.function.principal_id")
+    assert local("function_app_settings")[app_settings.TRUST_RESOURCE_GROUPS] == (
+        '${join(",", local.trust_resource_groups)}'
+    )
+    # AND the variable's rule is the one settings.py applies to the setting
+    condition = terraform_variables(parsed())["trust_resource_groups"]["validation"][0]["condition"]
+    pattern = re.search(r'regex\("([^"]+)"', condition)
+    assert pattern
+    assert pattern.group(1).replace("\\\\", "\\") == app_settings._RESOURCE_GROUP.pattern
 
 
 def test_table_names_are_the_app_defaults() -> None:

@@ -1,6 +1,8 @@
 // The Azure Functions app (docs/azure.md) on the Flex Consumption plan: Python 3.11 on Linux,
 // one user-assigned identity for everything (host storage, deployment package, Service Bus,
-// tables, load balancer, telemetry), and app settings without a single key.
+// tables, load balancer, telemetry), and app settings without a single key to an Azure resource.
+// The one secret among them is the command signing key, from a secure parameter or a Key Vault
+// reference.
 
 targetScope = 'resourceGroup'
 
@@ -74,8 +76,13 @@ param loadBalancerNicResourceGroup string
 @description('The policy as JSON or YAML (docs/policy.md); empty for the default policy.')
 param policy string
 
-@description('Key Vault secret URI of the Ed25519 signing key; empty for unsigned commands.')
-param signingKeySecretUri string
+@secure()
+@minLength(1)
+@description('MBRIDGE_SIGNING_KEY: the Ed25519 private key that signs commands, or a Key Vault reference to it (@Microsoft.KeyVault(SecretUri=...)). Required: the agents run signed commands only.')
+param signingKey string
+
+@description('MBRIDGE_TRUST_RESOURCE_GROUPS: comma-separated resource groups where the VMs of attested documents are looked up (the identity holds Reader on each).')
+param trustResourceGroups string
 
 @description('Upper bound of the instances the app scales out to (Flex Consumption takes 40 to 1000).')
 @minValue(40)
@@ -127,12 +134,12 @@ var appSettings = [
   { name: 'MBRIDGE_LB_NIC_RESOURCE_GROUP', value: loadBalancerNicResourceGroup }
   { name: 'MBRIDGE_READINESS_DRAIN', value: 'true' }
   { name: 'MBRIDGE_POLICY', value: policy }
-]
-
-// Resolved by the platform with keyVaultReferenceIdentity; the identity needs "Key Vault
-// Secrets User" on that secret, granted where the vault lives (not by this deployment).
-var signingKeySettings = empty(signingKeySecretUri) ? [] : [
-  { name: 'MBRIDGE_SIGNING_KEY', value: '@Microsoft.KeyVault(SecretUri=${signingKeySecretUri})' }
+  // Every command is signed with it; the agents verify with its public key. A Key Vault
+  // reference is resolved by the platform with keyVaultReferenceIdentity (the identity needs
+  // "Key Vault Secrets User" on that secret, granted where the vault lives).
+  { name: 'MBRIDGE_SIGNING_KEY', value: signingKey }
+  // Where the VM directory resolves an attested vmId to the VM's name.
+  { name: 'MBRIDGE_TRUST_RESOURCE_GROUPS', value: trustResourceGroups }
 ]
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
@@ -199,7 +206,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       ipSecurityRestrictionsDefaultAction: 'Deny'
       scmIpSecurityRestrictionsUseMain: false
       scmIpSecurityRestrictionsDefaultAction: 'Allow'
-      appSettings: concat(appSettings, signingKeySettings)
+      appSettings: appSettings
     }
   }
 }

@@ -27,7 +27,8 @@ param agentIdentityClientId string
 @description('FQDN of the Service Bus namespace.')
 param serviceBusNamespaceFqdn string
 
-@description('Ed25519 public key that commands must be signed with (one line: the raw key as base64); empty: unsigned commands are accepted.')
+@description('MBRIDGE_VERIFY_KEY: the Ed25519 public key commands must be signed with (one line: the raw key as base64). Required: the agents refuse to start without it on Service Bus.')
+@minLength(1)
 param agentVerifyKey string
 
 @description('What install-agent.sh installs with pip: a requirement spec or a wheel URL.')

@@ -17,9 +17,11 @@ locals {
   drain_enabled            = var.drain_load_balancer_name != ""
   drain_lb_resource_group  = coalesce(var.drain_load_balancer_resource_group, data.azurerm_resource_group.this.name)
   drain_nic_resource_group = coalesce(var.drain_nic_resource_group, local.drain_lb_resource_group)
+  # The resource groups of the VMs that run the agent (this one by default).
+  trust_resource_groups = length(var.trust_resource_groups) > 0 ? var.trust_resource_groups : [data.azurerm_resource_group.this.name]
 
   # Every app setting the function reads (docs/azure.md), identity-based only: no connection
-  # string with a key, no plain AzureWebJobsStorage. APPLICATIONINSIGHTS_CONNECTION_STRING is set
+  # string with a key, no plain AzureWebJobsStorage. The one secret is the command signing key. APPLICATIONINSIGHTS_CONNECTION_STRING is set
   # through site_config (the provider moves it there), and once more in the full PUT below.
   function_app_settings = {
     # The Functions host's own storage, through the function identity.
@@ -55,7 +57,11 @@ locals {
     "MBRIDGE_LB_NIC_RESOURCE_GROUP" = local.drain_enabled ? local.drain_nic_resource_group : ""
     "MBRIDGE_READINESS_DRAIN"       = var.readiness_drain ? "true" : "false"
     "MBRIDGE_POLICY"                = var.policy
-    # MBRIDGE_SIGNING_KEY is not deployed: see README.md, "Signing commands".
+    # Every command is signed with the generated key (signing.tf); the agents hold its public key.
+    "MBRIDGE_SIGNING_KEY" = local.signing_key
+    # Where an attested vmId is resolved to its VM's name; the identity holds Reader on each
+    # (roles.tf).
+    "MBRIDGE_TRUST_RESOURCE_GROUPS" = join(",", local.trust_resource_groups)
   }
 }
 

@@ -65,6 +65,11 @@ output "agent_identity_client_id" {
   value       = azurerm_user_assigned_identity.agent.client_id
 }
 
+output "agent_verify_key" {
+  description = "MBRIDGE_VERIFY_KEY of every agent: the public key of the generated command signing key, as one line (raw base64)."
+  value       = local.verify_key
+}
+
 output "agent_environment_file" {
   description = "The agent's environment file (KEY=value lines) as the example VMs get it, for VMs outside the example that carry the agents' identity."
   value       = local.agent_environment_file

@@ -1,7 +1,7 @@
 # Every role of the deployment, each on the narrowest scope that works: single Service Bus
-# entities, single tables, the one Application Insights component. Nothing on the namespace, the
-# subscription or the resource group; the drainer role goes on the drain target only (the load
-# balancer, the NICs' resource group, the virtual network). Built-in roles by name; the principal
+# entities, single tables, the one Application Insights component. Nothing on the namespace or the
+# subscription; the drainer role goes on the drain target only (the load balancer, the NICs'
+# resource group, the virtual network), Reader on the resource groups of the VMs only. Built-in roles by name; the principal
 # type is given so that a just-created identity is not looked up in Entra ID before it replicated.
 
 locals {
@@ -144,6 +144,19 @@ resource "azurerm_role_assignment" "function_drains_virtual_network" {
   role_definition_id = azurerm_role_definition.drainer.role_definition_resource_id
   principal_id       = azurerm_user_assigned_identity.function.principal_id
   principal_type     = "ServicePrincipal"
+}
+
+# Resolving an agent's attested vmId to its VM's name (functions/azure_app/vm_directory.py) lists
+# the VMs and scale set instances of each resource group of MBRIDGE_TRUST_RESOURCE_GROUPS.
+# Reader is the narrowest built-in role that reads them and writes nothing (docs/azure.md,
+# "Resolving a VM's identity"); it reads every resource of its scope, hence one assignment per
+# resource group and never the subscription.
+resource "azurerm_role_assignment" "function_reads_vms" {
+  for_each             = toset(local.trust_resource_groups)
+  scope                = "/subscriptions/${local.subscription_id}/resourceGroups/${each.value}"
+  role_definition_name = "Reader"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
 }
 
 # ---------------------------------------------------------------- the agents

@@ -156,6 +156,19 @@ variable "log_retention_days" {
   }
 }
 
+variable "trust_resource_groups" {
+  description = "Resource groups (of this subscription) of the VMs that run the agent (MBRIDGE_TRUST_RESOURCE_GROUPS): the function looks an agent's attested vmId up there and gets Reader on each. Empty: resource_group_name. VMs in other subscriptions need Reader there, granted elsewhere."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition = alltrue([
+      for group in var.trust_resource_groups : can(regex("^[-\\w.()]{0,89}[-\\w()]$", group))
+    ]) && length(distinct([for group in var.trust_resource_groups : lower(group)])) == length(var.trust_resource_groups)
+    error_message = "trust_resource_groups holds resource group names (1-90 letters, digits, '-', '_', '.', '(' or ')', not ending with '.'), not ids, each once (names compare case-insensitively)."
+  }
+}
+
 # ---------------------------------------------------------------- storage
 
 variable "storage_replication_type" {
@@ -296,17 +309,5 @@ variable "agent_package" {
     # It is written into an environment file, one variable per line.
     condition     = length(trimspace(var.agent_package)) > 0 && !can(regex("[\\r\\n]", var.agent_package))
     error_message = "agent_package must be one non-empty line."
-  }
-}
-
-variable "agent_verify_key" {
-  description = "MBRIDGE_VERIFY_KEY of the agents: the Ed25519 public key of the functions' signing key as one line (raw base64). Empty: agents accept unsigned commands."
-  type        = string
-  default     = ""
-
-  validation {
-    # It is written into an environment file, one variable per line.
-    condition     = !can(regex("[\\r\\n]", var.agent_verify_key))
-    error_message = "agent_verify_key must be a single line."
   }
 }

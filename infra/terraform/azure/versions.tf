@@ -1,6 +1,6 @@
 terraform {
   # Variable validation, lifecycle preconditions, replace_triggered_by and the functions used here
-  # (coalesce, distinct, regex, filebase64) are all in 1.6.
+  # (coalesce, distinct, regex, filebase64, textdecodebase64) are all in 1.6.
   required_version = ">= 1.6"
 
   required_providers {
@@ -22,6 +22,11 @@ terraform {
     random = {
       source  = "hashicorp/random"
       version = "~> 3.6"
+    }
+    tls = {
+      source = "hashicorp/tls"
+      # The command signing key (signing.tf): ED25519 keys and private_key_pem_pkcs8 are in 4.0.
+      version = "~> 4.0"
     }
   }
 }

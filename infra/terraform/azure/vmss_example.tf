@@ -17,7 +17,8 @@ locals {
     MBRIDGE_SERVICEBUS_NAMESPACE = local.servicebus_fqdn
     AZURE_CLIENT_ID              = azurerm_user_assigned_identity.agent.client_id
     MBRIDGE_LISTEN               = "0.0.0.0:9797"
-    MBRIDGE_VERIFY_KEY           = var.agent_verify_key
+    # The public key of the generated signing key (signing.tf): only signed commands are run.
+    MBRIDGE_VERIFY_KEY = local.verify_key
   }
   agent_environment_file = join("", [for name, value in local.agent_environment : "${name}=${value}\n"])
 
