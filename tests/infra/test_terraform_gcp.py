@@ -142,6 +142,9 @@ def test_versions_pin_terraform_and_the_providers() -> None:
     assert archive, providers["archive"]["version"]
     major, minor = int(archive.group(1)), int(archive.group(2))
     assert (major, minor) >= (2, 5)
+    # tls makes the command signing key: Ed25519 and PKCS#8 PEM are in 4.0
+    assert providers["tls"]["source"] == "hashicorp/tls"
+    assert re.fullmatch(r"~> 4\.\d+", providers["tls"]["version"])
     module_google = module()["terraform"][0]["required_providers"][0]["google"]
     assert module_google["version"] == providers["google"]["version"]
 
@@ -313,16 +316,58 @@ def test_function_environment_names_are_the_settings_the_code_reads() -> None:
     assert '"${var.zone}/${var.instance_group_name}"' in local("instance_groups")
 
 
-def test_signing_key_comes_from_secret_manager_when_configured() -> None:
+def test_signing_key_is_always_mounted_from_secret_manager() -> None:
+    # GIVEN the function's secret environment variable
     service = block(resource(FUNCTION), "service_config")
-    secrets = [entry["secret_environment_variables"] for entry in service.get("dynamic", [])]
-    assert len(secrets) == 1
-    assert secrets[0]["for_each"] == "${var.signing_key_secret_id == null ? [] : [var.signing_key_secret_id]}"
-    assert secrets[0]["content"][0]["key"] == settings.ENV_SIGNING_KEY
+    assert not service.get("dynamic")  # not conditional: every command is signed
+    secret = block(service, "secret_environment_variables")
+    assert secret["key"] == settings.ENV_SIGNING_KEY
+    assert (secret["secret"], secret["version"]) == (
+        ref("local.signing_key_secret_id"),
+        ref("local.signing_key_secret_version"),
+    )
     assert settings.ENV_SIGNING_KEY not in local("function_environment")  # never as plain text
+    # AND the runtime account alone may read that secret
     accessor = resource("google_secret_manager_secret_iam_member.signing_key")
+    assert "count" not in accessor
     assert accessor["role"] == "roles/secretmanager.secretAccessor"
-    assert accessor["secret_id"] == ref("var.signing_key_secret_id")
+    assert accessor["secret_id"] == ref("local.signing_key_secret_id")
+    assert accessor["member"] == "serviceAccount:${google_service_account.function.email}"
+
+
+def test_signing_key_is_generated_into_a_secret_unless_one_is_given() -> None:
+    # GIVEN no secret of one's own (the default)
+    assert default("signing_key_secret_id") is None
+    assert local("generate_signing_key") == "${var.signing_key_secret_id == null}"
+    # THEN an Ed25519 pair is made, its PKCS#8 PEM stored in a secret of the deployment ...
+    key = resource("tls_private_key.commands")
+    assert key["algorithm"] == "ED25519"
+    version = resource("google_secret_manager_secret_version.signing_key")
+    assert version["secret_data"] == ref("tls_private_key.commands[0].private_key_pem_pkcs8")
+    assert version["secret"] == ref("google_secret_manager_secret.signing_key[0].id")
+    for address in (
+        "tls_private_key.commands",
+        "google_secret_manager_secret.signing_key",
+        "google_secret_manager_secret_version.signing_key",
+    ):
+        assert resource(address)["count"] == "${local.generate_signing_key ? 1 : 0}", address
+    # ... whose pinned version the function mounts, and whose public key the agents get
+    assert local("signing_key_secret_id").startswith(
+        "${local.generate_signing_key ? google_secret_manager_secret.signing_key[0].secret_id :"
+    )
+    assert local("signing_key_secret_version").startswith(
+        "${local.generate_signing_key ? google_secret_manager_secret_version.signing_key[0].version :"
+    )
+    assert "tls_private_key.commands[0].public_key_pem" in local("verify_key")
+    assert local("verify_key").endswith(": var.verify_key}")
+    assert terraform_outputs(root())["agent_verify_key"]["value"] == ref("local.verify_key")
+    # AND a secret of one's own needs its public key, and a generated one takes none
+    preconditions = [
+        condition["condition"]
+        for lifecycle in resource(FUNCTION).get("lifecycle", [])
+        for condition in lifecycle.get("precondition", [])
+    ]
+    assert '${(var.signing_key_secret_id == null) == (var.verify_key == "")}' in preconditions
 
 
 # ---------------------------------------------------------------- the function's source zip
@@ -590,7 +635,8 @@ def test_agent_environment_selects_the_pubsub_transport_on_gce() -> None:
     assert values["MBRIDGE_TRANSPORT"] == "pubsub"
     assert values["MBRIDGE_PUBSUB_PROJECT"] == ref("var.project_id")
     assert values["MBRIDGE_LISTEN"] == "0.0.0.0:9797"
-    assert values["MBRIDGE_VERIFY_KEY"] == ref("var.verify_key")
+    assert values["MBRIDGE_VERIFY_KEY"] == ref("local.verify_key")
+    assert "MBRIDGE_INSECURE_UNSIGNED_COMMANDS" not in values
     agent_config = (REPO_ROOT / "agent" / "config.py").read_text(encoding="utf-8")
     assert all(f'"{name}"' in agent_config for name in values), "an environment variable the agent does not read"
 

@@ -140,14 +140,12 @@ resource "google_cloudfunctions2_function" "events" {
 
     environment_variables = merge(local.function_environment, local.function_policy_environment)
 
-    dynamic "secret_environment_variables" {
-      for_each = var.signing_key_secret_id == null ? [] : [var.signing_key_secret_id]
-      content {
-        key        = "MBRIDGE_SIGNING_KEY"
-        project_id = var.project_id
-        secret     = secret_environment_variables.value
-        version    = var.signing_key_secret_version
-      }
+    # The command signing key (signing.tf), never as plain text.
+    secret_environment_variables {
+      key        = "MBRIDGE_SIGNING_KEY"
+      project_id = var.project_id
+      secret     = local.signing_key_secret_id
+      version    = local.signing_key_secret_version
     }
   }
 
@@ -156,4 +154,11 @@ resource "google_cloudfunctions2_function" "events" {
     # The deployment checks that the runtime service account can read the secret it mounts.
     google_secret_manager_secret_iam_member.signing_key,
   ]
+
+  lifecycle {
+    precondition {
+      condition     = (var.signing_key_secret_id == null) == (var.verify_key == "")
+      error_message = "signing_key_secret_id and verify_key go together: a signing key of your own needs its public key for the agents, and a generated one brings its own (leave both unset)."
+    }
+  }
 }

@@ -102,11 +102,10 @@ resource "google_project_iam_member" "function_drainer" {
   }
 }
 
+# The command signing key (signing.tf): that one secret only.
 resource "google_secret_manager_secret_iam_member" "signing_key" {
-  count = var.signing_key_secret_id == null ? 0 : 1
-
   project   = var.project_id
-  secret_id = var.signing_key_secret_id
+  secret_id = local.signing_key_secret_id
   role      = "roles/secretmanager.secretAccessor"
   member    = "serviceAccount:${google_service_account.function.email}"
 }

@@ -72,3 +72,13 @@ output "command_subscription_names" {
   description = "Command subscription of each example VM, by VM name (maintenance-commands-<vm>)."
   value       = { for name, subscription in module.vm_commands : name => subscription.subscription_name }
 }
+
+output "agent_verify_key" {
+  description = "MBRIDGE_VERIFY_KEY of every agent: the public key of the command signing key, as one line."
+  value       = local.verify_key
+}
+
+output "signing_key_secret_id" {
+  description = "Secret Manager secret holding the command signing key the function mounts (MBRIDGE_SIGNING_KEY)."
+  value       = local.signing_key_secret_id
+}

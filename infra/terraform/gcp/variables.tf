@@ -190,7 +190,7 @@ variable "extra_maintenance_zones" {
 }
 
 variable "signing_key_secret_id" {
-  description = "Secret Manager secret (id in this project) holding the Ed25519 private key that signs commands (MBRIDGE_SIGNING_KEY). null: commands are not signed."
+  description = "A Secret Manager secret of your own (id in this project) holding the Ed25519 private key that signs commands (MBRIDGE_SIGNING_KEY), with its public key in verify_key. null: a key pair is generated and its private key stored in the secret mbridge-signing-key (signing.tf)."
   type        = string
   default     = null
 
@@ -201,7 +201,7 @@ variable "signing_key_secret_id" {
 }
 
 variable "signing_key_secret_version" {
-  description = "Version of the signing-key secret the function mounts: a number, or latest (picked up by new instances)."
+  description = "Version of signing_key_secret_id the function mounts: a number, or latest (picked up by new instances). A generated key's version is pinned."
   type        = string
   default     = "latest"
 
@@ -324,13 +324,13 @@ variable "agent_package" {
 }
 
 variable "verify_key" {
-  description = "MBRIDGE_VERIFY_KEY of the agents: the Ed25519 public key of the signing key as one line (the raw 32-byte key as base64url, not PEM). Empty: agents accept unsigned commands."
+  description = "MBRIDGE_VERIFY_KEY of the agents with signing_key_secret_id: the Ed25519 public key of that signing key as one line (the raw 32-byte key as base64 or base64url, not PEM). Empty: the public key of the generated pair."
   type        = string
   default     = ""
 
   validation {
     # It is written into an environment file, one variable per line.
     condition     = length(regexall("[\\r\\n]", var.verify_key)) == 0
-    error_message = "verify_key must be a single line (the raw public key as base64url); a PEM block would break the agent's environment file."
+    error_message = "verify_key must be a single line (the raw public key as base64 or base64url); a PEM block would break the agent's environment file."
   }
 }

@@ -13,6 +13,11 @@ terraform {
       # `~>` stays within 6.x: a major release may rename or drop arguments.
       version = "~> 6.20"
     }
+    tls = {
+      source = "hashicorp/tls"
+      # The command signing key (signing.tf): ED25519 keys and private_key_pem_pkcs8 are in 4.0.
+      version = "~> 4.0"
+    }
     archive = {
       source = "hashicorp/archive"
       # 2.5.0 added glob (doublestar) patterns to archive_file's `excludes`, which the source

@@ -12,7 +12,8 @@ locals {
     "MBRIDGE_PUBSUB_PROJECT=${var.project_id}\n",
     # All interfaces: the load balancer's health checks probe /readyz from Google's ranges.
     "MBRIDGE_LISTEN=0.0.0.0:9797\n",
-    "MBRIDGE_VERIFY_KEY=${var.verify_key}\n",
+    # The public key of the signing key (signing.tf): only signed commands are run.
+    "MBRIDGE_VERIFY_KEY=${local.verify_key}\n",
   ])
 
   network_tags = var.vm_network_tags
