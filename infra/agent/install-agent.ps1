@@ -27,15 +27,17 @@
     pip runs only when -Package changed (or with -Force). -Uninstall removes it.
 
 .EXAMPLE
-    # Azure VM, Service Bus through the VM's user-assigned managed identity
+    # Azure VM, Service Bus through the VM's user-assigned managed identity; commands signed with
+    # the functions' key (its public key: output agent_verify_key / parameter agentVerifyKey)
     .\install-agent.ps1 -Cloud azure -Package 'maintenance-bridge[azure]==0.1.0' `
         -ServiceBusNamespace mybus.servicebus.windows.net -ClientId 00000000-0000-0000-0000-000000000000 `
+        -VerifyKey <the functions' public key, one line> `
         -WinSWSha256 <the SHA-256 of WinSW-x64.exe v2.12.0 that you verified>
 
 .EXAMPLE
     # GCE VM, Pub/Sub through the VM's service account; WinSW copied beforehand
     .\install-agent.ps1 -Cloud gce -Package 'maintenance-bridge[gcp]==0.1.0' -PubSubProject my-project `
-        -WinSWPath C:\packages\WinSW-x64.exe -WinSWSha256 <hash>
+        -VerifyKey <the functions' public key> -WinSWPath C:\packages\WinSW-x64.exe -WinSWSha256 <hash>
 
 .EXAMPLE
     .\install-agent.ps1 -Uninstall -RemoveState
@@ -69,9 +71,16 @@ param(
     [Parameter(ParameterSetName = 'Install')]
     [string] $ClientId,
 
-    # MBRIDGE_VERIFY_KEY: the Ed25519 public key commands must be signed with (one-line base64).
+    # MBRIDGE_VERIFY_KEY: the Ed25519 public key commands must be signed with (one-line base64, or
+    # a file the service can read). Required on every transport but jsonl: the agent does not
+    # start without it.
     [Parameter(ParameterSetName = 'Install')]
     [string] $VerifyKey,
+
+    # MBRIDGE_INSECURE_UNSIGNED_COMMANDS=true: run without -VerifyKey and execute unsigned commands,
+    # so that anyone who can send to the bus could approve this VM's events. Never in production.
+    [Parameter(ParameterSetName = 'Install')]
+    [switch] $InsecureUnsignedCommands,
 
     # MBRIDGE_LISTEN: /healthz /readyz /metrics; 0.0.0.0:9797 for a load balancer probe.
     [Parameter(ParameterSetName = 'Install')]
@@ -277,6 +286,7 @@ function Get-AgentEnvironment {
     if ($PubSubProject) { $environment['MBRIDGE_PUBSUB_PROJECT'] = $PubSubProject }
     if ($ClientId) { $environment['AZURE_CLIENT_ID'] = $ClientId }
     if ($VerifyKey) { $environment['MBRIDGE_VERIFY_KEY'] = $VerifyKey }
+    if ($InsecureUnsignedCommands) { $environment['MBRIDGE_INSECURE_UNSIGNED_COMMANDS'] = 'true' }
     if ($VmName) { $environment['MBRIDGE_VM_NAME'] = $VmName }
     foreach ($key in $ExtraEnvironment.Keys) { $environment[[string] $key] = [string] $ExtraEnvironment[$key] }
     return $environment
@@ -369,6 +379,10 @@ if ($Transport -eq 'servicebus' -and -not $ServiceBusNamespace -and
 }
 if ($Transport -eq 'pubsub' -and -not $PubSubProject) { throw '-Transport pubsub needs -PubSubProject' }
 if ($ClientId -and $Cloud -ne 'azure') { throw '-ClientId (a managed identity) is for -Cloud azure only' }
+if ($Transport -ne 'jsonl' -and -not $VerifyKey -and -not $InsecureUnsignedCommands -and
+    -not $ExtraEnvironment.ContainsKey('MBRIDGE_VERIFY_KEY')) {
+    throw "-Transport $Transport needs -VerifyKey: the functions' public key, which the agent checks every command's signature with (or -InsecureUnsignedCommands, knowingly)"
+}
 
 $pythonExe = Find-Python
 Remove-AgentService # the agent's files are locked while it runs, and WinSW reads its XML at install

@@ -24,7 +24,8 @@ Installs the maintenance-bridge agent as the systemd service mbridge-agent:
   5. installs the unit (--unit FILE, else /etc/systemd/system/mbridge-agent.service as
      written by cloud-init, else mbridge-agent.service next to this script);
   6. makes /etc/mbridge/agent.env root:mbridge 0640 and runs `mbridge agent --check` as
-     the mbridge user;
+     the mbridge user (a configuration error stops the install: on a bus, agent.env needs
+     MBRIDGE_VERIFY_KEY, the functions' public key, or MBRIDGE_INSECURE_UNSIGNED_COMMANDS=true);
   7. enables and starts the service, restarting it when something changed.
 
 Options:
