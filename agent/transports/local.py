@@ -26,8 +26,7 @@ from agent.transports.base import (
     TransportUnavailableError,
 )
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
+EVENTS_COLUMNS = """(
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
     message_id   TEXT NOT NULL UNIQUE,
     envelope_id  TEXT NOT NULL,
@@ -35,7 +34,9 @@ CREATE TABLE IF NOT EXISTS events (
     body         BLOB NOT NULL,
     attributes   TEXT NOT NULL,
     published_at REAL NOT NULL
-);
+)"""
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS events {EVENTS_COLUMNS};
 CREATE TABLE IF NOT EXISTS commands (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
     command_id   TEXT NOT NULL UNIQUE,
@@ -55,17 +56,9 @@ CREATE TABLE IF NOT EXISTS positions (
 # A bus file of an earlier version deduplicated events on their envelope id: its events move to
 # the current table, their envelope id as their message id, their sequence numbers (the readers'
 # positions) kept.
-MIGRATE_EVENTS = """
+MIGRATE_EVENTS = f"""
 ALTER TABLE events RENAME TO events_by_envelope;
-CREATE TABLE events (
-    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
-    message_id   TEXT NOT NULL UNIQUE,
-    envelope_id  TEXT NOT NULL,
-    key          TEXT NOT NULL,
-    body         BLOB NOT NULL,
-    attributes   TEXT NOT NULL,
-    published_at REAL NOT NULL
-);
+CREATE TABLE events {EVENTS_COLUMNS};
 INSERT INTO events (seq, message_id, envelope_id, key, body, attributes, published_at)
     SELECT seq, envelope_id, envelope_id, key, body, attributes, published_at FROM events_by_envelope;
 DROP TABLE events_by_envelope;

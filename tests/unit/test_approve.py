@@ -17,11 +17,12 @@ from agent import approve_cli
 from agent.approve import run_approve
 from agent.transports.base import OutboundMessage, TransportUnavailableError
 from functions.core.commands import CommandType, decode_command
-from functions.core.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
-from functions.core.identity import GCE_TOKEN, Identity, IdentityVerifier, UnverifiedError
+from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
+from functions.core.identity import IdentityVerifier
 from functions.core.model import Cloud, CommandResult
 from functions.core.signing import generate_keypair, load_private_key, load_public_key, verify
 from tests.factories import azure_event
+from tests.identity import ProofsOfTest, proven
 
 VM = "WestNO_0"
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -83,19 +84,6 @@ class FakeAgentOnTheBus:
         return batch
 
 
-class ProofsOfTest:
-    """The verifier port as the real ones behave: the proof names one VM and the message it was made for."""
-
-    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
-        proof = envelope.extensions.get(GCE_TOKEN)
-        if not isinstance(proof, str) or proof.count("|") != 1:
-            raise UnverifiedError("no proof of identity")
-        vm, digest = proof.split("|")
-        if digest != envelope.digest:
-            raise UnverifiedError("the proof was made for another message")
-        return Identity(vm=vm, how="attested")
-
-
 def result_body(
     command_id: str, accepted: bool, reason: str, target: str = VM, proven_by: str | None = "target"
 ) -> bytes:
@@ -104,9 +92,7 @@ def result_body(
     envelope = envelope_for_command_result(result, Cloud.AZURE, START)
     if proven_by is None:
         return encode(envelope)
-    document = json.loads(encode(envelope))
-    document[GCE_TOKEN] = f"{target if proven_by == 'target' else proven_by}|{envelope.digest}"
-    return json.dumps(document).encode()
+    return proven(envelope, by=target if proven_by == "target" else proven_by)
 
 
 def run(

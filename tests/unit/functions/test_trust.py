@@ -1,7 +1,8 @@
 """A verified report speaks only for its own VM: the attacks of a compromised VM, at the core.
 
-The proofs here come from a fake of the `IdentityVerifier` port that binds a VM name to the
-message digest the way the real proofs do (functions/trust/ checks the cloud-signed ones).
+The proofs here come from a stand-in of the `IdentityVerifier` port that binds a VM name to the
+message digest the way the real proofs do (tests/identity.py; functions/trust/ checks the
+cloud-signed ones).
 """
 
 from __future__ import annotations
@@ -15,37 +16,18 @@ from typing import Any
 import pytest
 
 from functions.core.commands import Command
-from functions.core.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
-from functions.core.identity import GCE_TOKEN, Identity, UnverifiedError
+from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
+from functions.core.identity import GCE_TOKEN
 from functions.core.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, PolicyError, Pool, policy_from_mapping
 from functions.core.process import Deps, Outcome, process
 from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
+from tests.identity import ProofsOfTest, proven
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 SET = ("web-0", "web-1", "web-2", "web-3", "web-4", "web-5")
-
-
-class ProofsOfTest:
-    """The port, as the real verifiers behave: a proof names one VM and the digest it was made for."""
-
-    def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
-        proof = envelope.extensions.get(GCE_TOKEN)
-        if not isinstance(proof, str) or proof.count("|") != 1:
-            raise UnverifiedError("no proof of identity")
-        vm, digest = proof.split("|")
-        if digest != envelope.digest:
-            raise UnverifiedError("the proof was made for another message")
-        return Identity(vm=vm, how="attested")
-
-
-def signed(envelope: Envelope, by: str) -> bytes:
-    """The message as agent `by` publishes it: the proof bound to this very message."""
-    document = json.loads(encode(envelope))
-    document[GCE_TOKEN] = f"{by}|{envelope.digest}"
-    return json.dumps(document).encode()
 
 
 @dataclass
@@ -70,7 +52,7 @@ class World:
         return process(body, self.deps(), at)
 
     def report(self, event: MaintenanceEvent, by: str, at: datetime = NOW) -> Outcome:
-        return self.deliver(signed(envelope_for_event(event, at), by), at)
+        return self.deliver(proven(envelope_for_event(event, at), by), at)
 
     def members(self) -> list[str]:
         return self.pool.members("web")
@@ -133,7 +115,7 @@ def test_a_report_without_proof_or_with_a_proof_made_for_another_message_moves_n
     event = reboot()
     bare = encode(envelope_for_event(event, NOW))
     # a genuine proof of web-0, lifted from one of its messages and put on a forged one
-    lifted = json.loads(signed(envelope_for_event(reboot(EventStatus.COMPLETED), NOW), by="web-0"))[GCE_TOKEN]
+    lifted = json.loads(proven(envelope_for_event(reboot(EventStatus.COMPLETED), NOW), by="web-0"))[GCE_TOKEN]
     moved = json.loads(bare)
     moved[GCE_TOKEN] = lifted
 
@@ -222,8 +204,8 @@ def test_a_forged_command_result_is_audited_as_unverified(world: World) -> None:
     result = CommandResult(command_id="c" * 32, accepted=True, event_id="E-REBOOT", target="web-0", reason="")
     envelope = envelope_for_command_result(result, Cloud.AZURE, NOW)
 
-    assert world.deliver(signed(envelope, by="web-1")).result == "unverified"
-    assert world.deliver(signed(envelope, by="web-0")).result == "command-result"
+    assert world.deliver(proven(envelope, by="web-1")).result == "unverified"
+    assert world.deliver(proven(envelope, by="web-0")).result == "command-result"
     kinds = [(record.kind, record.vm) for record in world.store.query()]
     assert kinds == [("unverified", "web-0"), ("command-result", "web-0")]
 
