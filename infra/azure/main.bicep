@@ -122,6 +122,9 @@ param signingKeySecretUri string = ''
 @description('Resource groups (of this subscription) holding the VMs that run the agent. The function identity gets Reader on each, to resolve an agent\'s attested vmId to its VM name (MBRIDGE_TRUST_RESOURCE_GROUPS). Empty: this resource group. VMs elsewhere need Reader on their group, granted by you.')
 param trustResourceGroups array = []
 
+@description('Subscription ids (GUIDs) whose VMs may report (MBRIDGE_TRUST_SUBSCRIPTIONS): a report is acted on only with an attested document of a VM of one of them. Empty: this subscription. The Reader role above is granted in this subscription only.')
+param trustSubscriptions array = []
+
 @description('Existing load balancer to drain VMs from through its backend pools (in this subscription). Empty: VMs are drained through the agents\' /readyz only and no control-plane role is granted.')
 param drainLoadBalancerName string = ''
 
@@ -194,6 +197,8 @@ var drainNicResourceGroupName = empty(drainNicResourceGroup) ? drainLoadBalancer
 var drainVirtualNetworkResourceGroupName = empty(drainVirtualNetworkResourceGroup) ? drainLoadBalancerResourceGroupName : drainVirtualNetworkResourceGroup
 // The resource groups where the function looks VMs up by vmId, and holds Reader.
 var trustResourceGroupNames = empty(trustResourceGroups) ? [resourceGroup().name] : trustResourceGroups
+// The subscriptions whose VMs' attested documents are trusted.
+var trustSubscriptionIds = empty(trustSubscriptions) ? [subscription().subscriptionId] : trustSubscriptions
 var drainerAssignableScopes = union([toLower(resourceGroup().id)], [toLower('${subscription().id}/resourceGroups/${drainLoadBalancerResourceGroupName}')], [toLower('${subscription().id}/resourceGroups/${drainNicResourceGroupName}')], [toLower('${subscription().id}/resourceGroups/${drainVirtualNetworkResourceGroupName}')])
 
 resource functionIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
@@ -291,6 +296,7 @@ module functionApp 'modules/functionapp.bicep' = {
     // The key itself, or a Key Vault reference the platform resolves with the function identity.
     signingKey: empty(signingKeySecretUri) ? signingKey : '@Microsoft.KeyVault(SecretUri=${signingKeySecretUri})'
     trustResourceGroups: join(trustResourceGroupNames, ',')
+    trustSubscriptions: join(trustSubscriptionIds, ',')
     maximumInstanceCount: functionMaximumInstanceCount
     instanceMemoryMB: functionInstanceMemoryMB
   }

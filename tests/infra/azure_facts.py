@@ -34,8 +34,9 @@ SCOPE_VIRTUAL_NETWORK = "virtual_network"
 # Each resource group of MBRIDGE_TRUST_RESOURCE_GROUPS: a role assigned once per group of the list
 # the setting is written from, in that group (never the subscription).
 SCOPE_VM_RESOURCE_GROUPS = "vm_resource_groups"
-# What a list of resource groups defaults to: the resource group the deployment goes into.
+# What a list of resource groups (subscriptions) defaults to: the one the deployment goes into.
 DEPLOYMENT_RESOURCE_GROUP = "(the deployment's resource group)"
+DEPLOYMENT_SUBSCRIPTION = "(the deployment's subscription)"
 
 DRAINER_ROLE = "Maintenance Bridge Drainer"
 
@@ -98,6 +99,8 @@ class AzureFacts:
     # MBRIDGE_TRUST_RESOURCE_GROUPS (and the Reader grants on them) when nothing is given:
     # DEPLOYMENT_RESOURCE_GROUP, or the names written in the source.
     trust_resource_groups_default: tuple[str, ...]
+    # MBRIDGE_TRUST_SUBSCRIPTIONS when nothing is given: DEPLOYMENT_SUBSCRIPTION, or the ids written.
+    trust_subscriptions_default: tuple[str, ...]
     drainer_assignable_to_resource_group: bool  # assignable scopes limited to the resource group
     # VM scale set example
     vmss_terminate_notification_enabled: bool

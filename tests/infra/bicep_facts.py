@@ -26,6 +26,7 @@ from typing import Any, Union
 from tests.infra.azure_facts import (
     AGENT,
     DEPLOYMENT_RESOURCE_GROUP,
+    DEPLOYMENT_SUBSCRIPTION,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
@@ -886,7 +887,11 @@ class Deployment:
 
     def trust_resource_groups_array(self) -> Resolved | None:
         """The array MBRIDGE_TRUST_RESOURCE_GROUPS is written from: `join(<array>, ',')`."""
-        setting = deref(self.settings.get("MBRIDGE_TRUST_RESOURCE_GROUPS"))
+        return self.joined_array("MBRIDGE_TRUST_RESOURCE_GROUPS")
+
+    def joined_array(self, name: str) -> Resolved | None:
+        """The array an app setting is written from: `join(<array>, ',')`; None for anything else."""
+        setting = deref(self.settings.get(name))
         if not isinstance(setting, Expr) or not isinstance(setting.node, dict):
             return None
         function = setting.node.get("function") or {}
@@ -1161,10 +1166,10 @@ def _is_literal(unit: Unit, node: Any) -> bool:
     return False
 
 
-def trust_resource_groups_default(deployment: Deployment) -> tuple[str, ...]:
-    """The resource groups MBRIDGE_TRUST_RESOURCE_GROUPS names when main.bicep's parameters keep
-    their defaults (the ones the deployment assumes aside): DEPLOYMENT_RESOURCE_GROUP for
-    `resourceGroup().name`."""
+def joined_setting_default(deployment: Deployment, name: str) -> tuple[str, ...]:
+    """What a `join(<array>, ',')` setting names when main.bicep's parameters keep their defaults
+    (the ones the deployment assumes aside): DEPLOYMENT_RESOURCE_GROUP for `resourceGroup().name`,
+    DEPLOYMENT_SUBSCRIPTION for `subscription().subscriptionId`."""
     main = deployment.main
     defaults = {
         name: parameter["default"]
@@ -1172,14 +1177,11 @@ def trust_resource_groups_default(deployment: Deployment) -> tuple[str, ...]:
         if "default" in parameter and _is_literal(main, parameter["default"])
     }
     at_defaults = Deployment(main.path, parameters={**defaults, **main.assumed})
-    array = at_defaults.trust_resource_groups_array()
+    array = at_defaults.joined_array(name)
     if array is None:
-        raise ExtractionError("MBRIDGE_TRUST_RESOURCE_GROUPS is not join(<array>, ',')")
-    groups = []
-    for item in array_items(array):
-        text = render(item)
-        groups.append(DEPLOYMENT_RESOURCE_GROUP if text == "resourceGroup().name" else str(value_of(item)))
-    return tuple(groups)
+        raise ExtractionError(f"{name} is not join(<array>, ',')")
+    own = {"resourceGroup().name": DEPLOYMENT_RESOURCE_GROUP, "subscription().subscriptionId": DEPLOYMENT_SUBSCRIPTION}
+    return tuple(own.get(render(item), str(value_of(item))) for item in array_items(array))
 
 
 def facts_of(deployment: Deployment) -> AzureFacts:
@@ -1261,7 +1263,8 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         app_insights_local_auth_disabled=deployment.one(APP_INSIGHTS).value("properties", "DisableLocalAuth") is True,
         grants=grants,
         drainer_actions=actions,
-        trust_resource_groups_default=trust_resource_groups_default(deployment),
+        trust_resource_groups_default=joined_setting_default(deployment, "MBRIDGE_TRUST_RESOURCE_GROUPS"),
+        trust_subscriptions_default=joined_setting_default(deployment, "MBRIDGE_TRUST_SUBSCRIPTIONS"),
         drainer_assignable_to_resource_group=bool(assignable) and all(is_resource_group_id(s) for s in assignable),
         vmss_terminate_notification_enabled=scale_set.value(*terminate, "enable") is True,
         vmss_not_before_parameter=not_before_parameter,

@@ -35,6 +35,7 @@ from typing import Any
 from tests.infra.azure_facts import (
     AGENT,
     DEPLOYMENT_RESOURCE_GROUP,
+    DEPLOYMENT_SUBSCRIPTION,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
@@ -378,10 +379,12 @@ class _Extractor:
         return self._scope(assignment["scope"])
 
     def _trust_resource_groups_local(self) -> str | None:
-        """The local MBRIDGE_TRUST_RESOURCE_GROUPS is written from: `join(",", local.x)`."""
-        found = re.fullmatch(
-            r'\$\{join\(",",\s*local\.(\w+)\)\}', self.settings.get("MBRIDGE_TRUST_RESOURCE_GROUPS", "")
-        )
+        """The local MBRIDGE_TRUST_RESOURCE_GROUPS is written from."""
+        return self._joined_local("MBRIDGE_TRUST_RESOURCE_GROUPS")
+
+    def _joined_local(self, setting: str) -> str | None:
+        """The local an app setting is written from: `join(",", local.x)`."""
+        found = re.fullmatch(r'\$\{join\(",",\s*local\.(\w+)\)\}', self.settings.get(setting, ""))
         return found.group(1) if found else None
 
     def _per_trust_resource_group(self, assignment: Mapping[str, Any]) -> bool:
@@ -395,12 +398,14 @@ class _Extractor:
             re.fullmatch(r"/subscriptions/\$\{local\.subscription_id\}/resourceGroups/\$\{each\.(?:key|value)\}", scope)
         )
 
-    def _trust_resource_groups_default(self) -> tuple[str, ...]:
-        """The groups of MBRIDGE_TRUST_RESOURCE_GROUPS with the variables at their defaults:
-        `length(var.x) > 0 ? var.x : [<the deployment's resource group>.name]`."""
-        name = self._trust_resource_groups_local()
+    def _joined_setting_default(self, setting: str) -> tuple[str, ...]:
+        """What a `join(",", local.x)` setting names with the variables at their defaults, where
+        `local.x = length(var.y) > 0 ? var.y : [...]`: DEPLOYMENT_RESOURCE_GROUP for the name of the
+        resource group the function app is deployed into, DEPLOYMENT_SUBSCRIPTION for the
+        subscription of the provider's client configuration."""
+        name = self._joined_local(setting)
         if name is None:
-            raise TerraformSourceError('MBRIDGE_TRUST_RESOURCE_GROUPS is not join(",", local.x)')
+            raise TerraformSourceError(f'{setting} is not join(",", local.x)')
         whole = _WHOLE_INTERPOLATION.match(str(self.m.local(name)))
         choice = _CHOICE.fullmatch(whole.group(1).strip()) if whole else None
         condition = re.fullmatch(r"length\(var\.(\w+)\)\s*>\s*0", choice.group("condition").strip()) if choice else None
@@ -413,11 +418,14 @@ class _Extractor:
         listed = re.fullmatch(r"\[(.*)\]", branch)
         if listed is None:
             raise TerraformSourceError(f"local.{name}: the default is not a list: {branch}")
-        own = _WHOLE_INTERPOLATION.match(str(self.function["resource_group_name"]))
-        return tuple(
-            DEPLOYMENT_RESOURCE_GROUP if own and item.strip() == own.group(1).strip() else item.strip()
-            for item in listed.group(1).split(",")
-        )
+        own = {}
+        group = _WHOLE_INTERPOLATION.match(str(self.function["resource_group_name"]))
+        if group:
+            own[group.group(1).strip()] = DEPLOYMENT_RESOURCE_GROUP
+        for local_name, definition in self.m.locals.items():
+            if definition == "${data.azurerm_client_config.current.subscription_id}":
+                own[f"local.{local_name}"] = DEPLOYMENT_SUBSCRIPTION
+        return tuple(own.get(item.strip(), item.strip()) for item in listed.group(1).split(","))
 
     def _role(self, assignment: Mapping[str, Any]) -> str:
         if "role_definition_name" in assignment:
@@ -734,7 +742,8 @@ class _Extractor:
             app_insights_local_auth_disabled=m.value(app_insights.get("local_authentication_disabled")) is True,
             grants=self._grants(),
             drainer_actions=frozenset(str(action) for action in _block(drainer, "permissions").get("actions", [])),
-            trust_resource_groups_default=self._trust_resource_groups_default(),
+            trust_resource_groups_default=self._joined_setting_default("MBRIDGE_TRUST_RESOURCE_GROUPS"),
+            trust_subscriptions_default=self._joined_setting_default("MBRIDGE_TRUST_SUBSCRIPTIONS"),
             drainer_assignable_to_resource_group=self._assignable_to_resource_group(drainer),
             vmss_terminate_notification_enabled=m.value(notification.get("enabled")) is True,
             vmss_not_before_parameter=not_before_variable[0],

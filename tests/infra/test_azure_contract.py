@@ -12,9 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
+from functions.azure_app import settings as app_settings
 from tests.infra.azure_facts import (
     AGENT,
     DEPLOYMENT_RESOURCE_GROUP,
+    DEPLOYMENT_SUBSCRIPTION,
     DRAINER_ROLE,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
@@ -121,6 +123,7 @@ def test_function_app_settings_are_identity_based(facts: AzureFacts) -> None:
         "APPLICATIONINSIGHTS_CONNECTION_STRING",
         "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
         "MBRIDGE_SIGNING_KEY",
+        "MBRIDGE_TRUST_SUBSCRIPTIONS",
         "MBRIDGE_TRUST_RESOURCE_GROUPS",
     }
     assert required <= settings.keys(), f"missing app settings: {sorted(required - settings.keys())}"
@@ -136,6 +139,42 @@ def test_function_app_settings_are_identity_based(facts: AzureFacts) -> None:
         assert "AccountKey" not in value, name
     # The load balancer settings are wired (empty when no load balancer is given).
     assert {"MBRIDGE_LB_SUBSCRIPTION_ID", "MBRIDGE_LB_RESOURCE_GROUP", "MBRIDGE_LB_NAME"} <= settings.keys()
+
+
+# Settings of settings.py that are not deployed: alternatives to what is (a key-based connection
+# string), and trust settings whose defaults fit Azure's public cloud (docs/azure.md, "Trust").
+NOT_DEPLOYED = {
+    app_settings.SERVICEBUS_CONNECTION,
+    app_settings.TABLE_CONNECTION_STRING,
+    app_settings.TRUST_ROOTS,
+    app_settings.TRUST_INTERMEDIATES,
+    app_settings.TRUST_SIGNER_NAMES,
+}
+# A trust file makes the function trust the keys written in it instead of Azure's: local runs only.
+NEVER_DEPLOYED = {app_settings.TRUST_FILE}
+
+
+def test_deployed_settings_are_the_ones_the_function_reads(facts: AzureFacts) -> None:
+    # GIVEN the setting names settings.py defines, and the deployed settings
+    defined = {
+        value for name, value in vars(app_settings).items() if name.isupper() and str(value).startswith("MBRIDGE_")
+    }
+    deployed = facts.function_app_settings
+    assert defined >= NOT_DEPLOYED | NEVER_DEPLOYED
+    # THEN everything the app reads is deployed, except the alternatives and the defaults kept
+    missing = defined - NOT_DEPLOYED - NEVER_DEPLOYED - deployed.keys()
+    assert not missing, sorted(missing)
+    assert not (NOT_DEPLOYED | NEVER_DEPLOYED) & deployed.keys()
+    # AND no MBRIDGE_* setting is deployed that the app does not know (a typo would go unnoticed):
+    # the only others are the sub-settings of the identity-based trigger connection
+    unknown = {name for name in deployed if name.startswith("MBRIDGE_")} - defined
+    assert all(name.startswith(f"{app_settings.SERVICEBUS_CONNECTION}__") for name in unknown), sorted(unknown)
+
+
+def test_reports_are_trusted_from_the_deployments_subscription(facts: AzureFacts) -> None:
+    # GIVEN policy trust attested (the default), which needs the subscriptions whose VMs may report;
+    # THEN they are deployed, the deployment's own unless others are given
+    assert facts.trust_subscriptions_default == (DEPLOYMENT_SUBSCRIPTION,)
 
 
 def test_storage_takes_entra_id_only(facts: AzureFacts) -> None:

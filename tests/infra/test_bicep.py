@@ -448,6 +448,14 @@ def test_reader_goes_to_each_trust_resource_group_and_into_the_setting() -> None
     assert render(deployment.resource_group_of(reader.unit)) == "resourceGroup().name"
 
 
+def test_trusted_subscriptions_are_the_given_ones_or_this_one() -> None:
+    subscriptions = ["11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"]
+    for given, expected in (([], ["subscription().subscriptionId"]), (subscriptions, subscriptions)):
+        array = Deployment(parameters={"trustSubscriptions": given}).joined_array("MBRIDGE_TRUST_SUBSCRIPTIONS")
+        assert array is not None
+        assert [render(item) for item in bicep_facts.array_items(array)] == expected
+
+
 def test_function_app_deploys_its_package_with_its_identity(deployment: Deployment) -> None:
     # GIVEN the Flex Consumption configuration THEN the package comes from a blob container,
     # read with the function identity, and the app scales as designed

@@ -84,6 +84,10 @@ param signingKey string
 @description('MBRIDGE_TRUST_RESOURCE_GROUPS: comma-separated resource groups where the VMs of attested documents are looked up (the identity holds Reader on each).')
 param trustResourceGroups string
 
+@description('MBRIDGE_TRUST_SUBSCRIPTIONS: comma-separated subscription ids whose VMs may report.')
+@minLength(36)
+param trustSubscriptions string
+
 @description('Upper bound of the instances the app scales out to (Flex Consumption takes 40 to 1000).')
 @minValue(40)
 @maxValue(1000)
@@ -138,7 +142,11 @@ var appSettings = [
   // reference is resolved by the platform with keyVaultReferenceIdentity (the identity needs
   // "Key Vault Secrets User" on that secret, granted where the vault lives).
   { name: 'MBRIDGE_SIGNING_KEY', value: signingKey }
-  // Where the VM directory resolves an attested vmId to the VM's name.
+  // Who may report (policy trust: attested, the default): attested documents of VMs of these
+  // subscriptions, resolved to VM names in these resource groups. The roots, intermediates and
+  // signer names keep the code's defaults (docs/azure.md, "Trust"); MBRIDGE_TRUST_FILE is for
+  // local runs only and never deployed.
+  { name: 'MBRIDGE_TRUST_SUBSCRIPTIONS', value: trustSubscriptions }
   { name: 'MBRIDGE_TRUST_RESOURCE_GROUPS', value: trustResourceGroups }
 ]
 

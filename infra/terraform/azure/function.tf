@@ -19,6 +19,8 @@ locals {
   drain_nic_resource_group = coalesce(var.drain_nic_resource_group, local.drain_lb_resource_group)
   # The resource groups of the VMs that run the agent (this one by default).
   trust_resource_groups = length(var.trust_resource_groups) > 0 ? var.trust_resource_groups : [data.azurerm_resource_group.this.name]
+  # The subscriptions whose VMs may report (this one by default).
+  trust_subscriptions = length(var.trust_subscriptions) > 0 ? var.trust_subscriptions : [local.subscription_id]
 
   # Every app setting the function reads (docs/azure.md), identity-based only: no connection
   # string with a key, no plain AzureWebJobsStorage. The one secret is the command signing key. APPLICATIONINSIGHTS_CONNECTION_STRING is set
@@ -59,8 +61,11 @@ locals {
     "MBRIDGE_POLICY"                = var.policy
     # Every command is signed with the generated key (signing.tf); the agents hold its public key.
     "MBRIDGE_SIGNING_KEY" = local.signing_key
-    # Where an attested vmId is resolved to its VM's name; the identity holds Reader on each
-    # (roles.tf).
+    # Who may report (policy trust: attested, the default): attested documents of VMs of these
+    # subscriptions, resolved to VM names in these resource groups, where the identity holds
+    # Reader (roles.tf). The roots, intermediates and signer names keep the code's defaults
+    # (docs/azure.md, "Trust"); MBRIDGE_TRUST_FILE is for local runs only and never deployed.
+    "MBRIDGE_TRUST_SUBSCRIPTIONS"   = join(",", local.trust_subscriptions)
     "MBRIDGE_TRUST_RESOURCE_GROUPS" = join(",", local.trust_resource_groups)
   }
 }

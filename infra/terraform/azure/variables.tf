@@ -169,6 +169,19 @@ variable "trust_resource_groups" {
   }
 }
 
+variable "trust_subscriptions" {
+  description = "Subscription ids whose VMs may report (MBRIDGE_TRUST_SUBSCRIPTIONS): a report is acted on only with an attested document of a VM of one of them. Empty: the subscription deployed into. Reader (trust_resource_groups) is granted in that subscription only."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition = alltrue([
+      for subscription in var.trust_subscriptions : can(regex("^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", subscription))
+    ])
+    error_message = "trust_subscriptions holds subscription ids (GUIDs such as 00000000-0000-0000-0000-000000000000)."
+  }
+}
+
 # ---------------------------------------------------------------- storage
 
 variable "storage_replication_type" {
