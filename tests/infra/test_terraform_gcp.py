@@ -22,6 +22,7 @@ import pytest
 
 from agent.loop import result_message
 from functions.core.commands import DEFAULT_TTL, CommandType, new_command
+from functions.core.identity import DEFAULT_AUDIENCE
 from functions.core.model import Cloud, CommandResult
 from functions.gcp_app import compute, settings
 from functions.gcp_app.commands import command_message
@@ -314,6 +315,46 @@ def test_function_environment_names_are_the_settings_the_code_reads() -> None:
     assert settings.ENV_POLICY in local("function_policy_environment")
     # The example's group is always drained.
     assert '"${var.zone}/${var.instance_group_name}"' in local("instance_groups")
+
+
+# Variables settings.py reads that are not deployed: the runtime's own project variable, and
+# defaults that fit (the Compute timeout, the URL of Google's certificates).
+NOT_DEPLOYED = {settings.ENV_PROJECT_FALLBACK, settings.ENV_COMPUTE_TIMEOUT, settings.ENV_TRUST_CERTS_URL}
+# A trust file makes the function trust the keys written in it instead of Google's: local runs only.
+NEVER_DEPLOYED = {settings.ENV_TRUST_FILE}
+
+
+def deployed_environment() -> set[str]:
+    """Every variable the function is deployed with: plain, conditional (the policy) and secret."""
+    service = block(resource(FUNCTION), "service_config")
+    names = set(local("function_environment"))
+    names |= set(re.findall(r"\b(MBRIDGE_[A-Z_]+)\s*=", local("function_policy_environment")))
+    names.add(block(service, "secret_environment_variables")["key"])
+    return names
+
+
+def test_deployed_settings_are_the_ones_the_function_reads() -> None:
+    # GIVEN the variables settings.py reads, and the ones the function is deployed with
+    defined = {value for name, value in vars(settings).items() if name.startswith("ENV_")}
+    deployed = deployed_environment()
+    assert defined >= NOT_DEPLOYED | NEVER_DEPLOYED
+    # THEN each is deployed but the defaults kept, and nothing else is
+    assert deployed == defined - NOT_DEPLOYED - NEVER_DEPLOYED
+
+
+def test_reports_are_trusted_from_the_project_with_the_agents_audience() -> None:
+    # GIVEN policy trust attested (the default): identity tokens of VMs of the trusted projects,
+    # asked for the trusted audience
+    environment = local("function_environment")
+    # THEN the projects are the deployment's own unless others are given
+    assert environment[settings.ENV_TRUST_PROJECTS] == '${join(",", local.trust_projects)}'
+    assert local("trust_projects") == "${length(var.trust_projects) > 0 ? var.trust_projects : [var.project_id]}"
+    assert default("trust_projects") == []
+    # AND the function accepts the audience the example VMs' agents ask for, by default theirs
+    assert environment[settings.ENV_TRUST_AUDIENCE] == ref("var.identity_audience")
+    agent = dict(re.findall(r'"(MBRIDGE_[A-Z_]+)=([^"]*)\\n"', local("agent_environment")))
+    assert agent["MBRIDGE_IDENTITY_AUDIENCE"] == ref("var.identity_audience")
+    assert default("identity_audience") == DEFAULT_AUDIENCE
 
 
 def test_signing_key_is_always_mounted_from_secret_manager() -> None:

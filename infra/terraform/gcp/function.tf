@@ -57,7 +57,14 @@ locals {
     MBRIDGE_MAINTENANCE_ZONES           = join(",", local.maintenance_zones)
     MBRIDGE_READINESS_DRAIN             = tostring(var.readiness_drain)
     MBRIDGE_LOG_LEVEL                   = var.log_level
+    # Who may report (policy trust: attested, the default): an identity token of a VM of these
+    # projects, asked for this audience (the agents' MBRIDGE_IDENTITY_AUDIENCE, vm_example.tf).
+    # Google's certificates come from the code's default URL; MBRIDGE_TRUST_FILE is for local
+    # runs only and never deployed.
+    MBRIDGE_TRUST_PROJECTS = join(",", local.trust_projects)
+    MBRIDGE_TRUST_AUDIENCE = var.identity_audience
   }
+  trust_projects = length(var.trust_projects) > 0 ? var.trust_projects : [var.project_id]
   # Unset, the function uses its default policy (an empty value would be a malformed policy).
   function_policy_environment = var.policy == "" ? {} : { MBRIDGE_POLICY = var.policy }
 }

@@ -189,6 +189,30 @@ variable "extra_maintenance_zones" {
   }
 }
 
+variable "trust_projects" {
+  description = "Projects whose VMs may report (MBRIDGE_TRUST_PROJECTS): a report is acted on only with an identity token of a VM of one of them. Empty: project_id."
+  type        = list(string)
+  default     = []
+
+  validation {
+    # Settings.py's rule: a project id, domain-scoped ones (example.com:my-project) included.
+    condition     = alltrue([for project in var.trust_projects : can(regex("^(?:[a-z0-9][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$", project))])
+    error_message = "trust_projects holds project ids (6-30 lowercase letters, digits or hyphens, starting with a letter), not names or numbers."
+  }
+}
+
+variable "identity_audience" {
+  description = "The audience the agents ask their VM's identity tokens for and the function accepts: MBRIDGE_IDENTITY_AUDIENCE of the example VMs and MBRIDGE_TRUST_AUDIENCE of the function. Agents elsewhere need the same value (their default is maintenance-bridge)."
+  type        = string
+  default     = "maintenance-bridge"
+
+  validation {
+    # Settings.py's rule; it is also one line of the agents' environment file.
+    condition     = length(var.identity_audience) > 0 && length(var.identity_audience) <= 512 && !can(regex("\\s", var.identity_audience))
+    error_message = "identity_audience must be 1-512 characters without spaces."
+  }
+}
+
 variable "signing_key_secret_id" {
   description = "A Secret Manager secret of your own (id in this project) holding the Ed25519 private key that signs commands (MBRIDGE_SIGNING_KEY), with its public key in verify_key. null: a key pair is generated and its private key stored in the secret mbridge-signing-key (signing.tf)."
   type        = string

@@ -14,6 +14,8 @@ locals {
     "MBRIDGE_LISTEN=0.0.0.0:9797\n",
     # The public key of the signing key (signing.tf): only signed commands are run.
     "MBRIDGE_VERIFY_KEY=${local.verify_key}\n",
+    # The audience of the VM's identity tokens: the function's MBRIDGE_TRUST_AUDIENCE.
+    "MBRIDGE_IDENTITY_AUDIENCE=${var.identity_audience}\n",
   ])
 
   network_tags = var.vm_network_tags
