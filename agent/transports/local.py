@@ -56,13 +56,13 @@ CREATE TABLE IF NOT EXISTS positions (
 # A bus file of an earlier version deduplicated events on their envelope id: its events move to
 # the current table, their envelope id as their message id, their sequence numbers (the readers'
 # positions) kept.
-MIGRATE_EVENTS = f"""
-ALTER TABLE events RENAME TO events_by_envelope;
-CREATE TABLE events {EVENTS_COLUMNS};
-INSERT INTO events (seq, message_id, envelope_id, key, body, attributes, published_at)
-    SELECT seq, envelope_id, envelope_id, key, body, attributes, published_at FROM events_by_envelope;
-DROP TABLE events_by_envelope;
-"""
+MIGRATE_EVENTS = (
+    "ALTER TABLE events RENAME TO events_by_envelope",
+    "CREATE TABLE events " + EVENTS_COLUMNS,
+    "INSERT INTO events (seq, message_id, envelope_id, key, body, attributes, published_at) "
+    "SELECT seq, envelope_id, envelope_id, key, body, attributes, published_at FROM events_by_envelope",
+    "DROP TABLE events_by_envelope",
+)
 
 # How often a waiting reader looks again: SQLite has no notifications across processes.
 POLL_SECONDS = 0.05
@@ -102,9 +102,8 @@ class LocalBus:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             if self._events_by_envelope():  # another process may have migrated meanwhile
-                for statement in MIGRATE_EVENTS.split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
+                for statement in MIGRATE_EVENTS:
+                    self._db.execute(statement)
             self._db.execute("COMMIT")
         except sqlite3.Error:
             self._db.execute("ROLLBACK")
