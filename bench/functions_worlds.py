@@ -4,12 +4,16 @@ to say when a step happened.
 - `EmbeddedBench`: the embedded backbone of `mbridge demo` (functions/local_app/demo/world.py)
   built for any set of VMs: one Azure simulator serving every VM (one shared event store), one
   agent thread per VM on the SQLite bus, the local function host in a thread with its SQLite
-  store and local load-balancer pool. The pool and the command sender are wrapped
-  (bench/functions_fakes.py) to note when a VM left the pool and when a command was on the bus.
+  store and local load-balancer pool. Wired as deployed: every agent attaches its VM's proof of
+  identity (the simulator's attested documents), the host verifies them with the simulator's
+  trust and signs its commands, and the agents execute only commands signed with that key. The
+  pool and the command sender are wrapped (bench/functions_fakes.py) to note when a VM left the
+  pool and when a command was on the bus.
 - `PubSubBench`: the demo's Google world (functions/local_app/demo/pubsub_world.py) as it is —
   Pub/Sub and Firestore emulators, the Cloud Functions entry under functions-framework behind the
-  push subscription, agents on the emulator — with the agents polling once a second and the
-  demo's own observers left out (the bench reads the witnesses once, at the end).
+  push subscription, agents on the emulator, the function verifying proofs with the simulators'
+  trust file and signing its commands — with the agents polling once a second and the demo's own
+  observers left out (the bench reads the witnesses once, at the end).
 
 Both poll IMDS at the documented 1 s and run the simulator at `SPEED` (a Reboot's 15 minutes of
 notice become 90 s; nothing measured here waits for NotBefore).
@@ -41,9 +45,10 @@ from functions.local_app.balancer import LocalPool
 from functions.local_app.demo.emulators import free_port
 from functions.local_app.demo.flows import AZURE_VMS
 from functions.local_app.demo.pubsub_world import COMMANDS_TOPIC, OBSERVER_SUBSCRIPTION, PROJECT, PubSubWorld
-from functions.local_app.demo.world import AgentThreads, Simulators, agent_settings
+from functions.local_app.demo.world import AgentThreads, CommandKeys, Simulators, agent_settings
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
+from functions.trust.trust_file import verifier_from_trust
 
 POLL_INTERVAL = 1.0  # Azure's documented poll, the agent's default
 SPEED = 10.0
@@ -167,11 +172,15 @@ def wait_until_watched(simulator: Simulator, vms: Sequence[str], timeout: float 
 class EmbeddedBench:
     """Simulator, agent threads, SQLite bus and the local function host, in this process."""
 
-    def __init__(self, workdir: Path, vms: Sequence[str], policy: Policy, speed: float = SPEED) -> None:
+    def __init__(
+        self, workdir: Path, vms: Sequence[str], policy: Policy, speed: float = SPEED, forward: str = "own"
+    ) -> None:
         self.workdir = workdir
         self.vms = list(vms)
         self._policy = policy
         self._speed = speed
+        self.forward = forward  # the agents' --forward: "own" (their default) or "all"
+        self.commands = CommandKeys.generate()  # the host signs with it, the agents verify
         self._stack = ExitStack()
         self._sim: Simulator | None = None
         self.bus: LocalBus | None = None
@@ -200,11 +209,20 @@ class EmbeddedBench:
             pool.add(POOL, self.vms)
             self.bus, self.store = bus, store
             self.balancer = RecordingBalancer(pool)
-            host = LocalFunctionHost(bus, store, self.balancer, self._policy, lambda: datetime.now(timezone.utc))
-            self.sender = RecordingSender(host.deps.sender)
-            host.deps.sender = self.sender
+            # The simulator first: its trust is what verifies the proofs its VMs' agents attach.
             self._sim = Simulator(cloud="azure", vm_names=self.vms, speed=self._speed).start()
             stack.callback(self._sim.stop)
+            host = LocalFunctionHost(
+                bus,
+                store,
+                self.balancer,
+                self._policy,
+                lambda: datetime.now(timezone.utc),
+                verifier=verifier_from_trust(self._sim.trust()),
+                signer=self.commands.sign,
+            )
+            self.sender = RecordingSender(host.deps.sender)
+            host.deps.sender = self.sender
             host_stop = threading.Event()
             host_thread = threading.Thread(target=host.run, args=(host_stop,), name="function-host", daemon=True)
             host_thread.start()
@@ -214,8 +232,9 @@ class EmbeddedBench:
             stack.callback(agents.halt)  # first of all: the agents stop before the bus and host go
             for vm, url in zip(self._sim.vm_names, self._sim.base_urls):
                 settings = agent_settings(
-                    Cloud.AZURE, url, vm, self.state_dir(vm), bus_path=bus.path, poll_interval=POLL_INTERVAL
-                )
+                    Cloud.AZURE, url, vm, self.state_dir(vm), bus_path=bus.path, poll_interval=POLL_INTERVAL,
+                    verify_key=self.commands.public, forward=self.forward,
+                )  # fmt: skip
                 agents.start(settings)
             wait_until_watched(self._sim, self.vms)
         except BaseException:
@@ -255,7 +274,10 @@ class EmbeddedBench:
 
 
 class PubSubBench(PubSubWorld):
-    """The demo's Pub/Sub-emulator world, agents polling at 1 s; its VMs are the demo's Azure VMs."""
+    """The demo's Pub/Sub-emulator world, agents polling at 1 s; its VMs are the demo's Azure VMs.
+
+    Wired as the demo wires it: the function verifies proofs with the simulators' trust file and
+    signs its commands with the world's key (`commands`), which the agents verify."""
 
     def __init__(self, workdir: Path, vms: Sequence[str], speed: float = SPEED) -> None:
         unknown = sorted(set(vms) - set(AZURE_VMS))
@@ -305,7 +327,7 @@ class PubSubBench(PubSubWorld):
                 cloud, url, vm, self.workdir / "agents" / vm,
                 transport="pubsub", pubsub_project=PROJECT, pubsub_topic="maintenance-events",
                 pubsub_commands_subscription=f"maintenance-commands-{vm}", listen=("127.0.0.1", port),
-                poll_interval=POLL_INTERVAL,
+                poll_interval=POLL_INTERVAL, verify_key=self.commands.public,
             )  # fmt: skip
             agents.start(settings)
 
