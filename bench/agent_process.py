@@ -3,10 +3,13 @@
 A process of its own, so that its CPU time and memory can be read from /proc without the
 benchmark's own threads in them, and so that nothing it does competes for the benchmark's
 interpreter lock. Its log (JSON lines on stderr) goes to a file in the section's directory.
+As deployed, an agent on a transport with commands is given a verification key (`--verify-key`,
+one key pair made for the run) and proves its VM's identity on every message (the default).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import ROOT
+from functions.core.signing import generate_keypair
 
 # The agent's Python threads after its main thread, in the order it starts them (agent/main.py starts
 # the health server, then Agent.run the publisher, the watcher and the command loop): how the CPU
@@ -89,7 +93,16 @@ def agent_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "agent.cli"]
 
 
+@functools.cache
+def verify_key() -> str:
+    """The public key of a command-signing key pair made for this run (PEM), as an agent's
+    --verify-key takes it: deployed agents on a transport with commands execute signed ones only."""
+    _, public = generate_keypair()
+    return public.decode("ascii")
+
+
 def agent_arguments(options: AgentOptions, state_dir: Path) -> list[str]:
+    signed = () if options.transport == "jsonl" or "--verify-key" in options.extra else ("--verify-key", verify_key())
     return [
         "agent",
         "--cloud",
@@ -106,6 +119,7 @@ def agent_arguments(options: AgentOptions, state_dir: Path) -> list[str]:
         f"{options.poll_interval:g}",
         "--listen",
         "127.0.0.1:0",  # the health endpoints run, as by default, on a port of their own
+        *signed,
         *options.extra,
     ]
 
