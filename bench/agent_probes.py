@@ -31,6 +31,9 @@ TRANSPORT_MODULES: Mapping[str, tuple[str, ...]] = {
 }
 # The two biggest libraries every agent loads: HTTP to the metadata service, and the health endpoints.
 HTTP_MODULES = ("requests", "http.server")
+# Then the cryptography library: the Azure proof of identity signs each message with an Ed25519 key,
+# and an agent with a --verify-key checks the commands' Ed25519 signatures.
+CRYPTO_MODULES = ("cryptography.hazmat.primitives.asymmetric.ed25519", "cryptography.hazmat.primitives.serialization")
 
 _IMPORT_RSS = """
 import importlib, json, sys
@@ -65,18 +68,25 @@ class ImportRss:
     interpreter_mb: float  # a bare interpreter
     http_mb: float  # after requests and http.server
     agent_mb: float  # after everything the agent imports for the transport
+    crypto_mb: float | None = None  # after cryptography's Ed25519, imported after requests and http.server
 
     def describe(self) -> str:
+        crypto = (
+            ""
+            if self.crypto_mb is None
+            else f"; cryptography's Ed25519, for the proofs of identity and the commands' signatures, "
+            f"{self.crypto_mb - self.http_mb:.1f} MB more"
+        )
         return (
             f"an interpreter that only imports the agent's modules for this transport has {self.agent_mb:.1f} MB "
             f"resident (bare interpreter {self.interpreter_mb:.1f} MB; requests and http.server, for the metadata "
-            f"service and the health endpoints, add {self.http_mb - self.interpreter_mb:.1f} MB)"
+            f"service and the health endpoints, add {self.http_mb - self.interpreter_mb:.1f} MB{crypto})"
         )
 
 
 def start_import_rss(transport: str) -> subprocess.Popen[str]:
     """Start the import probe for `transport` (collect it with `import_rss`)."""
-    groups = [list(HTTP_MODULES), [*AGENT_MODULES, *TRANSPORT_MODULES[transport]]]
+    groups = [list(HTTP_MODULES), list(CRYPTO_MODULES), [*AGENT_MODULES, *TRANSPORT_MODULES[transport]]]
     return _start(_IMPORT_RSS, [json.dumps(groups)], {})
 
 
@@ -85,7 +95,8 @@ def import_rss(probe: subprocess.Popen[str]) -> ImportRss | None:
     if output is None:
         return None
     steps = parse_import_steps(output)
-    return ImportRss(interpreter_mb=steps[0], http_mb=steps[1], agent_mb=steps[-1])
+    crypto = steps[2] if len(steps) > 3 else None
+    return ImportRss(interpreter_mb=steps[0], http_mb=steps[1], agent_mb=steps[-1], crypto_mb=crypto)
 
 
 def parse_import_steps(output: str) -> list[float]:

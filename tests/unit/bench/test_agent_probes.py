@@ -24,3 +24,12 @@ def test_import_rss_describes_the_libraries_share() -> None:
     assert "31.6 MB" in text
     assert "bare interpreter 10.8 MB" in text
     assert "add 17.0 MB" in text
+
+
+def test_import_rss_names_the_cryptography_share_when_it_was_measured() -> None:
+    text = ImportRss(interpreter_mb=10.8, http_mb=27.8, agent_mb=39.3, crypto_mb=34.5).describe()
+    assert "39.3 MB" in text
+    assert (
+        "add 17.0 MB; cryptography's Ed25519, for the proofs of identity and the commands' signatures, 6.7 MB more"
+        in text
+    )
