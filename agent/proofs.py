@@ -21,10 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from typing import Callable, Protocol
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from agent.sources.http import MetadataUnavailableError
 from functions.core.identity import (
@@ -38,6 +35,9 @@ from functions.core.identity import (
     token_audience,
 )
 from functions.core.jsontext import load_json
+
+if TYPE_CHECKING:  # imported when an Azure agent makes its key: a GCE agent without a verify key never loads it
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 LOGGER = logging.getLogger("mbridge.proofs")
 
@@ -122,6 +122,9 @@ class AzureAttestedProver:
     def _refresh(self) -> None:
         if self._key is not None and self._monotonic() - self._fetched_at < self._refresh_seconds:
             return
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
         key = Ed25519PrivateKey.generate()
         public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         try:

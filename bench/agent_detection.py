@@ -268,6 +268,7 @@ def _run_azure(context: BenchContext, changes_wanted: int) -> AzureRun:
     directory = context.dir("detection-azure")
     rng = random.Random(SEED)
     sim = Simulator(cloud="azure", vm_names=[AGENT_VM, REFERENCE_VM], speed=1.0).start()
+    sim.trust()  # the simulator makes its signing keys when first asked; a real metadata service has them
     driver = SimulatorDriver(sim)
     agent: AgentProcess | None = None
     reference: subprocess.Popen[bytes] | None = None
@@ -347,6 +348,7 @@ def gce_run(context: BenchContext) -> GceRun:
     directory = context.dir("detection-gce")
     rng = random.Random(SEED + 1)
     sim = Simulator(cloud="gce", vm_names=[GCE_VM], speed=1.0).start()
+    sim.trust()  # the simulator makes its signing keys when first asked; a real metadata service has them
     driver = SimulatorDriver(sim)
     agent: AgentProcess | None = None
     try:
