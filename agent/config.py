@@ -16,6 +16,7 @@ from agent.transports.factory import DEFAULT_COMMANDS_TOPIC
 from functions.core.errors import PermanentError
 from functions.core.identity import DEFAULT_AUDIENCE
 from functions.core.model import Cloud
+from functions.core.policy import DEFAULT_HARMLESS_FREEZE_SECONDS
 
 TRANSPORTS = ("jsonl", "local", "servicebus", "pubsub")
 IDENTITY_PROOFS = ("cloud", "none")
@@ -60,6 +61,8 @@ class AgentSettings:
     identity_audience: str = DEFAULT_AUDIENCE
     # Which events to publish: those whose Resources name this VM ("own"), or every one it sees.
     forward: str = "own"
+    # A Freeze this short leaves /readyz ready: the functions' policy harmless_freeze_seconds.
+    harmless_freeze_seconds: int = DEFAULT_HARMLESS_FREEZE_SECONDS
 
 
 def default_state_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -219,6 +222,13 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "or every event this VM sees [MBRIDGE_FORWARD, default own]",
     )
     parser.add_argument(
+        "--harmless-freeze-seconds",
+        type=int,
+        default=env("MBRIDGE_HARMLESS_FREEZE_SECONDS", str(DEFAULT_HARMLESS_FREEZE_SECONDS)),
+        help="a Freeze at most this long leaves /readyz ready; keep it equal to the functions' policy "
+        f"harmless_freeze_seconds [MBRIDGE_HARMLESS_FREEZE_SECONDS, default {DEFAULT_HARMLESS_FREEZE_SECONDS}]",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="diagnose metadata access, own name and bus auth, then exit 0 or 1"
     )
     add_transport_arguments(parser)
@@ -265,6 +275,8 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             "are executed, or accept unsigned ones knowingly with --insecure-unsigned-commands "
             "[MBRIDGE_INSECURE_UNSIGNED_COMMANDS] (docs/security.md)"
         )
+    if args.harmless_freeze_seconds < 0:
+        raise ConfigError("--harmless-freeze-seconds must be >= 0 [MBRIDGE_HARMLESS_FREEZE_SECONDS]")
     if not args.identity_audience or any(c.isspace() for c in args.identity_audience):
         raise ConfigError("--identity-audience must be a non-empty string without spaces [MBRIDGE_IDENTITY_AUDIENCE]")
     if args.transport == "pubsub" and not args.pubsub_project:
@@ -294,4 +306,5 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         identity_proof=args.identity_proof,
         identity_audience=args.identity_audience,
         forward=args.forward,
+        harmless_freeze_seconds=args.harmless_freeze_seconds,
     )

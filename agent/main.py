@@ -176,7 +176,8 @@ def _tracker(
             )
             return [poller.run]
 
-        return AzureTracker(vm_name, state.load(AzureTracker.state_name)), azure_watchers
+        saved = state.load(AzureTracker.state_name)
+        return AzureTracker(vm_name, saved, settings.harmless_freeze_seconds), azure_watchers
     gce_client = client
     identity = GceIdentity(instance_id=_retry(gce_client.instance_id, stop, "the instance id"), reporter=vm_name)
 

@@ -29,14 +29,17 @@ from agent.sources.gce_metadata import GceObservation
 from functions.core.azure_document import AzureEventStatus, ScheduledEventsDocument
 from functions.core.gce_values import MAINTENANCE_EVENT_KEY, PREEMPTED_KEY, MaintenanceValue, parse_maintenance_event
 from functions.core.model import EventKind, MaintenanceEvent
+from functions.core.policy import DEFAULT_HARMLESS_FREEZE_SECONDS
 
 LOGGER = logging.getLogger("mbridge.agent")
 
 Observation = Union[AzureObservation, GceObservation]
 StateT = TypeVar("StateT")
 
-# A Freeze this short is harmless (design §3.4, rule 3): it does not make the VM unready.
-HARMLESS_FREEZE_SECONDS = 10
+# A Freeze this short is harmless: it does not make the VM unready. The functions' policy holds
+# the same threshold (harmless_freeze_seconds, rule 3 of docs/policy.md); set both with
+# --harmless-freeze-seconds when the policy changes it.
+HARMLESS_FREEZE_SECONDS = DEFAULT_HARMLESS_FREEZE_SECONDS
 MAX_REMEMBERED_ODDITIES = 1000
 
 
@@ -74,8 +77,11 @@ class Tracker(Protocol):
 class AzureTracker:
     state_name = "azure"
 
-    def __init__(self, reporter: str, saved: Any | None) -> None:
+    def __init__(
+        self, reporter: str, saved: Any | None, harmless_freeze_seconds: int = HARMLESS_FREEZE_SECONDS
+    ) -> None:
         self.reporter = reporter
+        self.harmless_freeze_seconds = harmless_freeze_seconds
         self.state: AzureState = azure_state_from_json(saved)
         self._approvals: Approvals = _none_approved
         self._reported_oddities: set[str] = set()
@@ -121,7 +127,7 @@ class AzureTracker:
             harmless = (
                 event.kind is EventKind.FREEZE
                 and event.duration_seconds is not None
-                and 0 <= event.duration_seconds <= HARMLESS_FREEZE_SECONDS
+                and 0 <= event.duration_seconds <= self.harmless_freeze_seconds
             )
             if not harmless:
                 status = "started" if event.status is AzureEventStatus.STARTED else "scheduled"

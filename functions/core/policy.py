@@ -20,6 +20,8 @@ from functions.core.errors import PermanentError
 TRUST_ATTESTED = "attested"
 TRUST_REPORTER_NAME = "reporter-name"
 TRUST_MODES = (TRUST_ATTESTED, TRUST_REPORTER_NAME)
+# Rule 3's threshold, also what the agent's /readyz takes as harmless (agent/trackers.py): one value.
+DEFAULT_HARMLESS_FREEZE_SECONDS = 10
 
 
 class PolicyError(PermanentError):
@@ -38,7 +40,7 @@ class Pool:
 @dataclass(frozen=True)
 class Policy:
     # Rule 3: a Freeze this short (and not unknown) is harmless: approve at once, no drain.
-    harmless_freeze_seconds: int = 10
+    harmless_freeze_seconds: int = DEFAULT_HARMLESS_FREEZE_SECONDS
     # Rule 4: user-initiated events (restart, redeploy from the portal/API) are approved at once.
     approve_user_events: bool = True
     # Rule 5: other Azure events are approved after the drain period, never later than
