@@ -3,7 +3,7 @@
 `agent.transports.servicebus.ServiceBusOperator` already sends a command the way agents expect it
 (session = target VM on the queue; on the topic of the isolated mode the application property
 `target`, which each VM's subscription filters on; MessageId = command_id and the attributes of
-design §3.3 either way) and maps the SDK's errors (TransportUnavailableError is retryable,
+docs/contracts.md#routing either way) and maps the SDK's errors (TransportUnavailableError is retryable,
 TransportConfigError names the role to grant); this adapter only turns a `Command` into its message.
 """
 

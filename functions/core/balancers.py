@@ -16,7 +16,7 @@ from functions.core.ports import CommandSender, JsonObject, LoadBalancer
 class ReadinessBalancer:
     """Drains a VM by telling its agent to turn /readyz unready (a `drain` command), so a
     health-probe load balancer stops sending it traffic; `restore` turns it ready again.
-    No control-plane permission is needed for this path (design §3.3)."""
+    No control-plane permission is needed for this path (docs/contracts.md#what-the-agent-checks)."""
 
     def __init__(
         self,

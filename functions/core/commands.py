@@ -1,6 +1,6 @@
 """Commands from the functions (or an operator) to one agent: the model and its strict codec.
 
-Design §3.3. A command asks one VM's agent to approve an Azure scheduled event, or to drain or
+See docs/contracts.md#commands. A command asks one VM's agent to approve an Azure scheduled event, or to drain or
 restore its `/readyz`. Commands are security-sensitive: the decoder refuses anything it does not
 fully understand (unknown fields included) and names the field, so a command is never half-read.
 
@@ -50,7 +50,7 @@ KNOWN_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
 
 
 class MalformedCommandError(PermanentError):
-    """A command that is not what design §3.3 defines; the message names the field."""
+    """A command that is not what docs/contracts.md#command-fields defines; the message names the field."""
 
 
 class CommandType(str, Enum):

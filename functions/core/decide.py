@@ -1,4 +1,4 @@
-"""`decide(event, policy, now)`: what to do about one maintenance event (design §3.4). Pure.
+"""`decide(event, policy, now)`: what to do about one maintenance event (docs/contracts.md#default-policy). Pure.
 
 The rules are ordered; the first that matches wins, and its name travels with the decision
 into the audit log, so every action can be traced back to the rule that caused it. Waiting
@@ -62,7 +62,7 @@ class Decision:
 
 
 def decide(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
-    """The actions for `event`, by the first matching rule of design §3.4."""
+    """The actions for `event`, by the first matching rule of docs/policy.md#the-rules."""
     if event.status in (EventStatus.COMPLETED, EventStatus.CANCELED):
         # A canceled Terminate/Preempt never happened: its VM is still there and comes back.
         if event.kind in NO_RESTORE_KINDS and event.status is EventStatus.COMPLETED:

@@ -1,4 +1,4 @@
-"""CloudEvents 1.0 structured-JSON envelopes (design §3.1), both directions.
+"""CloudEvents 1.0 structured-JSON envelopes (docs/contracts.md#envelope), both directions.
 
 The envelope `id` is deterministic — SHA-256 of `cloud|event_id|status` — so every
 VM of an availability set, and an agent that restarts mid-publish, emit the same
@@ -153,7 +153,7 @@ def encode(envelope: Envelope) -> bytes:
 
 
 def event_to_data(event: MaintenanceEvent) -> JsonObject:
-    """The `data` object of design §3.1, snake_case, in schema order; `unreadable` only when
+    """The `data` object of docs/contracts.md#data, snake_case, in schema order; `unreadable` only when
     some field of the cloud's entry could not be read."""
     data: JsonObject = {
         "schema_version": event.schema_version,
@@ -189,7 +189,7 @@ def decode(body: bytes | str | Mapping[str, Any]) -> Envelope:
     """Parse and validate a structured CloudEvent.
 
     Raises:
-        MalformedEnvelopeError: anything that is not an envelope of design §3.1;
+        MalformedEnvelopeError: anything that is not an envelope of docs/contracts.md#envelope;
             the message names the field and what was expected.
     """
     document = _load_object(body)

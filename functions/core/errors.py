@@ -21,7 +21,7 @@ class PermanentError(BridgeError):
 
 
 class MalformedEnvelopeError(PermanentError):
-    """A CloudEvent envelope that is not what design §3.1 defines."""
+    """A CloudEvent envelope that is not what docs/contracts.md#envelope defines."""
 
 
 class MalformedDocumentError(PermanentError):

@@ -1,6 +1,6 @@
 """GCE metadata values: maintenance-event, upcoming-maintenance and preempted.
 
-GCE has no event ids, so design §3.2 derives one: SHA-256 of
+GCE has no event ids, so one is derived (docs/contracts.md#deterministic-ids): SHA-256 of
 `instance_id|key|anchor`, where the anchor is the first-observed time (persisted
 by the agent) or, for upcoming-maintenance, its stable windowStartTime.
 """
@@ -104,7 +104,7 @@ class UpcomingMaintenance:
 
     @property
     def anchor(self) -> str | None:
-        """What makes this notice's id stable across polls and restarts (design §3.2):
+        """What makes this notice's id stable across polls and restarts (docs/contracts.md#deterministic-ids):
         its windowStartTime. None when GCE sent no window; then the caller anchors
         the id on the first-observed time, as for the other keys."""
         return format_rfc3339(self.window_start) if self.window_start is not None else None

@@ -1,7 +1,7 @@
 """The one maintenance-event model shared by the agent and both clouds' functions.
 
-Design §3.1 and §3.2: every cloud notice, whatever its source, becomes a
-`MaintenanceEvent` with a kind, a status and the original payload fragment.
+Every cloud notice, whatever its source, becomes a `MaintenanceEvent` with a kind, a status
+and the original payload fragment (docs/contracts.md#envelope, #event-lifecycle).
 Behaviour never lives here: events are plain data, decisions are derived from
 them by pure functions elsewhere.
 """
@@ -74,7 +74,7 @@ class MaintenanceEvent:
     """One maintenance notice at one point of its lifecycle, as one VM reported it.
 
     `event_id` is the cloud's id (Azure EventId in its original case) or, for GCE,
-    the derived id of design §3.2. `reporter` is the VM that observed it;
+    the derived id of docs/contracts.md#deterministic-ids. `reporter` is the VM that observed it;
     `sequence` the DocumentIncarnation or ETag of the document it came from.
     `unreadable` names the fields of the cloud's entry that could not be read (their value is then
     empty here, and the original text is in `raw`): such an event is forwarded all the same,
@@ -132,7 +132,7 @@ class MaintenanceEvent:
 
 @dataclass(frozen=True)
 class CommandResult:
-    """What an agent did with a command (design §3.3): accepted or rejected, and why."""
+    """What an agent did with a command (docs/contracts.md#results): accepted or rejected, and why."""
 
     command_id: str
     accepted: bool

@@ -1,4 +1,4 @@
-"""The declarative policy of the functions (design §3.4), read from JSON or YAML.
+"""The declarative policy of the functions (docs/policy.md), read from JSON or YAML.
 
 Every number of the default policy is a setting here; docs/policy.md documents each one.
 A policy is validated once, when the function app starts: a wrong key or value stops it

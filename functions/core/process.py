@@ -1,4 +1,4 @@
-"""`process`: one envelope in, its actions done exactly once in effect (design §5).
+"""`process`: one envelope in, its actions done exactly once in effect (docs/contracts.md#processing).
 
     decode → verify who sent it → claim (envelope id, VM) → decide → execute (drain / approve / restore / perform)
     → complete

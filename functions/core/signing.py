@@ -1,4 +1,4 @@
-"""Ed25519 signatures of commands (design §3.3): the functions sign, the agents verify.
+"""Ed25519 signatures of commands (docs/contracts.md#signing): the functions sign, the agents verify.
 
 A signature covers the canonical bytes of a command (functions/core/commands.py): the JSON
 object without `signature`, keys sorted, separators `,` and `:`, UTF-8. It travels as base64url

@@ -1,5 +1,5 @@
-"""The CommandSender port on Pub/Sub (design §3.3): commands go to the `maintenance-commands`
-topic with attribute `target` = VM, which each VM's subscription filters on.
+"""The CommandSender port on Pub/Sub (docs/contracts.md#routing): commands go to the
+`maintenance-commands` topic with attribute `target` = VM, which each VM's subscription filters on.
 
 It reuses the operator side of the agent's Pub/Sub transport (`PubSubOperator.send_command`), so
 the functions publish commands exactly as `mbridge approve` does: same attributes, ordering key =

@@ -1,4 +1,4 @@
-"""Firestore implementations of the StateStore and AuditLog ports (design §5), on
+"""Firestore implementations of the StateStore and AuditLog ports (docs/architecture.md#the-functions), on
 google-cloud-firestore. They behave as the SQLite store of functions/local_app/store.py does.
 
 Collections (each name starts with a prefix, `mbridge_` by default, so that two deployments

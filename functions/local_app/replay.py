@@ -1,4 +1,5 @@
-"""`mbridge replay`: run recorded envelopes through the function core on a virtual clock (design §3.5).
+"""`mbridge replay`: run recorded envelopes through the function core on a virtual clock
+(docs/contracts.md#replay-output).
 
 Each envelope is processed at its own `time`, against an in-memory store and a load balancer
 that drains any VM, so the output shows exactly what the policy would have done — to test a
