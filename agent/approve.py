@@ -1,6 +1,6 @@
 """`mbridge approve`: ask one VM's agent to approve an Azure scheduled event, and wait for its answer.
 
-Design §3.3. The command goes on the commands channel, addressed to the target VM; the agent
+See docs/contracts.md#results. The command goes on the commands channel, addressed to the target VM; the agent
 re-checks everything against a fresh Scheduled Events document and answers with a result envelope
 on the events channel. Exit codes: 0 accepted, 1 rejected (the reason is printed), 2 no answer
 (nothing came within `--wait`, the command could not be sent, or no results reader is configured).

@@ -1,6 +1,7 @@
 """Commands addressed to this VM: check them, remember them, execute them at most once.
 
-Design §3.3. The agent must never approve what it should not, so every command passes, in order:
+See docs/contracts.md#what-the-agent-checks. The agent must never approve what it should not, so
+every command passes, in order:
 
 1. decoding (strict; a malformed command is rejected under a derived id),
 2. the target (a command for another VM is ignored, never answered: the Pub/Sub emulator does not

@@ -83,7 +83,7 @@ def env_flag(name: str) -> bool:
 
 
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
-    """The bus options shared by `mbridge agent` and `mbridge approve` (design §3.7)."""
+    """The bus options shared by `mbridge agent` and `mbridge approve` (docs/contracts.md#transport-options)."""
     group = parser.add_argument_group("transport")
     group.add_argument(
         "--transport",

@@ -1,4 +1,4 @@
-"""What changed since the previous observation, as lifecycle events (design §3.2). Pure.
+"""What changed since the previous observation, as lifecycle events (docs/contracts.md#event-lifecycle). Pure.
 
 Each function takes the previous state and a new observation and returns the new state
 and the events to publish, in the order to publish them. State is plain data that

@@ -2,7 +2,7 @@
 
 `/readyz` is how a health-probe load balancer drains the VM with no control-plane
 permission at all: it turns unready on a `drain` command and ready again on `restore`
-(design §3.3). Without a command channel it is unready while an impactful event for
+(docs/contracts.md#what-the-agent-checks). Without a command channel it is unready while an impactful event for
 this VM is pending, so the load balancer drains the VM on its own.
 
 Anyone who can reach --listen can connect, so the server is one thread around a selector:

@@ -3,7 +3,7 @@
 Writing the new source state and the envelopes it produced in ONE transaction is what
 makes the agent lose nothing and double nothing:
 - a crash before the commit leaves the old state, so the same change is diffed again
-  after the restart and produces the same envelopes (same ids, design §3.1);
+  after the restart and produces the same envelopes (same ids, docs/contracts.md#deterministic-ids);
 - a crash after the commit leaves the envelopes in the outbox, published on restart;
 - a crash between the bus accepting an envelope and the row being marked published
   publishes it again, with the same id, which the bus and the functions deduplicate.

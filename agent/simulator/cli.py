@@ -51,7 +51,7 @@ def _scenario(text: str) -> Scenario:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the simulator's flags to `parser` (design §3.6)."""
+    """Add the simulator's flags to `parser` (docs/contracts.md#simulator-cli)."""
     parser.add_argument(
         "--cloud",
         choices=["azure", "gce"],

@@ -1,4 +1,4 @@
-"""Azure IMDS: Scheduled Events client and poller (design §4).
+"""Azure IMDS: Scheduled Events client and poller (docs/agent.md#what-it-does-and-why-you-can-trust-it).
 
 The client speaks the documented API: `Metadata: true` on every call, an explicit
 api-version, StartRequests POSTs. The poller reads the document once per interval

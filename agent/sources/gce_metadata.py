@@ -1,6 +1,7 @@
 """GCE metadata: long-poll watchers for maintenance-event, upcoming-maintenance and preempted.
 
-Each key has its own watcher thread (design §4): a direct GET first, then
+Each key has its own watcher thread (docs/agent.md#what-it-does-and-why-you-can-trust-it): a direct GET
+first, then
 `wait_for_change=true&last_etag=...&timeout_sec=...` in a loop, so a change is seen the
 moment the metadata server announces it. After every change of `maintenance-event`
 the key is also read directly once more: GCE only gives the 60-second warning to VMs

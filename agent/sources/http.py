@@ -1,7 +1,8 @@
 """HTTP to the metadata service, and nowhere else.
 
 - Redirects are never followed and proxies from the environment are never used: the
-  metadata headers must only ever reach the link-local metadata endpoint (design §4).
+  metadata headers must only ever reach the link-local metadata endpoint
+  (docs/agent.md#what-it-does-and-why-you-can-trust-it).
 - Every failure becomes a `MetadataUnavailableError` with a `kind` used in metrics and
   logs; callers back off and retry. 404 is an answer (absent key), not a failure.
 """

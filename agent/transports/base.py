@@ -1,7 +1,7 @@
 """The ports every transport implements, and the messages that cross them.
 
 Events (and command results) go out as `OutboundMessage`s: the structured CloudEvent
-bytes plus the attributes design §3.1 asks for. Commands come in as `InboundCommand`s
+bytes plus the attributes of docs/contracts.md#on-the-bus. Commands come in as `InboundCommand`s
 that the agent settles once it has recorded what it did with them, so a crash before
 that means redelivery, never loss.
 """
@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 from functions.core.errors import PermanentError, RetryableError
 
-# Message attributes / application properties that repeat envelope fields (design §3.1).
+# Message attributes / application properties that repeat envelope fields (docs/contracts.md#on-the-bus).
 ATTRIBUTE_NAMES = ("type", "vm", "cloud", "event_id")
 
 

@@ -1,4 +1,4 @@
-"""Building the cloud transports from the shared transport flags (design §3.7).
+"""Building the cloud transports from the shared transport flags (docs/contracts.md#transport-options).
 
 `mbridge agent` passes its settings, `mbridge approve` its parsed arguments: both carry the
 same option names. Each SDK is imported here only when its transport was chosen.

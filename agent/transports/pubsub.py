@@ -1,4 +1,6 @@
-"""Google Cloud Pub/Sub transport (design §3.1, §3.3, §3.7), on the official `google-cloud-pubsub` library.
+"""Google Cloud Pub/Sub transport, on the official `google-cloud-pubsub` library.
+
+Contracts: docs/contracts.md#on-the-bus, #routing and #transport-options.
 
 - Events go to a topic (`maintenance-events`) with ordering key = VM name and attributes repeating
   `type`, `vm`, `cloud`, `event_id` (plus `envelope_id`, since Pub/Sub assigns its own message ids).
@@ -65,8 +67,8 @@ SUBSCRIBER_ROLE = "roles/pubsub.subscriber"
 
 @dataclass(frozen=True)
 class PubSubSettings:
-    """Options of the Pub/Sub transport (design §3.7). Names may also be full resource paths
-    (`projects/P/topics/T`), e.g. for a topic in another project. `vm_name` is needed by the agent."""
+    """Options of the Pub/Sub transport (docs/contracts.md#transport-options). Names may also be full
+    resource paths (`projects/P/topics/T`), e.g. for a topic in another project. `vm_name` is needed by the agent."""
 
     project: str
     topic: str = "maintenance-events"

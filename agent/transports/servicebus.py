@@ -1,7 +1,10 @@
-"""Azure Service Bus transport (design §3.1, §3.3, §3.7), on the official `azure-servicebus` SDK.
+"""Azure Service Bus transport, on the official `azure-servicebus` SDK.
 
-- Events go to a topic (`maintenance-events`), one message per envelope, `MessageId` = envelope id so
-  the topic's duplicate detection drops republished envelopes.
+Contracts: docs/contracts.md#on-the-bus, #routing and #transport-options.
+
+- Events go to a topic (`maintenance-events`), one message per envelope, `MessageId` = SHA-256 of the
+  body as sent (command results: their envelope id), so the topic's duplicate detection drops an
+  identical resend but never one VM's report in favour of another's.
 - Commands come from a session-enabled queue (`maintenance-commands`); the agent binds its receiver
   to the session named after its VM, so it only ever sees its own commands, in order.
 - Or, in the isolated mode (`--servicebus-commands-subscription`), from this VM's own subscription
@@ -69,7 +72,7 @@ RECEIVER_ROLE = "Azure Service Bus Data Receiver"
 
 @dataclass(frozen=True)
 class ServiceBusSettings:
-    """Options of the Service Bus transport (design §3.7). Exactly one of `namespace` (managed
+    """Options of the Service Bus transport (docs/contracts.md#transport-options). Exactly one of `namespace` (managed
     identity) and `connection_string` (SAS) is set; `vm_name` is needed by the agent only.
 
     `commands_topic` set: commands travel through that topic instead of the session queue (the
