@@ -1,4 +1,4 @@
-"""Real local peers the test suite starts itself (design §6): Google's emulators, later Azurite.
+"""Real local peers the test suite starts itself (docs/transports.md#tests): Google's emulators, later Azurite.
 
 Registered for every test by `pytest_plugins` in tests/conftest.py. A peer that is missing skips
 the tests that need it when run by hand, and fails them under CI (CI=true): a peer test that

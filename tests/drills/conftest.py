@@ -203,7 +203,7 @@ def fact_of(envelope: Mapping[str, Any]) -> Fact:
 
 
 def expected_id(fact: Fact, cloud: Cloud = Cloud.AZURE) -> str:
-    """The envelope id design §3.1 gives a fact: SHA-256 of cloud|event_id|status."""
+    """The envelope id docs/contracts.md#deterministic-ids gives a fact: SHA-256 of cloud|event_id|status."""
     return event_envelope_id(cloud, fact[0], EventStatus(fact[1]))
 
 

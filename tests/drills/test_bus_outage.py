@@ -148,7 +148,7 @@ def test_a_bus_outage_of_minutes_loses_nothing_and_keeps_order_per_vm(
     # ... and once it came back, every lifecycle step the simulator went through is on the bus, once
     facts = [fact_of(e) for e in envelopes]
     assert sorted(facts) == sorted(set(expected)), f"lost or extra facts (seed {seed})"
-    # ... with the id design §3.1 gives it
+    # ... with the id docs/contracts.md#deterministic-ids gives it
     assert all(e["id"] == expected_id(fact_of(e)) for e in envelopes), f"unstable ids (seed {seed})"
     # ... in each agent's own order: what the bus holds for a VM is exactly its outbox, in outbox order,
     # and each bus accepted every envelope once

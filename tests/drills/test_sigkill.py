@@ -190,7 +190,7 @@ def test_twenty_sigkills_lose_nothing_and_duplicate_only_exact_repeats(
     # ... every lifecycle step the simulator went through was published: 0 lost, nothing invented
     facts = {fact_of(e) for e in envelopes}
     assert facts == expected, f"lost {sorted(expected - facts)}, invented {sorted(facts - expected)} (seed {seed})"
-    # ... each fact always under the id design §3.1 gives it
+    # ... each fact always under the id docs/contracts.md#deterministic-ids gives it
     ids_by_fact: dict[tuple[str, str], set[str]] = {}
     for envelope in envelopes:
         ids_by_fact.setdefault(fact_of(envelope), set()).add(envelope["id"])

@@ -1,7 +1,7 @@
 """The Azure deployment, asserted once over both of its sources (Bicep and Terraform).
 
 GIVEN the facts an extractor reads from infra/azure/ (Bicep) or infra/terraform/azure/
-WHEN  they are compared with what design §2 and §3 and docs/azure.md, docs/transports.md demand
+WHEN  they are compared with what docs/architecture.md, docs/contracts.md, docs/azure.md and docs/transports.md demand
 THEN  both sources deploy the same entities, settings and least-privilege roles,
       in the queue mode (the default) and in the isolated (topic) mode.
 """

@@ -46,7 +46,7 @@ from tests.infra.sources import AGENT_INSTALL, BICEP_DIR, REPO_ROOT, load_bicep
 PARAMETERS_FILE = BICEP_DIR / "main.parameters.json"
 BICEP_FILES = sorted(BICEP_DIR.rglob("*.bicep"))
 PLACEHOLDERS = {"@@AGENT_ENV_B64@@", "@@AGENT_UNIT_B64@@", "@@INSTALL_SCRIPT_B64@@", "@@INSTALL_ENV_B64@@"}
-# What the agent's environment file sets (design §3.7, docs/agent.md, docs/transports.md).
+# What the agent's environment file sets (docs/contracts.md#transport-options, docs/agent.md, docs/transports.md).
 AGENT_ENVIRONMENT_KEYS = {
     "MBRIDGE_CLOUD",
     "MBRIDGE_TRANSPORT",
@@ -290,7 +290,8 @@ def test_agent_receiver_on_the_queue_carries_the_session_caveat(deployment: Depl
     lines = assignment.unit.path.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"resource {assignment.symbol} "))
     comment = " ".join(line.strip("/ ") for line in lines[max(0, start - 8) : start] if line.startswith("//"))
-    # THEN the comment right above it says what the role cannot restrict (design §3.3)
+    # THEN the comment right above it says what the role cannot restrict
+    # (docs/security.md#commands-on-azure-who-can-take-them)
     assert "cannot be scoped to a session" in comment
     assert "NotBefore" in comment
 

@@ -1,7 +1,8 @@
 """The Google Cloud deployment (infra/terraform/gcp/), read as data with python-hcl2.
 
 GIVEN the parsed Terraform of the root module and of modules/vm_commands_subscription
-WHEN  it is compared with design §2-§3, docs/gcp.md, docs/transports.md and the code it deploys
+WHEN  it is compared with docs/architecture.md, docs/contracts.md, docs/gcp.md, docs/transports.md
+      and the code it deploys
 THEN  it wires the topics, the push delivery with dead-lettering, the function, Firestore and the
       per-VM command subscriptions as the code expects, with least-privilege IAM only.
 

@@ -1,6 +1,6 @@
 """The agent's command processor and ledger, with in-memory fakes of IMDS and /readyz.
 
-Every path of design §3.3: what is accepted, what is rejected and why, replay, holding until
+Every path of docs/contracts.md#what-the-agent-checks: what is accepted, what is rejected and why, replay, holding until
 execute_at, expiry at execution time, transient IMDS failures, and restarts on the same ledger.
 """
 

@@ -1,4 +1,4 @@
-"""The command codec of design §3.3: round trips, canonical bytes, and strict refusal of anything else."""
+"""The command codec (docs/contracts.md#commands): round trips, canonical bytes, strict refusal of anything else."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CloudEvents envelope of design §3.1: deterministic ids, golden output, strict decoding."""
+"""The CloudEvents envelope of docs/contracts.md#envelope: deterministic ids, golden output, strict decoding."""
 
 from __future__ import annotations
 

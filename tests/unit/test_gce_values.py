@@ -1,4 +1,4 @@
-"""Parsing GCE metadata values and building their events (design §3.2)."""
+"""Parsing GCE metadata values and building their events (docs/contracts.md#gce-events)."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def test_live_migration_event_has_a_stable_id_and_60_seconds_notice() -> None:
         sequence="etag2",
     )
 
-    # THEN both carry the derived id of design §3.2
+    # THEN both carry the derived id of docs/contracts.md#deterministic-ids
     assert scheduled.event_id == completed.event_id
     assert scheduled.event_id == gce_event_id("1234567890123456789", "maintenance-event", "2026-03-01T12:00:00Z")
     assert scheduled.kind is EventKind.LIVE_MIGRATE

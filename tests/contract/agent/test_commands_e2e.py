@@ -190,7 +190,7 @@ def test_events_reach_pubsub_in_order_with_ordering_key_and_attributes(
         wait_until(pulled_three, 30, lambda: f"3 messages, got {len(received)}")
         agent.halt()
 
-    # THEN three messages in lifecycle order, keyed by the VM, with the attributes of design §3.1
+    # THEN three messages in lifecycle order, keyed by the VM, with the attributes of docs/contracts.md#on-the-bus
     messages = [m.message for m in received]
     assert [m.attributes["type"].rsplit(".", 1)[1] for m in messages] == ["scheduled", "started", "completed"]
     assert {m.ordering_key for m in messages} == {"WestNO_0"}

@@ -184,7 +184,7 @@ def test_reserve_admits_within_the_limit_and_refuses_beyond_it(stores: Stores) -
 def test_an_event_alone_in_its_pool_is_admitted_whatever_its_size(stores: Stores) -> None:
     # GIVEN an empty pool of budget 1
     # WHEN one event asks for three VMs
-    # THEN it goes: nothing else is drained (design §3.4)
+    # THEN it goes: nothing else is drained (docs/contracts.md#budget-and-trust)
     assert stores.state.reserve("web", "azure:a", ["web-0", "web-1", "web-2"], 1)
 
 

@@ -1,4 +1,4 @@
-"""The lifecycle diff of design §3.2, as a table of before/after documents and values."""
+"""The lifecycle diff of docs/contracts.md#event-lifecycle, as a table of before/after documents and values."""
 
 from __future__ import annotations
 

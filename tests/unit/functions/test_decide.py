@@ -1,4 +1,4 @@
-"""`decide(event, policy, now)`: the default policy of design §3.4, rule by rule.
+"""`decide(event, policy, now)`: the default policy of docs/contracts.md#default-policy, rule by rule.
 
 The decision table below names, for each situation, the rule that must win and the exact
 actions it must produce. A sweep over the whole cross product of kinds, statuses, sources,
@@ -633,7 +633,7 @@ def test_invariants_of_every_azure_decision(policy_index: int, policy: Policy) -
         # WHEN the function core decides
         decision = decide(event, policy, NOW)
 
-        # THEN the decision keeps the promises of design §3.4, whatever the combination
+        # THEN the decision keeps the promises of docs/contracts.md#default-policy, whatever the combination
         _check_invariants(event, policy, decision, label)
         checked += 1
     assert checked == len(SWEEP) * len(NOT_BEFORES)
@@ -761,7 +761,7 @@ def test_maintenance_window_follows_the_now_passed_in() -> None:
     assert outside.actions == ()
 
 
-# --- cases where the order or wording of design §3.4 needed a decision -----------------------------
+# --- cases where the order or wording of the rules needed a decision (docs/contracts.md#default-policy) ---
 
 
 @pytest.mark.parametrize("kind", [K.TERMINATE, K.PREEMPT])

@@ -1,4 +1,4 @@
-"""The policy document (design §3.4, §5): loading JSON/YAML, validation, pools and the window.
+"""The policy document (docs/policy.md#settings): loading JSON/YAML, validation, pools and the window.
 
 A wrong policy must stop the function app at start with a message that names the key, so
 every validation error below is checked for the key it names.

@@ -1,4 +1,4 @@
-"""`mbridge replay` over the agent's recorded output prints the actions design §3.4 promises."""
+"""`mbridge replay` over the agent's recorded output prints the actions of docs/contracts.md#replay-output."""
 
 from __future__ import annotations
 

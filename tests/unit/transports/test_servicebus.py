@@ -1,4 +1,4 @@
-"""The Service Bus transport at the SDK boundary (no broker can run here, design §6).
+"""The Service Bus transport at the SDK boundary (no broker can run here: docs/transports.md#trying-it-without-azure).
 
 The fakes stand in for the network edge only: the client, its senders and receivers. Messages are
 the SDK's own: the transport builds real `ServiceBusMessage`s, and what the fake receivers hand out
@@ -306,7 +306,7 @@ def test_publish_sends_the_envelope_as_a_service_bus_message() -> None:
     transport = agent(client)
     # WHEN an envelope is published
     transport.publish(event())
-    # THEN one real ServiceBusMessage went to the events topic, shaped as design §3.1 says
+    # THEN one real ServiceBusMessage went to the events topic, shaped as docs/contracts.md#on-the-bus says
     [sender] = client.senders
     assert sender.entity == "topic:maintenance-events"
     [message] = sender.sent
