@@ -1,4 +1,4 @@
-// The bus between the agents and the functions (design §2, docs/transports.md):
+// The bus between the agents and the functions (docs/architecture.md, docs/transports.md):
 // - topic `maintenance-events`: agents publish envelopes, duplicate detection on MessageId
 // - its subscription for the function app, and `operator-results` for `mbridge approve`
 // - queue `maintenance-commands`: one session per VM (SessionId = VM name); or, with
@@ -89,7 +89,8 @@ resource eventsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
   parent: namespace
   name: eventsTopicName
   properties: {
-    // The dedupe key end to end: MessageId = envelope id, the same on every republish.
+    // MessageId = SHA-256 of the body as sent (command results: their envelope id): an identical
+    // resend is dropped, the functions' claim absorbs any other (docs/contracts.md#on-the-bus).
     requiresDuplicateDetection: true
     duplicateDetectionHistoryTimeWindow: eventsDuplicateDetectionWindow
     defaultMessageTimeToLive: 'P14D'
@@ -145,7 +146,7 @@ resource commandsQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = if 
     requiresSession: true // SessionId = target VM: each agent locks its own session
     // The agent renews the session lock before each wait (docs/transports.md).
     lockDuration: 'PT1M'
-    // A command's default lifetime (design §3.3: expires_at = issued_at + 10 minutes).
+    // A command's default lifetime (docs/contracts.md#command-fields: expires_at = issued_at + 10 minutes).
     defaultMessageTimeToLive: 'PT10M'
     requiresDuplicateDetection: true // MessageId = command_id: a re-sent command is dropped
     duplicateDetectionHistoryTimeWindow: 'PT10M'
@@ -165,7 +166,7 @@ resource commandsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = if 
   properties: {
     requiresDuplicateDetection: true // MessageId = command_id: a re-sent command is dropped
     duplicateDetectionHistoryTimeWindow: 'PT10M'
-    // A command's default lifetime (design §3.3: expires_at = issued_at + 10 minutes).
+    // A command's default lifetime (docs/contracts.md#command-fields: expires_at = issued_at + 10 minutes).
     defaultMessageTimeToLive: 'PT10M'
     supportOrdering: true // one VM's commands in the order they were sent
     enablePartitioning: false
@@ -183,7 +184,7 @@ resource agentSendsEvents 'Microsoft.Authorization/roleAssignments@2022-04-01' =
   }
 }
 
-// Session caveat (design §3.3): Service Bus roles cannot be scoped to a session, so this lets
+// Session caveat (docs/security.md#commands-on-azure-who-can-take-them): Service Bus roles cannot be scoped to a session, so this lets
 // every VM open any session of the queue. A compromised VM could read, take or hold another VM's
 // commands, but it can never make an agent approve an event that is not its own (each agent
 // re-checks the target and the event's Resources against its own IMDS); a lost approval means

@@ -74,7 +74,7 @@ resource commandsSubscription 'Microsoft.ServiceBus/namespaces/topics/subscripti
   properties: {
     requiresSession: false // one reader: this VM's agent; its ledger keeps execute_at and ids
     lockDuration: lockDuration
-    // A command's default lifetime (design §3.3: expires_at = issued_at + 10 minutes).
+    // A command's default lifetime (docs/contracts.md#command-fields: expires_at = issued_at + 10 minutes).
     defaultMessageTimeToLive: 'PT10M'
     maxDeliveryCount: 10
     // An expired command is useless (the agent would reject it anyway): let it go.

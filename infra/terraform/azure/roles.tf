@@ -169,7 +169,7 @@ resource "azurerm_role_assignment" "agent_sends_events" {
   principal_type       = "ServicePrincipal"
 }
 
-# Receive commands. Security caveat (design §3.3): Service Bus roles cannot be scoped to a
+# Receive commands. Security caveat (docs/security.md#commands-on-azure-who-can-take-them): Service Bus roles cannot be scoped to a
 # session, so this lets a VM open ANY VM's session, and a compromised VM could read, take or hold
 # another VM's commands. It can never make an agent approve an event that is not its own: every
 # agent checks the target and the event's Resources against its own metadata service, and signed

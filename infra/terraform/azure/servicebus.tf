@@ -28,8 +28,9 @@ resource "azurerm_servicebus_namespace" "this" {
   tags = var.tags
 }
 
-# Every event envelope (and every command result). MessageId = envelope id, so duplicate detection
-# turns an envelope republished after a crash or an outage into a no-op (design §3.1).
+# Every event envelope (and every command result). MessageId = SHA-256 of the body as sent (command
+# results: their envelope id), so duplicate detection drops an identical resend; the functions'
+# claim makes any other republish a no-op (docs/contracts.md#on-the-bus).
 resource "azurerm_servicebus_topic" "events" {
   name                                    = "maintenance-events"
   namespace_id                            = azurerm_servicebus_namespace.this.id
@@ -98,7 +99,7 @@ resource "azurerm_servicebus_queue" "commands" {
   requires_session = true
   # The agent renews its session lock before each wait; a minute leaves room for that.
   lock_duration = "PT1M"
-  # A command's default lifetime (expires_at = issued_at + 10 minutes, design §3.3).
+  # A command's default lifetime (expires_at = issued_at + 10 minutes, docs/contracts.md#command-fields).
   default_message_ttl = "PT10M"
   # MessageId = command_id: a command sent twice is delivered once.
   requires_duplicate_detection            = true
@@ -119,7 +120,7 @@ resource "azurerm_servicebus_topic" "commands" {
   # MessageId = command_id: a command sent twice is delivered once.
   requires_duplicate_detection            = true
   duplicate_detection_history_time_window = "PT10M"
-  # A command's default lifetime (expires_at = issued_at + 10 minutes, design §3.3).
+  # A command's default lifetime (expires_at = issued_at + 10 minutes, docs/contracts.md#command-fields).
   default_message_ttl = "PT10M"
   # One VM's commands in the order they were sent.
   support_ordering = true

@@ -19,7 +19,7 @@ resource "azurerm_servicebus_subscription" "commands" {
   requires_session = false
   # The agent completes a command once it recorded what it did, renewing the lock if it runs short.
   lock_duration = var.lock_duration
-  # A command's default lifetime (expires_at = issued_at + 10 minutes, design §3.3).
+  # A command's default lifetime (expires_at = issued_at + 10 minutes, docs/contracts.md#command-fields).
   default_message_ttl = "PT10M"
   max_delivery_count  = var.max_delivery_count
   # An expired command is useless (the agent would reject it): dropped, not dead-lettered.
