@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint infra unit venv compat39 bench bench-quick clean
+.PHONY: demo test check lint infra unit venv compat39 bench bench-quick clean
 
 venv: $(VENV)/.installed
 
@@ -21,6 +21,12 @@ demo: venv
 # Everything CI checks: lint, types, infra validation, and the whole test suite.
 test: venv lint infra
 	$(BIN)/python -m pytest
+
+# The fast loop while working: lint and types, then the unit tests and the contract tests that need
+# no emulator, on four workers, leaving out what is marked slow (each such test waits out real
+# timings for seconds). `make test` runs everything, as CI does.
+check: lint
+	$(BIN)/python -m pytest -q -n 4 tests/unit tests/contract -m "not peer and not slow and not drill"
 
 lint: venv
 	$(BIN)/ruff check .

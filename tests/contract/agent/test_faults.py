@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from agent.simulator import Simulator
@@ -25,6 +26,7 @@ def control(sim: Simulator, path: str, body: dict[str, Any]) -> Any:
     return response.json()
 
 
+@pytest.mark.slow
 def test_429_storm_and_503_burst_do_not_stop_the_agent_nor_push_it_over_5_per_second(
     tmp_path: Path, agent_thread: Callable[..., AgentThread]
 ) -> None:
@@ -48,6 +50,7 @@ def test_429_storm_and_503_burst_do_not_stop_the_agent_nor_push_it_over_5_per_se
     assert agent.thread.is_alive()
 
 
+@pytest.mark.slow
 def test_garbage_slow_and_dropped_answers_lose_nothing(
     tmp_path: Path, agent_thread: Callable[..., AgentThread]
 ) -> None:

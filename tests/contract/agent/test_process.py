@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from agent.simulator import Simulator, load_scenario
@@ -30,6 +31,7 @@ def free_port() -> int:
         return port
 
 
+@pytest.mark.slow
 def test_documented_live_migration_prints_exactly_three_cloudevents(tmp_path: Path) -> None:
     # GIVEN the documented live-migration example served by the simulator
     with Simulator(scenario=load_scenario("azure-live-migration")) as sim:
@@ -62,6 +64,7 @@ def test_documented_live_migration_prints_exactly_three_cloudevents(tmp_path: Pa
     assert all(json.loads(line)["logger"] for line in stderr.decode().splitlines())
 
 
+@pytest.mark.slow
 def test_sigkill_mid_publish_loses_nothing_and_keeps_ids_stable(tmp_path: Path) -> None:
     # GIVEN 120 events appearing at once, and an agent that publishes to a pipe read slowly, so its
     # writes block and a kill lands while envelopes are still waiting in its outbox

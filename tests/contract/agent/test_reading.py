@@ -124,6 +124,7 @@ def test_a_gce_maintenance_value_google_added_is_reported_as_a_maintenance_of_ki
     assert data["raw"] == {"key": "maintenance-event", "value": "SUSPEND_ON_HOST_MAINTENANCE"}
 
 
+@pytest.mark.slow
 def test_an_event_that_ran_while_the_agent_was_stopped_is_reported_completed(
     tmp_path: Path, agent_thread: Callable[..., AgentThread]
 ) -> None:

@@ -30,6 +30,7 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.slow
 def test_scenario_yields_exactly_the_documented_envelopes(
     name: str, tmp_path: Path, agent_thread: Callable[[AgentSettings], AgentThread]
 ) -> None:
@@ -57,6 +58,7 @@ def test_scenario_yields_exactly_the_documented_envelopes(
         assert envelope["source"] == f"/{data['cloud']}/{vm}"
 
 
+@pytest.mark.slow
 def test_gce_upcoming_maintenance_and_the_migration_it_announces(
     tmp_path: Path, agent_thread: Callable[[AgentSettings], AgentThread]
 ) -> None:

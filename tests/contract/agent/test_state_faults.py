@@ -130,6 +130,7 @@ def test_check_tries_the_state_directory(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit (Linux)")
+@pytest.mark.slow
 def test_writes_the_system_refuses_are_retried_until_they_succeed_losing_nothing(
     tmp_path: Path, agent_process: Callable[[list[str]], AgentProcess]
 ) -> None:
