@@ -33,6 +33,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/mypy --python-version 3.11 functions tests scripts bench function_app.py main.py
+	$(BIN)/lint-imports
 
 # infra/ offline: terraform fmt -check, and checkov over the Terraform and the Bicep, failing on
 # failed checks, skips without a reason and parsing errors (scripts/check_infra.py). checkov gets a
