@@ -8,25 +8,21 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TextIO, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, TextIO, TypeVar
 
 from agent import logs
 from agent.config import AgentSettings, ConfigError, add_agent_arguments, env, settings_from_args
-from agent.diff import GCE_KEYS, GceIdentity
 from agent.health import HealthServer, Metrics, Readiness
-from agent.loop import Agent, Watcher
-from agent.proofs import AzureAttestedProver, GceIdentityProver, NoProof, ProofUnavailableError, Prover
-from agent.sources.azure_imds import AzureImdsClient, AzurePoller
-from agent.sources.gce_metadata import GceKeyWatcher, GceMetadataClient
+from agent.loop import Agent
+from agent.proofs import NoProof, ProofUnavailableError, Prover
+from agent.sources.clouds import Source, open_source
 from agent.sources.http import MetadataUnavailableError
 from agent.state import SCHEMA as AGENT_SCHEMA
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError, state_dir_problems
 from agent.timing import Clock, SystemClock
-from agent.trackers import AzureTracker, GceTracker, Tracker
 from agent.transports.base import AgentTransport, TransportConfigError, TransportUnavailableError
 from functions.core.errors import BridgeError
-from functions.core.model import Cloud
 
 if TYPE_CHECKING:  # imported lazily at run time: only agents with a command channel need it
     from agent.commands import CommandProcessor
@@ -36,7 +32,6 @@ READINESS_STATE = "readiness"
 AGENT_DB = "agent.db"  # outbox and source state
 LEDGER_DB = "commands.db"  # the command ledger
 
-MetadataClient = Union[AzureImdsClient, GceMetadataClient]
 T = TypeVar("T")
 
 
@@ -73,17 +68,11 @@ def run(args: argparse.Namespace) -> int:
         return 2 if isinstance(exc, ConfigError) else 1
 
 
-def metadata_client(settings: AgentSettings) -> MetadataClient:
-    if settings.cloud is Cloud.AZURE:
-        return AzureImdsClient.for_base_url(settings.metadata_url, settings.api_version)
-    return GceMetadataClient.for_base_url(settings.metadata_url)
-
-
-def resolve_vm_name(settings: AgentSettings, client: MetadataClient, stop: threading.Event) -> str:
+def resolve_vm_name(settings: AgentSettings, source: Source, stop: threading.Event) -> str:
     """--vm-name, else the name the metadata service reports (retried: IMDS may be slow at boot)."""
     if settings.vm_name:
         return settings.vm_name
-    return _retry(client.own_name, stop, "this VM's name")
+    return _retry(source.own_name, stop, "this VM's name")
 
 
 def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
@@ -112,13 +101,13 @@ def run_agent(
     clock = clock or SystemClock()
     # The state first: an unusable state directory is a configuration error, best found at once.
     state = _retry(lambda: AgentState(settings.state_dir / AGENT_DB), stop, "the agent state", StateUnavailableError)
-    client = metadata_client(settings)
-    vm_name = resolve_vm_name(settings, client, stop)
+    source = open_source(settings)
+    vm_name = resolve_vm_name(settings, source, stop)
     transport = transport or build_transport(settings, vm_name)
     metrics = _metrics()
     readiness = _readiness(state, follows_commands=transport.commands is not None)
-    tracker, watchers_for = _tracker(settings, client, vm_name, state, stop)
-    commands = _command_processor(settings, client, vm_name, readiness, clock, stop) if transport.commands else None
+    tracker = source.tracker(vm_name, state, stop, _retry)
+    commands = _command_processor(settings, source, vm_name, readiness, clock, stop) if transport.commands else None
     if commands is not None:
         tracker.follow_approvals(commands.approved_event_ids)
     agent = Agent(
@@ -132,10 +121,10 @@ def run_agent(
         clock=clock,
         commands=commands,
         flush_seconds=settings.flush_seconds,
-        prover=build_prover(settings, client, clock),
+        prover=build_prover(settings, source, clock),
         forward_all=settings.forward == "all",
     )
-    agent.attach_watchers(watchers_for(agent, clock))
+    agent.attach_watchers(source.watchers(agent, clock))
     metrics.gauge("mbridge_outbox_depth", lambda: float(state.depth()))
     metrics.gauge(
         "mbridge_seconds_since_last_good_poll",
@@ -149,45 +138,16 @@ def run_agent(
             health.stop()
         transport.close()
         state.close()
-        client.close()
+        source.close()
     LOGGER.info("agent %s stopped", vm_name)
     return 0
 
 
-def build_prover(settings: AgentSettings, client: MetadataClient, clock: Clock) -> Prover:
-    """How this agent proves its identity on each message (it shares the metadata client: on Azure,
-    its rate limit counts every request of this agent)."""
+def build_prover(settings: AgentSettings, source: Source, clock: Clock) -> Prover:
+    """How this agent proves its identity on each message."""
     if settings.identity_proof == "none":
         return NoProof()
-    if isinstance(client, AzureImdsClient):
-        return AzureAttestedProver(client, clock.monotonic)
-    return GceIdentityProver(client, settings.identity_audience)
-
-
-def _tracker(
-    settings: AgentSettings, client: MetadataClient, vm_name: str, state: AgentState, stop: threading.Event
-) -> tuple[Tracker, Callable[[Agent, Clock], list[Watcher]]]:
-    if isinstance(client, AzureImdsClient):
-        azure_client = client
-
-        def azure_watchers(agent: Agent, clock: Clock) -> list[Watcher]:
-            poller = AzurePoller(
-                azure_client, agent.observe, clock=clock, interval=settings.poll_interval, on_poll=agent.poll_result
-            )
-            return [poller.run]
-
-        saved = state.load(AzureTracker.state_name)
-        return AzureTracker(vm_name, saved, settings.harmless_freeze_seconds), azure_watchers
-    gce_client = client
-    identity = GceIdentity(instance_id=_retry(gce_client.instance_id, stop, "the instance id"), reporter=vm_name)
-
-    def gce_watchers(agent: Agent, clock: Clock) -> list[Watcher]:
-        return [
-            GceKeyWatcher(gce_client, key, agent.observe, clock=clock, on_poll=agent.poll_result).run
-            for key in GCE_KEYS
-        ]
-
-    return GceTracker(identity, state.load(GceTracker.state_name)), gce_watchers
+    return source.prover(clock)
 
 
 def _retry(
@@ -261,7 +221,7 @@ def _readiness(state: AgentState, *, follows_commands: bool) -> Readiness:
 
 def _command_processor(
     settings: AgentSettings,
-    client: MetadataClient,
+    source: Source,
     vm_name: str,
     readiness: Readiness,
     clock: Clock,
@@ -281,7 +241,7 @@ def _command_processor(
             lambda: CommandLedger(settings.state_dir / LEDGER_DB), stop, "the command ledger", StateUnavailableError
         ),
         readiness=readiness,
-        approver=client if isinstance(client, AzureImdsClient) else None,
+        approver=source.approver(),
         verify_key=verify_key,
         dry_run=settings.dry_run,
         clock=clock,
@@ -315,14 +275,9 @@ def check(settings: AgentSettings, out: TextIO) -> int:
         problems += 0 if ok else 1
         print(f"{'ok     ' if ok else 'PROBLEM'} {text}", file=out)
 
-    client = metadata_client(settings)
+    source = open_source(settings)
     try:
-        if isinstance(client, AzureImdsClient):
-            document = client.fetch_document(first_call=True)
-            report(True, f"Azure Scheduled Events at {client.base_url}: incarnation {document.incarnation}")
-        else:
-            reading = client.read("maintenance-event")
-            report(True, f"GCE maintenance-event at {client.base_url}: {reading.value}")
+        report(True, source.describe_read())
     except MetadataUnavailableError as exc:
         report(
             False,
@@ -330,7 +285,7 @@ def check(settings: AgentSettings, out: TextIO) -> int:
             "and is the link-local address reachable (no proxy, no firewall rule)?",
         )
     try:
-        name = client.own_name()
+        name = source.own_name()
         note = f" (overridden by --vm-name {settings.vm_name})" if settings.vm_name and settings.vm_name != name else ""
         report(True, f"this VM's name: {name}{note}")
     except MetadataUnavailableError as exc:
@@ -338,7 +293,7 @@ def check(settings: AgentSettings, out: TextIO) -> int:
             report(True, f"this VM's name: {settings.vm_name} (from --vm-name; metadata did not say: {exc})")
         else:
             report(False, f"this VM's name: {exc}; pass --vm-name NAME to set it")
-    _check_proof(settings, client, report)
+    _check_proof(settings, source, report)
     vm_name = settings.vm_name or "unknown-vm"
     try:
         transport = build_transport(settings, vm_name)
@@ -349,19 +304,19 @@ def check(settings: AgentSettings, out: TextIO) -> int:
     except (TransportConfigError, TransportUnavailableError, ConfigError) as exc:
         report(False, f"transport {settings.transport}: {exc}")
     _check_state_dir(settings.state_dir, report)
-    client.close()
+    source.close()
     print("healthy" if problems == 0 else f"{problems} problem(s)", file=out)
     return 0 if problems == 0 else 1
 
 
-def _check_proof(settings: AgentSettings, client: MetadataClient, report: Callable[[bool, str], None]) -> None:
+def _check_proof(settings: AgentSettings, source: Source, report: Callable[[bool, str], None]) -> None:
     """Ask the metadata service for a proof of identity as the publisher will."""
     if settings.identity_proof == "none":
         report(True, "proof of identity: off (--identity-proof none); functions must use trust: reporter-name")
         return
     probe = b'{"specversion":"1.0","id":"check"}'
     try:
-        proven = build_prover(settings, client, SystemClock()).prove(probe)
+        proven = build_prover(settings, source, SystemClock()).prove(probe)
     except ProofUnavailableError as exc:
         report(
             False,
@@ -369,7 +324,7 @@ def _check_proof(settings: AgentSettings, client: MetadataClient, report: Callab
             "will not act on them",
         )
         return
-    what = "attested document" if isinstance(client, AzureImdsClient) else "identity token"
+    what = source.proof_name
     report(True, f"proof of identity: the metadata service gives an {what} ({len(proven) - len(probe)} bytes)")
 
 
