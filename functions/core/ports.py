@@ -136,6 +136,49 @@ class Maintenance(Protocol):
     def perform(self, vm: str) -> None: ...
 
 
+class _Term(str, Enum):
+    """A word of the audit log: compares equal to its text, and prints as it."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class AuditKind(_Term):
+    """What an audit record is about."""
+
+    EVENT = "event"  # a report, as it came
+    DECISION = "decision"  # the rule that matched
+    ACTION = "action"  # one action taken (or not: wait, none)
+    COMMAND_RESULT = "command-result"  # an agent's answer to a command
+    DUPLICATE = "duplicate"  # a report processed before
+    MALFORMED = "malformed"  # not an envelope we can act on
+    UNVERIFIED = "unverified"  # no valid proof of who sent it
+    NOT_SELF = "not-self"  # a VM reporting an event of other VMs
+
+
+class ActionName(_Term):
+    """What was done for one VM (an audit record of kind `action`)."""
+
+    DRAIN = "drain"
+    APPROVE = "approve"
+    RESTORE = "restore"
+    RESTORE_FAILED = "restore_failed"
+    WAIT = "wait"  # for a budget slot
+    NONE = "none"
+    PERFORM_MAINTENANCE = "perform_maintenance"
+
+
+class Result(_Term):
+    """What one invocation of `process` came to."""
+
+    PROCESSED = "processed"
+    DUPLICATE = "duplicate"
+    MALFORMED = "malformed"
+    UNVERIFIED = "unverified"
+    NOT_SELF = "not-self"
+    COMMAND_RESULT = "command-result"
+
+
 @dataclass(frozen=True)
 class AuditRecord:
     """One line of the append-only audit log: an event, a decision, an action or a result.
@@ -159,7 +202,8 @@ class AuditRecord:
 
     def __post_init__(self) -> None:
         for name in _AUDIT_TEXTS:
-            object.__setattr__(self, name, bounded(getattr(self, name)))
+            # str(): a kind or an action is stored as its plain text
+            object.__setattr__(self, name, bounded(str(getattr(self, name))))
 
 
 _AUDIT_TEXTS = ("kind", "envelope_id", "event_id", "vm", "action", "status", "rule", "reason")

@@ -82,6 +82,8 @@ from functions.core.identity import Identity, IdentityVerifier, ReporterName, Un
 from functions.core.model import CommandResult, EventStatus, MaintenanceEvent
 from functions.core.policy import TRUST_REPORTER_NAME, Policy, Pool
 from functions.core.ports import (
+    ActionName,
+    AuditKind,
     AuditLog,
     AuditRecord,
     Claim,
@@ -89,6 +91,7 @@ from functions.core.ports import (
     JsonObject,
     LoadBalancer,
     Maintenance,
+    Result,
     StateStore,
 )
 from functions.core.timefmt import format_rfc3339
@@ -149,7 +152,7 @@ class Deps:
 class Taken:
     """One action as it was taken (or, for `wait` and `none`, not taken), for logs and replay."""
 
-    action: str  # drain | approve | restore | restore_failed | wait | none | perform_maintenance
+    action: ActionName
     vm: str
     at: datetime | None  # approve: execute_at
     reason: str
@@ -161,7 +164,7 @@ class Outcome:
     """What one invocation did, in order."""
 
     envelope_id: str
-    result: str  # processed | duplicate | malformed | unverified | not-self | command-result
+    result: Result
     decision: Decision | None = None
     actions: list[Taken] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic, repr=False)  # on `Deps.monotonic`
@@ -217,7 +220,7 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     try:
         envelope = _decode_actionable(body)
     except MalformedEnvelopeError as exc:
-        return Outcome(_audit_malformed(body, exc, deps, now), "malformed")
+        return Outcome(_audit_malformed(body, exc, deps, now), Result.MALFORMED)
     identity = _identify(envelope, deps, accepted_at or now, now)
     if isinstance(envelope.data, CommandResult):
         return _audit_result(envelope, envelope.data, identity, deps, now)
@@ -225,7 +228,7 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     refusal = _refusal(reported, identity)
     if refusal is not None:
         result, reason = refusal
-        deps.audit.append(_record(now, result, envelope, reported, action="none", reason=reason))
+        deps.audit.append(_record(now, result, envelope, reported, action=ActionName.NONE, reason=reason))
         LOGGER.warning("%s report %s not acted on: %s", result, envelope.id[:16], bounded(reason))
         return Outcome(envelope.id, result)
     assert isinstance(identity, Identity)
@@ -235,17 +238,19 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     if claim is Claim.BUSY and deps.claim_wait is not None:
         claim, now = _wait_for_claim(key, deps.store, deps.claim_wait)
     if claim is Claim.DONE:
-        deps.audit.append(_record(now, "duplicate", envelope, event, action="none", reason="already processed"))
-        return Outcome(envelope.id, "duplicate")
+        deps.audit.append(
+            _record(now, AuditKind.DUPLICATE, envelope, event, action=ActionName.NONE, reason="already processed")
+        )
+        return Outcome(envelope.id, Result.DUPLICATE)
     if claim is Claim.BUSY:
         raise ClaimBusyError(
             f"the report of envelope {envelope.id} by {identity.vm} is being processed by another invocation; "
             "retry later"
         )
-    outcome = Outcome(envelope.id, "processed", began=deps.monotonic())
+    outcome = Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic())
     try:
         # What was reported (its VMs, as far as the audit names them) and who vouches for it.
-        record = _record(now, "event", envelope, event, reason=event.description)
+        record = _record(now, AuditKind.EVENT, envelope, event, reason=event.description)
         deps.audit.append(replace(record, detail={**_detail(reported), "sender": _vouched(identity)}))
         _act(envelope, event, deps, now, outcome)
     except Exception:
@@ -273,14 +278,20 @@ def _identify(envelope: Envelope, deps: Deps, accepted_at: datetime, now: dateti
         return str(error)
 
 
-def _refusal(event: MaintenanceEvent, identity: Identity | str) -> tuple[str, str] | None:
+def _refusal(event: MaintenanceEvent, identity: Identity | str) -> tuple[Result, str] | None:
     """Why a report may not move anything (`unverified` or `not-self`), or None when it may."""
     if isinstance(identity, str):
-        return "unverified", f"unverified: {identity}"
+        return Result.UNVERIFIED, f"unverified: {identity}"
     if identity.vm != event.reporter:
-        return "unverified", f"unverified: the proof is {identity.vm}'s, the report says it comes from {event.reporter}"
+        return (
+            Result.UNVERIFIED,
+            f"unverified: the proof is {identity.vm}'s, the report says it comes from {event.reporter}",
+        )
     if event.resources and identity.vm not in event.resources:
-        return "not-self", f"not-self: {identity.vm} reports an event of other VMs; only their own reports move them"
+        return (
+            Result.NOT_SELF,
+            f"not-self: {identity.vm} reports an event of other VMs; only their own reports move them",
+        )
     return None
 
 
@@ -327,7 +338,7 @@ def _check_actionable(event: MaintenanceEvent) -> None:
 def _audit_malformed(body: bytes, error: MalformedEnvelopeError, deps: Deps, now: datetime) -> str:
     """Record a message that is not acted on, under the digest of its body (it has no usable id)."""
     digest = hashlib.sha256(body).hexdigest()
-    deps.audit.append(AuditRecord(now, "malformed", digest, "", "", action="none", reason=str(error)))
+    deps.audit.append(AuditRecord(now, AuditKind.MALFORMED, digest, "", "", action=ActionName.NONE, reason=str(error)))
     LOGGER.warning("malformed envelope %s acknowledged: %s", digest[:16], bounded(str(error)))
     return digest
 
@@ -354,7 +365,7 @@ def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime,
             return
     decision = decide(event, deps.policy, now)
     outcome.decision = decision
-    deps.audit.append(_record(now, "decision", envelope, event, rule=decision.rule, reason=decision.reason))
+    deps.audit.append(_record(now, AuditKind.DECISION, envelope, event, rule=decision.rule, reason=decision.reason))
     if not decision.actions:
         if event.status in ENDING:
             # A completed Terminate or Preempt: its VMs are gone and nothing is put back, but the
@@ -362,7 +373,7 @@ def _act(envelope: Envelope, event: MaintenanceEvent, deps: Deps, now: datetime,
             # for ever.
             _restore(envelope, event, deps, now, outcome, decision, nothing=decision.reason, put_back=False)
             return
-        _note(deps, outcome, now, envelope, event, "none", event.reporter, decision)
+        _note(deps, outcome, now, envelope, event, ActionName.NONE, event.reporter, decision)
         return
     drained_at: datetime | None = None
     for action in decision.actions:
@@ -461,7 +472,7 @@ def _late(
         leftover = f"late: event already {status} at {at}; put back what an earlier attempt drained"
         restoring = Decision(LATE_RULE, leftover)
     outcome.decision = decision
-    deps.audit.append(_record(now, "decision", envelope, event, rule=LATE_RULE, reason=decision.reason))
+    deps.audit.append(_record(now, AuditKind.DECISION, envelope, event, rule=LATE_RULE, reason=decision.reason))
     # As the end decided: a completed Terminate or Preempt restores nothing (the VM is gone).
     end = decide(replace(event, status=ended.status), deps.policy, now)
     put_back = any(isinstance(action, Restore) for action in end.actions)
@@ -487,17 +498,17 @@ def _drain(
             "the most its store can record" if refused.max_drained is None else f"its budget of {refused.max_drained}"
         )
         reason = f"pool {refused.name!r} is at {limit}; waiting for a slot"
-        _note(deps, outcome, now, envelope, event, "wait", ",".join(action.vms), decision, reason)
+        _note(deps, outcome, now, envelope, event, ActionName.WAIT, ",".join(action.vms), decision, reason)
         return False
     if all(records.get(vm, {}).get("state") == REMOVED for vm in action.vms):
-        _note(deps, outcome, now, envelope, event, "none", ",".join(action.vms), decision, "already drained")
+        _note(deps, outcome, now, envelope, event, ActionName.NONE, ",".join(action.vms), decision, "already drained")
         return True
     for vm in action.vms:
         record = records.get(vm)
         if record is not None and record.get("state") == REMOVED:
             continue  # drained by an earlier step or attempt of this event
         if deps.policy.dry_run:
-            _note(deps, outcome, now, envelope, event, "drain", vm, decision, "dry run: not drained")
+            _note(deps, outcome, now, envelope, event, ActionName.DRAIN, vm, decision, "dry run: not drained")
             continue
         if record is None:
             # Where the VM takes traffic is on record before anything changes: whatever dies
@@ -509,7 +520,7 @@ def _drain(
             deps.balancer.remove(vm, memento)
         deps.store.record_drain(key, vm, {"memento": memento, "state": REMOVED})
         reason = decision.reason if memento else f"{decision.reason} ({vm} was in no managed pool)"
-        _note(deps, outcome, now, envelope, event, "drain", vm, decision, reason)
+        _note(deps, outcome, now, envelope, event, ActionName.DRAIN, vm, decision, reason)
     return True
 
 
@@ -575,10 +586,10 @@ def _approve(
     # A retry re-sends the very bytes of the first attempt (see StateStore.remember).
     command = decode_command(deps.store.remember(f"command:{command_id}", encode_command(built))).command
     if deps.policy.dry_run:
-        _note(deps, outcome, now, envelope, event, "approve", action.target, decision, "dry run: not sent")
+        _note(deps, outcome, now, envelope, event, ActionName.APPROVE, action.target, decision, "dry run: not sent")
         return
     deps.sender.send(command)
-    _note(deps, outcome, now, envelope, event, "approve", action.target, decision, at=command.execute_at)
+    _note(deps, outcome, now, envelope, event, ActionName.APPROVE, action.target, decision, at=command.execute_at)
 
 
 def _restore(
@@ -602,17 +613,19 @@ def _restore(
     for name in pools:
         deps.store.unpark(name, subject_key(event))  # ended while waiting for the budget: nothing to do
     if not drained:
-        _note(deps, outcome, now, envelope, event, "none", event.reporter, decision, nothing)
+        _note(deps, outcome, now, envelope, event, ActionName.NONE, event.reporter, decision, nothing)
     failures: list[BridgeError] = []
     for vm, record in sorted(drained.items()):
         if deps.policy.dry_run:
             # Keep the record: once dry run is off again, the real completion restores it.
-            _note(deps, outcome, now, envelope, event, "restore", vm, decision, "dry run: not restored")
+            _note(deps, outcome, now, envelope, event, ActionName.RESTORE, vm, decision, "dry run: not restored")
             continue
         memento: JsonObject = record.get("memento", {})
         if not put_back:
             deps.store.forget_drain(key, vm)
-            _note(deps, outcome, now, envelope, event, "none", vm, decision, "the VM is gone: nothing put back")
+            _note(
+                deps, outcome, now, envelope, event, ActionName.NONE, vm, decision, "the VM is gone: nothing put back"
+            )
             continue
         try:
             if memento:
@@ -621,10 +634,10 @@ def _restore(
             # Keep its record for the retry; put the others back and free the budget first.
             failures.append(error)
             reason = f"could not put {vm} back ({error}); its drain is kept and retried: {memento}"
-            _note(deps, outcome, now, envelope, event, "restore_failed", vm, decision, reason)
+            _note(deps, outcome, now, envelope, event, ActionName.RESTORE_FAILED, vm, decision, reason)
             continue
         deps.store.forget_drain(key, vm)
-        _note(deps, outcome, now, envelope, event, "restore", vm, decision)
+        _note(deps, outcome, now, envelope, event, ActionName.RESTORE, vm, decision)
     # The event is over for this VM: its slots go back even when it could not be put back, or every
     # later event of the pool would wait on a repair (and go undrained when its deadline came) —
     # unless another VM of the event is still drained in that pool and its part has not ended: the
@@ -679,7 +692,7 @@ def _admit_waiting(pool: str, deps: Deps, now: datetime, outcome: Outcome) -> No
         event = own_part(envelope.data, parked.event_key.rsplit("|", 1)[-1])
         before = len(outcome.actions)
         _act(envelope, event, deps, now, outcome)
-        if outcome.actions[before:] and outcome.actions[before].action == "wait":
+        if outcome.actions[before:] and outcome.actions[before].action is ActionName.WAIT:
             return  # still no room; it stays parked (the same entry was re-parked)
         deps.store.unpark(pool, parked.event_key)
 
@@ -700,10 +713,10 @@ def _perform(
 ) -> None:
     if deps.maintenance is None or deps.policy.dry_run:
         reason = "dry run: not started" if deps.policy.dry_run else "no maintenance adapter configured"
-        _note(deps, outcome, now, envelope, event, "perform_maintenance", action.vm, decision, reason)
+        _note(deps, outcome, now, envelope, event, ActionName.PERFORM_MAINTENANCE, action.vm, decision, reason)
         return
     deps.maintenance.perform(action.vm)
-    _note(deps, outcome, now, envelope, event, "perform_maintenance", action.vm, decision)
+    _note(deps, outcome, now, envelope, event, ActionName.PERFORM_MAINTENANCE, action.vm, decision)
 
 
 def _note(
@@ -712,7 +725,7 @@ def _note(
     now: datetime,
     envelope: Envelope,
     event: MaintenanceEvent,
-    action: str,
+    action: ActionName,
     vm: str,
     decision: Decision,
     reason: str = "",
@@ -723,7 +736,7 @@ def _note(
     # Stamped when the action was taken, not when the step arrived: after a slow load balancer the
     # audit log must show when each VM really left its pool (the drain period counts from then).
     taken_at = _moment(deps, now, outcome)
-    record = _record(taken_at, "action", envelope, event, action=action, rule=decision.rule, reason=reason)
+    record = _record(taken_at, AuditKind.ACTION, envelope, event, action=action, rule=decision.rule, reason=reason)
     deps.audit.append(replace(record, vm=vm, at=at))
 
 
@@ -762,7 +775,7 @@ def _audit_result(
         refusal = f"the proof is {identity.vm}'s, the result claims to come from {result.target}"
     else:
         refusal = None
-    kind = "command-result" if refusal is None else "unverified"
+    kind = Result.COMMAND_RESULT if refusal is None else Result.UNVERIFIED
     deps.audit.append(
         AuditRecord(
             time=now,

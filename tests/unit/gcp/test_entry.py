@@ -29,7 +29,7 @@ from functions.core.errors import PermanentError, RetryableError
 from functions.core.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT, Identity, ReporterName
 from functions.core.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
-from functions.core.ports import JsonObject
+from functions.core.ports import ActionName, JsonObject, Result
 from functions.core.process import Deps, Outcome, Taken
 from functions.core.signing import generate_keypair, load_public_key, verify
 from functions.gcp_app import entry as entry_module
@@ -217,8 +217,8 @@ def test_the_outcome_of_a_thousand_vm_event_is_logged_in_a_line_of_a_few_kib(
     logs.configure("INFO")
     vms = tuple(f"vmss-web_{n}" for n in range(1000))
     event = azure_event(kind=EventKind.REBOOT, event_id="E-MANY", reporter=vms[0], resources=vms, duration_seconds=-1)
-    outcome = Outcome("e" * 64, "processed")
-    outcome.actions.extend(Taken("drain", vm, None, "platform reboot", event) for vm in (*vms, "one-more"))
+    outcome = Outcome("e" * 64, Result.PROCESSED)
+    outcome.actions.extend(Taken(ActionName.DRAIN, vm, None, "platform reboot", event) for vm in (*vms, "one-more"))
 
     # WHEN it is logged
     entry_module._log_outcome(outcome, {})
