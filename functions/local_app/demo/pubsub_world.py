@@ -275,13 +275,16 @@ class PubSubWorld:
         sdk_root = gcloud_sdk_root()
         for emulator in (PUBSUB, FIRESTORE):
             emulator_launcher(emulator, sdk_root)  # both are there before either starts
-        self.pubsub = self._started(launch_emulator(PUBSUB, self.logs, sdk_root))
-        self.firestore = self._started(launch_emulator(FIRESTORE, self.logs, sdk_root))
-        # The simulators first: their trust file (what verifies their VMs' proofs) goes to the function.
+        # The simulators first: their trust file (what verifies their VMs' proofs) goes to the
+        # function. And they bind their ports at once: started after the emulators, whose JVMs bind
+        # theirs seconds after their free port was chosen, they could take one of those ports.
         self.sims = Simulators.start(self.speed)
         self._cleanup.callback(self.sims.stop)
         self._verifier = self.sims.verifier()
+        self.trust_file.parent.mkdir(parents=True, exist_ok=True)
         self.trust_file.write_text(json.dumps(self.sims.trust(), indent=1), encoding="utf-8")
+        self.pubsub = self._started(launch_emulator(PUBSUB, self.logs, sdk_root))
+        self.firestore = self._started(launch_emulator(FIRESTORE, self.logs, sdk_root))
         self.function = self._started(self._launch_function(policy))
         wait_ready(self.pubsub, PUBSUB.ready_text)
         wait_ready(self.firestore, FIRESTORE.ready_text)
