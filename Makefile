@@ -32,7 +32,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/mypy --python-version 3.11 functions tests scripts bench function_app.py main.py
+	$(BIN)/mypy --python-version 3.11 functions mbridge tests scripts bench function_app.py main.py
 	$(BIN)/lint-imports
 
 # infra/ offline: terraform fmt -check, and checkov over the Terraform and the Bicep, failing on

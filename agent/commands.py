@@ -33,12 +33,12 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from agent.sources.azure_imds import ApprovalRefusedError
+from agent.sources.azure.client import ApprovalRefusedError
+from agent.sources.azure.document import AzureEventStatus, AzureScheduledEvent, ScheduledEventsDocument
 from agent.sources.http import MetadataUnavailableError
 from agent.state_files import open_database, writing
 from agent.timing import Clock, SystemClock
-from functions.core.azure_document import AzureEventStatus, AzureScheduledEvent, ScheduledEventsDocument
-from functions.core.commands import (
+from wire.commands import (
     Command,
     CommandType,
     MalformedCommandError,
@@ -46,9 +46,9 @@ from functions.core.commands import (
     decode_command,
     load_command_object,
 )
-from functions.core.errors import PermanentError, RetryableError
-from functions.core.model import Cloud, CommandResult
-from functions.core.timefmt import format_rfc3339
+from wire.errors import PermanentError, RetryableError
+from wire.model import Cloud, CommandResult
+from wire.timefmt import format_rfc3339
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -462,7 +462,7 @@ class CommandProcessor:
                 "unsigned: this agent has a verification key and accepts signed commands only; "
                 "sign the command with the matching private key"
             )
-        from functions.core.signing import BadSignatureError, verify
+        from wire.signing import BadSignatureError, verify
 
         try:
             verify(received.canonical, received.command.signature, self._verify_key)

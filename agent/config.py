@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.health import DEFAULT_PORT
-from agent.sources.azure_imds import API_VERSION, API_VERSIONS
-from agent.transports.factory import DEFAULT_COMMANDS_TOPIC
-from functions.core.errors import PermanentError
-from functions.core.identity import DEFAULT_AUDIENCE
-from functions.core.model import Cloud
-from functions.core.policy import DEFAULT_HARMLESS_FREEZE_SECONDS
+from agent.sources.azure.client import API_VERSION, API_VERSIONS
+from wire.errors import PermanentError
+from wire.identity import DEFAULT_AUDIENCE
+from wire.model import DEFAULT_HARMLESS_FREEZE_SECONDS, Cloud
+from wire.transports.factory import DEFAULT_COMMANDS_TOPIC
 
 TRANSPORTS = ("jsonl", "local", "servicebus", "pubsub")
 IDENTITY_PROOFS = ("cloud", "none")

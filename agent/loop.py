@@ -25,15 +25,15 @@ from typing import Any, Callable, Protocol
 
 from agent.health import Metrics, Readiness
 from agent.proofs import NoProof, ProofUnavailableError, Prover
+from agent.sources.tracking import Observation, Tracker
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError
 from agent.timing import Backoff, Clock
-from agent.trackers import Observation, Tracker
-from agent.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
-from functions.core.bounds import MAX_ENVELOPE_BYTES, PROOF_ROOM_BYTES, bounded
-from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
-from functions.core.errors import MalformedDocumentError, RetryableError
-from functions.core.model import Cloud, CommandResult, MaintenanceEvent
+from wire.bounds import MAX_ENVELOPE_BYTES, PROOF_ROOM_BYTES, bounded
+from wire.envelope import encode, envelope_for_command_result, envelope_for_event
+from wire.errors import MalformedDocumentError, RetryableError
+from wire.model import Cloud, CommandResult, MaintenanceEvent
+from wire.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
 
 LOGGER = logging.getLogger("mbridge.agent")
 KEEP_PUBLISHED_SECONDS = 24 * 3600

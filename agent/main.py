@@ -15,14 +15,15 @@ from agent.config import AgentSettings, ConfigError, add_agent_arguments, env, s
 from agent.health import HealthServer, Metrics, Readiness
 from agent.loop import Agent
 from agent.proofs import NoProof, ProofUnavailableError, Prover
-from agent.sources.clouds import Source, open_source
+from agent.sources.base import Source
 from agent.sources.http import MetadataUnavailableError
+from agent.sources.registry import open_source
 from agent.state import SCHEMA as AGENT_SCHEMA
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError, state_dir_problems
 from agent.timing import Clock, SystemClock
-from agent.transports.base import AgentTransport, TransportConfigError, TransportUnavailableError
-from functions.core.errors import BridgeError
+from wire.errors import BridgeError
+from wire.transports.base import AgentTransport, TransportConfigError, TransportUnavailableError
 
 if TYPE_CHECKING:  # imported lazily at run time: only agents with a command channel need it
     from agent.commands import CommandProcessor
@@ -78,14 +79,14 @@ def resolve_vm_name(settings: AgentSettings, source: Source, stop: threading.Eve
 def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
     """The chosen transport; cloud SDKs are imported only here, only when chosen."""
     if settings.transport == "jsonl":
-        from agent.transports.jsonl import JsonlTransport
+        from wire.transports.jsonl import JsonlTransport
 
         return JsonlTransport(settings.jsonl_path)
     if settings.transport == "local":
-        from agent.transports.local import LocalTransport
+        from wire.transports.local import LocalTransport
 
         return LocalTransport.open(settings.bus_path, vm_name)
-    from agent.transports.factory import build_cloud_transport
+    from wire.transports.factory import build_cloud_transport
 
     return build_cloud_transport(settings, vm_name)
 
@@ -231,7 +232,7 @@ def _command_processor(
 
     verify_key = None
     if settings.verify_key:
-        from functions.core.signing import load_public_key
+        from wire.signing import load_public_key
 
         verify_key = load_public_key(settings.verify_key)
     return CommandProcessor(

@@ -2,7 +2,7 @@
 
 The functions act on a report only for the VM its proof names, so the proof comes from the cloud's
 own metadata service — nothing the VM could forge — and is bound to the message it travels with
-(`functions.core.identity` defines the attributes and the binding):
+(`wire.identity` defines the attributes and the binding):
 
 - GCE: an instance identity token requested for this message's digest (one metadata GET per
   message; messages are a handful per maintenance).
@@ -24,7 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from agent.sources.http import MetadataUnavailableError
-from functions.core.identity import (
+from wire.identity import (
     AZURE_ATTESTED,
     AZURE_SESSION_KEY,
     AZURE_SIGNATURE,
@@ -34,7 +34,7 @@ from functions.core.identity import (
     signed_digest,
     token_audience,
 )
-from functions.core.jsontext import load_json
+from wire.jsontext import load_json
 
 if TYPE_CHECKING:  # imported when an Azure agent makes its key: a GCE agent without a verify key never loads it
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

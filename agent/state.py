@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.state_files import open_database, writing
-from agent.transports.base import OutboundMessage
+from wire.transports.base import OutboundMessage
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from agent.config import ConfigError
-from functions.core.errors import RetryableError
+from wire.errors import RetryableError
 
 LOGGER = logging.getLogger("mbridge.state")
 

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import requests
 
-from agent.simulator import Simulator
-from agent.transports.local import LocalBus
 from bench.agent_process import AGENT_THREADS, AgentOptions, AgentProcess, start_agent, wait_until
 from bench.context import BenchContext
 from bench.proc import CpuReading, cpu, thread_cpu, thread_shares
 from bench.results import ROOT
+from simulator import Simulator
+from wire.transports.local import LocalBus
 
 AGENT_VM = "bench-agent"
 REFERENCE_VM = "bench-reference"

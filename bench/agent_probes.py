@@ -22,12 +22,12 @@ from bench.results import ROOT
 
 PROBE_TIMEOUT = 60.0
 # The agent's modules for every transport, then the transport's own (agent/main.py imports it lazily).
-AGENT_MODULES = ("agent.cli", "agent.main")
+AGENT_MODULES = ("mbridge.cli", "agent.main")
 TRANSPORT_MODULES: Mapping[str, tuple[str, ...]] = {
-    "jsonl": ("agent.transports.jsonl",),
-    "local": ("agent.transports.local", "agent.commands"),
-    "pubsub": ("agent.transports.pubsub", "agent.commands"),
-    "servicebus": ("agent.transports.servicebus", "agent.commands"),
+    "jsonl": ("wire.transports.jsonl",),
+    "local": ("wire.transports.local", "agent.commands"),
+    "pubsub": ("wire.transports.pubsub", "agent.commands"),
+    "servicebus": ("wire.transports.servicebus", "agent.commands"),
 }
 # The two biggest libraries every agent loads: HTTP to the metadata service, and the health endpoints.
 HTTP_MODULES = ("requests", "http.server")
@@ -50,7 +50,7 @@ print(json.dumps(steps))
 
 _EMPTY_PULL = """
 import json, sys, time
-from agent.transports.pubsub import PubSubSettings, build_agent_transport
+from wire.transports.pubsub import PubSubSettings, build_agent_transport
 transport = build_agent_transport(PubSubSettings(project=sys.argv[1], vm_name=sys.argv[2]))
 receiver = transport.commands
 took = []

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import ROOT
-from functions.core.signing import generate_keypair
+from wire.signing import generate_keypair
 
 # The agent's Python threads after its main thread, in the order it starts them (agent/main.py starts
 # the health server, then Agent.run the publisher, the watcher and the command loop): how the CPU
@@ -90,7 +90,7 @@ def stop_all(agents: Sequence[AgentProcess]) -> None:
 def agent_command() -> list[str]:
     """The installed console script when there is one (what a VM runs), else the module."""
     script = Path(sys.executable).parent / "mbridge"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "agent.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "mbridge.cli"]
 
 
 @functools.cache

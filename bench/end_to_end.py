@@ -58,8 +58,8 @@ from bench.functions_worlds import (
     warnings_to,
 )
 from bench.results import Figure, Target, at_most, latency_figures, percentile
-from functions.local_app.demo.errors import DemoSetupError
-from functions.local_app.demo.flows import AZURE_VMS
+from mbridge.demo.errors import DemoSetupError
+from mbridge.demo.flows import AZURE_VMS
 
 TARGET_MS = 1500.0
 EMBEDDED_LANES = tuple(f"e2e-{index}" for index in range(5))

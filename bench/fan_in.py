@@ -55,15 +55,15 @@ from bench.functions_fakes import MemoryPool, MemorySender
 from bench.functions_witness import accepted_approvals, approval_posts, notices, published
 from bench.functions_worlds import POLL_INTERVAL, EmbeddedBench, warnings_to
 from bench.results import Figure, exactly
-from functions.core.commands import CommandType
-from functions.core.envelope import decode, event_envelope_id
-from functions.core.errors import RetryableError
-from functions.core.identity import ReporterName
-from functions.core.model import Cloud, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import AuditRecord
 from functions.core.process import Deps, process
 from functions.local_app.store import SqliteStore
+from wire.commands import CommandType
+from wire.envelope import decode, event_envelope_id
+from wire.errors import RetryableError
+from wire.identity import ReporterName
+from wire.model import Cloud, EventStatus, MaintenanceEvent
 
 AGENTS = 50
 RESOURCES_50 = 10  # one update domain of a 50-VM availability set

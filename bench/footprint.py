@@ -29,13 +29,13 @@ from pathlib import Path
 import requests
 
 from agent.config import MIN_POLL_INTERVAL
-from agent.simulator import Simulator
 from bench.agent_probes import ImportRss, empty_pull, import_rss, start_empty_pull, start_import_rss
 from bench.agent_process import AGENT_THREADS, AgentOptions, AgentProcess, describe_threads, start_agent, stop_all
 from bench.context import BenchContext
 from bench.proc import CLOCK_TICKS, CpuReading, ProcessGoneError, ThreadCpu, cpu, rss_mb, thread_cpu, thread_shares
 from bench.results import Figure, at_most
-from functions.local_app.demo.emulators import PUBSUB, EmulatorMissingError, PeerProcess, launch_emulator, log_tail
+from mbridge.demo.emulators import PUBSUB, EmulatorMissingError, PeerProcess, launch_emulator, log_tail
+from simulator import Simulator
 
 POLL_INTERVAL = MIN_POLL_INTERVAL
 WARMUP_POLLS = 8  # imports done, connections and the first retries made: then the steady state starts
@@ -48,7 +48,7 @@ PUBSUB_PROJECT = "mbridge-bench"
 PROBE_VM = "footprint-probe"  # its own commands subscription, for the empty-pull probe
 COMMAND_WAIT = 1.0  # how long the agent's command loop waits for commands when nothing is held (agent/loop.py)
 PROBE_PULLS = 5
-LOCAL_COMMAND_POLL_MS = 50  # agent/transports/local.py POLL_SECONDS: SQLite cannot notify another process
+LOCAL_COMMAND_POLL_MS = 50  # wire/transports/local.py POLL_SECONDS: SQLite cannot notify another process
 EMULATOR_TIMEOUT = 60.0
 # A namespace nobody serves: the SDK's development-emulator form speaks plain AMQP to
 # localhost:5672, where nothing listens, so every connection attempt is refused at once.

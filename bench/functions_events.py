@@ -13,10 +13,10 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from functions.core.azure_document import parse_scheduled_events, to_maintenance_event
-from functions.core.envelope import encode, envelope_for_event
-from functions.core.model import EventStatus, MaintenanceEvent
-from functions.core.timefmt import format_rfc1123
+from agent.sources.azure.document import parse_scheduled_events, to_maintenance_event
+from wire.envelope import encode, envelope_for_event
+from wire.model import EventStatus, MaintenanceEvent
+from wire.timefmt import format_rfc1123
 
 # What the simulator (and Azure, for a user restart) describes a Reboot with.
 REBOOT_DESCRIPTION = "Virtual machine is going to be restarted as requested by authorized user."

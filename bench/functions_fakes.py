@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from functions.core.commands import Command, CommandType
 from functions.core.ports import CommandSender, JsonObject, LoadBalancer
+from wire.commands import Command, CommandType
 
 POOL = "bench"
 

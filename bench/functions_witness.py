@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import percentile
-from functions.core.timefmt import parse_rfc3339
+from wire.timefmt import parse_rfc3339
 
 _ADDED = re.compile(r"^event (\S+) added")
 

@@ -1,7 +1,7 @@
 """The two worlds the end-to-end and fan-in benchmarks run events through, with what each needs
 to say when a step happened.
 
-- `EmbeddedBench`: the embedded backbone of `mbridge demo` (functions/local_app/demo/world.py)
+- `EmbeddedBench`: the embedded backbone of `mbridge demo` (mbridge/demo/world.py)
   built for any set of VMs: one Azure simulator serving every VM (one shared event store), one
   agent thread per VM on the SQLite bus, the local function host in a thread with its SQLite
   store and local load-balancer pool. Wired as deployed: every agent attaches its VM's proof of
@@ -9,7 +9,7 @@ to say when a step happened.
   trust and signs its commands, and the agents execute only commands signed with that key. The
   pool and the command sender are wrapped (bench/functions_fakes.py) to note when a VM left the
   pool and when a command was on the bus.
-- `PubSubBench`: the demo's Google world (functions/local_app/demo/pubsub_world.py) as it is —
+- `PubSubBench`: the demo's Google world (mbridge/demo/pubsub_world.py) as it is —
   Pub/Sub and Firestore emulators, the Cloud Functions entry under functions-framework behind the
   push subscription, agents on the emulator, the function verifying proofs with the simulators'
   trust file and signing its commands — with the agents polling once a second and the demo's own
@@ -31,24 +31,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.simulator import Simulator
-from agent.transports.local import LocalBus
 from bench.functions_fakes import RecordingBalancer, RecordingSender
 from bench.functions_witness import LedgerRow, first_done, read_ledger
-from functions.core.commands import CommandType, decode_command
-from functions.core.envelope import decode
-from functions.core.errors import BridgeError
-from functions.core.model import Cloud, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditRecord
 from functions.local_app.balancer import LocalPool
-from functions.local_app.demo.emulators import free_port
-from functions.local_app.demo.flows import AZURE_VMS
-from functions.local_app.demo.pubsub_world import COMMANDS_TOPIC, OBSERVER_SUBSCRIPTION, PROJECT, PubSubWorld
-from functions.local_app.demo.world import AgentThreads, CommandKeys, Simulators, agent_settings
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
+from mbridge.demo.emulators import free_port
+from mbridge.demo.flows import AZURE_VMS
+from mbridge.demo.pubsub_world import COMMANDS_TOPIC, OBSERVER_SUBSCRIPTION, PROJECT, PubSubWorld
+from mbridge.demo.world import AgentThreads, CommandKeys, Simulators, agent_settings
+from simulator import Simulator
+from wire.commands import CommandType, decode_command
+from wire.envelope import decode
+from wire.errors import BridgeError
+from wire.model import Cloud, EventStatus, MaintenanceEvent
+from wire.transports.local import LocalBus
 
 POLL_INTERVAL = 1.0  # Azure's documented poll, the agent's default
 SPEED = 10.0

@@ -1,7 +1,7 @@
 """The real local peers the function benchmarks run against: Azurite's Table service and Google's
 Firestore emulator, started on free loopback ports with their data in the bench's work directory.
 
-Starting and stopping is the demo's own code (functions/local_app/demo/emulators.py: a process
+Starting and stopping is the demo's own code (mbridge/demo/emulators.py: a process
 group per peer, its output in a log file, the whole group stopped at the end). A peer that is not
 installed or does not start raises `PeerUnavailableError` saying why; the section then reports
 its figures as not measured, with that reason.
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.results import ROOT
-from functions.local_app.demo.emulators import (
+from mbridge.demo.emulators import (
     FIRESTORE,
     PeerProcess,
     accepts_connections,
@@ -25,7 +25,7 @@ from functions.local_app.demo.emulators import (
     start_emulator,
     wait_ready,
 )
-from functions.local_app.demo.errors import DemoSetupError
+from mbridge.demo.errors import DemoSetupError
 
 AZURITE_TABLE = ROOT / "node_modules" / ".bin" / "azurite-table"
 AZURITE_HINT = "run `npm install --no-save azurite@3.35.0` in the repository root"

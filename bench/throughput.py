@@ -28,12 +28,12 @@ from bench.functions_events import completion, envelope_body, new_event_id, rebo
 from bench.functions_fakes import MemoryPool, MemorySender
 from bench.peers import PeerUnavailableError, environment, start_azurite_tables, start_firestore_emulator
 from bench.results import Figure, at_least
-from functions.core.commands import CommandType
-from functions.core.identity import ReporterName
 from functions.core.policy import Policy
 from functions.core.ports import AuditLog, StateStore
 from functions.core.process import Deps, process
 from functions.local_app.store import SqliteStore
+from wire.commands import CommandType
+from wire.identity import ReporterName
 
 SQLITE_TARGET = 2000.0  # events/s
 OPEN_EVENTS = 50  # events between an event's scheduled envelope and its completion

@@ -7,7 +7,11 @@ The zip holds the app roots of both clouds and the code they import, nothing els
     host.json, function_app.py   Azure Functions (Python v2 model)
     main.py                      Cloud Functions gen2 (functions framework)
     requirements.txt             installed by the platform's remote build
-    functions/, agent/           the core, the cloud apps, and the transports they reuse
+    wire/                        the wire contract and the bus transports the apps reuse
+    functions/                   the core, proof verification and the two cloud apps
+
+Not the agent, the simulator, the command line and its demo, nor the local app: the cloud
+platforms never load them.
 
 Azure ignores main.py and Cloud Functions ignores function_app.py, so one package serves both.
 The zip is reproducible (sorted entries, fixed timestamps): the same sources give the same
@@ -24,8 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 APP_FILES = ("host.json", "function_app.py", "main.py", "requirements.txt")
-PACKAGES = ("functions", "agent")
+PACKAGES = ("wire", "functions")
 SKIPPED_DIRS = {"__pycache__"}
+# the local app is the demo's and `mbridge replay`'s host: no cloud loads it
+LEFT_OUT = ("functions/local_app/",)
 SKIPPED_SUFFIXES = {".pyc", ".pyo", ".db", ".db-wal", ".db-shm"}
 # 1980-01-01, the earliest time a zip entry can carry
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
@@ -42,6 +48,8 @@ def package_files(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
         for path in sorted((root / package).rglob("*")):
             relative = path.relative_to(root)
             if not path.is_file() or SKIPPED_DIRS & set(relative.parts) or path.suffix in SKIPPED_SUFFIXES:
+                continue
+            if relative.as_posix().startswith(LEFT_OUT):
                 continue
             yield path, relative.as_posix()
 

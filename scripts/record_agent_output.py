@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.main import run_agent  # noqa: E402
-from agent.simulator import Simulator, load_scenario  # noqa: E402
+from simulator import Simulator, load_scenario  # noqa: E402
 from tests.agent_runner import play_to_the_end, settings_for  # noqa: E402
 
 TARGET = ROOT / "tests" / "fixtures" / "agent-output"

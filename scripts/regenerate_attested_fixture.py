@@ -1,7 +1,7 @@
 """Rewrite tests/fixtures/azure/attested/: an IMDS attested document in the real format, and the
 certificates to verify it with.
 
-The simulator's authority (agent/simulator/attestation.py) makes a new PKI (root CA, intermediate
+The simulator's authority (simulator/attestation.py) makes a new PKI (root CA, intermediate
 CA, metadata.azure.com signer) valid around a fixed time, and signs the document the simulator's
 default Azure VM gets for `GET /metadata/attested/document?api-version=2020-09-01&nonce=1234567890`
 at that time. The keys are new at every run, so all three files change together; the signed
@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.simulator.attestation import AttestationAuthority  # noqa: E402
-from agent.simulator.azure_api import SIM_LOCATION, SIM_SUBSCRIPTION_ID, vm_id  # noqa: E402
+from simulator.attestation import AttestationAuthority  # noqa: E402
+from simulator.azure_api import SIM_LOCATION, SIM_SUBSCRIPTION_ID, vm_id  # noqa: E402
 
 TARGET = ROOT / "tests" / "fixtures" / "azure" / "attested"
 CREATED_ON = datetime(2026, 1, 15, 12, 0, 0, tzinfo=timezone.utc)

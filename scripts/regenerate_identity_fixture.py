@@ -1,7 +1,7 @@
 """Rewrite tests/fixtures/gce/identity/: an instance identity token in the real format, and the
 certificates to verify it with.
 
-The simulator's issuer (agent/simulator/gce_identity.py) makes new keys, and signs one format=full
+The simulator's issuer (simulator/gce_identity.py) makes new keys, and signs one format=full
 token for the simulator's default GCE VM at a fixed time, with the documented claim set. The keys
 are new at every run, so token.jwt and certs.json always change together; the claims do not.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.simulator.gce_api import PROJECT_ID, PROJECT_NUMBER, ZONE, instance_id  # noqa: E402
-from agent.simulator.gce_identity import TokenIssuer  # noqa: E402
+from simulator.gce_api import PROJECT_ID, PROJECT_NUMBER, ZONE, instance_id  # noqa: E402
+from simulator.gce_identity import TokenIssuer  # noqa: E402
 
 TARGET = ROOT / "tests" / "fixtures" / "gce" / "identity"
 ISSUED_AT = datetime(2025, 6, 2, 12, 0, 0, tzinfo=timezone.utc)

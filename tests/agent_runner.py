@@ -20,10 +20,10 @@ import pytest
 
 from agent.config import AgentSettings
 from agent.main import run_agent
-from agent.simulator import Simulator
-from agent.transports.base import AgentTransport
-from functions.core.model import Cloud
+from simulator import Simulator
 from tests.waiting import wait_until
+from wire.model import Cloud
+from wire.transports.base import AgentTransport
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ class AgentProcess:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "agent", *self.args],
+                [sys.executable, "-m", "mbridge.cli", "agent", *self.args],
                 stdout=stdout,
                 stderr=log,
                 cwd=ROOT,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
+from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 
 OBSERVED_AT = datetime(2022, 4, 11, 22, 11, 58, tzinfo=timezone.utc)
 

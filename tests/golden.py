@@ -9,16 +9,16 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from functions.core.azure_document import parse_scheduled_events, to_maintenance_event
-from functions.core.envelope import envelope_for_event, to_cloudevent
-from functions.core.gce_values import (
+from agent.sources.azure.document import parse_scheduled_events, to_maintenance_event
+from agent.sources.gce.values import (
     MaintenanceValue,
     maintenance_event,
     parse_upcoming_maintenance,
     upcoming_event,
 )
-from functions.core.model import EventStatus
 from tests.fixtures import FIXTURES
+from wire.envelope import envelope_for_event, to_cloudevent
+from wire.model import EventStatus
 
 OBSERVED = datetime(2022, 4, 11, 22, 11, 58, tzinfo=timezone.utc)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from functions.core.envelope import Envelope, encode
-from functions.core.identity import GCE_TOKEN, Identity, UnverifiedError
+from wire.envelope import Envelope, encode
+from wire.identity import GCE_TOKEN, Identity, UnverifiedError
 
 
 class ProofsOfTest:

@@ -5,7 +5,7 @@ the tests that need it when run by hand, and fails them under CI (CI=true): a pe
 silently skips in CI would hide a broken install step.
 
 This module must import on the plain Python 3.9 of the compatibility run: standard library,
-pytest, and the demo's emulator starter (functions/local_app/demo/emulators.py, standard library
+pytest, and the demo's emulator starter (mbridge/demo/emulators.py, standard library
 only), which starts and stops the emulators here as it does for `mbridge demo`.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from functions.local_app.demo import emulators
-from functions.local_app.demo.emulators import (
+from mbridge.demo import emulators
+from mbridge.demo.emulators import (
     PUBSUB,
     Emulator,
     EmulatorMissingError,
@@ -29,7 +29,7 @@ from functions.local_app.demo.emulators import (
     log_tail,
 )
 
-# Starting and stopping the peers is the demo's own code (functions/local_app/demo/emulators.py,
+# Starting and stopping the peers is the demo's own code (mbridge/demo/emulators.py,
 # standard library only); these names are what the peer modules of the suite use.
 __all__ = ["PeerProcess", "free_port", "gcloud_sdk_root", "log_tail", "require_peer", "start_emulator", "start_peer"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from functions.local_app.demo.emulators import FIRESTORE
+from mbridge.demo.emulators import FIRESTORE
 from tests.peers import PeerProcess, start_emulator
 
 EMULATOR_VARIABLE = FIRESTORE.variable

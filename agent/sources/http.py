@@ -16,7 +16,7 @@ from typing import Callable, Union
 import requests
 
 from agent.timing import RateLimiter
-from functions.core.errors import RetryableError
+from wire.errors import RetryableError
 
 LOGGER = logging.getLogger("mbridge.metadata")
 

@@ -20,9 +20,9 @@ import azure.functions as func
 
 from functions.azure_app import settings
 from functions.azure_app.wiring import DepsProvider, from_environment
-from functions.core.bounds import bounded
-from functions.core.errors import PermanentError, RetryableError
 from functions.core.process import Deps, Outcome, process
+from wire.bounds import bounded
+from wire.errors import PermanentError, RetryableError
 
 LOGGER = logging.getLogger("mbridge.functions.azure")
 

@@ -1,6 +1,6 @@
 """CommandSender onto the Service Bus commands queue (or topic), over the agent's Service Bus transport.
 
-`agent.transports.servicebus.ServiceBusOperator` already sends a command the way agents expect it
+`wire.transports.servicebus.ServiceBusOperator` already sends a command the way agents expect it
 (session = target VM on the queue; on the topic of the isolated mode the application property
 `target`, which each VM's subscription filters on; MessageId = command_id and the attributes of
 docs/contracts.md#routing either way) and maps the SDK's errors (TransportUnavailableError is retryable,
@@ -9,9 +9,9 @@ TransportConfigError names the role to grant); this adapter only turns a `Comman
 
 from __future__ import annotations
 
-from agent.transports.base import CommandSender as TransportCommandSender
-from agent.transports.base import OutboundMessage
-from functions.core.commands import Command, encode_command
+from wire.commands import Command, encode_command
+from wire.transports.base import CommandSender as TransportCommandSender
+from wire.transports.base import OutboundMessage
 
 
 class ServiceBusCommandSender:

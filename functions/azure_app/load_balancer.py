@@ -47,8 +47,8 @@ from azure.core.exceptions import (
 from azure.mgmt.network import NetworkManagementClient
 from azure.mgmt.network.models import BackendAddressPool, LoadBalancerBackendAddress, SubResource
 
-from functions.core.errors import PermanentError, RetryableError
 from functions.core.ports import JsonObject
+from wire.errors import PermanentError, RetryableError
 
 LOGGER = logging.getLogger("mbridge.functions.azure.load_balancer")
 

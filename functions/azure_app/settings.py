@@ -16,11 +16,11 @@ from asn1crypto import pem as asn1_pem  # type: ignore[import-untyped]
 from asn1crypto import x509 as asn1_x509
 from cryptography import x509
 
-from functions.core.errors import PermanentError
 from functions.core.policy import TRUST_ATTESTED, Policy, load_policy
-from functions.core.signing import load_private_key
 from functions.trust.azure_attested import DEFAULT_SIGNER_NAMES, AttestationError, load_certificates
 from functions.trust.trust_file import TrustFileError, load_trust_file
+from wire.errors import PermanentError
+from wire.signing import load_private_key
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -65,9 +65,9 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
-from functions.core.errors import PermanentError, RetryableError
 from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
-from functions.core.timefmt import format_rfc3339, parse_rfc3339
+from wire.errors import PermanentError, RetryableError
+from wire.timefmt import format_rfc3339, parse_rfc3339
 
 LOGGER = logging.getLogger("mbridge.functions.azure.tables")
 

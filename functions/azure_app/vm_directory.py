@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from functions.azure_app.settings import TRUST_RESOURCE_GROUPS, Settings
-from functions.core.errors import PermanentError, RetryableError
+from wire.errors import PermanentError, RetryableError
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential

@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING
 
 import requests
 
-from agent.transports.servicebus import ServiceBusOperator, ServiceBusSettings
 from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group
 from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, Settings, SettingsError
 from functions.azure_app.tables import TableAuditLog, TableStateStore, table_errors
 from functions.azure_app.vm_directory import vm_directory
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
-from functions.core.commands import Command
-from functions.core.identity import IdentityVerifier
 from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import CommandSender, LoadBalancer
 from functions.core.process import ClaimWait, Deps
-from functions.core.signing import sign_command
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, VmDirectory
+from wire.commands import Command
+from wire.identity import IdentityVerifier
+from wire.signing import sign_command
+from wire.transports.servicebus import ServiceBusOperator, ServiceBusSettings
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Callable
 
-from functions.core.commands import Command, CommandType, new_command
 from functions.core.ports import CommandSender, JsonObject, LoadBalancer
+from wire.commands import Command, CommandType, new_command
 
 
 class ReadinessBalancer:

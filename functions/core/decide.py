@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Union
 
-from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
+from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from functions.core.errors import PermanentError
+from wire.errors import PermanentError
+from wire.model import DEFAULT_HARMLESS_FREEZE_SECONDS
 
 # Who a report may speak for (docs/security.md): `attested`, the VM its cloud-signed proof names;
 # `reporter-name`, the VM it names itself — only for VMs without a metadata identity (unsafe).
 TRUST_ATTESTED = "attested"
 TRUST_REPORTER_NAME = "reporter-name"
 TRUST_MODES = (TRUST_ATTESTED, TRUST_REPORTER_NAME)
-# Rule 3's threshold, also what the agent's /readyz takes as harmless (agent/trackers.py): one value.
-DEFAULT_HARMLESS_FREEZE_SECONDS = 10
 
 
 class PolicyError(PermanentError):

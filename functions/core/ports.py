@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Protocol
 
-from functions.core.bounds import bounded
-from functions.core.commands import Command
+from wire.bounds import bounded
+from wire.commands import Command
 
 JsonObject = dict[str, Any]
 

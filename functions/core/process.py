@@ -4,7 +4,7 @@
     → complete
 
 - A verified report speaks only for its own VM. The proof attached by the agent (see
-  `functions.core.identity`) names the VM the message comes from; an event moves that VM — drain,
+  `wire.identity`) names the VM the message comes from; an event moves that VM — drain,
   approval, restore, budget slot, lifecycle — and no other, whatever the message lists. A message
   without a valid proof is audited as `unverified`, a report about other VMs as `not-self`, and
   nothing is done for either. The claim is taken only after the check and is per (envelope, VM):
@@ -55,17 +55,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.core.bounds import AUDIT_RESOURCES, MAX_ENVELOPE_BYTES, MAX_RESOURCES, bounded
-from functions.core.commands import (
-    Command,
-    CommandType,
-    MalformedCommandError,
-    check_event_id,
-    check_target,
-    decode_command,
-    encode_command,
-    new_command,
-)
 from functions.core.decide import (
     NO_RESTORE_KINDS,
     Approve,
@@ -76,10 +65,6 @@ from functions.core.decide import (
     approval_time,
     decide,
 )
-from functions.core.envelope import Envelope, decode, encode
-from functions.core.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
-from functions.core.identity import Identity, IdentityVerifier, ReporterName, UnverifiedError
-from functions.core.model import CommandResult, EventStatus, MaintenanceEvent
 from functions.core.policy import TRUST_REPORTER_NAME, Policy, Pool
 from functions.core.ports import (
     ActionName,
@@ -94,7 +79,22 @@ from functions.core.ports import (
     Result,
     StateStore,
 )
-from functions.core.timefmt import format_rfc3339
+from wire.bounds import AUDIT_RESOURCES, MAX_ENVELOPE_BYTES, MAX_RESOURCES, bounded
+from wire.commands import (
+    Command,
+    CommandType,
+    MalformedCommandError,
+    check_event_id,
+    check_target,
+    decode_command,
+    encode_command,
+    new_command,
+)
+from wire.envelope import Envelope, decode, encode
+from wire.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
+from wire.identity import Identity, IdentityVerifier, ReporterName, UnverifiedError
+from wire.model import CommandResult, EventStatus, MaintenanceEvent
+from wire.timefmt import format_rfc3339
 
 LOGGER = logging.getLogger("mbridge.functions")
 

@@ -9,9 +9,9 @@ topic or publisher role).
 
 from __future__ import annotations
 
-from agent.transports.base import CommandSender as BusCommandSender
-from agent.transports.base import OutboundMessage
-from functions.core.commands import Command, encode_command
+from wire.commands import Command, encode_command
+from wire.transports.base import CommandSender as BusCommandSender
+from wire.transports.base import OutboundMessage
 
 
 def command_message(command: Command) -> OutboundMessage:

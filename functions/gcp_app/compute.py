@@ -29,9 +29,9 @@ from google.api_core import exceptions as api_errors
 from google.auth import exceptions as auth_errors
 from google.cloud import compute_v1
 
-from functions.core.errors import BridgeError, PermanentError, RetryableError
 from functions.core.ports import JsonObject
 from functions.gcp_app.settings import ENV_INSTANCE_GROUPS, ENV_MAINTENANCE_ZONES, GroupRef
+from wire.errors import BridgeError, PermanentError, RetryableError
 
 LOG = logging.getLogger("mbridge.gcp.compute")
 

@@ -35,11 +35,11 @@ from typing import Any
 import functions_framework
 from cloudevents.http import CloudEvent
 
-from functions.core.bounds import bounded
-from functions.core.errors import PermanentError, RetryableError
 from functions.core.process import Deps, Outcome, process
-from functions.core.timefmt import format_rfc3339, parse_rfc3339
 from functions.gcp_app import wiring
+from wire.bounds import bounded
+from wire.errors import PermanentError, RetryableError
+from wire.timefmt import format_rfc3339, parse_rfc3339
 
 LOG = logging.getLogger("mbridge.gcp.entry")
 

@@ -47,8 +47,8 @@ from google.api_core import exceptions as api_errors
 from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
-from functions.core.errors import BridgeError, PermanentError, RetryableError
 from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
+from wire.errors import BridgeError, PermanentError, RetryableError
 
 LOGGER = logging.getLogger("mbridge.gcp.firestore")
 

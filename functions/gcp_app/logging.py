@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from functions.core.bounds import bounded
+from wire.bounds import bounded
 
 ROOT_LOGGER = "mbridge"
 # A traceback keeps its frames, but not an exception message of any size (a log entry holds 256 KiB).

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from functions.core.errors import PermanentError
-from functions.core.identity import DEFAULT_AUDIENCE
 from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, load_policy
 from functions.trust.gce_token import GOOGLE_CERTS_URL
 from functions.trust.trust_file import TrustFileError, load_trust_file
+from wire.errors import PermanentError
+from wire.identity import DEFAULT_AUDIENCE
 
 ENV_PROJECT = "MBRIDGE_GCP_PROJECT"
 # Set by Google's runtimes and by `gcloud` tooling; used when MBRIDGE_GCP_PROJECT is not.

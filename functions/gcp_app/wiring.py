@@ -20,14 +20,10 @@ from datetime import datetime, timezone
 import requests
 from google.cloud import compute_v1, firestore
 
-from agent.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSettings, new_publisher
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
-from functions.core.commands import Command
-from functions.core.identity import IdentityVerifier
 from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import LoadBalancer, Maintenance
 from functions.core.process import ClaimWait, Deps
-from functions.core.signing import load_private_key, sign_command
 from functions.gcp_app import logging as logs
 from functions.gcp_app.commands import PubSubCommandSender
 from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
@@ -36,6 +32,10 @@ from functions.gcp_app.settings import ENV_TRUST_FILE, Settings, SettingsError
 from functions.trust.gce_token import GoogleCerts
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from functions.trust.verifiers import CloudVerifier, GceTokenVerifier
+from wire.commands import Command
+from wire.identity import IdentityVerifier
+from wire.signing import load_private_key, sign_command
+from wire.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSettings, new_publisher
 
 LOG = logging.getLogger("mbridge.gcp.wiring")
 

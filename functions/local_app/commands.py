@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent.transports.base import OutboundMessage
-from agent.transports.local import LocalBus
-from functions.core.commands import Command, encode_command
+from wire.commands import Command, encode_command
+from wire.transports.base import OutboundMessage
+from wire.transports.local import LocalBus
 
 
 class LocalCommandSender:

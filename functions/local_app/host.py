@@ -19,16 +19,16 @@ import threading
 from collections.abc import Callable
 from datetime import datetime
 
-from agent.transports.local import BusEvent, LocalBus
-from functions.core.bounds import bounded
-from functions.core.commands import Command
-from functions.core.errors import PermanentError, RetryableError
-from functions.core.identity import IdentityVerifier
 from functions.core.policy import Policy
 from functions.core.ports import LoadBalancer
 from functions.core.process import Deps, Outcome, process
 from functions.local_app.commands import LocalCommandSender
 from functions.local_app.store import DeadLetter, SqliteStore
+from wire.bounds import bounded
+from wire.commands import Command
+from wire.errors import PermanentError, RetryableError
+from wire.identity import IdentityVerifier
+from wire.transports.local import BusEvent, LocalBus
 
 LOGGER = logging.getLogger("mbridge.functions.local")
 

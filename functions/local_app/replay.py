@@ -20,15 +20,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from functions.core.commands import Command
-from functions.core.envelope import decode
-from functions.core.errors import MalformedEnvelopeError
-from functions.core.identity import ReporterName
 from functions.core.policy import PolicyError, load_policy
 from functions.core.ports import JsonObject
 from functions.core.process import Deps, process
-from functions.core.timefmt import format_rfc3339
 from functions.local_app.store import SqliteStore
+from wire.commands import Command
+from wire.envelope import decode
+from wire.errors import MalformedEnvelopeError
+from wire.identity import ReporterName
+from wire.timefmt import format_rfc3339
 
 
 class _EveryVmBalancer:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
-from functions.core.timefmt import format_rfc3339, parse_rfc3339
+from wire.timefmt import format_rfc3339, parse_rfc3339
 
 # The small keyed tables are WITHOUT ROWID: one b-tree each instead of a table and its key's index,
 # so a write touches half the pages. The audit's seq is a plain INTEGER PRIMARY KEY (the rowid):

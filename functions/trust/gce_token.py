@@ -40,7 +40,7 @@ from typing import Any, Callable, Protocol
 import requests
 from google.auth import jwt
 
-from functions.core.errors import RetryableError
+from wire.errors import RetryableError
 
 GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
 ISSUERS = frozenset({"https://accounts.google.com", "accounts.google.com"})  # the documented forms

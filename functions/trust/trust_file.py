@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from functions.core.identity import TRUST_FILE_FORMAT as FORMAT
 from functions.trust.azure_attested import DEFAULT_SIGNER_NAMES, load_certificates
 from functions.trust.gce_token import StaticCerts
 from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, GceTokenVerifier
+from wire.identity import TRUST_FILE_FORMAT as FORMAT
 
 
 class TrustFileError(ValueError):

@@ -25,9 +25,16 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from functions.core.envelope import Envelope
-from functions.core.errors import RetryableError
-from functions.core.identity import (
+from functions.trust.azure_attested import (
+    DEFAULT_SIGNER_NAMES,
+    AttestationError,
+    IssuerFetchError,
+    verify_attested_document,
+)
+from functions.trust.gce_token import CertSource, TokenError, verify_with_source
+from wire.envelope import Envelope
+from wire.errors import RetryableError
+from wire.identity import (
     AZURE_ATTESTED,
     AZURE_SESSION_KEY,
     AZURE_SIGNATURE,
@@ -39,13 +46,6 @@ from functions.core.identity import (
     signed_digest,
     token_audience,
 )
-from functions.trust.azure_attested import (
-    DEFAULT_SIGNER_NAMES,
-    AttestationError,
-    IssuerFetchError,
-    verify_attested_document,
-)
-from functions.trust.gce_token import CertSource, TokenError, verify_with_source
 
 ATTESTED = "attested"
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from agent.cli import main
 from functions.core.ports import AuditLog, AuditRecord
 from functions.local_app.store import SqliteStore
+from mbridge.cli import main
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

@@ -18,13 +18,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from agent.commands import CommandLedger, CommandProcessor
-from agent.simulator import Simulator
-from agent.sources.azure_imds import AzureImdsClient
+from agent.sources.azure.client import AzureImdsClient
 from agent.timing import SystemClock
-from functions.core.commands import Command, CommandType, encode_command, new_command
-from functions.core.model import Cloud
-from functions.core.signing import generate_keypair, load_private_key, load_public_key, sign_command
+from simulator import Simulator
 from tests.contract.simulator.conftest import VmClient
+from wire.commands import Command, CommandType, encode_command, new_command
+from wire.model import Cloud
+from wire.signing import generate_keypair, load_private_key, load_public_key, sign_command
 
 VM = "vm-0"
 OTHER_VM = "vm-1"

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.simulator import Simulator
-from functions.core.envelope import event_envelope_id
-from functions.core.model import Cloud, EventStatus
+from simulator import Simulator
+from wire.envelope import event_envelope_id
+from wire.model import Cloud, EventStatus
 
 Fact = tuple[str, str]  # (EventId, status)
 LIFECYCLE = ("scheduled", "started", "completed", "canceled")

@@ -25,13 +25,9 @@ from typing import Any
 
 import pytest
 
-from agent.simulator import Simulator
-from agent.simulator.scenarios import parse_scenario
 from agent.state import AgentState
-from agent.transports.base import CommandReceiver, OutboundMessage, TransportUnavailableError
-from agent.transports.local import LocalBus, LocalTransport
-from functions.core.envelope import decode
-from functions.core.model import MaintenanceEvent
+from simulator import Simulator
+from simulator.scenarios import parse_scenario
 from tests.agent_runner import AgentThread, settings_for
 from tests.drills.conftest import (
     busy_scenario,
@@ -45,6 +41,10 @@ from tests.drills.conftest import (
     wait_for_timeline_end,
 )
 from tests.waiting import wait_until
+from wire.envelope import decode
+from wire.model import MaintenanceEvent
+from wire.transports.base import CommandReceiver, OutboundMessage, TransportUnavailableError
+from wire.transports.local import LocalBus, LocalTransport
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(60)]
 

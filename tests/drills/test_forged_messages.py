@@ -31,13 +31,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
-from agent.simulator import Simulator
-from agent.sources.azure_imds import AzureImdsClient
-from agent.sources.gce_metadata import GceMetadataClient
-from functions.core.commands import Command
-from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
-from functions.core.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, TRUST_FILE_FORMAT
-from functions.core.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
+from agent.sources.azure.client import AzureImdsClient
+from agent.sources.gce.client import GceMetadataClient
 from functions.core.policy import Policy, Pool
 from functions.core.ports import JsonObject
 from functions.core.process import Deps, process
@@ -45,7 +40,12 @@ from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
+from simulator import Simulator
 from tests.drills.conftest import drill_seed, say
+from wire.commands import Command
+from wire.envelope import encode, envelope_for_command_result, envelope_for_event
+from wire.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, TRUST_FILE_FORMAT
+from wire.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
 
 pytestmark = pytest.mark.drill
 

@@ -32,12 +32,7 @@ from pathlib import Path
 import pytest
 
 from agent.commands import CommandLedger, CommandProcessor
-from functions.core.azure_document import ScheduledEventsDocument, parse_scheduled_events
-from functions.core.commands import Command, encode_command
-from functions.core.envelope import encode, envelope_for_event
-from functions.core.errors import RetryableError
-from functions.core.identity import ReporterName
-from functions.core.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
+from agent.sources.azure.document import ScheduledEventsDocument, parse_scheduled_events
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
 from functions.core.process import CLAIM_LEASE, Deps, event_key, process
@@ -46,6 +41,11 @@ from functions.local_app.store import SqliteStore
 from tests.drills.conftest import drill_seed, say
 from tests.factories import azure_event
 from tests.unit.functions.test_process import Killed
+from wire.commands import Command, encode_command
+from wire.envelope import encode, envelope_for_event
+from wire.errors import RetryableError
+from wire.identity import ReporterName
+from wire.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(60)]
 

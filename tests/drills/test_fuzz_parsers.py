@@ -28,22 +28,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from functions.core.azure_document import parse_scheduled_events
-from functions.core.commands import (
+from agent.sources.azure.document import parse_scheduled_events
+from agent.sources.gce.values import parse_maintenance_event, parse_preempted, parse_upcoming_maintenance
+from tests.drills.conftest import say
+from tests.fixtures import FIXTURES, fixture_json, fixture_text
+from wire.commands import (
     CommandType,
     MalformedCommandError,
     decode_command,
     encode_command,
     new_command,
 )
-from functions.core.envelope import decode, encode, envelope_for_command_result
-from functions.core.errors import MalformedDocumentError, MalformedEnvelopeError
-from functions.core.gce_values import parse_maintenance_event, parse_preempted, parse_upcoming_maintenance
-from functions.core.model import Cloud, CommandResult
-from functions.core.signing import BadSignatureError, generate_keypair, load_private_key, load_public_key, sign_command
-from functions.core.signing import verify as verify_signature
-from tests.drills.conftest import say
-from tests.fixtures import FIXTURES, fixture_json, fixture_text
+from wire.envelope import decode, encode, envelope_for_command_result
+from wire.errors import MalformedDocumentError, MalformedEnvelopeError
+from wire.model import Cloud, CommandResult
+from wire.signing import BadSignatureError, generate_keypair, load_private_key, load_public_key, sign_command
+from wire.signing import verify as verify_signature
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(60)]
 

@@ -32,16 +32,16 @@ import pytest
 import requests
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent.simulator import Simulator
-from agent.transports.base import OutboundMessage
-from agent.transports.local import LocalBus
-from functions.core.commands import Command, CommandType, encode_command, new_command
-from functions.core.envelope import decode
-from functions.core.model import CommandResult
-from functions.core.signing import generate_keypair, load_private_key, load_public_key, public_key_text, sign_command
+from simulator import Simulator
 from tests.agent_runner import AgentProcess
 from tests.drills.conftest import drill_seed, say
 from tests.waiting import wait_until
+from wire.commands import Command, CommandType, encode_command, new_command
+from wire.envelope import decode
+from wire.model import CommandResult
+from wire.signing import generate_keypair, load_private_key, load_public_key, public_key_text, sign_command
+from wire.transports.base import OutboundMessage
+from wire.transports.local import LocalBus
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(60)]
 

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import requests
 
-from agent.simulator import Simulator
+from simulator import Simulator
 from tests.agent_runner import AgentProcess, AgentThread, read_jsonl, settings_for
 from tests.drills.conftest import drill_seed, say
 from tests.peers import free_port

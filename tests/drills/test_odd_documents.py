@@ -29,16 +29,16 @@ from typing import Any
 
 import pytest
 
-from agent.diff import azure_state_from_json, azure_state_to_json
 from agent.loop import event_message
-from agent.sources.azure_imds import AzureObservation
-from agent.trackers import AzureTracker
-from functions.core.azure_document import parse_scheduled_events
-from functions.core.envelope import decode
-from functions.core.errors import MalformedDocumentError
-from functions.core.model import EventKind, MaintenanceEvent
-from functions.core.timefmt import format_rfc1123, format_rfc3339
+from agent.sources.azure.client import AzureObservation
+from agent.sources.azure.diff import azure_state_from_json, azure_state_to_json
+from agent.sources.azure.document import parse_scheduled_events
+from agent.sources.azure.tracker import AzureTracker
 from tests.drills.conftest import drill_seed, say
+from wire.envelope import decode
+from wire.errors import MalformedDocumentError
+from wire.model import EventKind, MaintenanceEvent
+from wire.timefmt import format_rfc1123, format_rfc3339
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(120)]
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from agent.simulator import Simulator
-from agent.simulator.scenarios import parse_scenario
 from agent.state import AgentState
+from simulator import Simulator
+from simulator.scenarios import parse_scenario
 from tests.agent_runner import AgentProcess
 from tests.drills.conftest import (
     BusyScenario,

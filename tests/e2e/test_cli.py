@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_cli_lists_its_commands() -> None:
     finished = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "--help"], capture_output=True, text=True, timeout=30, cwd=ROOT
+        [sys.executable, "-m", "mbridge.cli", "--help"], capture_output=True, text=True, timeout=30, cwd=ROOT
     )
     assert finished.returncode == 0
     assert "simulate" in finished.stdout
@@ -20,12 +20,12 @@ def test_cli_lists_its_commands() -> None:
 def test_the_agent_command_loads_neither_the_simulator_nor_the_function_stores() -> None:
     # GIVEN `mbridge agent --help` run with import tracing
     finished = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "agent.cli", "agent", "--help"],
+        [sys.executable, "-X", "importtime", "-m", "mbridge.cli", "agent", "--help"],
         capture_output=True, text=True, timeout=30, cwd=ROOT,
     )  # fmt: skip
     # THEN its flags are shown and the modules of the other commands were never imported
     assert finished.returncode == 0
     assert "--metadata-url" in finished.stdout
     imported = finished.stderr
-    assert "agent.simulator" not in imported
+    assert "simulator" not in imported
     assert "functions.local_app" not in imported

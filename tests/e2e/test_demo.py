@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from functions.local_app.demo import flows as demo_flows
-from functions.local_app.demo.cli import run_flows
-from functions.local_app.demo.flows import FLOWS, Expectation, drained
-from functions.local_app.demo.timeline import STAGES
 from functions.local_app.store import SqliteStore
+from mbridge.demo import flows as demo_flows
+from mbridge.demo.cli import run_flows
+from mbridge.demo.flows import FLOWS, Expectation, drained
+from mbridge.demo.timeline import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(t
     report = tmp_path / "report.html"
     workdir = tmp_path / "work"
     finished = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "demo", "--report", str(report), "--workdir", str(workdir)],
+        [sys.executable, "-m", "mbridge.cli", "demo", "--report", str(report), "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=140, cwd=ROOT,
     )  # fmt: skip
 

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from functions.local_app.demo import flows as demo_flows
-from functions.local_app.demo.emulators import (
+from mbridge.demo import flows as demo_flows
+from mbridge.demo.emulators import (
     FIRESTORE,
     PUBSUB,
     EmulatorMissingError,
     emulator_launcher,
     gcloud_sdk_root,
 )
-from functions.local_app.demo.flows import FLOWS
-from functions.local_app.demo.timeline import STAGES
+from mbridge.demo.flows import FLOWS
+from mbridge.demo.timeline import STAGES
 from tests.e2e.test_demo import AZURE_ACTIONS as EMBEDDED_AZURE_ACTIONS
 from tests.e2e.test_demo import NOT_REACHED as EMBEDDED_NOT_REACHED
 from tests.peers import require_peer
@@ -73,7 +73,7 @@ def test_the_demo_on_the_emulators_holds_every_expectation_and_leaves_its_audit_
     report = tmp_path / "report.html"
     workdir = tmp_path / "work"
     finished = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "demo", "--bus", "pubsub-emulator",
+        [sys.executable, "-m", "mbridge.cli", "demo", "--bus", "pubsub-emulator",
          "--report", str(report), "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=170, cwd=ROOT,
     )  # fmt: skip
@@ -183,7 +183,7 @@ def test_without_an_emulator_the_demo_exits_2_saying_what_to_install(
 
     # WHEN the demo is asked for the Pub/Sub variant
     finished = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "demo", "--bus", "pubsub-emulator", "--workdir", str(tmp_path / "w")],
+        [sys.executable, "-m", "mbridge.cli", "demo", "--bus", "pubsub-emulator", "--workdir", str(tmp_path / "w")],
         capture_output=True, text=True, timeout=50, cwd=ROOT, env=env,
     )  # fmt: skip
 
@@ -206,7 +206,7 @@ def test_a_pushed_message_reaches_the_entry_as_the_cloudevent_eventarc_delivers(
     from cloudevents.http import from_http
 
     from functions.gcp_app.entry import MESSAGE_PUBLISHED, message_body
-    from functions.local_app.demo.pubsub_world import eventarc_request
+    from mbridge.demo.pubsub_world import eventarc_request
 
     # GIVEN a push body as the Pub/Sub emulator POSTs it
     topic = "projects/mbridge-demo/topics/maintenance-events"
@@ -263,7 +263,7 @@ def test_a_pushed_message_reaches_the_entry_as_the_cloudevent_eventarc_delivers(
 
 
 def test_a_push_that_is_not_a_pubsub_message_is_refused() -> None:
-    from functions.local_app.demo.pubsub_world import eventarc_request
+    from mbridge.demo.pubsub_world import eventarc_request
 
     with pytest.raises(ValueError, match="not a Pub/Sub push body"):
         eventarc_request({"data": "x"}, "projects/p/topics/t")
@@ -273,7 +273,7 @@ def test_a_push_that_is_not_a_pubsub_message_is_refused() -> None:
 
 def test_the_demo_policy_reaches_the_function_unchanged() -> None:
     from functions.core.policy import Policy, Pool, load_policy
-    from functions.local_app.demo.pubsub_world import policy_document
+    from mbridge.demo.pubsub_world import policy_document
 
     policy = Policy(
         drain_period_seconds=3.0,
@@ -288,8 +288,8 @@ def test_the_demo_policy_reaches_the_function_unchanged() -> None:
 @pytest.mark.timeout(120)
 def test_a_start_that_fails_half_way_leaves_nothing_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from functions.core.policy import Policy
-    from functions.local_app.demo import pubsub_world
-    from functions.local_app.demo.errors import DemoSetupError
+    from mbridge.demo import pubsub_world
+    from mbridge.demo.errors import DemoSetupError
 
     require_emulators()
     # GIVEN a function source that cannot be imported: the emulators start, the function does not

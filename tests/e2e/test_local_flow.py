@@ -14,16 +14,16 @@ from typing import Any
 
 import requests
 
-from agent.simulator import Simulator
-from agent.transports.local import LocalBus
 from functions.core.policy import Policy
 from functions.local_app.balancer import LocalPool
-from functions.local_app.demo.world import CommandKeys
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
+from mbridge.demo.world import CommandKeys
+from simulator import Simulator
 from tests.agent_runner import AgentThread, settings_for
 from tests.waiting import wait_until
+from wire.transports.local import LocalBus
 
 SET = ["web-0", "web-1", "web-2"]
 EVENT_ID = "A1F7E1C3-0D2B-4E8F-9C51-6B2D0F3E8A44"

@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.cli import build_parser
 from agent.config import settings_from_args
-from agent.simulator import Simulator
+from mbridge.cli import build_parser
+from simulator import Simulator
 from tests.infra.sources import AGENT_INSTALL, REPO_ROOT
 from tests.peers import require_peer
 
@@ -61,7 +61,7 @@ AZURE_CUSTOM_DATA_LIMIT = 65535
 LIBRARY_VARIABLES = {
     "AZURE_CLIENT_ID",  # azure-identity: the client id of a user-assigned managed identity
     "GOOGLE_APPLICATION_CREDENTIALS",  # google-auth: a credentials file outside GCE
-    "PUBSUB_EMULATOR_HOST",  # agent/transports/pubsub.py: talk to the Pub/Sub emulator
+    "PUBSUB_EMULATOR_HOST",  # wire/transports/pubsub.py: talk to the Pub/Sub emulator
 }
 
 

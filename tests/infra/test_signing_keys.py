@@ -5,7 +5,7 @@ GIVEN an Ed25519 key pair written the way the tls provider writes it: the privat
       private_key_pem and private_key_pem_pkcs8), the public key as SubjectPublicKeyInfo PEM
       (x509.MarshalPKIXPublicKey, block "PUBLIC KEY"), both through Go's pem.EncodeToMemory (base64
       lines of 64 characters, a final newline)
-WHEN  functions/core/signing.py loads the PEM (what the GCP secret holds), and the expressions of
+WHEN  wire/signing.py loads the PEM (what the GCP secret holds), and the expressions of
       signing.tf (both clouds) turn it into one-line settings, evaluated here in Python and, when a
       terraform binary is at hand, by `terraform console` itself
 THEN  the function's key and the agents' key are one pair: what one signs, the other verifies.
@@ -27,8 +27,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from functions.core.signing import load_private_key, load_public_key, public_key_text, sign, verify
 from tests.infra.sources import TERRAFORM_AZURE, TERRAFORM_GCP, load_terraform
+from wire.signing import load_private_key, load_public_key, public_key_text, sign, verify
 
 # The DER framing of an Ed25519 key: PKCS#8 v1 (version 0, OID 1.3.101.112, the 32-byte key in an
 # OCTET STRING in an OCTET STRING), and SubjectPublicKeyInfo (OID 1.3.101.112, a 32-byte BIT STRING).

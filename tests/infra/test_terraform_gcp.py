@@ -22,9 +22,6 @@ from typing import Any
 import pytest
 
 from agent.loop import result_message
-from functions.core.commands import DEFAULT_TTL, CommandType, new_command
-from functions.core.identity import DEFAULT_AUDIENCE
-from functions.core.model import Cloud, CommandResult
 from functions.gcp_app import compute, settings
 from functions.gcp_app.commands import command_message
 from tests.infra.sources import (
@@ -36,6 +33,9 @@ from tests.infra.sources import (
     terraform_resources,
     terraform_variables,
 )
+from wire.commands import DEFAULT_TTL, CommandType, new_command
+from wire.identity import DEFAULT_AUDIENCE
+from wire.model import Cloud, CommandResult
 
 MODULE_DIR = TERRAFORM_GCP / "modules" / "vm_commands_subscription"
 FUNCTION = "google_cloudfunctions2_function.events"
@@ -475,7 +475,7 @@ def test_function_zip_holds_the_app_and_leaves_out_the_rest() -> None:
         "requirements.txt",
         "functions/gcp_app/entry.py",
         "functions/core/process.py",
-        "agent/transports/pubsub.py",
+        "wire/transports/pubsub.py",
     } <= files
     for unwanted in ("tests/", "infra/", "docs/", ".venv", ".git/", "node_modules/"):
         assert not [name for name in files if name.startswith(unwanted)], unwanted

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent import approve_cli
-from agent.approve import run_approve
-from agent.transports.base import OutboundMessage, TransportUnavailableError
-from functions.core.commands import CommandType, decode_command
-from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
-from functions.core.identity import IdentityVerifier
-from functions.core.model import Cloud, CommandResult
-from functions.core.signing import generate_keypair, load_private_key, load_public_key, verify
+from mbridge import approve_cli
+from mbridge.approve import run_approve
 from tests.factories import azure_event
 from tests.identity import ProofsOfTest, proven
+from wire.commands import CommandType, decode_command
+from wire.envelope import encode, envelope_for_command_result, envelope_for_event
+from wire.identity import IdentityVerifier
+from wire.model import Cloud, CommandResult
+from wire.signing import generate_keypair, load_private_key, load_public_key, verify
+from wire.transports.base import OutboundMessage, TransportUnavailableError
 
 VM = "WestNO_0"
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

@@ -8,15 +8,15 @@ from typing import Callable
 
 import pytest
 
-from functions.core.azure_document import (
+from agent.sources.azure.document import (
     AzureEventStatus,
     AzureScheduledEvent,
     parse_scheduled_events,
     to_maintenance_event,
 )
-from functions.core.errors import MalformedDocumentError
-from functions.core.model import EventKind, EventSource, EventStatus
 from tests.fixtures import fixture_json, fixture_text
+from wire.errors import MalformedDocumentError
+from wire.model import EventKind, EventSource, EventStatus
 
 LIVE_MIGRATION_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 

@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, ".")
 import function_app, main
 for name, module in sorted(sys.modules.items()):
-    if name.split(".")[0] in ("functions", "agent", "main", "function_app") and getattr(module, "__file__", None):
+    if name.split(".")[0] in ("wire", "functions", "agent", "simulator", "mbridge", "main", "function_app") and getattr(module, "__file__", None):
         print(module.__file__)
 """
 
@@ -26,10 +26,13 @@ def test_package_holds_both_app_roots_and_nothing_of_the_workspace(tmp_path: Pat
 
     assert {"host.json", "function_app.py", "main.py", "requirements.txt"} <= names
     assert "functions/core/process.py" in names
-    assert any(name.startswith("functions/core/schemas/") and name.endswith(".json") for name in names)
-    assert "agent/transports/pubsub.py" in names  # the Pub/Sub command sender reuses it
-    assert "agent/transports/servicebus.py" in names
+    assert any(name.startswith("wire/schemas/") and name.endswith(".json") for name in names)
+    assert "wire/transports/pubsub.py" in names  # the Pub/Sub command sender reuses it
+    assert "wire/transports/servicebus.py" in names
     assert not [name for name in names if name.split("/")[0] in {"tests", "infra", "docs", ".venv", "node_modules"}]
+    # the VM's agent, the simulator, the command line and the local app stay out of the cloud package
+    assert not [name for name in names if name.split("/")[0] in {"agent", "simulator", "mbridge"}]
+    assert not [name for name in names if name.startswith("functions/local_app/")]
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
 
 

@@ -27,15 +27,15 @@ from agent.commands import (
     EntryState,
     LedgerError,
 )
-from agent.sources.azure_imds import ApprovalRefusedError
+from agent.sources.azure.client import ApprovalRefusedError
+from agent.sources.azure.document import ScheduledEventsDocument, parse_scheduled_events
 from agent.sources.http import MetadataUnavailableError
 from agent.state_files import StateDirError
-from functions.core.azure_document import ScheduledEventsDocument, parse_scheduled_events
-from functions.core.commands import Command, CommandType, encode_command, new_command
-from functions.core.errors import RetryableError
-from functions.core.model import Cloud, CommandResult
-from functions.core.signing import generate_keypair, load_private_key, load_public_key, sign_command
 from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
+from wire.commands import Command, CommandType, encode_command, new_command
+from wire.errors import RetryableError
+from wire.model import Cloud, CommandResult
+from wire.signing import generate_keypair, load_private_key, load_public_key, sign_command
 
 VM = "WestNO_0"
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from functions.core.commands import (
+from wire.commands import (
     DEFAULT_TTL,
     Command,
     CommandType,

@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
-from functions.core.envelope import (
+from tests.factories import OBSERVED_AT, azure_event
+from tests.fixtures import FIXTURES, fixture_json
+from tests.golden import golden_envelopes
+from wire.envelope import (
     decode,
     encode,
     envelope_for_command_result,
@@ -18,11 +21,8 @@ from functions.core.envelope import (
     event_envelope_id,
     to_cloudevent,
 )
-from functions.core.errors import MalformedEnvelopeError
-from functions.core.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
-from tests.factories import OBSERVED_AT, azure_event
-from tests.fixtures import FIXTURES, fixture_json
-from tests.golden import golden_envelopes
+from wire.errors import MalformedEnvelopeError
+from wire.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
 
 GOLDEN_NAMES = sorted(path.stem for path in (FIXTURES / "envelopes").glob("*.json"))
 

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from functions.core.errors import MalformedDocumentError
-from functions.core.gce_values import (
+from agent.sources.gce.values import (
     MaintenanceValue,
     gce_event_id,
     maintenance_event,
@@ -19,8 +18,9 @@ from functions.core.gce_values import (
     preempted_event,
     upcoming_event,
 )
-from functions.core.model import EventKind, EventStatus
 from tests.fixtures import fixture_text
+from wire.errors import MalformedDocumentError
+from wire.model import EventKind, EventStatus
 
 OBSERVED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from functions.core.jsontext import load_json, require_unicode
+from wire.jsontext import load_json, require_unicode
 
 
 def test_valid_text_and_bytes_parse_alike() -> None:

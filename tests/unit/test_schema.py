@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-import functions.core
-from functions.core.envelope import event_from_data
-from functions.core.errors import MalformedEnvelopeError
+import wire
 from tests.fixtures import FIXTURES, fixture_json
+from wire.envelope import event_from_data
+from wire.errors import MalformedEnvelopeError
 
-SCHEMAS = Path(functions.core.__file__).parent / "schemas"
+SCHEMAS = Path(wire.__file__).parent / "schemas"
 EVENT_SCHEMA = json.loads((SCHEMAS / "maintenance-event-data.schema.json").read_text())
 RESULT_SCHEMA = json.loads((SCHEMAS / "command-result-data.schema.json").read_text())
 
@@ -78,8 +78,8 @@ def test_schema_and_codec_agree(data: dict[str, Any], valid: bool) -> None:
 
 
 def test_command_result_schema_accepts_what_the_codec_writes() -> None:
-    from functions.core.envelope import command_result_to_data
-    from functions.core.model import CommandResult
+    from wire.envelope import command_result_to_data
+    from wire.model import CommandResult
 
     data = command_result_to_data(CommandResult("c1", True, "E1", "vm-0", "approved"))
     Draft202012Validator(RESULT_SCHEMA).validate(data)

@@ -13,8 +13,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from functions.core.commands import CommandType, decode_command, encode_command, new_command
-from functions.core.signing import (
+from tests.peers import require_peer
+from wire.commands import CommandType, decode_command, encode_command, new_command
+from wire.signing import (
     BadSignatureError,
     KeyFormatError,
     SigningUnavailableError,
@@ -26,7 +27,6 @@ from functions.core.signing import (
     sign_command,
     verify,
 )
-from tests.peers import require_peer
 
 ISSUED = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -237,7 +237,7 @@ def test_without_cryptography_the_error_says_how_to_install_it(monkeypatch: pyte
 def test_importing_the_command_modules_does_not_load_cryptography() -> None:
     # GIVEN a fresh interpreter that imports the agent's command handling and the signing module
     code = (
-        "import sys, agent.commands, agent.approve, functions.core.signing; "
+        "import sys, agent.commands, mbridge.approve, wire.signing; "
         "print(any(m == 'cryptography' or m.startswith('cryptography.') for m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

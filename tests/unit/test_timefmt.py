@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from functions.core.timefmt import format_rfc1123, format_rfc3339, parse_rfc1123, parse_rfc3339
+from wire.timefmt import format_rfc1123, format_rfc3339, parse_rfc1123, parse_rfc3339
 
 UTC = timezone.utc
 

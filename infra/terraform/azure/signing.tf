@@ -13,7 +13,7 @@ resource "tls_private_key" "commands" {
 }
 
 locals {
-  # Both keys as one line of base64 of the raw 32-byte key, the form functions/core/signing.py
+  # Both keys as one line of base64 of the raw 32-byte key, the form wire/signing.py
   # loads from an app setting and the agents from an environment file (a PEM block spans lines,
   # and an app setting reaches the host as an environment variable).
   #

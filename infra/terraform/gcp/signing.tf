@@ -34,7 +34,7 @@ resource "google_secret_manager_secret" "signing_key" {
 }
 
 # Unencrypted PKCS#8 PEM ("BEGIN PRIVATE KEY"), as tls writes an Ed25519 key and as
-# functions/core/signing.py loads it. A secret mounted as an environment variable keeps its
+# wire/signing.py loads it. A secret mounted as an environment variable keeps its
 # line breaks.
 resource "google_secret_manager_secret_version" "signing_key" {
   count = local.generate_signing_key ? 1 : 0

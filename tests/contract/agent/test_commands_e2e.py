@@ -19,14 +19,14 @@ import pytest
 import requests
 
 from agent.config import AgentSettings
-from agent.simulator import Simulator
-from agent.transports.base import OutboundMessage
-from functions.core.commands import Command, CommandType, encode_command, new_command
-from functions.core.envelope import decode
-from functions.core.model import CommandResult
-from functions.core.signing import generate_keypair, load_private_key, sign_command
+from simulator import Simulator
 from tests.agent_runner import AgentThread, settings_for
 from tests.waiting import wait_until
+from wire.commands import Command, CommandType, encode_command, new_command
+from wire.envelope import decode
+from wire.model import CommandResult
+from wire.signing import generate_keypair, load_private_key, sign_command
+from wire.transports.base import OutboundMessage
 
 VM = "vm-0"
 EVENT_ID = "5DD55B64-45AD-49D3-BBC9-F57D4EA97BD7"
@@ -44,7 +44,7 @@ class Bus:
 @pytest.fixture(params=["local", "pubsub"])
 def bus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bus]:
     if request.param == "local":
-        from agent.transports.local import LocalBus, LocalOperator
+        from wire.transports.local import LocalBus, LocalOperator
 
         path = tmp_path / "bus.db"
         local = LocalOperator(LocalBus(path))
@@ -57,7 +57,7 @@ def bus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bus]:
     request.getfixturevalue("pubsub_emulator")
     import google.cloud.pubsub_v1 as pubsub_v1  # type: ignore[import-untyped]
 
-    from agent.transports.pubsub import PubSubOperator, PubSubSettings
+    from wire.transports.pubsub import PubSubOperator, PubSubSettings
 
     project = f"e2e-{uuid.uuid4().hex[:8]}"
     publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
@@ -158,7 +158,7 @@ def test_events_reach_pubsub_in_order_with_ordering_key_and_attributes(
 ) -> None:
     import google.cloud.pubsub_v1 as pubsub_v1
 
-    from agent.simulator import load_scenario
+    from simulator import load_scenario
     from tests.agent_runner import play_to_the_end
 
     # GIVEN the events topic with an ordered subscription, and the agent publishing to it
@@ -223,7 +223,7 @@ def test_mbridge_approve_exit_codes_over_the_local_bus(
 
         def approve_cli(event_id: str, target: str, wait: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [sys.executable, "-m", "agent.cli", "approve", "--event-id", event_id, "--target", target,
+                [sys.executable, "-m", "mbridge.cli", "approve", "--event-id", event_id, "--target", target,
                  "--transport", "local", "--bus-path", str(settings.bus_path), "--wait", wait,
                  "--trust-file", str(trust)],
                 capture_output=True, text=True, timeout=60, cwd=ROOT,

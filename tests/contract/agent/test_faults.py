@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import requests
 
-from agent.simulator import Simulator
-from agent.transports.base import OutboundMessage, TransportUnavailableError
-from agent.transports.jsonl import JsonlTransport
+from simulator import Simulator
 from tests.agent_runner import AgentThread, settings_for
 from tests.waiting import wait_until
+from wire.transports.base import OutboundMessage, TransportUnavailableError
+from wire.transports.jsonl import JsonlTransport
 
 EVENT = {"event_type": "Reboot", "resources": ["vm-0"], "event_id": "E1"}
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import requests
 
-from agent.simulator import Simulator, load_scenario
 from agent.state import AgentState
-from functions.core.signing import generate_keypair
+from simulator import Simulator, load_scenario
 from tests.agent_runner import ROOT, AgentProcess, play_to_the_end
 from tests.waiting import wait_until
+from wire.signing import generate_keypair
 
 
 def free_port() -> int:
@@ -37,7 +37,7 @@ def test_documented_live_migration_prints_exactly_three_cloudevents(tmp_path: Pa
     with Simulator(scenario=load_scenario("azure-live-migration")) as sim:
         # WHEN `mbridge agent --cloud azure --metadata-url <simulator> --vm-name WestNO_0 --transport jsonl` runs
         agent = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "agent", "--cloud", "azure", "--metadata-url", sim.base_urls[0],
+            [sys.executable, "-m", "mbridge.cli", "agent", "--cloud", "azure", "--metadata-url", sim.base_urls[0],
              "--vm-name", "WestNO_0", "--transport", "jsonl", "--state-dir", str(tmp_path), "--listen", "off"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -72,7 +72,7 @@ def test_sigkill_mid_publish_loses_nothing_and_keeps_ids_stable(tmp_path: Path) 
     collected: list[dict[str, Any]] = []
     killed_with_pending: list[int] = []
     with Simulator(cloud="azure", vm_names=["vm-0"]) as sim:
-        args = [sys.executable, "-m", "agent.cli", "agent", "--cloud", "azure", "--metadata-url", sim.base_urls[0],
+        args = [sys.executable, "-m", "mbridge.cli", "agent", "--cloud", "azure", "--metadata-url", sim.base_urls[0],
                 "--vm-name", "vm-0", "--transport", "jsonl", "--state-dir", str(state_dir), "--listen", "off",
                 "--poll-interval", "0.25"]  # fmt: skip
         ids = [f"E{n:03d}" for n in range(120)]
@@ -197,7 +197,7 @@ def _ok(url: str) -> bool:
 def test_check_reports_healthy_against_the_simulator(tmp_path: Path) -> None:
     with Simulator(cloud="azure", vm_names=["vm-0"]) as sim:
         done = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "agent", "--check", "--cloud", "azure", "--metadata-url",
+            [sys.executable, "-m", "mbridge.cli", "agent", "--check", "--cloud", "azure", "--metadata-url",
              sim.base_urls[0], "--transport", "local", "--state-dir", str(tmp_path),
              "--verify-key", generate_keypair()[1].decode()],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
@@ -209,7 +209,7 @@ def test_check_reports_healthy_against_the_simulator(tmp_path: Path) -> None:
 
 def test_check_names_the_problem_when_metadata_is_unreachable(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "agent", "--check", "--cloud", "gce", "--metadata-url",
+        [sys.executable, "-m", "mbridge.cli", "agent", "--check", "--cloud", "gce", "--metadata-url",
          f"http://127.0.0.1:{free_port()}", "--state-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
@@ -220,7 +220,7 @@ def test_check_names_the_problem_when_metadata_is_unreachable(tmp_path: Path) ->
 
 def test_bad_settings_exit_2_with_the_flag_to_fix(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "agent", "--cloud", "azure", "--poll-interval", "0.05",
+        [sys.executable, "-m", "mbridge.cli", "agent", "--cloud", "azure", "--poll-interval", "0.05",
          "--state-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip

@@ -14,15 +14,15 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
-from agent.simulator.server import Simulator
-from agent.sources.azure_imds import AzureImdsClient
-from agent.sources.gce_metadata import GceMetadataClient
-from functions.core.envelope import decode, encode, envelope_for_event
-from functions.core.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, Identity, UnverifiedError
-from functions.core.model import Cloud, EventKind, EventStatus
+from agent.sources.azure.client import AzureImdsClient
+from agent.sources.gce.client import GceMetadataClient
 from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
+from simulator.server import Simulator
 from tests.factories import azure_event
+from wire.envelope import decode, encode, envelope_for_event
+from wire.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, Identity, UnverifiedError
+from wire.model import Cloud, EventKind, EventStatus
 
 VMS = ("web-0", "web-1")
 

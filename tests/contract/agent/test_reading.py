@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from agent.simulator import Simulator
+from simulator import Simulator
 from tests.agent_runner import AgentThread, settings_for
 from tests.waiting import wait_until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentSettings
-from agent.simulator import Simulator, load_scenario
+from simulator import Simulator, load_scenario
 from tests.agent_runner import AgentThread, play_to_the_end, settings_for
 
 # scenario → (reporter, expected (kind, status) sequence)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from agent.simulator import Simulator
-from agent.transports.local import LocalBus
+from simulator import Simulator
 from tests.agent_runner import ROOT, AgentProcess, read_jsonl
 from tests.contract.agent.test_process import free_port
 from tests.unit.agent.test_state_files import a_file, under_proc
 from tests.waiting import wait_until
+from wire.transports.local import LocalBus
 
 VM = "vm-0"
 
@@ -41,7 +41,7 @@ def agent_args(metadata_url: str, state_dir: Path, *extra: str) -> list[str]:
 
 def mbridge_agent(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agent.cli", "agent", *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-m", "mbridge.cli", "agent", *args], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
 
 

@@ -20,9 +20,7 @@ from typing import Any
 import pytest
 
 from agent.proofs import AzureAttestedProver
-from agent.simulator.azure_api import SIM_SUBSCRIPTION_ID, vm_id
-from agent.simulator.server import Simulator
-from agent.sources.azure_imds import AzureImdsClient
+from agent.sources.azure.client import AzureImdsClient
 from functions.azure_app import settings as names
 from functions.azure_app.settings import Settings, SettingsError
 from functions.azure_app.vm_directory import StaticVmDirectory, VmDirectoryConfigError
@@ -32,11 +30,13 @@ from functions.azure_app.wiring import (
     build_verifier,
     fetch_issuer,
 )
-from functions.core.envelope import decode, encode, envelope_for_event
-from functions.core.identity import IdentityVerifier, UnverifiedError
-from functions.core.model import EventKind, EventStatus
 from functions.trust.trust_file import TrustFileError
+from simulator.azure_api import SIM_SUBSCRIPTION_ID, vm_id
+from simulator.server import Simulator
 from tests.factories import azure_event
+from wire.envelope import decode, encode, envelope_for_event
+from wire.identity import IdentityVerifier, UnverifiedError
+from wire.model import EventKind, EventStatus
 
 VMS = ("web-0", "web-1")
 OTHER_SUBSCRIPTION = "11111111-2222-3333-4444-555555555555"

@@ -37,11 +37,11 @@ from functions.azure_app.vm_directory import (
     VmDirectoryUnavailableError,
     vm_directory,
 )
-from functions.core.errors import PermanentError, RetryableError
 from functions.core.ports import JsonObject
 from functions.trust.verifiers import VmDirectory
 from tests.contract.azure.test_load_balancer import TOKEN, StaticToken, _self_signed
 from tests.peers import free_port
+from wire.errors import PermanentError, RetryableError
 
 SUB = "6f1c2d9e-0000-4000-8000-00000000c0de"
 OTHER_SUB = "0b7e4a31-1111-4000-8000-0000000000aa"

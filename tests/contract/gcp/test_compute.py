@@ -22,10 +22,10 @@ import pytest
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
-from functions.core.errors import PermanentError, RetryableError
 from functions.core.ports import JsonObject
 from functions.gcp_app.compute import ComputeConfigError, ComputeMaintenance, InstanceGroupBalancer
 from functions.gcp_app.settings import GroupRef
+from wire.errors import PermanentError, RetryableError
 
 PROJECT = "shop-prod"
 ZONE_B, ZONE_C = "europe-west1-b", "europe-west1-c"

@@ -26,11 +26,7 @@ from google.api_core import exceptions as api_errors
 from google.cloud import firestore
 
 from agent.proofs import AzureAttestedProver
-from agent.simulator import Simulator
-from agent.sources.azure_imds import AzureImdsClient
-from functions.core.envelope import encode, envelope_for_event
-from functions.core.identity import ReporterName
-from functions.core.model import EventKind, EventStatus, MaintenanceEvent
+from agent.sources.azure.client import AzureImdsClient
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, StateStore
 from functions.core.process import CLAIM_LEASE, Deps, claim_key, process
@@ -39,7 +35,11 @@ from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateS
 from functions.gcp_app.settings import Settings
 from functions.gcp_app.wiring import build_deps
 from functions.local_app.store import SqliteStore
+from simulator import Simulator
 from tests.factories import azure_event
+from wire.envelope import encode, envelope_for_event
+from wire.identity import ReporterName
+from wire.model import EventKind, EventStatus, MaintenanceEvent
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 LEASE = CLAIM_LEASE

@@ -27,17 +27,17 @@ from typing import Any
 import functions_framework
 import pytest
 
-from functions.core.commands import Command
-from functions.core.envelope import encode, envelope_for_event
-from functions.core.errors import RetryableError
-from functions.core.identity import ReporterName
-from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import JsonObject
 from functions.core.process import Deps
 from functions.gcp_app import wiring
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
+from wire.commands import Command
+from wire.envelope import encode, envelope_for_event
+from wire.errors import RetryableError
+from wire.identity import ReporterName
+from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 
 ROOT = Path(__file__).resolve().parents[3]
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 
 from agent.proofs import GceIdentityProver
-from agent.simulator.gce_api import PROJECT_ID
-from agent.simulator.server import Simulator
-from agent.sources.gce_metadata import GceMetadataClient
-from functions.core.envelope import decode, encode, envelope_for_event
-from functions.core.identity import DEFAULT_AUDIENCE, IdentityVerifier, UnverifiedError
-from functions.core.model import Cloud, EventKind, EventStatus
+from agent.sources.gce.client import GceMetadataClient
 from functions.gcp_app.settings import Settings
 from functions.gcp_app.wiring import build_verifier
+from simulator.gce_api import PROJECT_ID
+from simulator.server import Simulator
 from tests.factories import azure_event
+from wire.envelope import decode, encode, envelope_for_event
+from wire.identity import DEFAULT_AUDIENCE, IdentityVerifier, UnverifiedError
+from wire.model import Cloud, EventKind, EventStatus
 
 VMS = ("gce-0", "gce-1")
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 import requests
 
-from agent.simulator import Simulator, load_scenario
+from simulator import Simulator, load_scenario
 
 API_VERSION = "2020-07-01"
 METADATA = {"Metadata": "true"}

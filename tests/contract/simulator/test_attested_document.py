@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import requests
 
-from agent.simulator import Simulator
-from agent.simulator.attestation import ATTESTED_TTL, AttestationAuthority
-from agent.simulator.azure_api import ATTESTED_NEWEST
 from functions.trust.azure_attested import AttestedDocument, load_certificates, verify_attested_document
+from simulator import Simulator
+from simulator.attestation import ATTESTED_TTL, AttestationAuthority
+from simulator.azure_api import ATTESTED_NEWEST
 from tests.contract.simulator.conftest import METADATA, TIMEOUT, StartSim, VmClient, clients
 
 ATTESTED_VERSION = "2020-09-01"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.simulator.scenarios import LIVE_MIGRATION_EVENT_ID
+from simulator.scenarios import LIVE_MIGRATION_EVENT_ID
 from tests.contract.simulator.conftest import StartSim, VmClient, clients
 
 

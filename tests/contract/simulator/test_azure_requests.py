@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.simulator import Simulator
+from simulator import Simulator
 from tests.contract.simulator.conftest import METADATA, StartSim, VmClient, clients
 
 ALL_VERSIONS = ["2017-03-01", "2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01", "2020-07-01"]

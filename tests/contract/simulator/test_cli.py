@@ -1,4 +1,4 @@
-"""`python -m agent.simulator.cli` as a process: URLs first on stdout, logs on stderr, clean exits."""
+"""`python -m simulator.cli` as a process: URLs first on stdout, logs on stderr, clean exits."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from agent.simulator import SCENARIO_NAMES
 from functions.trust.gce_token import verify_identity_token
+from simulator import SCENARIO_NAMES
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[3]
 def simulator_process(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen(
-        [sys.executable, "-m", "agent.simulator.cli", *args],
+        [sys.executable, "-m", "simulator.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -45,7 +45,7 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
 def run_to_exit(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "agent.simulator.cli", *args],
+        [sys.executable, "-m", "simulator.cli", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from agent.simulator import Simulator, load_scenario
+from simulator import Simulator, load_scenario
 from tests.contract.simulator.conftest import StartSim, VmClient, clients
 
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from agent.simulator import ScenarioError, load_scenario
+from simulator import ScenarioError, load_scenario
 from tests.contract.simulator.conftest import METADATA, StartSim, VmClient, clients
 from tests.contract.simulator.test_azure_lifecycle import statuses
 from tests.contract.simulator.test_gce import set_value

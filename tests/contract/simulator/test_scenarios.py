@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 import requests
 
-from agent.simulator import SCENARIO_NAMES, ScenarioError, Simulator, load_scenario
+from simulator import SCENARIO_NAMES, ScenarioError, Simulator, load_scenario
 from tests.contract.simulator.conftest import StartSim, VmClient, clients
 
 REPO = Path(__file__).resolve().parents[3]
@@ -355,7 +355,7 @@ def test_yaml_without_pyyaml_says_what_to_install(tmp_path: Path) -> None:
     path = write(tmp_path, "plain.yaml", "cloud: azure\nsteps:\n  - at: 1\n    fault: {drop: 1}\n")
     code = (
         "import sys; sys.modules['yaml'] = None\n"
-        "from agent.simulator import load_scenario, ScenarioError\n"
+        "from simulator import load_scenario, ScenarioError\n"
         f"try:\n    load_scenario({path!r})\nexcept ScenarioError as exc:\n    print(exc)\n"
     )
     # WHEN the YAML file is loaded there

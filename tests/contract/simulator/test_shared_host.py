@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.simulator import ScenarioError, load_scenario
+from simulator import ScenarioError, load_scenario
 from tests.contract.simulator.conftest import StartSim, VmClient, clients
 from tests.contract.simulator.test_azure_lifecycle import statuses
 from tests.contract.simulator.test_scenarios import write

@@ -20,9 +20,9 @@ import pytest
 from google.api_core import exceptions as api_errors
 from google.cloud.pubsub_v1.publisher import exceptions as publisher_errors  # type: ignore[import-untyped]
 
-from agent.transports.base import InboundCommand, OutboundMessage, TransportConfigError, TransportUnavailableError
-from agent.transports.pubsub import PubSubOperator, PubSubSettings, PubSubTransport
 from tests.peers import start_pubsub_emulator
+from wire.transports.base import InboundCommand, OutboundMessage, TransportConfigError, TransportUnavailableError
+from wire.transports.pubsub import PubSubOperator, PubSubSettings, PubSubTransport
 
 VM = "vm-a"
 OTHER_VM = "vm-b"

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from agent.config import ConfigError, add_agent_arguments, settings_from_args
-from functions.core.signing import generate_keypair
+from wire.signing import generate_keypair
 
 ENV = (
     "MBRIDGE_VERIFY_KEY",

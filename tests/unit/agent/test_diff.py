@@ -8,20 +8,12 @@ from typing import Any
 
 import pytest
 
-from agent.diff import (
-    GceIdentity,
-    GceKeyState,
-    azure_state_from_json,
-    azure_state_to_json,
-    diff_azure,
-    diff_gce,
-    gce_state_from_json,
-    gce_state_to_json,
-)
-from functions.core.azure_document import ScheduledEventsDocument, parse_scheduled_events
-from functions.core.errors import MalformedDocumentError
-from functions.core.model import EventKind, EventStatus
+from agent.sources.azure.diff import azure_state_from_json, azure_state_to_json, diff_azure
+from agent.sources.azure.document import ScheduledEventsDocument, parse_scheduled_events
+from agent.sources.gce.diff import GceIdentity, GceKeyState, diff_gce, gce_state_from_json, gce_state_to_json
 from tests.fixtures import fixture_text
+from wire.errors import MalformedDocumentError
+from wire.model import EventKind, EventStatus
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 NOT_BEFORE = "Sun, 01 Mar 2026 12:15:00 GMT"  # T0 + 15 minutes, a Reboot's notice

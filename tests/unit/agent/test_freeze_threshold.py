@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 import pytest
 
 from agent.config import ConfigError, add_agent_arguments, settings_from_args
-from agent.sources.azure_imds import AzureObservation
-from agent.trackers import AzureTracker
-from functions.core.azure_document import parse_scheduled_events
+from agent.sources.azure.client import AzureObservation
+from agent.sources.azure.document import parse_scheduled_events
+from agent.sources.azure.tracker import AzureTracker
 from functions.core.policy import DEFAULT_POLICY
 
 

@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from agent.sources.gce_metadata import GceKeyWatcher, GceMetadataClient, GceObservation, GceReading
+from agent.sources.gce.client import GceKeyWatcher, GceMetadataClient, GceObservation, GceReading
+from agent.sources.gce.values import MAINTENANCE_EVENT_KEY, UPCOMING_MAINTENANCE_KEY
 from agent.sources.http import MetadataHttp, MetadataUnavailableError
-from functions.core.gce_values import MAINTENANCE_EVENT_KEY, UPCOMING_MAINTENANCE_KEY
 
 
 @dataclass

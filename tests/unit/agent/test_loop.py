@@ -13,19 +13,19 @@ import pytest
 
 from agent.health import Metrics, Readiness
 from agent.loop import Agent, event_message
-from agent.sources.azure_imds import AzureObservation
+from agent.sources.azure.client import AzureObservation
+from agent.sources.azure.document import parse_scheduled_events, to_maintenance_event
+from agent.sources.azure.tracker import AzureTracker
 from agent.state import AgentState
 from agent.timing import SystemClock
-from agent.trackers import AzureTracker
-from agent.transports.base import InboundCommand, OutboundMessage
-from functions.core.azure_document import parse_scheduled_events, to_maintenance_event
-from functions.core.bounds import MAX_ENVELOPE_BYTES
-from functions.core.envelope import decode
-from functions.core.errors import RetryableError
-from functions.core.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
 from tests.fixtures import fixture_text
 from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
 from tests.waiting import wait_until
+from wire.bounds import MAX_ENVELOPE_BYTES
+from wire.envelope import decode
+from wire.errors import RetryableError
+from wire.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
+from wire.transports.base import InboundCommand, OutboundMessage
 
 
 @dataclass

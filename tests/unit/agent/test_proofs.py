@@ -20,14 +20,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from agent.health import Metrics, Readiness
 from agent.loop import Agent
 from agent.proofs import AzureAttestedProver, GceIdentityProver, ProofUnavailableError
-from agent.sources.azure_imds import AzureObservation
+from agent.sources.azure.client import AzureObservation
+from agent.sources.azure.document import parse_scheduled_events
+from agent.sources.azure.tracker import AzureTracker
 from agent.sources.http import MetadataUnavailableError
 from agent.state import AgentState
 from agent.timing import SystemClock
-from agent.trackers import AzureTracker
-from functions.core.azure_document import parse_scheduled_events
-from functions.core.envelope import decode
-from functions.core.identity import (
+from tests.unit.agent.test_loop import FakeTransport
+from tests.waiting import wait_until
+from wire.envelope import decode
+from wire.identity import (
     AZURE_ATTESTED,
     AZURE_SESSION_KEY,
     AZURE_SIGNATURE,
@@ -37,9 +39,7 @@ from functions.core.identity import (
     signed_digest,
     token_audience,
 )
-from functions.core.model import Cloud
-from tests.unit.agent.test_loop import FakeTransport
-from tests.waiting import wait_until
+from wire.model import Cloud
 
 BODY = json.dumps({"specversion": "1.0", "id": "a" * 64, "data": {"x": "é"}}, ensure_ascii=False).encode()
 

@@ -17,9 +17,10 @@ pytest.importorskip("google.auth", reason="google-auth is not installed (the 3.9
 
 from google.auth import jwt
 
-from agent.simulator.clock import Clock
-from agent.simulator.departures import Departures
-from agent.simulator.gce_api import (
+from functions.trust.gce_token import GceIdentity, TokenError, verify_identity_token
+from simulator.clock import Clock
+from simulator.departures import Departures
+from simulator.gce_api import (
     IDENTITY_PATH,
     PREFIX,
     PROJECT_ID,
@@ -29,9 +30,8 @@ from agent.simulator.gce_api import (
     GceState,
     instance_id,
 )
-from agent.simulator.gce_identity import TokenIssuer
-from agent.simulator.store import MetadataRequest, Response, SimLog, Timeline
-from functions.trust.gce_token import GceIdentity, TokenError, verify_identity_token
+from simulator.gce_identity import TokenIssuer
+from simulator.store import MetadataRequest, Response, SimLog, Timeline
 
 VMS = ("gce-vm-0", "gce-vm-1")
 AUDIENCE = "maintenance-bridge/" + "12" * 32

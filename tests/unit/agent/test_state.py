@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from agent.state import AgentState
-from agent.transports.base import OutboundMessage
-from functions.core.errors import RetryableError
 from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
+from wire.errors import RetryableError
+from wire.transports.base import OutboundMessage
 
 
 def message(n: int) -> OutboundMessage:

@@ -27,28 +27,28 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 import function_app
-from agent.transports.servicebus import (
-    ReceiverLike,
-    ServiceBusOperator,
-    ServiceBusSettings,
-    body_bytes,
-)
 from functions.azure_app import settings as names
 from functions.azure_app.blueprint import DEPS, FUNCTION_NAME, handle_message
 from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.settings import Settings, SettingsError
 from functions.azure_app.wiring import DepsProvider
-from functions.core.commands import Command, decode_command
-from functions.core.envelope import Envelope, encode, envelope_for_event
-from functions.core.errors import PermanentError, RetryableError
-from functions.core.identity import TRUST_FILE_FORMAT, Identity, ReporterName
-from functions.core.model import EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import CommandSender, JsonObject
 from functions.core.process import CLAIM_LEASE, Deps
-from functions.core.signing import generate_keypair, load_public_key, sign, verify
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
+from wire.commands import Command, decode_command
+from wire.envelope import Envelope, encode, envelope_for_event
+from wire.errors import PermanentError, RetryableError
+from wire.identity import TRUST_FILE_FORMAT, Identity, ReporterName
+from wire.model import EventKind, EventSource, EventStatus, MaintenanceEvent
+from wire.signing import generate_keypair, load_public_key, sign, verify
+from wire.transports.servicebus import (
+    ReceiverLike,
+    ServiceBusOperator,
+    ServiceBusSettings,
+    body_bytes,
+)
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 SUBSCRIPTION = "6f1c2d9e-0000-4000-8000-00000000c0de"

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from azure.servicebus import ServiceBusMessage
 
-from agent.transports.servicebus import ReceiverLike, ServiceBusOperator, ServiceBusSettings, body_bytes
 from functions.azure_app import settings as names
 from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.settings import Settings, SettingsError
 from functions.azure_app.wiring import command_bus_settings
-from functions.core.commands import Command, CommandType, decode_command, new_command
+from wire.commands import Command, CommandType, decode_command, new_command
+from wire.transports.servicebus import ReceiverLike, ServiceBusOperator, ServiceBusSettings, body_bytes
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 MINIMAL = {

@@ -10,7 +10,7 @@ from bench.agent_probes import ImportRss, parse_import_steps
 
 
 def test_import_steps_are_the_rss_after_each_group() -> None:
-    output = json.dumps([["interpreter", 10.5], ["requests,http.server", 27.5], ["agent.cli,agent.main", 31.25]])
+    output = json.dumps([["interpreter", 10.5], ["requests,http.server", 27.5], ["mbridge.cli,agent.main", 31.25]])
     assert parse_import_steps(output) == [10.5, 27.5, 31.25]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.agent_process import AgentOptions, agent_arguments, verify_key
-from functions.core.signing import load_public_key
+from wire.signing import load_public_key
 
 
 def _options(transport: str, extra: tuple[str, ...] = ()) -> AgentOptions:

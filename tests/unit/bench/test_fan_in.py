@@ -15,9 +15,9 @@ from bench.fan_in import (
     synthetic_run,
     synthetic_run_figures,
 )
-from functions.core.envelope import decode
-from functions.core.model import MaintenanceEvent
 from functions.core.ports import AuditRecord
+from wire.envelope import decode
+from wire.model import MaintenanceEvent
 
 NOW = datetime(2024, 5, 2, 12, 0, 0, tzinfo=timezone.utc)
 RESOURCES = ["vm-0000", "vm-0001", "vm-0002"]

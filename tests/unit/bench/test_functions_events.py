@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from bench.functions_events import completion, envelope_body, new_event_id, reboot_entry, reported_event
-from functions.core.envelope import decode
-from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
+from wire.envelope import decode
+from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 
 SEEN = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 

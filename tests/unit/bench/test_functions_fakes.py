@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from bench.functions_fakes import MemoryPool, MemorySender, RecordingBalancer, RecordingSender
-from functions.core.commands import CommandType, new_command
+from wire.commands import CommandType, new_command
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bench.throughput import OPEN_EVENTS, workload
-from functions.core.envelope import decode
-from functions.core.model import EventStatus, MaintenanceEvent
+from wire.envelope import decode
+from wire.model import EventStatus, MaintenanceEvent
 
 
 def _event(body: bytes) -> MaintenanceEvent:

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from functions.core.model import Cloud, EventKind
-from functions.local_app.demo import flows
-from functions.local_app.demo.flows import FLOWS, POOLS, Context, Expectation, pools_after
-from functions.local_app.demo.timeline import EventTimeline, ImdsApproval, SentApproval
+from mbridge.demo import flows
+from mbridge.demo.flows import FLOWS, POOLS, Context, Expectation, pools_after
+from mbridge.demo.timeline import EventTimeline, ImdsApproval, SentApproval
+from wire.model import Cloud, EventKind
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 CONTEXT = Context(drain_period_seconds=3.0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from functions.core.model import Cloud, EventKind
-from functions.local_app.demo.play import Result, Verdict
-from functions.local_app.demo.report import render_html, summary
-from functions.local_app.demo.timeline import EventTimeline
+from mbridge.demo.play import Result, Verdict
+from mbridge.demo.report import render_html, summary
+from mbridge.demo.timeline import EventTimeline
+from wire.model import Cloud, EventKind
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 

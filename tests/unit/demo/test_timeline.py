@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-from functions.core.envelope import encode, envelope_for_event
-from functions.core.model import Cloud, EventKind, EventStatus
 from functions.core.ports import AuditRecord
-from functions.core.timefmt import format_rfc3339
-from functions.local_app.demo.timeline import EventTimeline, Observer
+from mbridge.demo.timeline import EventTimeline, Observer
 from tests.factories import azure_event
+from wire.envelope import encode, envelope_for_event
+from wire.model import Cloud, EventKind, EventStatus
+from wire.timefmt import format_rfc3339
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 EVENT_ID = "9B1D4C77-0E3A-4F62-8A55-3C7E1B2D4F22"

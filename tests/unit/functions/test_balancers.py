@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
-from functions.core.commands import Command, CommandType
 from functions.local_app.balancer import LocalPool
+from wire.commands import Command, CommandType
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 

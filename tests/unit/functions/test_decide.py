@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from functions.core.decide import Action, Approve, Decision, Drain, PerformMaintenance, Restore, decide
-from functions.core.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import DEFAULT_POLICY, Policy
 from tests.factories import OBSERVED_AT, azure_event
+from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 
 NOW = OBSERVED_AT  # 22:11:58 UTC; the factory's NotBefore is 15 minutes later
 SET = ("WestNO_0", "WestNO_1")

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from agent.transports.base import OutboundMessage
-from agent.transports.local import LocalBus
-from functions.core.envelope import encode, envelope_for_event
-from functions.core.errors import PermanentError, RetryableError
-from functions.core.identity import ReporterName
-from functions.core.model import EventKind, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import JsonObject
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
 from tests.waiting import wait_until
+from wire.envelope import encode, envelope_for_event
+from wire.errors import PermanentError, RetryableError
+from wire.identity import ReporterName
+from wire.model import EventKind, MaintenanceEvent
+from wire.transports.base import OutboundMessage
+from wire.transports.local import LocalBus
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 

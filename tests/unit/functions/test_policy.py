@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from functions.core.errors import PermanentError
 from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, Pool, load_policy
+from wire.errors import PermanentError
 
 FULL_JSON = """
 {

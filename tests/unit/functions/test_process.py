@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from functions.core.commands import Command
-from functions.core.envelope import encode, envelope_for_event
-from functions.core.errors import PermanentError, RetryableError
-from functions.core.identity import ReporterName
-from functions.core.model import EventKind, EventSource, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, Pool
 from functions.core.ports import JsonObject
 from functions.core.process import CLAIM_LEASE, ClaimBusyError, ClaimWait, Deps, claim_key, process
 from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
+from wire.commands import Command
+from wire.envelope import encode, envelope_for_event
+from wire.errors import PermanentError, RetryableError
+from wire.identity import ReporterName
+from wire.model import EventKind, EventSource, EventStatus, MaintenanceEvent
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 SET = ("web-0", "web-1", "web-2")

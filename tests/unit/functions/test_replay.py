@@ -121,11 +121,11 @@ def test_lines_that_are_not_envelopes_are_reported_and_skipped() -> None:
 
 def test_cli_exit_codes() -> None:
     ok = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "replay", "--events", str(RECORDINGS / "user-reboot.jsonl")],
+        [sys.executable, "-m", "mbridge.cli", "replay", "--events", str(RECORDINGS / "user-reboot.jsonl")],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     missing = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "replay", "--events", "/nonexistent/events.jsonl"],
+        [sys.executable, "-m", "mbridge.cli", "replay", "--events", "/nonexistent/events.jsonl"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert ok.returncode == 0

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from functions.core.commands import Command
-from functions.core.envelope import encode, envelope_for_command_result, envelope_for_event
-from functions.core.identity import GCE_TOKEN
-from functions.core.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy, PolicyError, Pool, policy_from_mapping
 from functions.core.process import Deps, Outcome, process
 from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
 from tests.identity import ProofsOfTest, proven
+from wire.commands import Command
+from wire.envelope import encode, envelope_for_command_result, envelope_for_event
+from wire.identity import GCE_TOKEN
+from wire.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 SET = ("web-0", "web-1", "web-2", "web-3", "web-4", "web-5")

@@ -23,15 +23,9 @@ from cloudevents.http import CloudEvent
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1, firestore
 
-from functions.core.commands import Command, CommandType, decode_command
-from functions.core.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
-from functions.core.errors import PermanentError, RetryableError
-from functions.core.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT, Identity, ReporterName
-from functions.core.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
 from functions.core.policy import Policy
 from functions.core.ports import ActionName, JsonObject, Result
 from functions.core.process import Deps, Outcome, Taken
-from functions.core.signing import generate_keypair, load_public_key, verify
 from functions.gcp_app import entry as entry_module
 from functions.gcp_app import logging as logs
 from functions.gcp_app import wiring
@@ -43,6 +37,12 @@ from functions.gcp_app.settings import GroupRef, Settings, SettingsError
 from functions.local_app.store import SqliteStore
 from functions.trust.verifiers import CloudVerifier
 from tests.factories import azure_event
+from wire.commands import Command, CommandType, decode_command
+from wire.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
+from wire.errors import PermanentError, RetryableError
+from wire.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT, Identity, ReporterName
+from wire.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
+from wire.signing import generate_keypair, load_public_key, verify
 
 ROOT = Path(__file__).resolve().parents[3]
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from agent.transports.base import OutboundMessage
-from agent.transports.local import LocalBus
+from wire.transports.base import OutboundMessage
+from wire.transports.local import LocalBus
 
 OLD_SCHEMA = """
 CREATE TABLE events (

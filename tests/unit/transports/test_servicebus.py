@@ -29,12 +29,16 @@ from azure.servicebus._pyamqp._encode import encode_payload
 from azure.servicebus._pyamqp.message import Header
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
-from agent.cli import build_parser
 from agent.commands import CommandLedger, CommandProcessor
 from agent.config import ConfigError, settings_from_args
-from agent.transports.base import OutboundMessage, TransportConfigError, TransportUnavailableError
-from agent.transports.factory import servicebus_settings
-from agent.transports.servicebus import (
+from mbridge.cli import build_parser
+from tests.unit.test_command_processor import EVENT_ID, FakeClock, FakeImds, FakeReadiness
+from wire.commands import CommandType, encode_command, new_command
+from wire.model import Cloud
+from wire.signing import generate_keypair
+from wire.transports.base import OutboundMessage, TransportConfigError, TransportUnavailableError
+from wire.transports.factory import servicebus_settings
+from wire.transports.servicebus import (
     COMMAND_CONTENT_TYPE,
     EVENT_CONTENT_TYPE,
     ServiceBusClientLike,
@@ -43,10 +47,6 @@ from agent.transports.servicebus import (
     ServiceBusTransport,
     connect,
 )
-from functions.core.commands import CommandType, encode_command, new_command
-from functions.core.model import Cloud
-from functions.core.signing import generate_keypair
-from tests.unit.test_command_processor import EVENT_ID, FakeClock, FakeImds, FakeReadiness
 
 VM = "vm-a"
 NAMESPACE = "mbridge-test.servicebus.windows.net"

@@ -1,6 +1,6 @@
 """The Azure attested document verifier against documents of the simulator's authority.
 
-The authority (agent/simulator/attestation.py) signs like IMDS: DER CMS SignedData, content
+The authority (simulator/attestation.py) signs like IMDS: DER CMS SignedData, content
 embedded, only the signer certificate embedded, no signed attributes. Every test builds what it
 needs from it, or edits its DER with asn1crypto; nothing here talks to the network.
 """
@@ -20,8 +20,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.hazmat.primitives.serialization import pkcs7
 
-from agent.simulator.attestation import ATTESTED_TTL, AttestationAuthority, attested_content
-from agent.simulator.azure_api import SIM_SUBSCRIPTION_ID, vm_id
 from functions.trust.azure_attested import (
     CLOCK_SKEW,
     MAX_DOCUMENT_BYTES,
@@ -31,6 +29,8 @@ from functions.trust.azure_attested import (
     load_certificates,
     verify_attested_document,
 )
+from simulator.attestation import ATTESTED_TTL, AttestationAuthority, attested_content
+from simulator.azure_api import SIM_SUBSCRIPTION_ID, vm_id
 from tests.fixtures import FIXTURES
 
 NOW = datetime(2026, 1, 15, 12, 0, 0, tzinfo=timezone.utc)

@@ -15,7 +15,6 @@ pytest.importorskip("google.auth", reason="google-auth is not installed (the 3.9
 from cryptography.hazmat.primitives import serialization
 from google.auth import crypt, jwt
 
-from agent.simulator.gce_identity import SigningKey, TokenIssuer
 from functions.trust.gce_token import (
     MAX_TOKEN_BYTES,
     GceIdentity,
@@ -26,6 +25,7 @@ from functions.trust.gce_token import (
 )
 from scripts.regenerate_identity_fixture import AUDIENCE as FIXTURE_AUDIENCE
 from scripts.regenerate_identity_fixture import CREATED_AT, ISSUED_AT, VM_NAME
+from simulator.gce_identity import SigningKey, TokenIssuer
 from tests.fixtures import FIXTURES, fixture_json, fixture_text
 
 AUDIENCE = "maintenance-bridge/" + "ab" * 32

@@ -16,8 +16,6 @@ pytest.importorskip("google.auth", reason="google-auth is not installed (the 3.9
 
 import requests
 
-from agent.simulator.gce_identity import TokenIssuer
-from functions.core.errors import RetryableError
 from functions.trust.gce_token import (
     MAX_CACHE_SECONDS,
     MIN_CACHE_SECONDS,
@@ -27,6 +25,8 @@ from functions.trust.gce_token import (
     cache_lifetime,
     verify_with_source,
 )
+from simulator.gce_identity import TokenIssuer
+from wire.errors import RetryableError
 
 AUDIENCE = "maintenance-bridge/" + "ef" * 32
 VM: dict[str, Any] = {

@@ -1,0 +1,1 @@
+"""GCE metadata: the long-poll client, the value parsers, the diff, the tracker and the `Source`."""

@@ -1,0 +1,157 @@
+"""Flags of `mbridge approve` and the transport it talks through; the logic is mbridge.approve."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agent.config import ConfigError, add_transport_arguments, default_state_dir, env
+from agent.timing import SystemClock
+from mbridge.approve import EXIT_NO_ANSWER, run_approve
+from wire.errors import BridgeError
+from wire.identity import IdentityVerifier
+from wire.model import Cloud
+from wire.transports.base import Operator, TransportConfigError, TransportUnavailableError
+from wire.transports.factory import DEFAULT_RESULTS_SUBSCRIPTION
+
+DEFAULT_WAIT = 30.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--event-id", required=True, help="the Azure EventId to approve")
+    parser.add_argument("--target", required=True, help="the VM whose agent POSTs the approval")
+    parser.add_argument(
+        "--cloud", choices=[c.value for c in Cloud], default=env("MBRIDGE_CLOUD", "azure"), help="[MBRIDGE_CLOUD]"
+    )
+    waiting = parser.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_WAIT,
+        help=f"seconds to wait for the agent's answer (default {DEFAULT_WAIT:g}); exit 0 accepted, 1 rejected, "
+        "2 no answer",
+    )
+    waiting.add_argument("--no-wait", action="store_true", help="return once the bus accepted the command")
+    parser.add_argument(
+        "--signing-key",
+        default=env("MBRIDGE_SIGNING_KEY"),
+        help="Ed25519 private key (PEM, base64 or a file) to sign the command with [MBRIDGE_SIGNING_KEY]",
+    )
+    trust = parser.add_argument_group(
+        "trust", "an answer counts only with a valid proof of identity from the target VM (docs/security.md)"
+    )
+    trust.add_argument(
+        "--trust-file",
+        default=env("MBRIDGE_TRUST_FILE"),
+        help="verify with a trust file, as the simulator writes it (mbridge simulate --trust-file) "
+        "[MBRIDGE_TRUST_FILE]",
+    )
+    trust.add_argument(
+        "--trust-subscriptions",
+        default=env("MBRIDGE_TRUST_SUBSCRIPTIONS"),
+        help="Azure: the subscriptions (comma-separated) whose VMs may answer; their vmIds are resolved to names "
+        "with your Azure credentials (Reader on the VMs) [MBRIDGE_TRUST_SUBSCRIPTIONS]",
+    )
+    trust.add_argument(
+        "--trust-resource-groups",
+        default=env("MBRIDGE_TRUST_RESOURCE_GROUPS", ""),
+        help="Azure: look for the VMs in these resource groups only (comma-separated) [MBRIDGE_TRUST_RESOURCE_GROUPS]",
+    )
+    trust.add_argument(
+        "--insecure-unverified-results",
+        action="store_true",
+        help="take any answer without checking who sent it: any VM that can publish could forge it",
+    )
+    parser.add_argument(
+        "--results-subscription",
+        default=env("MBRIDGE_RESULTS_SUBSCRIPTION", DEFAULT_RESULTS_SUBSCRIPTION),
+        help="Service Bus subscription / Pub/Sub subscription on the events topic to read answers from "
+        f"[MBRIDGE_RESULTS_SUBSCRIPTION, default {DEFAULT_RESULTS_SUBSCRIPTION}]",
+    )
+    add_transport_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        verifier = build_verifier(args) if not args.no_wait else None
+        operator = build_operator(args)
+        signing_key = None
+        if args.signing_key:
+            from wire.signing import load_private_key
+
+            signing_key = load_private_key(args.signing_key)
+    except BridgeError as exc:
+        print(f"mbridge approve: {exc}", file=sys.stderr)
+        return EXIT_NO_ANSWER
+    try:
+        return run_approve(
+            event_id=args.event_id,
+            target=args.target,
+            cloud=Cloud(args.cloud),
+            sender=operator,
+            reader=operator,
+            wait=None if args.no_wait else args.wait,
+            signing_key=signing_key,
+            verifier=verifier,
+            clock=SystemClock(),
+            out=sys.stdout,
+        )
+    finally:
+        operator.close()
+
+
+def build_verifier(args: argparse.Namespace) -> IdentityVerifier | None:
+    """What checks that an answer comes from the target VM; None only when asked for explicitly."""
+    if args.insecure_unverified_results:
+        return None
+    if args.trust_file:
+        from functions.trust.trust_file import TrustFileError, load_trust_file
+
+        try:
+            return load_trust_file(args.trust_file)
+        except TrustFileError as exc:
+            raise ConfigError(str(exc)) from exc
+    if args.trust_subscriptions:
+        return _azure_verifier(args)
+    raise ConfigError(
+        "mbridge approve takes an answer only from the target VM, proven by its cloud: give --trust-subscriptions "
+        "(Azure, with credentials that may read the VMs) or --trust-file, or --insecure-unverified-results "
+        "to take any answer (docs/security.md)"
+    )
+
+
+def _azure_verifier(args: argparse.Namespace) -> IdentityVerifier:
+    from azure.identity import DefaultAzureCredential
+
+    from functions.azure_app.settings import default_roots
+    from functions.azure_app.vm_directory import ComputeVmDirectory
+    from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier
+
+    subscriptions = [s.strip() for s in args.trust_subscriptions.split(",") if s.strip()]
+    groups = tuple(g.strip() for g in args.trust_resource_groups.split(",") if g.strip())
+    directory = ComputeVmDirectory(DefaultAzureCredential(), resource_groups=groups)
+    azure = AzureAttestedVerifier(roots=default_roots(), directory=directory, subscriptions=subscriptions)
+    return CloudVerifier(azure=azure)
+
+
+def build_operator(args: argparse.Namespace) -> Operator:
+    """The sender + results reader for the chosen transport."""
+    if args.transport == "jsonl":
+        raise TransportConfigError("the jsonl transport has no command channel: use local, servicebus or pubsub")
+    if args.transport == "local":
+        from wire.transports.local import LocalBus, LocalOperator
+
+        bus_path = Path(args.bus_path) if args.bus_path else default_state_dir() / "bus.db"
+        if not bus_path.exists():
+            raise TransportUnavailableError(f"no local bus at {bus_path}; pass the agent's --bus-path")
+        return LocalOperator(LocalBus(bus_path))
+    if args.transport == "servicebus":
+        from wire.transports import servicebus
+        from wire.transports.factory import servicebus_settings
+
+        return servicebus.build_operator(servicebus_settings(args, args.target, args.results_subscription))
+    from wire.transports import pubsub
+    from wire.transports.factory import pubsub_settings
+
+    return pubsub.build_operator(pubsub_settings(args, args.target, args.results_subscription))

@@ -1,0 +1,153 @@
+"""`mbridge audit list`: read an audit log by VM or by event, as JSON lines, oldest first.
+
+The same command reads the three audit logs the function apps write:
+
+    mbridge audit list --vm web-0                                  # the local host's SQLite
+    mbridge audit list --table-endpoint https://ACCOUNT.table.core.windows.net --vm web-0   # Azure
+    mbridge audit list --firestore-project my-project --event 5DD55B64-...                  # Google Cloud
+
+Azure authenticates with DefaultAzureCredential (`az login`, a managed identity) and needs
+Storage Table Data Reader on the audit table; Google with Application Default Credentials
+(`gcloud auth application-default login`) and Firestore read access. The cloud libraries are
+imported only when their source is chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.config import default_state_dir, env
+from functions.core.ports import AuditRecord
+from wire.errors import BridgeError
+from wire.timefmt import format_rfc3339
+
+
+class AuditReader(Protocol):
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]: ...
+
+
+class SourceError(Exception):
+    """The chosen audit log cannot be opened; the message says what to pass."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="audit_command", metavar="COMMAND")
+    actions.required = True
+    listing = actions.add_parser("list", help="print audit records as JSON lines, oldest first")
+    listing.add_argument("--vm", help="only records about this VM")
+    listing.add_argument("--event", help="only records of this event id (case-insensitive)")
+    source = listing.add_mutually_exclusive_group()
+    source.add_argument(
+        "--db",
+        default=None,
+        help="the local function host's database [MBRIDGE_FUNCTIONS_DB, default <state-dir>/functions.db]",
+    )
+    source.add_argument("--table-endpoint", help="Azure: the Table service URL; signs in with DefaultAzureCredential")
+    source.add_argument(
+        "--table-connection-string", help="Azure: a Table connection string instead (Azurite, local runs)"
+    )
+    source.add_argument("--firestore-project", help="Google Cloud: the project of the Firestore database")
+    listing.add_argument(
+        "--audit-table",
+        default=env("MBRIDGE_AUDIT_TABLE", "mbridgeaudit"),
+        help="Azure: the audit table [MBRIDGE_AUDIT_TABLE, default mbridgeaudit]",
+    )
+    listing.add_argument(
+        "--firestore-database",
+        default=env("MBRIDGE_FIRESTORE_DATABASE", "(default)"),
+        help="Google Cloud: the database [MBRIDGE_FIRESTORE_DATABASE, default (default)]",
+    )
+    listing.add_argument(
+        "--firestore-prefix",
+        default=env("MBRIDGE_FIRESTORE_COLLECTION_PREFIX", "mbridge_"),
+        help="Google Cloud: the collection prefix [MBRIDGE_FIRESTORE_COLLECTION_PREFIX, default mbridge_]",
+    )
+
+
+def audit_line(record: AuditRecord) -> dict[str, Any]:
+    """One audit record as `mbridge audit list` prints it."""
+    return {
+        "time": format_rfc3339(record.time),
+        "kind": record.kind,
+        "event_id": record.event_id,
+        "vm": record.vm,
+        "status": record.status,
+        "action": record.action,
+        "rule": record.rule,
+        "at": format_rfc3339(record.at) if record.at else None,
+        "reason": record.reason,
+        "envelope_id": record.envelope_id,
+        "detail": record.detail,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        reader, close = open_reader(args)
+    except SourceError as error:
+        print(f"mbridge audit: {error}", file=sys.stderr)
+        return 2
+    try:
+        records = reader.query(vm=args.vm, event_id=args.event)
+    except BridgeError as error:  # unreachable, missing role or index: the adapters' messages say which
+        print(f"mbridge audit: {error}", file=sys.stderr)
+        return 2
+    finally:
+        close()
+    for record in records:
+        print(json.dumps(audit_line(record)))
+    return 0
+
+
+def open_reader(args: argparse.Namespace) -> tuple[AuditReader, Any]:
+    """The audit log the flags name, and how to close it."""
+    if args.table_endpoint or args.table_connection_string:
+        return _table_reader(args), lambda: None
+    if args.firestore_project:
+        return _firestore_reader(args), lambda: None
+    return _sqlite_reader(args)
+
+
+def _sqlite_reader(args: argparse.Namespace) -> tuple[AuditReader, Any]:
+    from functions.local_app.store import SqliteStore
+
+    db = args.db or env("MBRIDGE_FUNCTIONS_DB")
+    path = Path(db) if db else default_state_dir() / "functions.db"
+    if not path.exists():
+        raise SourceError(
+            f"no audit database at {path}; pass --db, or --table-endpoint / --firestore-project for a cloud audit log"
+        )
+    store = SqliteStore(path)
+    return store, store.close
+
+
+def _table_reader(args: argparse.Namespace) -> AuditReader:
+    try:
+        from azure.data.tables import TableClient
+
+        from functions.azure_app.tables import TableAuditLog
+    except ImportError as error:
+        raise SourceError(f"the Azure libraries are missing ({error}): install maintenance-bridge[azure]") from error
+    if args.table_connection_string:
+        table = TableClient.from_connection_string(args.table_connection_string, table_name=args.audit_table)
+    else:
+        from azure.identity import DefaultAzureCredential
+
+        table = TableClient(args.table_endpoint, table_name=args.audit_table, credential=DefaultAzureCredential())
+    return TableAuditLog(table)
+
+
+def _firestore_reader(args: argparse.Namespace) -> AuditReader:
+    try:
+        from google.cloud import firestore
+
+        from functions.gcp_app.firestore_store import FirestoreAuditLog
+    except ImportError as error:
+        raise SourceError(f"the Google libraries are missing ({error}): install maintenance-bridge[gcp]") from error
+    client = firestore.Client(project=args.firestore_project, database=args.firestore_database)
+    return FirestoreAuditLog(client, prefix=args.firestore_prefix, database=args.firestore_database)

@@ -1,0 +1,81 @@
+"""`mbridge`: the one console script. Only the chosen subcommand's module is imported, so the
+agent on a VM never loads the simulator, the function core's stores or anything else it does
+not run (and `mbridge --help` imports none of them)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    module: str  # has configure(parser) and run(args) -> exit code
+    help: str
+    description: str
+
+
+COMMANDS = {
+    "simulate": Command(
+        "simulator.cli",
+        "serve a local Azure IMDS / GCE metadata simulator",
+        "Serve a faithful local metadata service (Azure Scheduled Events or GCE maintenance-event) for "
+        "tests, demos and rehearsals. Prints one base URL per VM first.",
+    ),
+    "agent": Command(
+        "agent.main",
+        "watch this VM's metadata service and forward every maintenance change",
+        "Watch Azure Scheduled Events or GCE maintenance metadata, publish every change as a CloudEvent, "
+        "and carry approvals back. Every flag has an MBRIDGE_* environment variable.",
+    ),
+    "approve": Command(
+        "mbridge.approve_cli",
+        "ask a VM's agent to approve an Azure scheduled event, and wait for its answer",
+        "Send an approve command to one VM through the bus. The agent re-checks the event against IMDS "
+        "before POSTing. Exit 0 accepted, 1 rejected (reason printed), 2 no answer.",
+    ),
+    "demo": Command(
+        "mbridge.demo.cli",
+        "run the whole product locally on eight maintenance flows and check every expectation",
+        "Simulators for an Azure availability set, a Spot VM, a scale-set instance and a GCE VM; an agent "
+        "per VM; the bus and the functions; a live timeline per event, a summary, and exit 0 only when "
+        "every expectation held.",
+    ),
+    "replay": Command(
+        "functions.local_app.replay",
+        "run recorded envelopes through the policy and print the actions it takes",
+        "One JSON line per action (time, event_id, status, vm, action, at, reason), on a virtual clock "
+        "taken from the envelopes; duplicates take no new action.",
+    ),
+    "audit": Command("mbridge.audit_cli", "read the local audit log", "Read the local audit log."),
+}
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `chosen`'s module is imported to add its flags."""
+    parser = argparse.ArgumentParser(
+        prog="mbridge",
+        description="Forward cloud VM maintenance notices to a bus, and rehearse them locally.",
+    )
+    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subcommands.required = True
+    for name, command in COMMANDS.items():
+        sub = subcommands.add_parser(name, help=command.help, description=command.description)
+        if name == chosen:
+            module = importlib.import_module(command.module)
+            module.configure(sub)
+            sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in arguments if not a.startswith("-")), None)
+    args = build_parser(chosen).parse_args(arguments)
+    exit_code: int = args.run(args)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""What happened to each demo event, stage by stage, and when.
+
+Three witnesses, none of them the demo's own bookkeeping:
+- the agents' envelopes on the bus: `detected` (the envelope's time, taken by the agent when it
+  saw the change), `published` (when the bus took it), `started`, `completed`/`canceled`;
+- the functions' audit log: `decided`, `drained` (per VM), the approval sent, `restored`;
+- the simulator's approval log: `approved` is when IMDS accepted a StartRequests POST.
+Elapsed times count from the moment the demo injected the maintenance into the simulator.
+
+An envelope whose proof does not name the VM it claims to come from (a forgery the demo makes
+to show the functions refusing it) marks no stage: it is noted as `forged`, and the functions'
+audit records of what they refused (`unverified`, `not-self`) as `refused`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Optional
+
+from functions.core.ports import AuditRecord
+from wire.envelope import decode
+from wire.errors import MalformedEnvelopeError
+from wire.model import Cloud, EventKind, EventStatus, MaintenanceEvent
+from wire.timefmt import parse_rfc3339
+
+STAGES = ("detected", "published", "decided", "drained", "approved", "started", "completed", "restored")
+
+
+@dataclass(frozen=True)
+class ImdsApproval:
+    """One StartRequests POST as the simulator logged it."""
+
+    vm: str
+    outcome: str  # accepted | already-approved | unknown-event | ...
+    time: datetime
+
+
+@dataclass(frozen=True)
+class SentApproval:
+    target: str
+    execute_at: datetime | None
+
+
+@dataclass
+class EventTimeline:
+    """One flow's event. `matches` says whether an envelope's event is this one."""
+
+    key: str
+    cloud: Cloud
+    kind: EventKind
+    event_id: str | None  # Azure: known up front; GCE: learnt from the first envelope
+    injected_at: datetime | None = None
+    stages: dict[str, datetime] = field(default_factory=dict)
+    ended_as: str | None = None
+    reporters: set[str] = field(default_factory=set)
+    drained: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    approvals: list[ImdsApproval] = field(default_factory=list)
+    approve_commands: list[SentApproval] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+    command_results: list[tuple[str, str, str]] = field(default_factory=list)  # vm, result, reason
+    forged: list[str] = field(default_factory=list)  # "<status> claimed by <vm>, proven by <vm>"
+    refusals: list[tuple[str, str]] = field(default_factory=list)  # audit kind (unverified | not-self), reason
+
+    def matches(self, event: MaintenanceEvent) -> bool:
+        if event.cloud is not self.cloud:
+            return False
+        if self.event_id is not None:
+            return event.event_id.lower() == self.event_id.lower()
+        # A GCE flow takes the first event of its kind after its injection.
+        return self.injected_at is not None and event.kind is self.kind
+
+    def owns(self, event_id: str) -> bool:
+        return self.event_id is not None and event_id.lower() == self.event_id.lower()
+
+    def accepted_approvals(self) -> list[ImdsApproval]:
+        return [approval for approval in self.approvals if approval.outcome == "accepted"]
+
+    def elapsed_ms(self, stage: str) -> float | None:
+        at = self.stages.get(stage)
+        if at is None or self.injected_at is None:
+            return None
+        return (at - self.injected_at).total_seconds() * 1000.0
+
+
+# Called with (timeline, stage, detail) the first time a stage is seen.
+StageListener = Callable[[EventTimeline, str, str], None]
+# The VM a message's proof names, or None when it has no valid proof (the demo's own check).
+SenderOf = Callable[[bytes], Optional[str]]
+REFUSED = ("unverified", "not-self")
+
+
+class Observer:
+    """Feeds the witnesses' records into the timelines; each stage is marked once, at its first sighting."""
+
+    def __init__(
+        self, timelines: Sequence[EventTimeline], on_stage: StageListener, sender_of: SenderOf | None = None
+    ) -> None:
+        self.timelines = list(timelines)
+        self._on_stage = on_stage
+        self._sender_of = sender_of
+
+    def envelope(self, body: bytes, published_at: datetime) -> None:
+        try:
+            envelope = decode(body)
+        except MalformedEnvelopeError:
+            return  # the functions audit it; it belongs to no flow
+        event = envelope.data
+        if not isinstance(event, MaintenanceEvent):
+            return  # a command result: seen through the audit log
+        timeline = next((t for t in self.timelines if t.matches(event)), None)
+        if timeline is None:
+            return
+        if self._sender_of is not None:
+            sender = self._sender_of(body)
+            if sender != event.reporter or event.reporter not in event.resources:
+                claim = f"{event.status.value} of {', '.join(event.resources)} by {event.reporter}"
+                timeline.forged.append(f"{claim}, proven by {sender or 'nobody'}")
+                self._mark(
+                    timeline, "forged", published_at, f"{claim}; its proof names {sender or 'nobody'}", again=True
+                )
+                return
+        if timeline.event_id is None:
+            timeline.event_id = event.event_id
+        timeline.reporters.add(event.reporter)
+        if event.status in (EventStatus.SCHEDULED, EventStatus.STARTED):
+            self._mark(timeline, "detected", envelope.time, f"{event.status.value}, by {event.reporter}")
+            self._mark(timeline, "published", published_at, f"envelope {envelope.id[:12]}")
+        if event.status is EventStatus.STARTED:
+            self._mark(timeline, "started", envelope.time, f"seen by {event.reporter}")
+        elif event.status in (EventStatus.COMPLETED, EventStatus.CANCELED):
+            if timeline.ended_as is None:
+                timeline.ended_as = event.status.value
+            self._mark(timeline, "completed", envelope.time, f"{event.status.value}, seen by {event.reporter}")
+
+    def audit(self, record: AuditRecord) -> None:
+        timeline = next((t for t in self.timelines if t.owns(record.event_id)), None)
+        if timeline is None:
+            return
+        if record.kind in REFUSED:
+            timeline.refusals.append((record.kind, record.reason))
+            self._mark(timeline, "refused", record.time, record.reason, again=True)
+        elif record.kind == "decision":
+            timeline.rules.append(record.rule)
+            self._mark(timeline, "decided", record.time, f"rule {record.rule}: {record.reason}")
+        elif record.kind == "command-result":
+            timeline.command_results.append((record.vm, record.action, record.reason))
+        elif record.kind == "action" and record.action == "drain":
+            timeline.drained.append(record.vm)
+            self._mark(timeline, "drained", record.time, record.vm, again=True)
+        elif record.kind == "action" and record.action == "approve":
+            timeline.approve_commands.append(SentApproval(record.vm, record.at))
+            when = "at once" if record.at is None else f"to be POSTed at {record.at:%H:%M:%S.%f}"[:-3]
+            self._on_stage(timeline, "approval sent", f"to {record.vm}, {when}")
+        elif record.kind == "action" and record.action == "restore":
+            timeline.restored.append(record.vm)
+            self._mark(timeline, "restored", record.time, record.vm, again=True)
+
+    def approval(self, entry: Mapping[str, Any]) -> None:
+        ids = [str(event_id) for event_id in entry.get("event_ids") or []]
+        for timeline in self.timelines:
+            if any(timeline.owns(event_id) for event_id in ids):
+                when = parse_rfc3339(str(entry["time"]))
+                approval = ImdsApproval(str(entry["vm"]), str(entry["outcome"]), when)
+                timeline.approvals.append(approval)
+                if approval.outcome == "accepted":
+                    self._mark(timeline, "approved", when, f"IMDS accepted the POST of {approval.vm}")
+
+    def _mark(self, timeline: EventTimeline, stage: str, when: datetime, detail: str, again: bool = False) -> None:
+        if stage not in timeline.stages:
+            timeline.stages[stage] = when
+            self._on_stage(timeline, stage, detail)
+        elif again:
+            self._on_stage(timeline, stage, detail)

@@ -1,0 +1,288 @@
+"""The embedded backbone of the demo: simulators, one agent per VM, the SQLite bus, the local
+function host and its load-balancer pool, all in this process (agents and host in threads).
+
+`DemoWorld` is what `play` needs from any backbone: where to inject maintenance, a way to feed
+what happened into an `Observer`, the pools as they are, and where the audit log is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from agent.config import AgentSettings
+from agent.main import run_agent
+from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
+from agent.sources.azure.client import AzureImdsClient
+from agent.sources.gce.client import GceMetadataClient
+from functions.core.policy import Policy
+from functions.local_app.balancer import LocalPool
+from functions.local_app.host import LocalFunctionHost
+from functions.local_app.store import SqliteStore
+from functions.trust.trust_file import verifier_from_trust
+from functions.trust.verifiers import CloudVerifier
+from mbridge.demo.flows import AZURE_VMS, GCE_VM, POOLS
+from mbridge.demo.timeline import Observer
+from simulator import Simulator
+from wire.commands import Command
+from wire.envelope import decode
+from wire.errors import MalformedEnvelopeError
+from wire.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT, UnverifiedError
+from wire.model import Cloud
+from wire.signing import generate_keypair, load_private_key, sign_command
+from wire.transports.base import OutboundMessage
+from wire.transports.local import LocalBus
+
+# The agents poll twice a second here (the documented once a second also works; it only adds
+# half a second on average to every detection).
+POLL_INTERVAL = 0.5
+READER = "demo"
+
+
+class DemoWorld(Protocol):
+    def control_url(self, cloud: Cloud) -> str:
+        """The simulator's base URL for the control API of `cloud`."""
+        ...
+
+    def poll(self, observer: Observer) -> None:
+        """Feed everything new (envelopes, audit records, approval POSTs) into `observer`."""
+        ...
+
+    def pools(self) -> Mapping[str, Sequence[str]]:
+        """Which VMs take traffic now, by pool."""
+        ...
+
+    def describe(self) -> list[str]:
+        """Lines saying what runs and where to look (audit log, logs)."""
+        ...
+
+    def forge(self, by: str, body: bytes) -> None:
+        """Publish `body` as VM `by`'s compromised agent would: with `by`'s own genuine proof."""
+        ...
+
+    def sender_of(self, body: bytes) -> str | None:
+        """The VM a message's proof names (checked as the functions check it), or None."""
+        ...
+
+
+def agent_settings(cloud: Cloud, url: str, vm: str, state_dir: Path, **transport: object) -> AgentSettings:
+    """An agent of the demo: no health server, quick polls; `transport` picks the bus."""
+    values: dict[str, object] = {
+        "cloud": cloud,
+        "metadata_url": url,
+        "vm_name": vm,
+        "transport": "local",
+        "jsonl_path": "-",
+        "state_dir": state_dir,
+        "bus_path": state_dir / "bus.db",
+        "poll_interval": POLL_INTERVAL,
+        "listen": None,
+        "dry_run": False,
+        "verify_key": None,
+        "servicebus_namespace": None,
+        "servicebus_connection_string": None,
+        "servicebus_topic": "maintenance-events",
+        "servicebus_commands_queue": "maintenance-commands",
+        "pubsub_project": None,
+        "pubsub_topic": "maintenance-events",
+        "pubsub_commands_subscription": None,
+        "flush_seconds": 2.0,
+    }
+    values.update(transport)
+    return AgentSettings(**values)  # type: ignore[arg-type]
+
+
+@dataclass
+class Simulators:
+    """The Azure simulator (availability set, Spot VM, scale-set instance) and the GCE one."""
+
+    azure: Simulator
+    gce: Simulator
+
+    @classmethod
+    def start(cls, speed: float) -> Simulators:
+        azure = Simulator(cloud="azure", vm_names=list(AZURE_VMS), speed=speed).start()
+        gce = Simulator(cloud="gce", vm_names=[GCE_VM], speed=speed).start()
+        return cls(azure, gce)
+
+    def endpoints(self) -> list[tuple[Cloud, str, str]]:
+        """(cloud, VM, metadata URL) of every VM."""
+        return [
+            *((Cloud.AZURE, vm, url) for vm, url in zip(self.azure.vm_names, self.azure.base_urls)),
+            *((Cloud.GCE, vm, url) for vm, url in zip(self.gce.vm_names, self.gce.base_urls)),
+        ]
+
+    def wait_until_watched(self, timeout: float) -> None:
+        """Every VM's agent has asked its metadata service at least once, and every GCE agent has read
+        maintenance-event itself (GCE only warns a VM that queried that key since the last event, so
+        a flow injected before would be lost on purpose; a GCE agent's first request is instance/id)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = {**self.azure.traffic(), **self.gce.traffic()}
+            gce = self.gce.gce_values()
+            asked = all(vm in seen and seen[vm]["total"] > 0 for _, vm, _ in self.endpoints())
+            if asked and all(gce.get(vm, {}).get("watched") for vm in self.gce.vm_names):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"not every agent reached its metadata service within {timeout:g} s")
+
+    def approvals(self) -> list[dict[str, object]]:
+        return self.azure.approvals()
+
+    def trust(self) -> dict[str, object]:
+        """One trust file for both simulators: what verifies the proofs their VMs' agents attach."""
+        return {**self.azure.trust(), **self.gce.trust(), "format": TRUST_FILE_FORMAT}
+
+    def verifier(self) -> CloudVerifier:
+        return verifier_from_trust(self.trust())
+
+    def prover(self, vm: str) -> Prover:
+        """What VM `vm`'s agent proves its identity with: its own metadata service."""
+        cloud, url = next((cloud, url) for cloud, name, url in self.endpoints() if name == vm)
+        if cloud is Cloud.AZURE:
+            return AzureAttestedProver(AzureImdsClient.for_base_url(url), time.monotonic)
+        return GceIdentityProver(GceMetadataClient.for_base_url(url), DEFAULT_AUDIENCE)
+
+    def stop(self) -> None:
+        self.azure.stop()
+        self.gce.stop()
+
+
+def sender_of(verifier: CloudVerifier, body: bytes) -> str | None:
+    """The VM a message's proof names, or None when it has none that verifies."""
+    try:
+        envelope = decode(body)
+        now = datetime.now(timezone.utc)
+        return verifier.verify(envelope, now, now).vm
+    except (MalformedEnvelopeError, UnverifiedError):
+        return None
+
+
+def forged_message(prover: Prover, by: str, body: bytes) -> OutboundMessage:
+    """A compromised agent's message: its own proof on a report of its choosing."""
+    proven = prover.prove(body)
+    envelope = decode(proven)
+    attributes = {"type": envelope.type, "vm": by, "cloud": envelope.source.split("/")[1]}
+    return OutboundMessage(
+        envelope.id, proven, key=by, attributes=attributes, message_id=hashlib.sha256(proven).hexdigest()
+    )
+
+
+@dataclass(frozen=True)
+class CommandKeys:
+    """The demo's command-signing key pair, made for the run: the functions sign, the agents verify."""
+
+    private: Ed25519PrivateKey
+    private_pem: bytes  # as the functions' MBRIDGE_SIGNING_KEY takes it
+    public: str  # PEM, as an agent's --verify-key takes it
+
+    @classmethod
+    def generate(cls) -> CommandKeys:
+        private, public = generate_keypair()
+        return cls(load_private_key(private), private, public.decode("ascii"))
+
+    def sign(self, command: Command) -> Command:
+        return sign_command(command, self.private)
+
+
+@dataclass
+class AgentThreads:
+    threads: list[threading.Thread] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self, settings: AgentSettings) -> None:
+        thread = threading.Thread(target=run_agent, args=(settings, self.stop), name=f"agent-{settings.vm_name}")
+        thread.daemon = True
+        thread.start()
+        self.threads.append(thread)
+
+    def halt(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=15)
+
+
+class EmbeddedWorld:
+    """Everything on the embedded SQLite bus, in this process."""
+
+    def __init__(self, workdir: Path, policy: Policy, speed: float) -> None:
+        self.workdir = workdir
+        self.bus = LocalBus(workdir / "bus.db")
+        self.store = SqliteStore(workdir / "functions.db")
+        self.pool = LocalPool(workdir / "pool.db")
+        for name, vms in POOLS.items():
+            self.pool.add(name, vms)
+        self.sims = Simulators.start(speed)
+        self.agents = AgentThreads()
+        self._host_stop = threading.Event()
+        clock = lambda: datetime.now(timezone.utc)  # noqa: E731
+        # As deployed: the functions verify each sender's proof, and sign the commands the agents verify.
+        self.commands = CommandKeys.generate()
+        host = LocalFunctionHost(
+            self.bus, self.store, self.pool, policy, clock, verifier=self.sims.verifier(), signer=self.commands.sign
+        )
+        self._host = threading.Thread(target=host.run, args=(self._host_stop,), name="function-host", daemon=True)
+        self._verifier = self.sims.verifier()
+        self._position = 0
+        self._audit_seen = 0
+        self._approvals_seen = 0
+
+    def start(self, timeout: float = 15.0) -> EmbeddedWorld:
+        self._host.start()
+        for cloud, vm, url in self.sims.endpoints():
+            state_dir = self.workdir / "agents" / vm
+            settings = agent_settings(
+                cloud, url, vm, state_dir, bus_path=self.bus.path, verify_key=self.commands.public
+            )
+            self.agents.start(settings)
+        self.sims.wait_until_watched(timeout)
+        return self
+
+    def control_url(self, cloud: Cloud) -> str:
+        return self.sims.azure.base_urls[0] if cloud is Cloud.AZURE else self.sims.gce.base_urls[0]
+
+    def poll(self, observer: Observer) -> None:
+        for message in self.bus.read_events(self._position, limit=500):
+            self._position = message.seq
+            observer.envelope(message.body, datetime.fromtimestamp(message.published_at, timezone.utc))
+        records = self.store.query()
+        for record in records[self._audit_seen :]:
+            observer.audit(record)
+        self._audit_seen = len(records)
+        approvals = self.sims.approvals()
+        for entry in approvals[self._approvals_seen :]:
+            observer.approval(entry)
+        self._approvals_seen = len(approvals)
+
+    def pools(self) -> Mapping[str, Sequence[str]]:
+        return {name: self.pool.members(name) for name in POOLS}
+
+    def describe(self) -> list[str]:
+        db = self.workdir / "functions.db"
+        return [
+            f"audit log: {db}  (mbridge audit list --db {db} [--vm NAME] [--event ID])",
+            f"bus: {self.bus.path}; agent state: {self.workdir / 'agents'}; logs: {self.workdir / 'demo.log'}",
+        ]
+
+    def forge(self, by: str, body: bytes) -> None:
+        self.bus.publish_event(forged_message(self.sims.prover(by), by, body))
+
+    def sender_of(self, body: bytes) -> str | None:
+        return sender_of(self._verifier, body)
+
+    def close(self) -> None:
+        self.agents.halt()
+        self._host_stop.set()
+        self._host.join(timeout=10)
+        self.sims.stop()
+        self.store.close()
+        self.pool.close()
+        self.bus.close()
