@@ -475,7 +475,7 @@ def test_function_zip_holds_the_app_and_leaves_out_the_rest() -> None:
         "requirements.txt",
         "functions/gcp_app/entry.py",
         "functions/core/process.py",
-        "wire/transports/pubsub.py",
+        "wire/transports/pubsub/__init__.py",
     } <= files
     for unwanted in ("tests/", "infra/", "docs/", ".venv", ".git/", "node_modules/"):
         assert not [name for name in files if name.startswith(unwanted)], unwanted

@@ -27,7 +27,7 @@ def test_package_holds_both_app_roots_and_nothing_of_the_workspace(tmp_path: Pat
     assert {"host.json", "function_app.py", "main.py", "requirements.txt"} <= names
     assert "functions/core/process.py" in names
     assert any(name.startswith("wire/schemas/") and name.endswith(".json") for name in names)
-    assert "wire/transports/pubsub.py" in names  # the Pub/Sub command sender reuses it
+    assert "wire/transports/pubsub/__init__.py" in names  # the Pub/Sub command sender reuses it
     assert "wire/transports/servicebus/__init__.py" in names
     assert not [name for name in names if name.split("/")[0] in {"tests", "infra", "docs", ".venv", "node_modules"}]
     # the VM's agent, the simulator, the command line and the local app stay out of the cloud package

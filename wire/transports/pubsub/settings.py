@@ -1,0 +1,63 @@
+"""The options of the Pub/Sub transport and their validation (docs/contracts.md#transport-options),
+and the emulator the library is pointed at.
+
+Kept apart from the library: the settings are built from flags and checked before any client
+exists, and their errors name the flag to set.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from wire.transports.base import TransportConfigError
+
+EMULATOR_VARIABLE = "PUBSUB_EMULATOR_HOST"
+
+
+@dataclass(frozen=True)
+class PubSubSettings:
+    """Options of the Pub/Sub transport (docs/contracts.md#transport-options). Names may also be full
+    resource paths (`projects/P/topics/T`), e.g. for a topic in another project. `vm_name` is needed by the agent."""
+
+    project: str
+    topic: str = "maintenance-events"
+    commands_topic: str = "maintenance-commands"
+    commands_subscription: str | None = None
+    results_subscription: str = "operator-results"
+    vm_name: str = ""
+    operation_timeout: float = 30.0
+
+    def validate(self) -> None:
+        """Raise TransportConfigError naming the flag to set when the options cannot work."""
+        if not self.project.strip():
+            raise TransportConfigError(
+                "the pubsub transport needs --pubsub-project (the Google Cloud project id of the topics)"
+            )
+        for flag, value in (
+            ("--pubsub-topic", self.topic),
+            ("the commands topic name", self.commands_topic),
+            ("the results subscription name", self.results_subscription),
+        ):
+            if not value.strip():
+                raise TransportConfigError(f"{flag} is empty: give the name of the Pub/Sub resource")
+        if self.commands_subscription is not None and not self.commands_subscription.strip():
+            raise TransportConfigError("--pubsub-commands-subscription is empty: omit it to use the default")
+        if self.operation_timeout <= 0:
+            raise TransportConfigError(f"the Pub/Sub operation timeout must be positive, not {self.operation_timeout}")
+
+    @property
+    def commands_subscription_name(self) -> str:
+        """The agent's command subscription: the configured one, or `maintenance-commands-<vm name>`."""
+        return self.commands_subscription or f"maintenance-commands-{self.vm_name}"
+
+    def topic_path(self, name: str) -> str:
+        return name if name.startswith("projects/") else f"projects/{self.project}/topics/{name}"
+
+    def subscription_path(self, name: str) -> str:
+        return name if name.startswith("projects/") else f"projects/{self.project}/subscriptions/{name}"
+
+
+def emulator_host() -> str | None:
+    """The emulator the library talks to, if any (it reads the same variable)."""
+    return os.environ.get(EMULATOR_VARIABLE) or None
