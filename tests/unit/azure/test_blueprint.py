@@ -33,11 +33,12 @@ from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.settings import Settings, SettingsError
 from functions.azure_app.wiring import DepsProvider
 from functions.core.policy import Policy
-from functions.core.ports import CommandSender, JsonObject
+from functions.core.ports import CommandSender
 from functions.core.process import CLAIM_LEASE, Deps
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
-from wire.commands import Command, decode_command
+from tests.kit import FakeBalancer, RecordingSender
+from wire.commands import decode_command
 from wire.envelope import Envelope, encode, envelope_for_event
 from wire.errors import PermanentError, RetryableError
 from wire.identity import TRUST_FILE_FORMAT, Identity, ReporterName
@@ -52,37 +53,10 @@ from wire.transports.servicebus import (
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 SUBSCRIPTION = "6f1c2d9e-0000-4000-8000-00000000c0de"
+SET = ("web-0", "web-1", "web-2")
 
 
-# ---------------------------------------------------------------- fakes of our ports
-
-
-@dataclass
-class FakeBalancer:
-    """VMs in one pool; can fail the next drain as ARM would."""
-
-    members: set[str] = field(default_factory=lambda: {"web-0", "web-1", "web-2"})
-    fail_next: Exception | None = None
-
-    def locate(self, vm: str) -> JsonObject | None:
-        return {"pool": "web"} if vm in self.members else None
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        if self.fail_next is not None:
-            error, self.fail_next = self.fail_next, None
-            raise error
-        self.members.discard(vm)
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        self.members.add(vm)
-
-
-@dataclass
-class RecordingSender:
-    commands: list[Command] = field(default_factory=list)
-
-    def send(self, command: Command) -> None:
-        self.commands.append(command)
+# ---------------------------------------------------------------- the app over fakes of our ports
 
 
 @dataclass
@@ -110,7 +84,7 @@ class App:
 @pytest.fixture
 def app() -> Iterator[App]:
     store = SqliteStore(":memory:")
-    yield App(store, FakeBalancer(), RecordingSender())
+    yield App(store, FakeBalancer({"web": SET}), RecordingSender())
     store.close()
 
 
@@ -185,7 +159,7 @@ def test_a_scheduled_reboot_drains_its_vms_and_sends_one_approval(app: App) -> N
 
     # THEN web-0 left the pool and its agent got an approval after the drain period
     after = datetime.now(timezone.utc)
-    assert app.balancer.members == {"web-1", "web-2"}
+    assert app.balancer.members("web") == ["web-1", "web-2"]
     (approval,) = app.sender.commands
     assert (approval.type.value, approval.target, approval.event_id) == ("approve", "web-0", "E-REBOOT")
     assert approval.execute_at is not None
@@ -210,7 +184,7 @@ def test_a_duplicate_message_is_acknowledged_without_acting_again(app: App) -> N
 
 def test_a_transient_failure_raises_so_the_message_is_redelivered(app: App) -> None:
     # GIVEN the load balancer API timing out on the first drain
-    app.balancer.fail_next = RetryableError("ARM answered 503; retry later")
+    app.balancer.fail("remove", RetryableError("ARM answered 503; retry later"))
 
     # WHEN the host delivers the message
     # THEN the function raises (the host abandons it) and nothing was approved
@@ -221,7 +195,7 @@ def test_a_transient_failure_raises_so_the_message_is_redelivered(app: App) -> N
     # ... and the redelivery after the claim's lease completes the work once
     later = datetime.now(timezone.utc) + CLAIM_LEASE + timedelta(seconds=1)
     assert handle_message(message_body(reboot()), app.deps(), later).result == "processed"
-    assert app.balancer.members == {"web-1", "web-2"}
+    assert app.balancer.members("web") == ["web-1", "web-2"]
     assert len(app.sender.commands) == 1
 
 
@@ -239,7 +213,7 @@ def test_a_malformed_body_is_audited_and_acknowledged(app: App) -> None:
 
 def test_a_deployment_error_raises_to_keep_the_message(app: App) -> None:
     # GIVEN an identity without the role to change the load balancer
-    app.balancer.fail_next = PermanentError("not authorised to drain web-0: grant the role")
+    app.balancer.fail("remove", PermanentError("not authorised to drain web-0: grant the role"))
 
     # WHEN the host delivers the message
     # THEN it raises: the message stays on the bus (dead-lettered at worst) for a resubmission
@@ -250,7 +224,7 @@ def test_a_deployment_error_raises_to_keep_the_message(app: App) -> None:
 def test_log_lines_stay_a_few_kib_whatever_the_error_or_the_event(app: App, caplog: pytest.LogCaptureFixture) -> None:
     # GIVEN a load balancer whose error quotes 100,000 characters of its answer, and an event of
     # 1,000 VMs
-    app.balancer.fail_next = PermanentError("ARM refused: " + "a" * 100_000)
+    app.balancer.fail("remove", PermanentError("ARM refused: " + "a" * 100_000))
     vms = tuple(f"vmss-web_{n}" for n in range(1000))
     many = reboot(event_id="E-MANY", reporter=vms[0], resources=vms)
     caplog.set_level(logging.INFO, logger="mbridge.functions.azure")
@@ -329,7 +303,7 @@ def test_the_senders_proof_is_checked_as_of_when_service_bus_took_the_message(ap
     # THEN the proof was checked as of that time, in UTC
     assert verifier.accepted == [ENQUEUED]
     assert verifier.accepted[0].utcoffset() == timedelta(0)
-    assert app.balancer.members == {"web-1", "web-2"}
+    assert app.balancer.members("web") == ["web-1", "web-2"]
 
 
 def test_without_an_enqueued_time_the_proof_is_checked_as_of_now(app: App) -> None:
@@ -353,7 +327,7 @@ def test_deps_are_built_once_per_worker_and_a_failed_build_is_tried_again() -> N
         if len(builds) == 1:
             raise RetryableError("Table Storage is not reachable yet")
         store = SqliteStore(":memory:")
-        return Deps(store, FakeBalancer(), RecordingSender(), store, Policy(), verifier=ReporterName())
+        return Deps(store, FakeBalancer({"web": SET}), RecordingSender(), store, Policy(), verifier=ReporterName())
 
     provider = DepsProvider(build)
 

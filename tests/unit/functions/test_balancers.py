@@ -5,22 +5,14 @@ and touch exactly what the memento names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
 from functions.local_app.balancer import LocalPool
-from wire.commands import Command, CommandType
+from tests.kit import RecordingSender
+from wire.commands import CommandType
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
-
-
-@dataclass
-class Sent:
-    commands: list[Command] = field(default_factory=list)
-
-    def send(self, command: Command) -> None:
-        self.commands.append(command)
 
 
 def pools() -> LocalPool:
@@ -54,7 +46,7 @@ def test_local_pool_restore_puts_back_exactly_the_memento_once() -> None:
 
 
 def test_readiness_sends_nothing_to_locate_then_drain_and_restore_commands() -> None:
-    sent = Sent()
+    sent = RecordingSender()
     balancer = ReadinessBalancer(sent, clock=lambda: NOW)
     memento = balancer.locate("web-0")
     assert memento is not None
@@ -69,7 +61,7 @@ def test_readiness_sends_nothing_to_locate_then_drain_and_restore_commands() -> 
 
 
 def test_composite_keeps_each_balancers_part_and_hands_it_back_to_that_balancer() -> None:
-    local, sent = pools(), Sent()
+    local, sent = pools(), RecordingSender()
     balancer = CompositeBalancer([("pool", local), ("readiness", ReadinessBalancer(sent, clock=lambda: NOW))])
 
     memento = balancer.locate("web-1")
@@ -92,7 +84,7 @@ def test_composite_locates_nothing_when_no_part_holds_the_vm() -> None:
 
 def test_each_drain_of_a_vm_has_its_own_commands_and_a_retry_reuses_them() -> None:
     # GIVEN one VM drained and restored twice within the same minute (two maintenances)
-    sent = Sent()
+    sent = RecordingSender()
     balancer = ReadinessBalancer(sent, clock=lambda: NOW)
     first, second = balancer.locate("web-0"), balancer.locate("web-0")
     assert first is not None

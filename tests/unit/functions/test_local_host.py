@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from functions.core.policy import Policy
-from functions.core.ports import JsonObject
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
+from tests.kit import FakeBalancer
 from tests.waiting import wait_until
 from wire.envelope import encode, envelope_for_event
 from wire.errors import PermanentError, RetryableError
@@ -29,29 +29,10 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
 
 @dataclass
-class FailingBalancer:
-    """Drains every VM but those it is told to fail on, with the error given."""
-
-    failures: dict[str, BaseException] = field(default_factory=dict)
-    drained: list[str] = field(default_factory=list)
-
-    def locate(self, vm: str) -> JsonObject | None:
-        return {"pools": ["web"]}
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        if vm in self.failures:
-            raise self.failures[vm]
-        self.drained.append(vm)
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        pass
-
-
-@dataclass
 class Host:
     bus: LocalBus
     store: SqliteStore
-    balancer: FailingBalancer
+    balancer: FakeBalancer
     host: LocalFunctionHost
 
     def publish(self, event: MaintenanceEvent) -> str:
@@ -62,7 +43,8 @@ class Host:
 
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[Host]:
-    bus, store, balancer = LocalBus(tmp_path / "bus.db"), SqliteStore(tmp_path / "functions.db"), FailingBalancer()
+    bus, store = LocalBus(tmp_path / "bus.db"), SqliteStore(tmp_path / "functions.db")
+    balancer = FakeBalancer({"web": ["web-0", "web-1"]})
     yield Host(
         bus, store, balancer, LocalFunctionHost(bus, store, balancer, Policy(), lambda: NOW, verifier=ReporterName())
     )
@@ -92,7 +74,7 @@ def test_a_message_that_cannot_be_processed_is_dead_lettered_once_and_the_next_g
     local: Host, caplog: pytest.LogCaptureFixture, error: Exception
 ) -> None:
     # GIVEN a message whose drain fails in a way no retry can mend, and a good one behind it
-    local.balancer.failures["web-0"] = error
+    local.balancer.fail("remove", error, vm="web-0", times=None)
     failed = local.publish(reboot("web-0"))
     local.publish(reboot("web-1"))
 
@@ -115,12 +97,12 @@ def test_a_message_that_cannot_be_processed_is_dead_lettered_once_and_the_next_g
 
 def test_a_transient_failure_is_still_retried_and_not_dead_lettered(local: Host) -> None:
     # GIVEN a message whose drain times out once
-    local.balancer.failures["web-0"] = RetryableError("the load balancer API timed out")
+    local.balancer.fail("remove", RetryableError("the load balancer API timed out"), vm="web-0", times=None)
     local.publish(reboot("web-0"))
 
     # WHEN the host takes it, then again once the API answers
     first = local.host.step()
-    del local.balancer.failures["web-0"]
+    local.balancer.heal("remove", "web-0")
     second = local.host.step()
 
     # THEN it stays on the bus for the next step, and is processed then
@@ -136,7 +118,7 @@ def test_the_running_host_outlives_a_message_it_cannot_process(local: Host) -> N
     runner.start()
     try:
         # WHEN a message it cannot process arrives, then a good one
-        local.balancer.failures["web-0"] = PermanentError("no such backend pool")
+        local.balancer.fail("remove", PermanentError("no such backend pool"), vm="web-0", times=None)
         local.publish(reboot("web-0"))
         local.publish(reboot("web-1"))
 

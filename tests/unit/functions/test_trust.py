@@ -21,7 +21,7 @@ from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
 from tests.identity import ProofsOfTest, proven
-from wire.commands import Command
+from tests.kit import RecordingSender
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.identity import GCE_TOKEN
 from wire.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
@@ -31,18 +31,10 @@ SET = ("web-0", "web-1", "web-2", "web-3", "web-4", "web-5")
 
 
 @dataclass
-class Sent:
-    commands: list[Command] = field(default_factory=list)
-
-    def send(self, command: Command) -> None:
-        self.commands.append(command)
-
-
-@dataclass
 class World:
     store: SqliteStore
     pool: LocalPool
-    sent: Sent
+    sent: RecordingSender
     policy: Policy = field(default_factory=Policy)
 
     def deps(self) -> Deps:
@@ -66,7 +58,7 @@ def world() -> Iterator[World]:
     pool = LocalPool(":memory:")
     pool.add("web", SET)
     store = SqliteStore(":memory:")
-    yield World(store, pool, Sent())
+    yield World(store, pool, RecordingSender())
     store.close()
 
 

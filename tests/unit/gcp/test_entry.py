@@ -24,7 +24,7 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1, firestore
 
 from functions.core.policy import Policy
-from functions.core.ports import ActionName, JsonObject, Result
+from functions.core.ports import ActionName, Result
 from functions.core.process import Deps, Outcome, Taken
 from functions.gcp_app import entry as entry_module
 from functions.gcp_app import logging as logs
@@ -37,6 +37,7 @@ from functions.gcp_app.settings import GroupRef, Settings, SettingsError
 from functions.local_app.store import SqliteStore
 from functions.trust.verifiers import CloudVerifier
 from tests.factories import azure_event
+from tests.kit import FakeBalancer, RecordingSender
 from wire.commands import Command, CommandType, decode_command
 from wire.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
 from wire.errors import PermanentError, RetryableError
@@ -54,32 +55,6 @@ SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/eventarc-europe-west1-mbridge-
 
 
 @dataclass
-class FakeBalancer:
-    drained: list[str] = field(default_factory=list)
-    restored: list[str] = field(default_factory=list)
-    fail_with: Exception | None = None
-
-    def locate(self, vm: str) -> JsonObject | None:
-        return {"pools": ["web"]}
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        if self.fail_with is not None:
-            raise self.fail_with
-        self.drained.append(vm)
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        self.restored.append(vm)
-
-
-@dataclass
-class RecordingSender:
-    commands: list[Command] = field(default_factory=list)
-
-    def send(self, command: Command) -> None:
-        self.commands.append(command)
-
-
-@dataclass
 class World:
     store: SqliteStore
     balancer: FakeBalancer
@@ -93,7 +68,7 @@ class World:
 @pytest.fixture
 def world() -> Iterator[World]:
     store = SqliteStore(":memory:")
-    balancer, sender = FakeBalancer(), RecordingSender()
+    balancer, sender = FakeBalancer({"web": ["web-0", "web-1", "web-2"]}), RecordingSender()
     # The sender is the reporter: trust is tested on its own.
     deps = Deps(store=store, balancer=balancer, sender=sender, audit=store, policy=Policy(), verifier=ReporterName())
     with wiring.override(deps):
@@ -178,7 +153,7 @@ def test_a_redelivered_event_is_acknowledged_without_acting_again(world: World) 
 def test_a_transient_failure_fails_the_invocation_so_pubsub_redelivers(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
-    world.balancer.fail_with = RetryableError("the instance groups API timed out")
+    world.balancer.fail("remove", RetryableError("the instance groups API timed out"), times=None)
     with pytest.raises(RetryableError, match="timed out"):
         on_maintenance_event(published(body_of(reboot()), message_id="77"))
     warning = next(r for r in caplog.records if r.name == "mbridge.gcp.entry")
@@ -189,7 +164,7 @@ def test_a_configuration_failure_of_an_adapter_also_fails_the_invocation(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN an adapter that lacks a role: the event was not acted on, so it must not be acknowledged
-    world.balancer.fail_with = PermanentError("not allowed to remove web-0 from instance group web-b")
+    world.balancer.fail("remove", PermanentError("not allowed to remove web-0 from instance group web-b"), times=None)
     with pytest.raises(PermanentError):
         on_maintenance_event(published(body_of(reboot())))
     assert any("dead-letter topic" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
@@ -197,7 +172,7 @@ def test_a_configuration_failure_of_an_adapter_also_fails_the_invocation(
 
 def test_an_adapter_error_of_any_size_is_logged_in_a_few_kib(world: World, caplog: pytest.LogCaptureFixture) -> None:
     # GIVEN an adapter whose error quotes 100,000 characters of an API's answer
-    world.balancer.fail_with = PermanentError("the API refused: " + "a" * 100_000)
+    world.balancer.fail("remove", PermanentError("the API refused: " + "a" * 100_000), times=None)
 
     # WHEN the message is delivered
     with pytest.raises(PermanentError):
@@ -371,7 +346,7 @@ def test_over_http_processed_and_duplicate_events_are_acknowledged(world: World,
 
 @pytest.mark.parametrize("encoder", ENCODINGS)
 def test_over_http_a_transient_failure_answers_500(world: World, app: Any, encoder: Encoder) -> None:
-    world.balancer.fail_with = RetryableError("Firestore is unavailable")
+    world.balancer.fail("remove", RetryableError("Firestore is unavailable"), times=None)
     response = post(app, encoder, published(body_of(reboot())))
     assert response.status_code == 500
 
