@@ -33,9 +33,10 @@ import pytest
 
 from agent.commands import CommandLedger, CommandProcessor
 from agent.sources.azure.document import ScheduledEventsDocument, parse_scheduled_events
+from functions.core.keys import event_key
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
-from functions.core.process import CLAIM_LEASE, Deps, event_key, process
+from functions.core.process import CLAIM_LEASE, Deps, process
 from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.drills.conftest import drill_seed, say

@@ -27,9 +27,10 @@ from google.cloud import firestore
 
 from agent.proofs import AzureAttestedProver
 from agent.sources.azure.client import AzureImdsClient
+from functions.core.keys import claim_key
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, StateStore
-from functions.core.process import CLAIM_LEASE, Deps, claim_key, process
+from functions.core.process import CLAIM_LEASE, Deps, process
 from functions.gcp_app.entry import handle_message
 from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore, doc_id
 from functions.gcp_app.settings import Settings

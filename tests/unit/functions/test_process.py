@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from functions.core.keys import claim_key
 from functions.core.policy import Policy, Pool
 from functions.core.ports import JsonObject
-from functions.core.process import CLAIM_LEASE, ClaimBusyError, ClaimWait, Deps, claim_key, process
+from functions.core.process import CLAIM_LEASE, ClaimBusyError, ClaimWait, Deps, process
 from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event

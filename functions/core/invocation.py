@@ -1,0 +1,166 @@
+"""One call of `process`: what it may touch (`Deps`), what it acts on (`Invocation`) and what it did
+(`Outcome`, one `Taken` per action), and the audit records it writes on the way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from functions.core.decide import Decision
+from functions.core.policy import Policy
+from functions.core.ports import (
+    ActionName,
+    AuditKind,
+    AuditLog,
+    AuditRecord,
+    CommandSender,
+    JsonObject,
+    LoadBalancer,
+    Maintenance,
+    Result,
+    StateStore,
+)
+from wire.bounds import AUDIT_RESOURCES, bounded
+from wire.commands import Command
+from wire.envelope import Envelope
+from wire.identity import IdentityVerifier
+from wire.model import MaintenanceEvent
+
+# How long one invocation may hold a claim before a redelivery may take it over. The platform's
+# function timeout must exceed this plus `ClaimWait.longest` plus the slowest run of actions
+# (host.json functionTimeout is 10 minutes; the Cloud Function's timeout 540 s).
+CLAIM_LEASE = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class ClaimWait:
+    """How a delivery that finds its envelope busy waits for the holder to finish or its lease to
+    run out. Without one (replay, tests), a busy claim raises ClaimBusyError at once."""
+
+    clock: Callable[[], datetime]
+    sleep: Callable[[float], None] = time.sleep
+    longest: timedelta = CLAIM_LEASE + timedelta(seconds=15)
+    poll_seconds: float = 1.0
+
+
+@dataclass
+class Deps:
+    """Everything `process` touches. `signer` signs commands when the deployment has a key;
+    `verifier` checks who sent a message (policy `trust: attested`; without one, nothing is
+    verified and nothing is done)."""
+
+    store: StateStore
+    balancer: LoadBalancer
+    sender: CommandSender
+    audit: AuditLog
+    policy: Policy
+    maintenance: Maintenance | None = None
+    signer: Callable[[Command], Command] | None = None
+    claim_wait: ClaimWait | None = None
+    verifier: IdentityVerifier | None = None
+    # How long the invocation has taken so far is measured on this clock and added to its `now`.
+    monotonic: Callable[[], float] = time.monotonic
+
+
+@dataclass(frozen=True)
+class Taken:
+    """One action as it was taken (or, for `wait` and `none`, not taken), for logs and replay."""
+
+    action: ActionName
+    vm: str
+    at: datetime | None  # approve: execute_at
+    reason: str
+    event: MaintenanceEvent
+
+
+@dataclass
+class Outcome:
+    """What one invocation did, in order."""
+
+    envelope_id: str
+    result: Result
+    decision: Decision | None = None
+    actions: list[Taken] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic, repr=False)  # on `Deps.monotonic`
+
+
+@dataclass
+class Invocation:
+    """One VM's report being acted on: the envelope, that VM's own part of its event, the moment
+    the invocation began (`now`), and the outcome every step adds to.
+
+    A parked event admitted by this invocation is acted on as one of its own (`admitting`): same
+    dependencies, same clock and outcome, another envelope and event.
+    """
+
+    deps: Deps
+    now: datetime
+    envelope: Envelope
+    event: MaintenanceEvent
+    outcome: Outcome
+    # When this step's VMs were out of their pools: the drain period of its approval counts from then.
+    drained_at: datetime | None = None
+
+    @property
+    def store(self) -> StateStore:
+        return self.deps.store
+
+    @property
+    def policy(self) -> Policy:
+        return self.deps.policy
+
+    def admitting(self, envelope: Envelope, event: MaintenanceEvent) -> Invocation:
+        return Invocation(self.deps, self.now, envelope, event, self.outcome)
+
+    def moment(self) -> datetime:
+        """The present on the caller's clock: the invocation's `now` plus the time it has taken so far."""
+        return self.now + timedelta(seconds=max(0.0, self.deps.monotonic() - self.outcome.began))
+
+    def audit(self, kind: AuditKind | Result, **fields: Any) -> None:
+        """Append a record about this step of the event, stamped with the invocation's `now`."""
+        self.deps.audit.append(event_record(self.now, kind, self.envelope, self.event, **fields))
+
+    def note(
+        self, action: ActionName, vm: str, decision: Decision, reason: str = "", at: datetime | None = None
+    ) -> None:
+        """One action taken (or, for `wait` and `none`, not taken): into the outcome and the audit log."""
+        reason = bounded(reason or decision.reason)  # the outcome is logged by the apps
+        self.outcome.actions.append(Taken(action, bounded(vm), at, reason, self.event))
+        # Stamped when the action was taken, not when the step arrived: after a slow load balancer the
+        # audit log must show when each VM really left its pool (the drain period counts from then).
+        record = event_record(
+            self.moment(), AuditKind.ACTION, self.envelope, self.event, action=action, rule=decision.rule, reason=reason
+        )
+        self.deps.audit.append(replace(record, vm=vm, at=at))
+
+
+def event_record(
+    now: datetime, kind: AuditKind | Result, envelope: Envelope, event: MaintenanceEvent, **fields: Any
+) -> AuditRecord:
+    """An audit record about one step of an event, on behalf of the VM it is the part of; `fields`
+    add to (or, for `detail`, replace) what every such record says."""
+    fields.setdefault("detail", event_detail(event))
+    return AuditRecord(
+        time=now,
+        kind=kind,
+        envelope_id=envelope.id,
+        event_id=event.event_id,
+        vm=event.reporter,
+        status=event.status.value,
+        **fields,
+    )
+
+
+def event_detail(event: MaintenanceEvent) -> JsonObject:
+    """What every audit record of the event says about it: the first VMs it lists and how many more."""
+    detail: JsonObject = {
+        "kind": event.kind.value,
+        "cloud": event.cloud.value,
+        "resources": list(event.resources[:AUDIT_RESOURCES]),
+    }
+    if len(event.resources) > AUDIT_RESOURCES:
+        detail["resources_not_listed"] = len(event.resources) - AUDIT_RESOURCES
+    return detail

@@ -1,0 +1,277 @@
+"""Acting on one VM's part of an event, across its lifecycle: the decision's actions in order, the
+end of the part (put back, slots freed, waiting events admitted), and steps that come after it.
+
+Delivery is at least once and may be out of order: a `scheduled` or `started` that failed once may
+come back after its event's `completed` or `canceled`. Acted on, it would drain VMs that nothing
+ever restores and send an approval the agent must refuse. So the end of an event is stored before
+anything else is done for it (`mark_ended`), and a later step of that event is only audited as late
+(`_late`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from functions.core.actions import approve, drain, perform, pools_of
+from functions.core.checks import audit_malformed, decode_actionable
+from functions.core.decide import NO_RESTORE_KINDS, Approve, Decision, Drain, PerformMaintenance, Restore, decide
+from functions.core.invocation import Invocation
+from functions.core.keys import ended_key, event_key, own_part, subject_key
+from functions.core.ports import ActionName, AuditKind, JsonObject, StateStore
+from wire.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
+from wire.model import EventStatus, MaintenanceEvent
+from wire.timefmt import format_rfc3339
+
+# The statuses that end an event: after one of them, no step of the event is acted on.
+ENDING = frozenset({EventStatus.COMPLETED, EventStatus.CANCELED})
+# The rule name in the audit log of a step that came after its event's end (not a policy rule:
+# it is checked before `decide`, which is pure and knows nothing of what was processed before).
+LATE_RULE = "late"
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How an event ended, as its first processed `completed` / `canceled` envelope said."""
+
+    status: EventStatus
+    time: str  # RFC 3339: when the agent saw the event end
+    envelope_id: str
+
+
+def act(run: Invocation) -> None:
+    """Decide on the step and take its actions in order; a step of an ended event is only late."""
+    event = run.event
+    if event.status in ENDING:
+        mark_ended(run)
+    else:
+        ended = recall_end(event, run.store)
+        if ended is not None:
+            _late(run, ended, during_drain=False)
+            return
+    decision = decide(event, run.policy, run.now)
+    run.outcome.decision = decision
+    run.audit(AuditKind.DECISION, rule=decision.rule, reason=decision.reason)
+    if not decision.actions:
+        if event.status in ENDING:
+            # A completed Terminate or Preempt: its VMs are gone and nothing is put back, but the
+            # event still lets go of its budget slots and drain records, or its pool would wait
+            # for ever.
+            end_part(run, decision, nothing=decision.reason, put_back=False)
+            return
+        run.note(ActionName.NONE, event.reporter, decision)
+        return
+    for action in decision.actions:
+        if not _STEPS[type(action)](run, action, decision):
+            return
+    if _deleted(event):
+        _let_go_of_deleted(run, decision)
+
+
+def _drain_step(run: Invocation, action: Drain, decision: Decision) -> bool:
+    if not drain(run, action, decision):
+        if _deleted(run.event):
+            _let_go_of_deleted(run, decision)
+        return False  # parked for the budget: the approval waits with it
+    run.drained_at = run.moment()
+    # Check again now that the drains are on record: the end may have been processed since the
+    # check in `act`. See `mark_ended` for why one of the two always sees them.
+    ended = recall_end(run.event, run.store)
+    if ended is not None:
+        _late(run, ended, during_drain=True)
+        return False
+    return True
+
+
+def _approve_step(run: Invocation, action: Approve, decision: Decision) -> bool:
+    approve(run, action, decision)
+    return True
+
+
+def _restore_step(run: Invocation, action: Restore, decision: Decision) -> bool:
+    end_part(run, decision)
+    return True
+
+
+def _perform_step(run: Invocation, action: PerformMaintenance, decision: Decision) -> bool:
+    perform(run, action, decision)
+    return True
+
+
+# Each kind of action, and whether the steps after it may go on.
+_STEPS: Mapping[type, Callable[[Invocation, Any, Decision], bool]] = {
+    Drain: _drain_step,
+    Approve: _approve_step,
+    Restore: _restore_step,
+    PerformMaintenance: _perform_step,
+}
+
+
+def _deleted(event: MaintenanceEvent) -> bool:
+    """A started Terminate or Preempt: the VM is being deleted (or, on GCE, stopped), and no report of
+    it may ever come again — its own agent goes with it, and a VM alone in its set has no one else
+    to see the event end. A started event cannot be canceled."""
+    return event.status is EventStatus.STARTED and event.kind in NO_RESTORE_KINDS
+
+
+def _let_go_of_deleted(run: Invocation, decision: Decision) -> None:
+    """End a deleted VM's part now, as its completion would: drop its drain records (nothing is put
+    back), free its budget slots and admit what waits for them, and mark the event ended, so a step
+    of it redelivered later is only audited as late instead of draining and holding a slot again."""
+    gone = Decision(decision.rule, f"{run.event.kind.value} started: the VM is going, its budget slot is freed")
+    end_part(run, gone, nothing=gone.reason, put_back=False)
+    mark_ended(run)
+
+
+def mark_ended(run: Invocation) -> None:
+    """Remember that the event ended, before its drains are read and restored.
+
+    The order closes the race with a late step processed at the same time: that step records its
+    drains, then checks for the end. Either its check sees this mark (and it restores its drains
+    itself), or the mark came later — and so did the completion's read of the drains, which then
+    finds them and restores them. Both may happen; restoring twice is harmless. The first end
+    processed wins (`remember`); a redelivered or second end changes nothing.
+    """
+    envelope = run.envelope
+    value = {"status": run.event.status.value, "time": format_rfc3339(envelope.time), "envelope_id": envelope.id}
+    run.store.remember(ended_key(run.event), json.dumps(value, sort_keys=True).encode())
+
+
+def recall_end(event: MaintenanceEvent, store: StateStore) -> Ended | None:
+    """How the event ended, or None while it has not (read only)."""
+    key = ended_key(event)
+    stored = store.recall(key)
+    if stored is None:
+        return None
+    try:
+        value = json.loads(stored)
+        return Ended(EventStatus(value["status"]), str(value["time"]), str(value["envelope_id"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise PermanentError(
+            f"the end of event {event.event_id} is stored under {key!r} as {stored!r}, which this version cannot "
+            f"read ({error}); delete that record, then resubmit the message"
+        ) from error
+
+
+def _late(run: Invocation, ended: Ended, *, during_drain: bool) -> None:
+    """A step of an event that already ended: nothing new is done, and the audit log says why.
+
+    What the end itself does is done again (it is idempotent): whatever is still drained for the
+    event is put back and its budget slots freed. Normally that is nothing. It is something when
+    this invocation drained while the end was being processed (`during_drain`), or when an
+    earlier attempt of this step drained, then died before its own re-check.
+    """
+    status, at = ended.status.value, ended.time
+    if during_drain:
+        reason = f"late: event {status} at {at} while this step drained; put back what it drained, no approval"
+        decision = restoring = Decision(LATE_RULE, reason)
+    else:
+        decision = Decision(LATE_RULE, f"late: event already {status} at {at}, nothing to do")
+        leftover = f"late: event already {status} at {at}; put back what an earlier attempt drained"
+        restoring = Decision(LATE_RULE, leftover)
+    run.outcome.decision = decision
+    run.audit(AuditKind.DECISION, rule=LATE_RULE, reason=decision.reason)
+    # As the end decided: a completed Terminate or Preempt restores nothing (the VM is gone).
+    end = decide(replace(run.event, status=ended.status), run.policy, run.now)
+    put_back = any(isinstance(action, Restore) for action in end.actions)
+    end_part(run, restoring, nothing=decision.reason, put_back=put_back)
+
+
+def end_part(
+    run: Invocation, decision: Decision, nothing: str = "nothing drained by this system", put_back: bool = True
+) -> None:
+    """End the VM's part of the event: put it back (unless `put_back` is off: the VM is gone), drop
+    its drain record, free the event's budget slots once none of its VMs is drained in a pool, and
+    admit the events waiting for them. `run.event` is a VM's own part (`own_part`): the drains of
+    the event's other VMs are theirs to end."""
+    store, event = run.store, run.event
+    key = event_key(event)
+    own = {*event.resources, event.reporter}
+    drained = {vm: record for vm, record in store.drains(key).items() if vm in own}
+    pools = pools_of(sorted(own), run.policy)
+    for name in pools:
+        store.unpark(name, subject_key(event))  # ended while waiting for the budget: nothing to do
+    if not drained:
+        run.note(ActionName.NONE, event.reporter, decision, nothing)
+    failures: list[BridgeError] = []
+    for vm, record in sorted(drained.items()):
+        if run.policy.dry_run:
+            # Keep the record: once dry run is off again, the real completion restores it.
+            run.note(ActionName.RESTORE, vm, decision, "dry run: not restored")
+            continue
+        memento: JsonObject = record.get("memento", {})
+        if not put_back:
+            store.forget_drain(key, vm)
+            run.note(ActionName.NONE, vm, decision, "the VM is gone: nothing put back")
+            continue
+        try:
+            if memento:
+                run.deps.balancer.restore(vm, memento)
+        except BridgeError as error:
+            # Keep its record for the retry; put the others back and free the budget first.
+            failures.append(error)
+            reason = f"could not put {vm} back ({error}); its drain is kept and retried: {memento}"
+            run.note(ActionName.RESTORE_FAILED, vm, decision, reason)
+            continue
+        store.forget_drain(key, vm)
+        run.note(ActionName.RESTORE, vm, decision)
+    # The event is over for this VM: its slots go back even when it could not be put back, or every
+    # later event of the pool would wait on a repair (and go undrained when its deadline came) —
+    # unless another VM of the event is still drained in that pool and its part has not ended: the
+    # slot is the event's. (One whose part ended keeps a record only when it could not be put back.)
+    others = {vm for vm in store.drains(key) if vm not in own and recall_end(own_part(event, vm), store) is None}
+    for name in pools:
+        if not any(run.policy.pool_of(vm).name == name for vm in others):
+            store.release(name, key)
+    for name in pools:
+        _admit_waiting(run, name)
+    if failures:
+        _raise_restore_failures(failures)
+
+
+def _raise_restore_failures(failures: Sequence[BridgeError]) -> None:
+    retryable = [error for error in failures if isinstance(error, RetryableError)]
+    summary = "; ".join(str(error) for error in failures)
+    if retryable:
+        raise RetryableError(f"some VMs could not be put back yet: {summary}") from retryable[0]
+    raise PermanentError(
+        f"some VMs could not be put back: {summary}. Fix the deployment, then resubmit the dead-lettered "
+        "message: their drain records are kept and only they are restored."
+    ) from failures[0]
+
+
+def _admit_waiting(run: Invocation, pool: str) -> None:
+    """A slot may be free: the oldest waiting events of the pool go, as far as the budget allows.
+
+    A waiting event that ended meanwhile is taken out of the line by `act` (a late step) and the
+    next one is tried. That may admit events itself (its end frees its slots), so the line is read
+    again after each event rather than walked from a list that may be stale.
+    """
+    store, outcome = run.store, run.outcome
+    tried: set[str] = set()
+    while True:
+        waiting = [parked for parked in store.parked(pool) if parked.event_key not in tried]
+        if not waiting:
+            return
+        parked = waiting[0]
+        tried.add(parked.event_key)
+        try:
+            # Parked by an earlier version, it may be one this version would not have begun.
+            envelope = decode_actionable(parked.envelope)
+        except MalformedEnvelopeError as exc:
+            audit_malformed(parked.envelope, exc, run.deps, run.now)
+            store.unpark(pool, parked.event_key)
+            continue
+        if not isinstance(envelope.data, MaintenanceEvent):
+            store.unpark(pool, parked.event_key)
+            continue
+        # Parked under its subject key, after its sender was verified: the VM is the key's last part
+        # (its proof may have expired since, so it is not checked again).
+        event = own_part(envelope.data, parked.event_key.rsplit("|", 1)[-1])
+        before = len(outcome.actions)
+        act(run.admitting(envelope, event))
+        if outcome.actions[before:] and outcome.actions[before].action is ActionName.WAIT:
+            return  # still no room; it stays parked (the same entry was re-parked)
+        store.unpark(pool, parked.event_key)
