@@ -65,9 +65,10 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
+from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
 from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
+from functions.core.store_rules import DONE, IN_PROGRESS, admits, claim_found, in_line, joined
 from wire.errors import PermanentError, RetryableError
-from wire.timefmt import format_rfc3339, parse_rfc3339
 
 LOGGER = logging.getLogger("mbridge.functions.azure.tables")
 
@@ -77,7 +78,6 @@ BUDGET_ATTEMPTS = 8
 _MAX_NS = 10**20 - 1  # 20 digits: nanoseconds since 1970 until the year 5138
 
 _CLAIMS, _BUDGET, _REMEMBERED = "claims", "budget", "remembered"
-_IN_PROGRESS, _DONE = "in-progress", "done"
 
 
 # An escaped key longer than this (in UTF-16 units) is shortened, leaving room under Table
@@ -222,7 +222,7 @@ class TableStateStore:
         entity = {
             "PartitionKey": _CLAIMS,
             "RowKey": escape_key(key),
-            "state": _IN_PROGRESS,
+            "state": IN_PROGRESS,
             "lease_until": stamp + lease.total_seconds(),
             "updated_at": stamp,
         }
@@ -233,10 +233,9 @@ class TableStateStore:
             except ResourceExistsError:
                 pass
             current = self._table.get_entity(_CLAIMS, escape_key(key))
-            if current["state"] == _DONE:
-                return Claim.DONE
-            if current["lease_until"] > stamp:
-                return Claim.BUSY
+            found = claim_found(current["state"], current["lease_until"], stamp)
+            if found is not Claim.CLAIMED:
+                return found
             try:  # the lease ran out: its invocation died; take it over unless someone just did
                 self._replace(entity, current)
             except ResourceModifiedError:
@@ -244,7 +243,7 @@ class TableStateStore:
             return Claim.CLAIMED
 
     def complete(self, key: str, now: datetime) -> None:
-        entity = {"PartitionKey": _CLAIMS, "RowKey": escape_key(key), "state": _DONE, "updated_at": now.timestamp()}
+        entity = {"PartitionKey": _CLAIMS, "RowKey": escape_key(key), "state": DONE, "updated_at": now.timestamp()}
         with self._errors("complete a claim"):
             try:
                 self._table.update_entity(entity, mode=UpdateMode.MERGE)
@@ -258,7 +257,7 @@ class TableStateStore:
                 current = self._table.get_entity(_CLAIMS, escape_key(key))
             except ResourceNotFoundError:
                 return
-            if current["state"] == _DONE:
+            if current["state"] == DONE:
                 return
             try:
                 self._table.update_entity(
@@ -277,17 +276,16 @@ class TableStateStore:
             if event_key in reservations:
                 # Admitted already: another VM of the event joins it (each VM's own report drains it).
                 held = reservations[event_key]
-                joined = [*held, *(vm for vm in vms if vm not in held)]
-                if joined == held:
+                grown = joined(held, vms)
+                if grown == held:
                     return True  # nothing to write
-                if not _fits_in_an_entity(json.dumps({**reservations, event_key: joined})):
+                if not _fits_in_an_entity(json.dumps({**reservations, event_key: grown})):
                     # Admitted with its event, but the pool's one entity cannot count it too.
                     LOGGER.warning("the reservations of pool %s fill their entity: %s is not counted", pool, vms)
                     return True
-                reservations[event_key] = joined
+                reservations[event_key] = grown
                 return None
-            drained = {vm for vms_of in reservations.values() for vm in vms_of}
-            if limit is not None and reservations and len(drained | set(vms)) > limit:
+            if not admits(reservations.values(), vms, limit):
                 return False
             if reservations and not _fits_in_an_entity(json.dumps({**reservations, event_key: list(vms)})):
                 # The pool's one entity is full: the event waits for a slot as for a budget (an
@@ -402,11 +400,10 @@ class TableStateStore:
     def parked(self, pool: str) -> Sequence[Parked]:
         with self._errors("read the waiting events"):
             rows = self._partition(_parked_partition(pool))
-        ordered = sorted(rows, key=lambda row: (row["parked_at"], row["event_key"]))
-        return [
+        return in_line(
             Parked(row["event_key"], _bytes_of(row, "envelope"), datetime.fromtimestamp(row["parked_at"], timezone.utc))
-            for row in ordered
-        ]
+            for row in rows
+        )
 
     def unpark(self, pool: str, event_key: str) -> None:
         with self._errors("unpark an event"):
@@ -452,18 +449,8 @@ class TableAuditLog:
             "PartitionKey": escape_key(record.vm),
             "RowKey": f"{_MAX_NS - written_ns:020d}-{uuid.uuid4().hex}",
             "written_ns": str(written_ns),  # as text: Edm.Int64 would come back wrapped
-            "time": format_rfc3339(record.time),
-            "kind": record.kind,
-            "envelope_id": record.envelope_id,
-            "event_id": record.event_id,
-            "event_id_lower": record.event_id.lower(),
-            "vm": record.vm,
-            "action": record.action,
-            "status": record.status,
-            "rule": record.rule,
-            "reason": record.reason,
-            "at": format_rfc3339(record.at) if record.at else "",
-            "detail": json.dumps(record.detail, sort_keys=True),
+            **audit_fields(record),
+            EVENT_ID_LOWER: event_id_lower(record.event_id),
         }
         with table_errors(self._table.table_name, "append an audit record"):
             self._table.create_entity(entity)
@@ -475,8 +462,8 @@ class TableAuditLog:
             clauses.append("PartitionKey eq @vm")
             parameters["vm"] = escape_key(vm)
         if event_id is not None:
-            clauses.append("event_id_lower eq @event")
-            parameters["event"] = event_id.lower()
+            clauses.append(f"{EVENT_ID_LOWER} eq @event")
+            parameters["event"] = event_id_lower(event_id)
         with table_errors(self._table.table_name, "query the audit log"):
             if clauses:
                 rows = list(self._table.query_entities(" and ".join(clauses), parameters=parameters))
@@ -484,7 +471,7 @@ class TableAuditLog:
                 rows = list(self._table.list_entities())
         # Oldest first, in write order, whatever partitions the rows came from.
         rows.sort(key=lambda row: int(row["written_ns"]))
-        return [_audit_record(row) for row in rows]
+        return [audit_record(row) for row in rows]
 
     def _next_ns(self) -> int:
         """The write time, strictly increasing within this process: records appended by one
@@ -492,19 +479,3 @@ class TableAuditLog:
         with self._lock:
             self._last_ns = max(self._clock_ns(), self._last_ns + 1)
             return self._last_ns
-
-
-def _audit_record(row: Mapping[str, Any]) -> AuditRecord:
-    return AuditRecord(
-        time=parse_rfc3339(row["time"]),
-        kind=row["kind"],
-        envelope_id=row["envelope_id"],
-        event_id=row["event_id"],
-        vm=row["vm"],
-        action=row["action"],
-        status=row["status"],
-        rule=row["rule"],
-        reason=row["reason"],
-        at=parse_rfc3339(row["at"]) if row["at"] else None,
-        detail=json.loads(row["detail"]),
-    )

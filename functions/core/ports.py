@@ -35,13 +35,8 @@ class Parked:
     parked_at: datetime
 
 
-class StateStore(Protocol):
-    """Idempotency claims, what this system drained, budget reservations, remembered values
-    (command bytes, event ends) and stored waits.
-
-    Each method is atomic on its own (SQLite transaction, Table Storage ETag, Firestore
-    transaction); `reserve` in particular must never admit two events into the last slot.
-    """
+class Claims(Protocol):
+    """Idempotency claims on envelope ids, each with a lease."""
 
     def claim(self, key: str, now: datetime, lease: timedelta) -> Claim:
         """Claim an envelope id. A claim whose lease ran out (the invocation died) is taken over."""
@@ -53,6 +48,10 @@ class StateStore(Protocol):
         """End an in-progress claim's lease now (the invocation failed and will be retried), so the
         redelivery may take it over at once instead of finding it busy until the lease runs out."""
         ...
+
+
+class Budget(Protocol):
+    """The reservations of each pool's disruption budget."""
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
         """Admit the event into the pool's budget: True when the VMs already reserved plus these
@@ -68,6 +67,10 @@ class StateStore(Protocol):
 
     def release(self, pool: str, event_key: str) -> None: ...
 
+
+class DrainLedger(Protocol):
+    """What this system drained for each event, and how to undo it."""
+
     def record_drain(self, event_key: str, vm: str, memento: JsonObject) -> None:
         """Remember that this system drained `vm` for the event, and how to undo it."""
         ...
@@ -77,6 +80,10 @@ class StateStore(Protocol):
         ...
 
     def forget_drain(self, event_key: str, vm: str) -> None: ...
+
+
+class Memory(Protocol):
+    """Values stored once under a key: command bytes, event ends."""
 
     def remember(self, key: str, value: bytes) -> bytes:
         """Store `value` under `key` unless something is stored there already; return what is stored.
@@ -94,11 +101,34 @@ class StateStore(Protocol):
         """
         ...
 
-    def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None: ...
 
-    def parked(self, pool: str) -> Sequence[Parked]: ...
+class Parking(Protocol):
+    """Events waiting for their pool's budget, stored rather than left to redelivery."""
+
+    def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
+        """Keep the event waiting in the pool's line. Parked again (a later step of it), it keeps its
+        place in line and its `parked_at`, with the newer envelope."""
+        ...
+
+    def parked(self, pool: str) -> Sequence[Parked]:
+        """The pool's waiting events, oldest first (ties by event key)."""
+        ...
 
     def unpark(self, pool: str, event_key: str) -> None: ...
+
+
+class StateStore(Claims, Budget, DrainLedger, Memory, Parking, Protocol):
+    """Idempotency claims, what this system drained, budget reservations, remembered values
+    (command bytes, event ends) and stored waits.
+
+    Each method is atomic on its own (SQLite transaction, Table Storage ETag, Firestore
+    transaction); `reserve` in particular must never admit two events into the last slot.
+
+    It is the sum of five roles (Claims, Budget, DrainLedger, Memory, Parking) so that each part of
+    the core can say which role it needs rather than take the whole store, and a backend's
+    implementation is checked, and tested (tests/contract/test_state_store.py), role by role. One
+    backend implements them all, as one database holds them.
+    """
 
 
 class LoadBalancer(Protocol):

@@ -47,15 +47,16 @@ from google.api_core import exceptions as api_errors
 from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
+from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
 from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
+from functions.core.store_rules import DONE, IN_PROGRESS, admits, claim_found, in_line, joined
 from wire.errors import BridgeError, PermanentError, RetryableError
+from wire.timefmt import format_rfc3339, parse_rfc3339
 
 LOGGER = logging.getLogger("mbridge.gcp.firestore")
 
 DEFAULT_PREFIX = "mbridge_"
 DATASTORE_ROLE = "roles/datastore.user"
-IN_PROGRESS = "in-progress"
-DONE = "done"
 # Claims carry `expire_at` for an optional Firestore TTL policy (docs/gcp.md). A claim must
 # outlive every redelivery of its envelope: Pub/Sub keeps a message at most 7 days, and an agent
 # republishes only events that are still current.
@@ -141,10 +142,14 @@ def _utc(moment: datetime) -> datetime:
     )
 
 
-def _milliseconds(moment: datetime) -> datetime:
-    """The audit log's precision, as the SQLite store keeps it (RFC 3339 with milliseconds)."""
-    utc = _utc(moment)
-    return utc.replace(microsecond=utc.microsecond // 1000 * 1000)
+def _timestamp(text: str) -> datetime | None:
+    """A time of the audit codec as a Firestore timestamp (so the console shows it as a time)."""
+    return parse_rfc3339(text) if text else None
+
+
+def _text(moment: datetime | None) -> str:
+    """A Firestore timestamp of an audit record as the audit codec's text."""
+    return format_rfc3339(_utc(moment)) if moment else ""
 
 
 # ---------------------------------------------------------------- transactions
@@ -157,14 +162,12 @@ def _take_over_claim(
     transaction: firestore.Transaction, ref: firestore.DocumentReference, fields: JsonObject, now: datetime
 ) -> Claim:
     snapshot = ref.get(transaction=transaction)
-    if snapshot.exists:
-        current = snapshot.to_dict() or {}
-        if current.get("state") == DONE:
-            return Claim.DONE
-        if current.get("lease_until") is not None and current["lease_until"] > now:
-            return Claim.BUSY
-    transaction.set(ref, fields)
-    return Claim.CLAIMED
+    current = (snapshot.to_dict() or {}) if snapshot.exists else {}
+    lease_until = current.get("lease_until")
+    found = claim_found(current.get("state"), lease_until.timestamp() if lease_until else None, now.timestamp())
+    if found is Claim.CLAIMED:
+        transaction.set(ref, fields)
+    return found
 
 
 @firestore.transactional
@@ -194,13 +197,12 @@ def _reserve(
     for entry in reservations:
         if entry["event_key"] == event_key:
             # Admitted already: another VM of the event joins it (each VM's own report drains it).
-            joined = [*entry["vms"], *(vm for vm in vms if vm not in entry["vms"])]
-            if joined != entry["vms"]:
-                entry["vms"] = joined
+            grown = joined(entry["vms"], vms)
+            if grown != entry["vms"]:
+                entry["vms"] = grown
                 transaction.set(ref, {"pool": pool, "reservations": reservations})
             return True
-    drained = {vm for entry in reservations for vm in entry["vms"]}
-    if limit is not None and reservations and len(drained | set(vms)) > limit:
+    if not admits((entry["vms"] for entry in reservations), vms, limit):
         return False
     admitted = [*reservations, {"event_key": event_key, "vms": list(vms)}]
     if reservations and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
@@ -355,11 +357,10 @@ class FirestoreStateStore:
         query = self._parked.where(filter=firestore.FieldFilter("pool", "==", pool))
         with self._errors(f"read the events waiting in pool {pool}"):
             documents = [snapshot.to_dict() or {} for snapshot in query.stream()]
-        waiting = [
+        return in_line(
             Parked(document["event_key"], bytes(document["envelope"]), _utc(document["parked_at"]))
             for document in documents
-        ]
-        return sorted(waiting, key=lambda parked: (parked.parked_at, parked.event_key))
+        )
 
     def unpark(self, pool: str, event_key: str) -> None:
         with self._errors(f"unpark {event_key} from pool {pool}"):
@@ -382,30 +383,24 @@ class FirestoreAuditLog:
         self._counter = itertools.count()
 
     def append(self, record: AuditRecord) -> None:
-        fields = {
-            "time": _milliseconds(record.time),
-            "kind": record.kind,
-            "envelope_id": record.envelope_id,
-            "event_id": record.event_id,
-            "event_id_lower": record.event_id.lower(),  # event ids are matched case-insensitively
-            "vm": record.vm,
-            "action": record.action,
-            "status": record.status,
-            "rule": record.rule,
-            "reason": record.reason,
-            "at": _milliseconds(record.at) if record.at else None,
-            "detail": json.dumps(record.detail, sort_keys=True),
+        fields = audit_fields(record)
+        document = {
+            **fields,
+            # Times as timestamps, at the codec's millisecond precision; no `at` is null.
+            "time": _timestamp(fields["time"]),
+            "at": _timestamp(fields["at"]),
+            EVENT_ID_LOWER: event_id_lower(record.event_id),
             "recorded_at": firestore.SERVER_TIMESTAMP,
         }
         with firestore_errors(self._database, "append to the audit log"):
-            self._collection.document(self._next_id()).create(fields)
+            self._collection.document(self._next_id()).create(document)
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         query: Any = self._collection
         if vm is not None:
             query = query.where(filter=firestore.FieldFilter("vm", "==", vm))
         if event_id is not None:
-            query = query.where(filter=firestore.FieldFilter("event_id_lower", "==", event_id.lower()))
+            query = query.where(filter=firestore.FieldFilter(EVENT_ID_LOWER, "==", event_id_lower(event_id)))
         # With a filter this needs a composite index (docs/gcp.md); its last key, the document
         # id, is Firestore's own tie-breaker.
         query = query.order_by("recorded_at")
@@ -417,16 +412,4 @@ class FirestoreAuditLog:
 
 
 def _audit_record(document: Mapping[str, Any]) -> AuditRecord:
-    return AuditRecord(
-        time=_utc(document["time"]),
-        kind=document["kind"],
-        envelope_id=document["envelope_id"],
-        event_id=document["event_id"],
-        vm=document["vm"],
-        action=document["action"],
-        status=document["status"],
-        rule=document["rule"],
-        reason=document["reason"],
-        at=_utc(document["at"]) if document.get("at") else None,
-        detail=json.loads(document["detail"]),
-    )
+    return audit_record({**document, "time": _text(document["time"]), "at": _text(document.get("at"))})

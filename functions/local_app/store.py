@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
+from functions.core.audit_codec import AUDIT_FIELDS, audit_fields, audit_record
 from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
-from wire.timefmt import format_rfc3339, parse_rfc3339
+from functions.core.store_rules import DONE, IN_PROGRESS, claim_found, joined
 
 # The small keyed tables are WITHOUT ROWID: one b-tree each instead of a table and its key's index,
 # so a write touches half the pages. The audit's seq is a plain INTEGER PRIMARY KEY (the rowid):
@@ -67,7 +67,10 @@ SELECT
     ))
 """
 
-_AUDIT_COLUMNS = "time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail"
+_AUDIT_COLUMNS = ", ".join(AUDIT_FIELDS)
+# The audit codec's fields by name; an empty `at` is NULL, as rows always had it.
+_AUDIT_VALUES = ", ".join("NULLIF(:at, '')" if name == "at" else f":{name}" for name in AUDIT_FIELDS)
+_AUDIT_INSERT = f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES ({_AUDIT_VALUES})"  # noqa: S608 (fixed names only)
 
 
 @dataclass(frozen=True)
@@ -119,27 +122,27 @@ class SqliteStore:
         stamp = now.timestamp()
         with self._transaction() as db:
             row = db.execute("SELECT state, lease_until FROM claims WHERE key = ?", (key,)).fetchone()
-            if row is not None and row[0] == "done":
-                return Claim.DONE
-            if row is not None and row[1] > stamp:
-                return Claim.BUSY
+            state, lease_until = row or (None, None)
+            found = claim_found(state, lease_until, stamp)
+            if found is not Claim.CLAIMED:
+                return found
             db.execute(
-                "INSERT INTO claims (key, state, lease_until, updated_at) VALUES (?, 'in-progress', ?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET state = 'in-progress', lease_until = excluded.lease_until, "
+                "INSERT INTO claims (key, state, lease_until, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET state = excluded.state, lease_until = excluded.lease_until, "
                 "updated_at = excluded.updated_at",
-                (key, stamp + lease.total_seconds(), stamp),
+                (key, IN_PROGRESS, stamp + lease.total_seconds(), stamp),
             )
             return Claim.CLAIMED
 
     def complete(self, key: str, now: datetime) -> None:
         with self._transaction() as db:
-            db.execute("UPDATE claims SET state = 'done', updated_at = ? WHERE key = ?", (now.timestamp(), key))
+            db.execute("UPDATE claims SET state = ?, updated_at = ? WHERE key = ?", (DONE, now.timestamp(), key))
 
     def abandon(self, key: str, now: datetime) -> None:
         with self._transaction() as db:
             db.execute(
-                "UPDATE claims SET lease_until = ?, updated_at = ? WHERE key = ? AND state = 'in-progress'",
-                (now.timestamp(), now.timestamp(), key),
+                "UPDATE claims SET lease_until = ?, updated_at = ? WHERE key = ? AND state = ?",
+                (now.timestamp(), now.timestamp(), key, IN_PROGRESS),
             )
 
     # ---- budget
@@ -151,10 +154,9 @@ class SqliteStore:
             ).fetchone()
             if held:
                 # Admitted already: another VM of the event joins it (each VM's own report drains it).
-                joined = _joined(json.loads(held[0]), vms)
                 db.execute(
                     "UPDATE reservations SET vms = ? WHERE pool = ? AND event_key = ?",
-                    (json.dumps(joined), pool, event_key),
+                    (json.dumps(joined(json.loads(held[0]), vms)), pool, event_key),
                 )
                 return True
             if limit is not None:
@@ -248,23 +250,7 @@ class SqliteStore:
 
     def append(self, record: AuditRecord) -> None:
         with self._transaction() as db:
-            db.execute(
-                "INSERT INTO audit (time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    format_rfc3339(record.time),
-                    record.kind,
-                    record.envelope_id,
-                    record.event_id,
-                    record.vm,
-                    record.action,
-                    record.status,
-                    record.rule,
-                    record.reason,
-                    format_rfc3339(record.at) if record.at else None,
-                    json.dumps(record.detail, sort_keys=True),
-                ),
-            )
+            db.execute(_AUDIT_INSERT, audit_fields(record))
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         clauses, params = [], []
@@ -279,30 +265,8 @@ class SqliteStore:
         sql = f"SELECT {_AUDIT_COLUMNS} FROM audit{where} ORDER BY seq"  # noqa: S608
         with self._lock:
             rows = self._db.execute(sql, params).fetchall()
-        return [_audit_record(row) for row in rows]
+        return [audit_record(dict(zip(AUDIT_FIELDS, row))) for row in rows]
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def _audit_record(row: tuple[Any, ...]) -> AuditRecord:
-    time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail = row
-    return AuditRecord(
-        time=parse_rfc3339(time),
-        kind=kind,
-        envelope_id=envelope_id,
-        event_id=event_id,
-        vm=vm,
-        action=action,
-        status=status,
-        rule=rule,
-        reason=reason,
-        at=parse_rfc3339(at) if at else None,
-        detail=json.loads(detail),
-    )
-
-
-def _joined(held: Sequence[str], vms: Sequence[str]) -> list[str]:
-    """The VMs of a reservation after more VMs of its event joined it, in the order they came."""
-    return [*held, *(vm for vm in vms if vm not in held)]

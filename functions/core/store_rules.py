@@ -1,0 +1,53 @@
+"""The rules every StateStore applies, whatever it stores them in (functions/core/ports.py).
+
+Each backend reads what it holds, asks these pure functions what the answer is, and writes the
+result atomically its own way (SQLite transaction, Table Storage ETag, Firestore transaction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from functions.core.ports import Claim, Parked
+
+# The states of a claim, as every store writes them.
+IN_PROGRESS = "in-progress"
+DONE = "done"
+
+
+def claim_found(state: str | None, lease_until: float | None, now: float) -> Claim:
+    """What a claim of a key finds in what is stored for it (no claim yet: both None).
+
+    A completed claim is done for ever; a live lease is busy; a lease that ran out (its
+    invocation died) or was abandoned is taken over (CLAIMED: the caller writes a fresh lease).
+    Times are seconds since the epoch.
+    """
+    if state == DONE:
+        return Claim.DONE
+    if lease_until is not None and lease_until > now:
+        return Claim.BUSY
+    return Claim.CLAIMED
+
+
+def joined(held: Sequence[str], vms: Sequence[str]) -> list[str]:
+    """The VMs of a reservation after more VMs of its event joined it, in the order they came."""
+    return [*held, *(vm for vm in vms if vm not in held)]
+
+
+def admits(reserved: Iterable[Sequence[str]], vms: Sequence[str], limit: int | None) -> bool:
+    """Whether a pool whose events hold `reserved` VMs admits a new event of `vms`.
+
+    It does when `limit` is None, when nothing else is reserved (an event larger than the budget
+    still goes alone), or when the pool's VMs, each counted once, stay within `limit` with these.
+    """
+    if limit is None:
+        return True
+    held = [set(vms_of) for vms_of in reserved]
+    if not held:
+        return True
+    return len(set(vms).union(*held)) <= limit
+
+
+def in_line(waiting: Iterable[Parked]) -> list[Parked]:
+    """Waiting events in the order they are admitted: oldest first, ties by event key."""
+    return sorted(waiting, key=lambda parked: (parked.parked_at, parked.event_key))
