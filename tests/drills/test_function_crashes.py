@@ -6,7 +6,7 @@ already out is no effect), and a StartRequests POST at the agent. Approvals trav
 VM's real CommandProcessor and ledger to an in-memory IMDS that counts POSTs; it keeps every event
 Scheduled until it is approved, so any second approval would be POSTed and counted.
 
-A crash is a `Killed` (a BaseException, as in tests/unit/functions/test_process.py): nothing of the
+A crash is a `Killed` (a BaseException, tests/kit/crash.py): nothing of the
 invocation runs after it, not even the `except Exception` that gives a claim back. Crash points sit
 before and after every call to a port (store, audit log, load balancer, command sender), so every
 gap between two side effects is a place to die. A killed delivery is redelivered, either soon (it
@@ -24,7 +24,7 @@ import random
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -37,11 +37,10 @@ from functions.core.keys import event_key
 from functions.core.policy import Policy, Pool
 from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
 from functions.core.process import CLAIM_LEASE, Deps, process
-from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.drills.conftest import drill_seed, say
 from tests.factories import azure_event
-from tests.unit.functions.test_process import Killed
+from tests.kit import FakeBalancer, FakeClock, Killed, RecordingReadiness, RecordingSender
 from wire.commands import Command, encode_command
 from wire.envelope import encode, envelope_for_event
 from wire.errors import RetryableError
@@ -137,62 +136,9 @@ class Crashes:
             self.failed[where] += 1
             raise RetryableError(f"{where}: timed out (drill)")
 
-
-@dataclass
-class EffectPool:
-    """The local load-balancer pool, counting effects: a VM that really left or really came back."""
-
-    pool: LocalPool
-    removed: Counter[str] = field(default_factory=Counter)
-    restored: Counter[str] = field(default_factory=Counter)
-
-    def locate(self, vm: str) -> JsonObject | None:
-        return self.pool.locate(vm)
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        was_in = self.pool.locate(vm) is not None
-        self.pool.remove(vm, memento)
-        if was_in and self.pool.locate(vm) is None:
-            self.removed[vm] += 1
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        was_out = self.pool.locate(vm) is None
-        self.pool.restore(vm, memento)
-        if was_out and self.pool.locate(vm) is not None:
-            self.restored[vm] += 1
-
-
-@dataclass
-class CrashingBalancer:
-    inner: EffectPool
-    crashes: Crashes
-
-    def locate(self, vm: str) -> JsonObject | None:
-        self.crashes.point("before balancer.locate")
-        found = self.inner.locate(vm)
-        self.crashes.point("after balancer.locate")
-        return found
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        self.crashes.point("before balancer.remove")
-        self.inner.remove(vm, memento)
-        self.crashes.point("after balancer.remove")
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        self.crashes.point("before balancer.restore")
-        self.inner.restore(vm, memento)
-        self.crashes.point("after balancer.restore")
-
-
-@dataclass
-class CrashingSender:
-    inner: Agents
-    crashes: Crashes
-
-    def send(self, command: Command) -> None:
-        self.crashes.point("before sender.send")
-        self.inner.send(command)
-        self.crashes.point("after sender.send")
+    def at(self, where: str) -> Callable[[object], None]:
+        """The crash point `where`, as a hook of a fake of the kit."""
+        return lambda _: self.point(where)
 
 
 @dataclass
@@ -287,19 +233,6 @@ class CrashingStore:
 
 
 @dataclass
-class VirtualClock:
-    """The drill's time, shared by the function invocations and the agents' command processors."""
-
-    at: datetime = T0
-
-    def now(self) -> datetime:
-        return self.at
-
-    def monotonic(self) -> float:
-        return self.at.timestamp()
-
-
-@dataclass
 class Imds:
     """IMDS for the whole availability set, in memory: every event stays Scheduled for a VM until
     that VM approved it (Azure waits for every VM of the event), so a second approval would be
@@ -339,15 +272,10 @@ class VmImds:
         self.imds.by_vm[(self.vm, event_id)] += 1
 
 
-class NoReadiness:
-    def set_drained(self, drained: bool, reason: str) -> None:
-        pass
-
-
 class Agents:
-    """Every VM's real command processor and ledger: the functions' CommandSender in this drill."""
+    """Every VM's real command processor and ledger, taking each command the functions send."""
 
-    def __init__(self, directory: Path, clock: VirtualClock) -> None:
+    def __init__(self, directory: Path, clock: FakeClock) -> None:
         self.imds = Imds()
         self.sent: list[tuple[str, str, str, bytes]] = []  # (event_id, target, command_id, body) per send
         self.results: list[CommandResult] = []
@@ -357,7 +285,7 @@ class Agents:
                 vm_name=vm,
                 cloud=Cloud.AZURE,
                 ledger=ledger,
-                readiness=NoReadiness(),
+                readiness=RecordingReadiness(),
                 approver=self.imds.of(vm),
                 verify_key=None,
                 dry_run=False,
@@ -366,7 +294,7 @@ class Agents:
             for vm, ledger in zip(VMS, self._ledgers)
         }
 
-    def send(self, command: Command) -> None:
+    def deliver(self, command: Command) -> None:
         body = encode_command(command)
         self.sent.append((command.event_id, command.target, command.command_id, body))
         result = self._processors[command.target].handle(body)
@@ -408,7 +336,7 @@ class Stream:
 
 @dataclass
 class Run:
-    pool: EffectPool
+    pool: FakeBalancer
     agents: Agents
     crashes: Crashes
     store: StateStore
@@ -446,50 +374,48 @@ def run(
     ordered: bool,
     policy: Policy,
 ) -> Run:
-    clock = VirtualClock()
-    pool = LocalPool(":memory:")
-    pool.add("web", VMS)
+    clock = FakeClock(T0, monotonic=T0.timestamp())  # the drill's time, of the functions and the agents
     crashes = Crashes(rng, crash_rate, transient=TRANSIENT_RATE if crash_rate else 0.0)
-    effects = EffectPool(pool)
+    pool = FakeBalancer({"web": VMS})
+    for method in ("locate", "remove", "restore"):
+        pool.on(method, crashes.at(f"before balancer.{method}"))
+        pool.on(method, crashes.at(f"after balancer.{method}"), after=True)
     agents = Agents(tmp, clock)
+    sender = RecordingSender()
+    sender.on_send(crashes.at("before sender.send"))
+    sender.on_send(agents.deliver)
+    sender.on_send(crashes.at("after sender.send"), after=True)
     crashing = CrashingStore(store, audit, crashes)
-    deps = Deps(
-        store=crashing,
-        balancer=CrashingBalancer(effects, crashes),
-        sender=CrashingSender(agents, crashes),
-        audit=crashing,
-        policy=policy,
-        verifier=ReporterName(),
-    )
-    result = Run(effects, agents, crashes, store)
+    deps = Deps(store=crashing, balancer=pool, sender=sender, audit=crashing, policy=policy, verifier=ReporterName())
+    result = Run(pool, agents, crashes, store)
     streams = streams_for(rng, ordered=ordered)
     try:
         while any(stream.messages for stream in streams):
             waiting = [stream for stream in streams if stream.messages]
-            ready = [stream for stream in waiting if stream.ready_at <= clock.at]
+            ready = [stream for stream in waiting if stream.ready_at <= clock.now()]
             if not ready:
-                clock.at = min(stream.ready_at for stream in waiting)
+                clock.advance_to(min(stream.ready_at for stream in waiting))
                 agents.run_due()
                 continue
             stream = rng.choice(ready)
             result.deliveries += 1
             try:
-                outcome = process(stream.messages[0], deps, clock.at)
+                outcome = process(stream.messages[0], deps, clock.now())
             except Killed:
                 # Redelivered soon (it meets the dead invocation's live claim) or after the lease.
                 soon = rng.random() < 0.3
-                stream.ready_at = clock.at + (timedelta(seconds=10) if soon else CLAIM_LEASE + timedelta(seconds=1))
+                stream.ready_at = clock.now() + (timedelta(seconds=10) if soon else CLAIM_LEASE + timedelta(seconds=1))
             except RetryableError:
                 result.bounced += 1
-                stream.ready_at = clock.at + timedelta(seconds=rng.uniform(5, 60))
+                stream.ready_at = clock.now() + timedelta(seconds=rng.uniform(5, 60))
             else:
                 result.outcomes[outcome.result] += 1
                 stream.messages.popleft()
-                stream.ready_at = clock.at + timedelta(seconds=rng.uniform(0, 3))
-            clock.at += timedelta(seconds=rng.uniform(0.05, 1.0))
+                stream.ready_at = clock.now() + timedelta(seconds=rng.uniform(0, 3))
+            clock.advance(rng.uniform(0.05, 1.0))
             agents.run_due()
         # Held approvals run once their execute_at has come.
-        clock.at += timedelta(minutes=1)
+        clock.advance(timedelta(minutes=1))
         agents.run_due()
     finally:
         agents.close()
@@ -504,7 +430,7 @@ def sqlite_run(tmp_path: Path, seed: int, *, crash_rate: float, ordered: bool, p
 
 
 def effects_of(result: Run) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    return dict(result.pool.removed), dict(result.pool.restored), dict(result.agents.imds.posts)
+    return dict(result.pool.went_out), dict(result.pool.came_back), dict(result.agents.imds.posts)
 
 
 # ---------------------------------------------------------------------------------------- the drills
@@ -531,7 +457,7 @@ def test_crashes_and_triple_delivery_in_order_have_exactly_once_effects(tmp_path
         assert effects_of(chaos) == effects_of(reference), f"seed {seed + offset}: {chaos.crashes.hit}"
         assert all(len(ids) == 1 for ids in chaos.agents.approvals().values()), f"seed {seed + offset}"
         assert chaos.agents.resent_identically(), f"seed {seed + offset}"
-        assert chaos.pool.pool.members("web") == [vm for vm in VMS if vm != "web-6"]
+        assert chaos.pool.members("web") == [vm for vm in VMS if vm != "web-6"]
         totals.update(deliveries=chaos.deliveries, bounced=chaos.bounced, crashes=sum(chaos.crashes.hit.values()))
         totals.update(transient_failures=sum(chaos.crashes.failed.values()))
         totals.update(chaos.outcomes)
@@ -570,7 +496,7 @@ def test_crashes_and_triple_delivery_out_of_order_with_a_budget_leave_nothing_dr
         assert chaos.agents.resent_identically(), where
         # ... and once every event has ended, nothing is left: every VM is back (but a terminated one),
         # no drain record, no waiting event, no budget slot held
-        assert set(chaos.pool.pool.members("web")) >= set(VMS) - {"web-6"}, where
+        assert set(chaos.pool.members("web")) >= set(VMS) - {"web-6"}, where
         assert all(chaos.store.drains(event_key(_event(planned))) == {} for planned in EVENTS), where
         assert chaos.store.parked("web") == [], where
         assert _budget_is_free(chaos.store), where

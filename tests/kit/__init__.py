@@ -4,6 +4,7 @@
 - `RecordingSender`: the CommandSender port
 - `FakeBalancer`: the LoadBalancer port (pools in memory, the local pool's contract)
 - `RecordingReadiness`: the agent's readiness
+- `Killed`: a crash (a BaseException) for a hook to raise where an invocation dies
 
 A fake fails, slows or crashes where a test says through its hooks (`fail`, `on`), instead of a
 copy of it written for that test.
@@ -12,6 +13,7 @@ copy of it written for that test.
 from tests.kit.balancer import FakeBalancer
 from tests.kit.clock import FakeClock
 from tests.kit.commands import RecordingSender
+from tests.kit.crash import Killed
 from tests.kit.readiness import RecordingReadiness
 
-__all__ = ["FakeBalancer", "FakeClock", "RecordingReadiness", "RecordingSender"]
+__all__ = ["FakeBalancer", "FakeClock", "Killed", "RecordingReadiness", "RecordingSender"]

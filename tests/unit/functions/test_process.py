@@ -15,12 +15,10 @@ import pytest
 
 from functions.core.keys import claim_key
 from functions.core.policy import Policy, Pool
-from functions.core.ports import JsonObject
 from functions.core.process import CLAIM_LEASE, ClaimBusyError, ClaimWait, Deps, process
-from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
-from wire.commands import Command
+from tests.kit import FakeBalancer, FakeClock, Killed, RecordingSender
 from wire.envelope import encode, envelope_for_event
 from wire.errors import PermanentError, RetryableError
 from wire.identity import ReporterName
@@ -30,85 +28,13 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 SET = ("web-0", "web-1", "web-2")
 
 
-class Killed(BaseException):
-    """The function host killed the invocation: nothing of `process` runs after this."""
-
-
-@dataclass
-class CountingPool:
-    """The local pool, counting every removal and restore, failing where a test says."""
-
-    pool: LocalPool
-    drained: list[str] = field(default_factory=list)
-    restored: list[str] = field(default_factory=list)
-    fail_next_drain: bool = False
-    # vm → what its next removal raises after the change went through (the answer was lost)
-    fail_after_removing: dict[str, BaseException] = field(default_factory=dict)
-    fail_restore: dict[str, Exception] = field(default_factory=dict)
-
-    def locate(self, vm: str) -> JsonObject | None:
-        return self.pool.locate(vm)
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        if self.fail_next_drain:
-            self.fail_next_drain = False
-            raise RetryableError("the load balancer API timed out")
-        self.drained.append(vm)
-        self.pool.remove(vm, memento)
-        if vm in self.fail_after_removing:
-            raise self.fail_after_removing.pop(vm)
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        if vm in self.fail_restore:
-            raise self.fail_restore[vm]
-        self.restored.append(vm)
-        self.pool.restore(vm, memento)
-
-
-@dataclass
-class Sent:
-    commands: list[Command] = field(default_factory=list)
-
-    def send(self, command: Command) -> None:
-        self.commands.append(command)
-
-
-@dataclass
-class Stopwatch:
-    """The invocation's elapsed-time clock (`Deps.monotonic`): still unless a test moves it."""
-
-    seconds: float = 0.0
-
-    def __call__(self) -> float:
-        return self.seconds
-
-
-@dataclass
-class SlowPool:
-    """A load balancer whose every removal takes `seconds` on the stopwatch."""
-
-    inner: CountingPool
-    stopwatch: Stopwatch
-    seconds: float
-
-    def locate(self, vm: str) -> JsonObject | None:
-        return self.inner.locate(vm)
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        self.stopwatch.seconds += self.seconds
-        self.inner.remove(vm, memento)
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        self.inner.restore(vm, memento)
-
-
 @dataclass
 class World:
     store: SqliteStore
-    pool: CountingPool
-    sent: Sent
+    pool: FakeBalancer
+    sent: RecordingSender
     policy: Policy
-    stopwatch: Stopwatch = field(default_factory=Stopwatch)
+    clock: FakeClock = field(default_factory=lambda: FakeClock(NOW))  # the invocation's elapsed time
 
     def deps(self, **overrides: Any) -> Deps:
         fields: dict[str, Any] = {
@@ -117,7 +43,7 @@ class World:
             "sender": self.sent,
             "audit": self.store,
             "policy": self.policy,
-            "monotonic": self.stopwatch,
+            "monotonic": self.clock.monotonic,
             # The sender is the reporter: trust itself is tested in test_trust.py.
             "verifier": ReporterName(),
         }
@@ -134,10 +60,8 @@ class World:
 
 @pytest.fixture
 def world() -> Iterator[World]:
-    pool = LocalPool(":memory:")
-    pool.add("web", SET)
     store = SqliteStore(":memory:")
-    yield World(store, CountingPool(pool), Sent(), Policy())
+    yield World(store, FakeBalancer({"web": SET}), RecordingSender(), Policy())
     store.close()
 
 
@@ -173,16 +97,16 @@ def test_three_reporters_three_redeliveries_each_affected_vm_drained_approved_re
         ("web-1", "E-REBOOT"),
     ]
     assert {c.execute_at for c in world.sent.commands} == {NOW + timedelta(seconds=30)}
-    assert world.pool.pool.members("web") == list(SET)
+    assert world.pool.members("web") == list(SET)
     assert [o.result for o in outcomes].count("not-self") == 9
     assert [o.result for o in outcomes].count("processed") == 6
 
 
 def test_the_drain_period_counts_from_when_the_vms_are_out_of_their_pools(world: World) -> None:
     # GIVEN a load balancer that takes 10 s to take each VM out
-    slow = SlowPool(world.pool, world.stopwatch, seconds=10.0)
+    world.pool.on("remove", lambda _: world.clock.advance(10.0))
     # WHEN a platform Reboot of web-0 arrives at NOW (drain period 30 s)
-    world.run(reboot(EventStatus.SCHEDULED), balancer=slow)
+    world.run(reboot(EventStatus.SCHEDULED))
     # THEN the approval is issued once it is out (NOW + 10 s) and runs 30 s after that
     (approval,) = world.sent.commands
     assert approval.issued_at == NOW + timedelta(seconds=10)
@@ -207,9 +131,9 @@ def test_a_slow_drain_still_approves_no_later_than_not_before_allows(
     world: World, removal_seconds: float, execute_after: float | None
 ) -> None:
     # GIVEN a Reboot whose NotBefore is 20 s away, and a load balancer slow to take VMs out
-    slow = SlowPool(world.pool, world.stopwatch, seconds=removal_seconds)
+    world.pool.on("remove", lambda _: world.clock.advance(removal_seconds))
     # WHEN it is processed
-    world.run(reboot(EventStatus.SCHEDULED, not_before=NOW + timedelta(seconds=20)), balancer=slow)
+    world.run(reboot(EventStatus.SCHEDULED, not_before=NOW + timedelta(seconds=20)))
     # THEN the approval runs at NotBefore less the 5 s margin, or at once once that is past
     (approval,) = world.sent.commands
     expected = None if execute_after is None else NOW + timedelta(seconds=execute_after)
@@ -220,12 +144,9 @@ def test_a_crash_between_claim_and_completion_is_completed_exactly_once_by_the_r
     # GIVEN a first attempt that recorded where web-0 takes traffic, then was killed while removing
     # it (before the change reached the pool)
     event = reboot(EventStatus.SCHEDULED)
-
-    def die(vm: str, memento: JsonObject) -> None:
-        raise Killed()
-
+    world.pool.fail("remove", Killed())
     with pytest.raises(Killed):
-        world.run(event, balancer=_Balancer(world.pool.locate, die, world.pool.restore))
+        world.run(event)
     assert world.store.drains("azure:e-reboot")["web-0"]["state"] == "located"
 
     # WHEN the platform redelivers it after the claim's lease ran out
@@ -236,25 +157,25 @@ def test_a_crash_between_claim_and_completion_is_completed_exactly_once_by_the_r
     # THEN web-0 was drained once, and exactly one approval went out
     assert world.pool.drained == ["web-0"]
     assert len(world.sent.commands) == 1
-    assert world.pool.pool.members("web") == ["web-1", "web-2"]
+    assert world.pool.members("web") == ["web-1", "web-2"]
 
 
 @pytest.mark.parametrize("failure", [Killed(), RetryableError("the answer of the load balancer API was lost")])
 def test_a_removal_that_went_through_but_never_answered_is_still_restored(world: World, failure: BaseException) -> None:
     # GIVEN web-0 taken out of the pool, then the invocation died (or lost the API's answer)
     # before it could note that the removal was done
-    world.pool.fail_after_removing["web-0"] = failure
+    world.pool.fail("remove", failure, vm="web-0", after=True)
     event = reboot(EventStatus.SCHEDULED)
     with pytest.raises(type(failure)):
         world.run(event)
-    assert world.pool.pool.members("web") == ["web-1", "web-2"]
+    assert world.pool.members("web") == ["web-1", "web-2"]
 
     # WHEN the redelivery finishes the drain and the event later completes
     world.run(event, at=NOW + CLAIM_LEASE + timedelta(seconds=1))
     world.run(reboot(EventStatus.COMPLETED), at=NOW + timedelta(minutes=30))
 
     # THEN web-0 is back: where it was had been recorded before it was touched
-    assert world.pool.pool.members("web") == list(SET)
+    assert world.pool.members("web") == list(SET)
     assert world.pool.restored == ["web-0"]
     assert len(world.sent.commands) == 1
 
@@ -271,9 +192,9 @@ def test_a_redelivery_while_the_first_attempt_still_holds_its_lease_is_retried_l
 def test_the_retry_sends_the_very_same_command_bytes(world: World) -> None:
     # GIVEN an approval sent, then the invocation died before completing its claim
     event = reboot(EventStatus.SCHEDULED, event_source=EventSource.USER)
-    sender_failures = _FailAfterSend(world.sent)
+    world.sent.fail(RetryableError("the invocation died right after sending"), after=True)
     with pytest.raises(RetryableError):
-        world.run(event, sender=sender_failures)
+        world.run(event)
 
     # WHEN the redelivery runs later
     world.run(event, at=NOW + CLAIM_LEASE + timedelta(minutes=1))
@@ -286,14 +207,14 @@ def test_the_retry_sends_the_very_same_command_bytes(world: World) -> None:
 
 def test_restore_puts_back_only_what_this_system_drained(world: World) -> None:
     # GIVEN web-1 taken out of the pool by someone else before the event
-    world.pool.pool.remove("web-1", {"pools": ["web"]})
+    world.pool.discard("web", "web-1")
     world.run(reboot(EventStatus.SCHEDULED))
 
     # WHEN the event completes
     world.run(reboot(EventStatus.COMPLETED))
 
     # THEN web-0 is back, web-1 stays out: this system never drained it
-    assert world.pool.pool.members("web") == ["web-0", "web-2"]
+    assert world.pool.members("web") == ["web-0", "web-2"]
 
 
 def test_canceled_event_restores_and_never_approves_again(world: World) -> None:
@@ -352,7 +273,7 @@ def test_malformed_envelope_is_audited_and_acknowledged(world: World) -> None:
 
 
 def test_transient_adapter_failure_is_raised_for_retry_and_then_succeeds(world: World) -> None:
-    world.pool.fail_next_drain = True
+    world.pool.fail("remove", RetryableError("the load balancer API timed out"))
     event = reboot(EventStatus.SCHEDULED)
     with pytest.raises(RetryableError):
         world.run(event)
@@ -377,39 +298,13 @@ def test_audit_is_queryable_by_vm_and_event(world: World) -> None:
     assert [r.action for r in world.store.query(vm="web-0") if r.kind == "action"] == ["drain", "approve"]
 
 
-@dataclass
-class _Balancer:
-    locate_fn: Any
-    remove_fn: Any
-    restore_fn: Any
-
-    def locate(self, vm: str) -> JsonObject | None:
-        result: JsonObject | None = self.locate_fn(vm)
-        return result
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        self.remove_fn(vm, memento)
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        self.restore_fn(vm, memento)
-
-
-@dataclass
-class _FailAfterSend:
-    inner: Sent
-
-    def send(self, command: Command) -> None:
-        self.inner.send(command)
-        raise RetryableError("the invocation died right after sending")
-
-
 def _claim_key(event: MaintenanceEvent) -> str:
     return claim_key(envelope_for_event(event, NOW).id, event.reporter)
 
 
 def test_a_transient_failure_gives_the_claim_back_so_the_next_delivery_proceeds_at_once(world: World) -> None:
     # GIVEN an invocation that failed on a transient load-balancer error
-    world.pool.fail_next_drain = True
+    world.pool.fail("remove", RetryableError("the load balancer API timed out"))
     event = reboot(EventStatus.SCHEDULED)
     with pytest.raises(RetryableError):
         world.run(event)
@@ -435,7 +330,7 @@ def test_a_failed_restore_frees_the_budget_restores_the_rest_and_is_retried_alon
     assert [a.action for a in waiting.actions] == ["wait"]
 
     # WHEN web-0's completion cannot put it back (its pool's API refuses for good)
-    world.pool.fail_restore["web-0"] = PermanentError("the role assignment on the NIC is missing")
+    world.pool.fail("restore", PermanentError("the role assignment on the NIC is missing"), vm="web-0", times=None)
     later = NOW + timedelta(minutes=20)
     with pytest.raises(PermanentError, match="resubmit"):
         world.run(reboot(EventStatus.COMPLETED, **pair), at=later)
@@ -447,37 +342,37 @@ def test_a_failed_restore_frees_the_budget_restores_the_rest_and_is_retried_alon
     # THEN web-1 is back, the budget slot went to the waiting event (drained and approved) although
     # web-0 is still out, and the failure is audited with what to put back by hand
     assert world.pool.restored == ["web-1"]
-    assert world.pool.pool.members("web") == ["web-1"]
+    assert world.pool.members("web") == ["web-1"]
     assert [c.event_id for c in world.sent.commands] == ["E-REBOOT", "E-REBOOT", "E2"]
     (failed,) = [r for r in world.store.query(vm="web-0") if r.action == "restore_failed"]
     assert "role assignment" in failed.reason
     assert "'pools': ['web']" in failed.reason
 
     # WHEN the deployment is fixed and the dead-lettered completion is resubmitted
-    del world.pool.fail_restore["web-0"]
+    world.pool.heal("restore", "web-0")
     again = world.run(reboot(EventStatus.COMPLETED, **pair), at=later + timedelta(hours=1))
 
     # THEN only web-0 is restored, and nothing else is done twice
     assert [(a.action, a.vm) for a in again.actions] == [("restore", "web-0")]
     assert world.pool.restored == ["web-1", "web-0"]
-    assert world.pool.pool.members("web") == ["web-0", "web-1"]
+    assert world.pool.members("web") == ["web-0", "web-1"]
     assert len(world.sent.commands) == 3
 
 
 def test_a_transient_restore_failure_is_retried_and_the_retry_restores_it(world: World) -> None:
     pair: dict[str, Any] = {"resources": ("web-0", "web-1")}
     world.run_set(reboot(EventStatus.SCHEDULED, **pair))
-    world.pool.fail_restore["web-1"] = RetryableError("429 from the load balancer API")
+    world.pool.fail("restore", RetryableError("429 from the load balancer API"), vm="web-1", times=None)
     world.run(reboot(EventStatus.COMPLETED, **pair))
     with pytest.raises(RetryableError, match="not be put back yet"):
         world.run(reboot(EventStatus.COMPLETED, reporter="web-1", **pair))
     assert world.pool.restored == ["web-0"]
 
-    del world.pool.fail_restore["web-1"]
+    world.pool.heal("restore", "web-1")
     # (the claim was given back)
     world.run(reboot(EventStatus.COMPLETED, reporter="web-1", **pair), at=NOW + timedelta(seconds=5))
     assert world.pool.restored == ["web-0", "web-1"]
-    assert world.pool.pool.members("web") == list(SET)
+    assert world.pool.members("web") == list(SET)
 
 
 # ---------------------------------------------------------------- events spanning pools
@@ -494,7 +389,7 @@ def two_pools() -> Policy:
 
 @pytest.fixture
 def wide(world: World) -> World:
-    world.pool.pool.add("api", ("api-0", "api-1"))
+    world.pool.add("api", ("api-0", "api-1"))
     world.policy = two_pools()
     return world
 
@@ -545,31 +440,18 @@ def test_a_vm_waiting_for_its_pool_holds_no_slot_in_the_other_pool(wide: World) 
 # ---------------------------------------------------------------- a busy claim
 
 
-@dataclass
-class FakeTime:
-    now: datetime
-    slept: float = 0.0
-
-    def clock(self) -> datetime:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept += seconds
-        self.now += timedelta(seconds=seconds)
-
-
 def test_a_delivery_waits_out_a_dead_invocations_lease_instead_of_bouncing(world: World) -> None:
     # GIVEN an invocation that claimed the envelope and died (its lease runs for CLAIM_LEASE)
     event = reboot(EventStatus.SCHEDULED)
     world.store.claim(_claim_key(event), NOW, CLAIM_LEASE)
 
     # WHEN the bus redelivers it a minute later to an invocation that may wait
-    time = FakeTime(NOW + timedelta(minutes=1))
-    outcome = world.run(event, at=time.now, claim_wait=ClaimWait(time.clock, time.sleep, poll_seconds=5))
+    clock = FakeClock(NOW + timedelta(minutes=1))
+    outcome = world.run(event, at=clock.now(), claim_wait=ClaimWait(clock.now, clock.sleep, poll_seconds=5))
 
     # THEN it waited until the lease ran out, took the claim over and did the work once
     assert outcome.result == "processed"
-    assert CLAIM_LEASE - timedelta(minutes=1) <= timedelta(seconds=time.slept) <= CLAIM_LEASE
+    assert CLAIM_LEASE - timedelta(minutes=1) <= timedelta(seconds=clock.slept) <= CLAIM_LEASE
     assert world.pool.drained == ["web-0"]
     assert len(world.sent.commands) == 1
 
@@ -577,30 +459,27 @@ def test_a_delivery_waits_out_a_dead_invocations_lease_instead_of_bouncing(world
 def test_a_wait_that_outlasts_its_limit_hands_the_message_back(world: World) -> None:
     event = reboot(EventStatus.SCHEDULED)
     world.store.claim(_claim_key(event), NOW, CLAIM_LEASE)
-    time = FakeTime(NOW)
-    wait = ClaimWait(time.clock, time.sleep, longest=timedelta(seconds=30), poll_seconds=10)
+    clock = FakeClock(NOW)
+    wait = ClaimWait(clock.now, clock.sleep, longest=timedelta(seconds=30), poll_seconds=10)
     with pytest.raises(ClaimBusyError):
         world.run(event, claim_wait=wait)
-    assert time.slept == 30
+    assert clock.slept == 30
     assert world.pool.drained == []
 
 
 def test_a_concurrent_delivery_of_the_same_envelope_waits_and_is_a_duplicate(tmp_path: Path) -> None:
     # GIVEN two invocations (threads) sharing one store, the first slow in the load balancer
     store = SqliteStore(tmp_path / "state.db")
-    pool = LocalPool(tmp_path / "pool.db")
-    pool.add("web", SET)
+    pool = FakeBalancer({"web": SET})
     entered, release = threading.Event(), threading.Event()
 
-    def slow_remove(vm: str, memento: JsonObject) -> None:
+    def slow_remove(vm: str) -> None:
         entered.set()
         release.wait(10)
-        pool.remove(vm, memento)
 
-    sent = Sent()
-    slow = Deps(
-        store, _Balancer(pool.locate, slow_remove, pool.restore), sent, store, Policy(), verifier=ReporterName()
-    )
+    pool.on("remove", slow_remove, times=1)
+    sent = RecordingSender()
+    slow = Deps(store, pool, sent, store, Policy(), verifier=ReporterName())
     body = encode(envelope_for_event(reboot(EventStatus.SCHEDULED), NOW))
 
     def now() -> datetime:
@@ -642,7 +521,7 @@ def test_a_step_redelivered_after_its_events_end_drains_nothing_and_sends_no_app
     world: World, step: EventStatus, end: EventStatus
 ) -> None:
     # GIVEN a step of the event that failed once (the load balancer API timed out) ...
-    world.pool.fail_next_drain = True
+    world.pool.fail("remove", RetryableError("the load balancer API timed out"))
     with pytest.raises(RetryableError):
         world.run(reboot(step))
     # ... and the event's end, processed before the bus delivered that step again (no order)
@@ -657,7 +536,7 @@ def test_a_step_redelivered_after_its_events_end_drains_nothing_and_sends_no_app
     assert [(a.action, a.vm) for a in late.actions] == [("none", "web-0")]
     assert world.pool.drained == []
     assert world.sent.commands == []
-    assert world.pool.pool.members("web") == list(SET)
+    assert world.pool.members("web") == list(SET)
     assert late_reasons(world) == [f"late: event already {end.value} at 2026-03-01T12:20:00Z, nothing to do"]
 
 
@@ -666,14 +545,14 @@ def test_a_late_step_puts_back_what_an_earlier_attempt_drained_after_the_end_was
     # while the completion (processed first, as the bus did not keep order) had nothing to restore
     world.run(reboot(EventStatus.COMPLETED))
     world.store.record_drain("azure:e-reboot", "web-0", {"memento": {"pools": ["web"]}, "state": "removed"})
-    world.pool.pool.remove("web-0", {"pools": ["web"]})
+    world.pool.discard("web", "web-0")
 
     # WHEN the scheduled step is redelivered
     late = world.run(reboot(EventStatus.SCHEDULED), at=NOW + CLAIM_LEASE + timedelta(seconds=1))
 
     # THEN web-0 is put back, and nothing else is done
     assert [(a.action, a.vm) for a in late.actions] == [("restore", "web-0")]
-    assert world.pool.pool.members("web") == list(SET)
+    assert world.pool.members("web") == list(SET)
     assert world.store.drains("azure:e-reboot") == {}
     assert world.sent.commands == []
 
@@ -684,19 +563,17 @@ def test_a_step_whose_event_ends_while_it_drains_restores_what_it_drained_and_ap
     completed_at = NOW + timedelta(seconds=1)
     completions: list[Any] = []
 
-    def remove_while_the_event_completes(vm: str, memento: JsonObject) -> None:
-        if not completions:
-            completions.append(world.run(reboot(EventStatus.COMPLETED), at=completed_at))
-        world.pool.remove(vm, memento)
+    def complete_the_event(vm: str) -> None:
+        completions.append(world.run(reboot(EventStatus.COMPLETED), at=completed_at))
 
-    balancer = _Balancer(world.pool.locate, remove_while_the_event_completes, world.pool.restore)
+    world.pool.on("remove", complete_the_event, times=1)
 
     # WHEN the scheduled step goes on after that removal
-    outcome = world.run(reboot(EventStatus.SCHEDULED), balancer=balancer)
+    outcome = world.run(reboot(EventStatus.SCHEDULED))
 
     # THEN its re-check sees the end: the VM it drained is back and no approval went out
     assert [(a.action, a.vm) for a in outcome.actions] == [("drain", "web-0"), ("restore", "web-0")]
-    assert world.pool.pool.members("web") == list(SET)
+    assert world.pool.members("web") == list(SET)
     assert world.sent.commands == []
     assert world.store.drains("azure:e-reboot") == {}
     why = "late: event completed at 2026-03-01T12:00:01Z while this step drained; put back what it drained, no approval"
@@ -712,13 +589,11 @@ def test_a_budget_slot_taken_by_a_step_whose_event_ends_while_it_drains_is_freed
     e1: dict[str, Any] = {"event_id": "E1", "resources": ("web-0",)}
     done: list[Any] = []
 
-    def remove_while_the_event_completes(vm: str, memento: JsonObject) -> None:
-        if not done:
-            done.append(world.run(reboot(EventStatus.COMPLETED, **e1)))
-        world.pool.remove(vm, memento)
+    def complete_e1(vm: str) -> None:
+        done.append(world.run(reboot(EventStatus.COMPLETED, **e1)))
 
-    balancer = _Balancer(world.pool.locate, remove_while_the_event_completes, world.pool.restore)
-    world.run(reboot(EventStatus.SCHEDULED, **e1), balancer=balancer)
+    world.pool.on("remove", complete_e1, times=1)
+    world.run(reboot(EventStatus.SCHEDULED, **e1))
 
     # WHEN another event of the pool is scheduled
     e2 = world.run(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("web-1",), reporter="web-1"))
@@ -799,7 +674,7 @@ def test_the_lifecycle_in_order_is_unchanged_by_the_check_for_an_end(world: Worl
     ]
     assert [step.decision.rule if step.decision else "" for step in steps] == ["5-platform", "2-started", "1-ended"]
     assert late_reasons(world) == []
-    assert world.pool.pool.members("web") == list(SET)
+    assert world.pool.members("web") == list(SET)
     assert len(world.sent.commands) == 1
 
 
@@ -882,7 +757,7 @@ def test_an_event_whose_actions_cannot_all_be_carried_out_drains_nothing_and_is_
     assert (first.result, again.result) == ("malformed", "malformed")
     assert world.pool.drained == []
     assert world.sent.commands == []
-    assert world.pool.pool.members("web") == list(SET)
+    assert world.pool.members("web") == list(SET)
     assert [record.kind for record in world.store.query()] == ["malformed", "malformed"]
 
 
