@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
@@ -22,6 +22,7 @@ from agent.sources.azure.client import AzureImdsClient
 from agent.timing import SystemClock
 from simulator import Simulator
 from tests.contract.simulator.conftest import VmClient
+from tests.kit import RecordingReadiness
 from wire.commands import Command, CommandType, encode_command, new_command
 from wire.model import Cloud
 from wire.signing import generate_keypair, load_private_key, load_public_key, sign_command
@@ -29,14 +30,6 @@ from wire.signing import generate_keypair, load_private_key, load_public_key, si
 VM = "vm-0"
 OTHER_VM = "vm-1"
 EVENT_ID = "0B1C2D3E-4F50-4617-8A9B-C0D1E2F30415"
-
-
-@dataclass
-class RecordingReadiness:
-    calls: list[tuple[bool, str]] = field(default_factory=list)
-
-    def set_drained(self, drained: bool, reason: str) -> None:
-        self.calls.append((drained, reason))
 
 
 @dataclass

@@ -17,6 +17,7 @@ from mbridge import approve_cli
 from mbridge.approve import run_approve
 from tests.factories import azure_event
 from tests.identity import ProofsOfTest, proven
+from tests.kit import FakeClock
 from wire.commands import CommandType, decode_command
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.identity import IdentityVerifier
@@ -29,22 +30,6 @@ EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 START = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 
 Answer = Callable[[str], list[bytes]]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self._now = START
-        self._monotonic = 0.0
-
-    def now(self) -> datetime:
-        return self._now
-
-    def monotonic(self) -> float:
-        return self._monotonic
-
-    def advance(self, seconds: float) -> None:
-        self._now += timedelta(seconds=seconds)
-        self._monotonic += seconds
 
 
 @dataclass
@@ -121,7 +106,7 @@ def run(
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(START)
 
 
 @pytest.fixture

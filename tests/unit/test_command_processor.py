@@ -31,6 +31,7 @@ from agent.sources.azure.client import ApprovalRefusedError
 from agent.sources.azure.document import ScheduledEventsDocument, parse_scheduled_events
 from agent.sources.http import MetadataUnavailableError
 from agent.state_files import StateDirError
+from tests.kit import FakeClock, RecordingReadiness
 from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
 from wire.commands import Command, CommandType, encode_command, new_command
 from wire.errors import RetryableError
@@ -40,22 +41,6 @@ from wire.signing import generate_keypair, load_private_key, load_public_key, si
 VM = "WestNO_0"
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 START = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
-
-
-class FakeClock:
-    def __init__(self, start: datetime) -> None:
-        self._now = start
-        self._monotonic = 1000.0
-
-    def now(self) -> datetime:
-        return self._now
-
-    def monotonic(self) -> float:
-        return self._monotonic
-
-    def advance(self, seconds: float) -> None:
-        self._now += timedelta(seconds=seconds)
-        self._monotonic += seconds
 
 
 class Crash(Exception):
@@ -114,19 +99,11 @@ class FakeImds:
 
 
 @dataclass
-class FakeReadiness:
-    calls: list[tuple[bool, str]] = field(default_factory=list)
-
-    def set_drained(self, drained: bool, reason: str) -> None:
-        self.calls.append((drained, reason))
-
-
-@dataclass
 class Harness:
     path: Path
     clock: FakeClock
     imds: FakeImds
-    readiness: FakeReadiness
+    readiness: RecordingReadiness
     ignored: list[str]
     ledgers: list[CommandLedger] = field(default_factory=list)
 
@@ -159,7 +136,7 @@ class Harness:
 
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(tmp_path / "commands.db", FakeClock(START), FakeImds(), FakeReadiness(), [])
+    h = Harness(tmp_path / "commands.db", FakeClock(START), FakeImds(), RecordingReadiness(), [])
     yield h
     for ledger in h.ledgers:
         ledger.close()

@@ -40,6 +40,7 @@ from functions.azure_app.vm_directory import (
 from functions.core.ports import JsonObject
 from functions.trust.verifiers import VmDirectory
 from tests.contract.azure.test_load_balancer import TOKEN, StaticToken, _self_signed
+from tests.kit import FakeClock
 from tests.peers import free_port
 from wire.errors import PermanentError, RetryableError
 
@@ -313,22 +314,11 @@ class WrongToken:
 
 
 @dataclass
-class Clock:
-    now: float = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@dataclass
 class Arm:
     fake: FakeCompute
     base_url: str
     certificate: Path
-    clock: Clock = field(default_factory=Clock)
+    clock: FakeClock = field(default_factory=lambda: FakeClock(monotonic=1000.0))
     created: list[ComputeVmDirectory] = field(default_factory=list)
     subscriptions: list[str] = field(default_factory=list)  # the client factory's calls
 
@@ -344,7 +334,9 @@ class Arm:
 
     def directory(self, credential: TokenCredential | None = None, **options: Any) -> ComputeVmDirectory:
         directory = ComputeVmDirectory(
-            client_factory=lambda subscription: self.client(subscription, credential), clock=self.clock, **options
+            client_factory=lambda subscription: self.client(subscription, credential),
+            clock=self.clock.monotonic,
+            **options,
         )
         self.created.append(directory)
         return directory

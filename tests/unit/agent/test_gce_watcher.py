@@ -11,18 +11,9 @@ import pytest
 from agent.sources.gce.client import GceKeyWatcher, GceMetadataClient, GceObservation, GceReading
 from agent.sources.gce.values import MAINTENANCE_EVENT_KEY, UPCOMING_MAINTENANCE_KEY
 from agent.sources.http import MetadataHttp, MetadataUnavailableError
+from tests.kit import FakeClock
 
-
-@dataclass
-class FixedClock:
-    at: float = 100.0
-
-    def now(self) -> datetime:
-        return datetime(2026, 11, 25, 9, 0, tzinfo=timezone.utc)
-
-    def monotonic(self) -> float:
-        self.at += 0.01
-        return self.at
+NOW = datetime(2026, 11, 25, 9, 0, tzinfo=timezone.utc)
 
 
 class ScriptedClient(GceMetadataClient):
@@ -51,7 +42,7 @@ def test_a_garbled_answer_is_not_kept_and_the_next_read_is_on_the_last_good_etag
     # GIVEN a watcher that read NONE (etag e1)
     client = ScriptedClient(iter([("NONE", "e1"), ('"NO', "e2"), ("MIGRATE_ON_HOST_MAINTENANCE", "e3"), ("x", "e3")]))
     emitted = Emitted()
-    watcher = GceKeyWatcher(client, MAINTENANCE_EVENT_KEY, emitted, clock=FixedClock())
+    watcher = GceKeyWatcher(client, MAINTENANCE_EVENT_KEY, emitted, clock=FakeClock(NOW, monotonic=100.0))
     watcher.step(wait=False)
     # WHEN the long-poll that carries a change comes back garbled
     with pytest.raises(MetadataUnavailableError) as failed:
@@ -68,7 +59,7 @@ def test_a_garbled_answer_is_not_kept_and_the_next_read_is_on_the_last_good_etag
 def test_an_absent_key_is_a_reading() -> None:
     client = ScriptedClient(iter([(None, "e0")]))
     emitted = Emitted()
-    GceKeyWatcher(client, UPCOMING_MAINTENANCE_KEY, emitted, clock=FixedClock()).step(wait=False)
+    GceKeyWatcher(client, UPCOMING_MAINTENANCE_KEY, emitted, clock=FakeClock(NOW, monotonic=100.0)).step(wait=False)
     assert emitted.seen == [None]
 
 
@@ -85,7 +76,7 @@ def test_a_decimal_instance_id_is_the_identity() -> None:
 
 
 def test_a_long_poll_that_comes_back_unchanged_at_once_is_paced_to_a_second() -> None:
-    clock = FixedClock()
+    clock = FakeClock(NOW, monotonic=100.0)
     watcher = GceKeyWatcher(ScriptedClient(iter([])), MAINTENANCE_EVENT_KEY, Emitted(), clock=clock)
     # an answer right after the request: a full second after the answer
     assert watcher.pause_after_unchanged(clock.monotonic()) == 1.0
@@ -122,7 +113,7 @@ class CountingStop:
 
 def test_a_503_is_read_again_within_a_quarter_second_and_only_a_lasting_one_backs_off() -> None:
     # GIVEN a metadata server answering 503, as during a maintenance
-    watcher = GceKeyWatcher(FailingClient(), MAINTENANCE_EVENT_KEY, Emitted(), clock=FixedClock())
+    watcher = GceKeyWatcher(FailingClient(), MAINTENANCE_EVENT_KEY, Emitted(), clock=FakeClock(NOW, monotonic=100.0))
     stop = CountingStop(waits=6)
 
     # WHEN the watcher keeps trying

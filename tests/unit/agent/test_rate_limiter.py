@@ -5,44 +5,34 @@ from __future__ import annotations
 import pytest
 
 from agent.timing import RateLimiter
+from tests.kit import FakeClock
 
 
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def calls_at(limiter: RateLimiter, clock: FakeTime, at: list[float]) -> list[float]:
+def calls_at(limiter: RateLimiter, clock: FakeClock, at: list[float]) -> list[float]:
     """Ask at each moment (relative); return when each call was let through."""
     granted = []
     for moment in at:
-        clock.now = max(clock.now, 1000.0 + moment)
+        clock.advance(max(0.0, 1000.0 + moment - clock.monotonic()))
         limiter.acquire()
-        granted.append(round(clock.now - 1000.0, 6))
+        granted.append(round(clock.monotonic() - 1000.0, 6))
     return granted
 
 
 def test_a_burst_up_to_the_limit_goes_out_at_once() -> None:
-    clock = FakeTime()
+    clock = FakeClock(monotonic=1000.0)
     limiter = RateLimiter(4, monotonic=clock.monotonic, sleep=clock.sleep)
     # a poll, then an approval's re-read and POST right after it: no waiting
     assert calls_at(limiter, clock, [0.0, 0.01, 0.02]) == [0.0, 0.01, 0.02]
 
 
 def test_the_call_past_the_limit_waits_until_the_window_has_room() -> None:
-    clock = FakeTime()
+    clock = FakeClock(monotonic=1000.0)
     limiter = RateLimiter(4, monotonic=clock.monotonic, sleep=clock.sleep)
     assert calls_at(limiter, clock, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]) == [0.0, 0.1, 0.2, 0.3, 1.0, 1.1]
 
 
 def test_no_window_of_a_second_holds_more_than_the_limit_under_a_flood() -> None:
-    clock = FakeTime()
+    clock = FakeClock(monotonic=1000.0)
     limiter = RateLimiter(4, monotonic=clock.monotonic, sleep=clock.sleep)
     granted = calls_at(limiter, clock, [0.0] * 40)
     for index in range(len(granted) - 4):

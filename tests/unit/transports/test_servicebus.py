@@ -32,7 +32,8 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from agent.commands import CommandLedger, CommandProcessor
 from agent.config import ConfigError, settings_from_args
 from mbridge.cli import build_parser
-from tests.unit.test_command_processor import EVENT_ID, FakeClock, FakeImds, FakeReadiness
+from tests.kit import FakeClock, RecordingReadiness
+from tests.unit.test_command_processor import EVENT_ID, FakeImds
 from wire.commands import CommandType, encode_command, new_command
 from wire.model import Cloud
 from wire.signing import generate_keypair
@@ -58,14 +59,6 @@ LOCKED_UNTIL = b"x-opt-locked-until"  # the broker's annotation of a message loc
 
 
 # ---------------------------------------------------------------- fakes of the network edge
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def received(
@@ -100,10 +93,10 @@ class Faults:
 
 
 class FakeSession:
-    def __init__(self, clock: Clock, faults: Faults) -> None:
+    def __init__(self, clock: FakeClock, faults: Faults) -> None:
         self.clock = clock
         self.faults = faults
-        self.locked_until: datetime | None = clock.now + LOCK_DURATION
+        self.locked_until: datetime | None = clock.now() + LOCK_DURATION
         self.renewals = 0
 
     @property
@@ -113,7 +106,7 @@ class FakeSession:
     def renew_lock(self, *, timeout: float | None = None) -> datetime:
         self.faults.raise_if_any("renew")
         self.renewals += 1
-        self.locked_until = self.clock.now + LOCK_DURATION
+        self.locked_until = self.clock.now() + LOCK_DURATION
         return self.locked_until
 
 
@@ -142,7 +135,12 @@ class FakeSender:
 
 class FakeReceiver:
     def __init__(
-        self, entity: str, session_id: str | None, inbox: list[ServiceBusReceivedMessage], clock: Clock, faults: Faults
+        self,
+        entity: str,
+        session_id: str | None,
+        inbox: list[ServiceBusReceivedMessage],
+        clock: FakeClock,
+        faults: Faults,
     ):
         self.entity = entity
         self.session_id = session_id
@@ -182,7 +180,7 @@ class FakeReceiver:
     def renew_message_lock(self, message: ServiceBusReceivedMessage, *, timeout: float | None = None) -> datetime:
         self.faults.raise_if_any("renew_message")
         self.renewed_messages.append(message.message_id)
-        return self.fake_session.clock.now + LOCK_DURATION
+        return self.fake_session.clock.now() + LOCK_DURATION
 
     def close(self) -> None:
         self.closed = True
@@ -191,8 +189,8 @@ class FakeReceiver:
 class FakeClient:
     """The ServiceBusClient surface the transport uses; records every handler it hands out."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
-        self.clock = clock or Clock()
+    def __init__(self, clock: FakeClock | None = None) -> None:
+        self.clock = clock or FakeClock(T0)
         self.faults = Faults()
         self.inbox: list[ServiceBusReceivedMessage] = []
         self.senders: list[FakeSender] = []
@@ -235,7 +233,7 @@ def agent(client: FakeClient, **overrides: Any) -> ServiceBusTransport:
     def factory(_: ServiceBusSettings) -> ServiceBusClientLike:
         return client
 
-    return ServiceBusTransport(settings(**overrides), client_factory=factory, now=client.clock)
+    return ServiceBusTransport(settings(**overrides), client_factory=factory, now=client.clock.now)
 
 
 def operator(client: FakeClient, **overrides: Any) -> ServiceBusOperator:
@@ -470,11 +468,11 @@ def test_the_session_lock_is_renewed_before_it_would_expire() -> None:
     # THEN a lock far from expiry is left alone
     assert session.renewals == 0
     # WHEN 45 s later the agent is about to wait 5 s more (the lock would end within the margin)
-    client.clock.now += timedelta(seconds=45)
+    client.clock.advance(45)
     commands.receive_commands(max_wait=5.0)
     # THEN the lock was renewed first
     assert session.renewals == 1
-    assert session.locked_until == client.clock.now + LOCK_DURATION
+    assert session.locked_until == client.clock.now() + LOCK_DURATION
 
 
 def test_settling_after_the_receiver_was_replaced_is_unavailable_not_silent() -> None:
@@ -665,7 +663,7 @@ def test_a_command_through_the_topic_reaches_the_agent_as_through_the_queue() ->
 def test_the_isolated_agent_settles_once_through_the_receiver_that_received() -> None:
     # GIVEN a received command whose lock has most of its minute left
     client = FakeClient()
-    published_command(client, locked_until=client.clock.now + LOCK_DURATION)
+    published_command(client, locked_until=client.clock.now() + LOCK_DURATION)
     [inbound] = receiver_of(isolated_agent(client)).receive_commands(max_wait=1.0)
     [receiver] = client.receivers
     assert receiver.completed == []
@@ -680,9 +678,9 @@ def test_the_isolated_agent_settles_once_through_the_receiver_that_received() ->
 def test_a_message_lock_about_to_run_out_is_renewed_before_completing() -> None:
     # GIVEN a received command, then 50 s spent on it (10 s of its lock left)
     client = FakeClient()
-    published_command(client, locked_until=client.clock.now + LOCK_DURATION)
+    published_command(client, locked_until=client.clock.now() + LOCK_DURATION)
     [inbound] = receiver_of(isolated_agent(client)).receive_commands(max_wait=1.0)
-    client.clock.now += timedelta(seconds=50)
+    client.clock.advance(50)
     # WHEN it is settled
     inbound.settle()
     # THEN its lock was renewed first, then it was completed
@@ -694,10 +692,10 @@ def test_a_message_lock_about_to_run_out_is_renewed_before_completing() -> None:
 def test_a_lost_message_lock_is_unavailable_and_the_command_comes_again() -> None:
     # GIVEN a command whose lock ran out before it was settled (the renewal is refused)
     client = FakeClient()
-    published_command(client, locked_until=client.clock.now + LOCK_DURATION)
+    published_command(client, locked_until=client.clock.now() + LOCK_DURATION)
     transport = isolated_agent(client)
     [inbound] = receiver_of(transport).receive_commands(max_wait=1.0)
-    client.clock.now += timedelta(seconds=70)
+    client.clock.advance(70)
     client.faults.add("renew_message", sb_errors.MessageLockLostError(message="lock expired"))
     # WHEN it is settled THEN it is a retryable error naming the subscription, and nothing was completed
     with pytest.raises(TransportUnavailableError) as failure:
@@ -863,7 +861,7 @@ def test_commands_delivered_out_of_order_are_executed_as_if_in_order(tmp_path: P
     # GIVEN the functions' drain and approve (after a 30 s drain period) for this VM, the approve
     # delivered first, and the drain delivered twice (its first lock ran out)
     clock = FakeClock(T0)
-    imds, readiness = FakeImds(), FakeReadiness()
+    imds, readiness = FakeImds(), RecordingReadiness()
     imds.add(resources=(VM,))
     drain = new_command(
         CommandType.DRAIN, target=VM, event_id=EVENT_ID, issued_at=T0, expires_at=T0 + timedelta(minutes=10)

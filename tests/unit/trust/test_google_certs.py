@@ -26,6 +26,7 @@ from functions.trust.gce_token import (
     verify_with_source,
 )
 from simulator.gce_identity import TokenIssuer
+from tests.kit import FakeClock
 from wire.errors import RetryableError
 
 AUDIENCE = "maintenance-bridge/" + "ef" * 32
@@ -76,17 +77,6 @@ class CertsServer:
         self._http.server_close()
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture(scope="module")
 def issuers() -> tuple[TokenIssuer, TokenIssuer]:
     """Today's keys and tomorrow's (after a rotation)."""
@@ -109,11 +99,11 @@ def session() -> Iterator[requests.Session]:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(monotonic=1000.0)
 
 
 def make_certs(server: CertsServer, session: requests.Session, clock: FakeClock) -> GoogleCerts:
-    return GoogleCerts(session, server.url, timeout=5.0, clock=clock)
+    return GoogleCerts(session, server.url, timeout=5.0, clock=clock.monotonic)
 
 
 # --------------------------------------------------------------------------- caching
@@ -336,4 +326,4 @@ def test_an_unreachable_server_is_retryable(session: requests.Session, clock: Fa
     gone.stop()
     # THEN the fetch fails as retryable
     with pytest.raises(CertsUnavailableError, match="cannot fetch"):
-        GoogleCerts(session, gone.url, timeout=2.0, clock=clock).get()
+        GoogleCerts(session, gone.url, timeout=2.0, clock=clock.monotonic).get()
