@@ -34,15 +34,13 @@ from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
 from agent.sources.azure.client import AzureImdsClient
 from agent.sources.gce.client import GceMetadataClient
 from functions.core.policy import Policy, Pool
-from functions.core.ports import JsonObject
 from functions.core.process import Deps, process
-from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
 from simulator import Simulator
 from tests.drills.conftest import drill_seed, say
-from wire.commands import Command
+from tests.kit import FakeBalancer, RecordingSender
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, TRUST_FILE_FORMAT
 from wire.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
@@ -71,26 +69,18 @@ REASONS = {
 POLICY = Policy(pools=(Pool("web", frozenset((*AZURE_VICTIMS, AZURE_ATTACKER)), max_drained=1),))
 
 
-@dataclass
 class Effects:
     """What the functions did, in order: the ground truth compared between the two runs."""
 
-    log: list[tuple[str, str]] = field(default_factory=list)
-    pool: LocalPool = field(default_factory=lambda: LocalPool(":memory:"))
-
-    def locate(self, vm: str) -> JsonObject | None:
-        return self.pool.locate(vm)
-
-    def remove(self, vm: str, memento: JsonObject) -> None:
-        self.log.append(("drain", vm))
-        self.pool.remove(vm, memento)
-
-    def restore(self, vm: str, memento: JsonObject) -> None:
-        self.log.append(("restore", vm))
-        self.pool.restore(vm, memento)
-
-    def send(self, command: Command) -> None:
-        self.log.append((f"{command.type.value} {command.event_id}", command.target))
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.pool = FakeBalancer({"web": (*AZURE_VICTIMS, AZURE_ATTACKER), "gce": (*GCE_VICTIMS, GCE_ATTACKER)})
+        self.sender = RecordingSender()
+        self.pool.on("remove", lambda vm: self.log.append(("drain", vm)))
+        self.pool.on("restore", lambda vm: self.log.append(("restore", vm)))
+        self.sender.on_send(
+            lambda command: self.log.append((f"{command.type.value} {command.event_id}", command.target))
+        )
 
 
 @dataclass(frozen=True)
@@ -218,11 +208,9 @@ class Run:
 
 def run(clouds: Clouds, messages: list[Message]) -> Run:
     effects = Effects()
-    effects.pool.add("web", (*AZURE_VICTIMS, AZURE_ATTACKER))
-    effects.pool.add("gce", (*GCE_VICTIMS, GCE_ATTACKER))
     store = SqliteStore(":memory:")
     result = Run(effects, store)
-    deps = Deps(store, effects, effects, store, POLICY, verifier=clouds.verifier)
+    deps = Deps(store, effects.pool, effects.sender, store, POLICY, verifier=clouds.verifier)
     for message in messages:
         now = max(message.accepted_at, datetime.now(timezone.utc))
         before = len(store.query())
