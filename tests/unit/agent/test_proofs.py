@@ -26,6 +26,7 @@ from agent.sources.azure.tracker import AzureTracker
 from agent.sources.http import MetadataUnavailableError
 from agent.state import AgentState
 from agent.timing import SystemClock
+from tests.kit import FakeClock
 from tests.unit.agent.test_loop import FakeTransport
 from tests.waiting import wait_until
 from wire.envelope import decode
@@ -68,14 +69,6 @@ class FakeImds:
         return f"pkcs7-for-{nonce}"
 
 
-@dataclass
-class Ticks:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def unsigned(body: bytes) -> dict[str, Any]:
     document: dict[str, Any] = json.loads(body)
     return document
@@ -99,8 +92,8 @@ def test_without_a_gce_token_the_prover_says_so() -> None:
 
 
 def test_an_azure_message_carries_the_attested_document_of_a_key_that_signed_its_digest() -> None:
-    imds, ticks = FakeImds(), Ticks()
-    prover = AzureAttestedProver(imds, ticks)
+    imds, clock = FakeImds(), FakeClock()
+    prover = AzureAttestedProver(imds, clock.monotonic)
 
     first, second = unsigned(prover.prove(BODY)), unsigned(prover.prove(b'{"id":"other"}'))
 
@@ -115,12 +108,12 @@ def test_an_azure_message_carries_the_attested_document_of_a_key_that_signed_its
 
 
 def test_the_azure_document_is_renewed_with_a_new_key_and_kept_while_imds_fails() -> None:
-    imds, ticks = FakeImds(), Ticks()
-    prover = AzureAttestedProver(imds, ticks, refresh_seconds=3600)
+    imds, clock = FakeImds(), FakeClock()
+    prover = AzureAttestedProver(imds, clock.monotonic, refresh_seconds=3600)
     before = unsigned(prover.prove(BODY))
 
     # WHEN the hour is up but IMDS does not answer: the one in hand goes on
-    ticks.now = 3601
+    clock.advance(3601)
     imds.down = True
     kept = unsigned(prover.prove(BODY))
     assert kept[AZURE_SESSION_KEY] == before[AZURE_SESSION_KEY]
@@ -134,7 +127,7 @@ def test_the_azure_document_is_renewed_with_a_new_key_and_kept_while_imds_fails(
 
 def test_without_any_attested_document_the_prover_says_so() -> None:
     with pytest.raises(ProofUnavailableError, match="attested document"):
-        AzureAttestedProver(FakeImds(down=True), Ticks()).prove(BODY)
+        AzureAttestedProver(FakeImds(down=True), FakeClock().monotonic).prove(BODY)
 
 
 # ---------------------------------------------------------------- the publisher
