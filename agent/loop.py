@@ -12,8 +12,6 @@ anything is published, and a command is settled only after its result is recorde
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
 import queue
 import threading
@@ -24,30 +22,24 @@ from datetime import datetime
 from typing import Any, Callable, Protocol
 
 from agent.health import Metrics, Readiness
+from agent.messages import event_message, names_this_vm, result_message, with_message_id
 from agent.proofs import NoProof, ProofUnavailableError, Prover
 from agent.sources.tracking import Observation, Tracker
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError
 from agent.timing import Backoff, Clock
-from wire.bounds import MAX_ENVELOPE_BYTES, PROOF_ROOM_BYTES, bounded
-from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.errors import MalformedDocumentError, RetryableError
-from wire.model import Cloud, CommandResult, MaintenanceEvent
+from wire.model import Cloud, CommandResult
 from wire.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
 
 LOGGER = logging.getLogger("mbridge.agent")
 KEEP_PUBLISHED_SECONDS = 24 * 3600
-# How each cloud names the field that becomes `description` (named in `unreadable` when it is cut).
-DESCRIPTION_FIELD = {Cloud.AZURE: "Description", Cloud.GCE: "description"}
-RESOURCES_FIELD = {Cloud.AZURE: "Resources", Cloud.GCE: "resources"}
 PRUNE_EVERY_SECONDS = 600.0
 # How long a message waits for its proof of identity before it goes without one: the metadata
 # service answers 503 for a second or so during maintenance, and a report the functions may
 # refuse (trust: attested) is still better late than a report never sent.
 PROOF_WAIT_SECONDS = 10.0
 PROOF_RETRY_SECONDS = 0.5
-# The most an envelope may weigh before its proof is added.
-MAX_UNPROVEN_BYTES = MAX_ENVELOPE_BYTES - PROOF_ROOM_BYTES
 
 
 class CommandHandler(Protocol):
@@ -70,73 +62,6 @@ Watcher = Callable[[threading.Event], None]
 @dataclass
 class Liveness:
     last_good_poll: float | None = None  # monotonic
-
-
-def event_message(event: MaintenanceEvent, observed_at: datetime) -> OutboundMessage:
-    envelope = envelope_for_event(event, observed_at)
-    body = encode(envelope)
-    if len(body) > MAX_UNPROVEN_BYTES:
-        # A bus refuses a message this large, and the outbox never skips a row: one huge entry would
-        # hold up every envelope after it. What the functions act on stays; the rest is cut.
-        event = _cut_to_fit(event, len(body))
-        envelope = envelope_for_event(event, observed_at)
-        body = encode(envelope)
-    if len(body) > MAX_UNPROVEN_BYTES:
-        # Only Resources can still be this large (thousands of names, more than any set holds):
-        # keep whether this VM is affected, which is what its own maintenance needs.
-        mine = tuple(vm for vm in event.resources if vm == event.reporter)
-        named = tuple(dict.fromkeys((*event.unreadable, RESOURCES_FIELD[event.cloud])))
-        envelope = envelope_for_event(replace(event, resources=mine, unreadable=named), observed_at)
-        body = encode(envelope)
-    return OutboundMessage(
-        envelope_id=envelope.id,
-        body=body,
-        key=event.reporter,
-        attributes={
-            "type": envelope.type,
-            "vm": event.reporter,
-            "cloud": event.cloud.value,
-            "event_id": event.event_id,
-        },
-    )
-
-
-def _with_message_id(message: OutboundMessage) -> OutboundMessage:
-    """The message with its bus id: the digest of the body as it goes out (see OutboundMessage)."""
-    return replace(message, message_id=hashlib.sha256(message.body).hexdigest())
-
-
-def _names_this_vm(event: MaintenanceEvent) -> bool:
-    """Whether an event is this VM's to report (`--forward own`): its Resources name this VM, or
-    they could not be read (forwarded rather than dropped: it may be this VM's)."""
-    return event.concerns_reporter or RESOURCES_FIELD[event.cloud] in event.unreadable or not event.resources
-
-
-def _cut_to_fit(event: MaintenanceEvent, size: int) -> MaintenanceEvent:
-    """The event without its raw entry (a digest and its size instead) and with its description
-    bounded, both named in `unreadable`. The envelope id does not depend on them: every report of
-    the event keeps the same id."""
-    raw = json.dumps(event.raw, ensure_ascii=False, sort_keys=True).encode("utf-8")
-    cut = {"cut_bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
-    LOGGER.warning(
-        "event %s makes an envelope of %d bytes, over the %d a bus message holds with a proof: its raw entry and "
-        "description are cut",
-        event.event_id[:80],
-        size,
-        MAX_UNPROVEN_BYTES,
-    )
-    named = tuple(dict.fromkeys((*event.unreadable, "raw", DESCRIPTION_FIELD[event.cloud])))
-    return replace(event, raw=cut, description=bounded(event.description), unreadable=named)
-
-
-def result_message(result: CommandResult, cloud: Cloud, vm_name: str, at: datetime) -> OutboundMessage:
-    envelope = envelope_for_command_result(result, cloud, at)
-    return OutboundMessage(
-        envelope_id=envelope.id,
-        body=encode(envelope),
-        key=vm_name,
-        attributes={"type": envelope.type, "vm": vm_name, "cloud": cloud.value, "event_id": result.event_id},
-    )
 
 
 class Agent:
@@ -250,7 +175,7 @@ class Agent:
             self._metrics.inc("mbridge_errors_total", kind="malformed")
             LOGGER.warning("ignoring a metadata value that does not parse: %s", exc)
             return
-        forwarded = [e for e in applied.events if self._forward_all or _names_this_vm(e)]
+        forwarded = [e for e in applied.events if self._forward_all or names_this_vm(e)]
         if len(forwarded) < len(applied.events):
             self._metrics.inc("mbridge_events_not_forwarded_total", len(applied.events) - len(forwarded))
         messages = [(event_message(e, observation.observed_at), observation.observed_at.timestamp()) for e in forwarded]
@@ -367,7 +292,7 @@ class Agent:
                 return None
             self._unproven_since = None
             self._metrics.inc("mbridge_unproven_messages_total")
-            message = _with_message_id(message)
+            message = with_message_id(message)
             LOGGER.error(
                 "publishing message %d without a proof of identity after %.0f s: functions that require one "
                 "(trust: attested) will audit it as unverified and not act on it",
@@ -377,7 +302,7 @@ class Agent:
             return message
         self._unproven_since = None
         self.last_proof_error = ""
-        return _with_message_id(replace(message, body=body))
+        return with_message_id(replace(message, body=body))
 
     # ---- commands
 

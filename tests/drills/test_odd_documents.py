@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from agent.loop import event_message
+from agent.messages import event_message
 from agent.sources.azure.client import AzureObservation
 from agent.sources.azure.diff import azure_state_from_json, azure_state_to_json
 from agent.sources.azure.document import parse_scheduled_events

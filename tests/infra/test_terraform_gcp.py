@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agent.loop import result_message
+from agent.messages import result_message
 from functions.gcp_app import compute, settings
 from functions.gcp_app.commands import command_message
 from tests.infra.sources import (

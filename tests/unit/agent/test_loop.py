@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent.health import Metrics, Readiness
-from agent.loop import Agent, event_message
+from agent.loop import Agent
+from agent.messages import event_message
 from agent.sources.azure.client import AzureObservation
 from agent.sources.azure.document import parse_scheduled_events, to_maintenance_event
 from agent.sources.azure.tracker import AzureTracker
