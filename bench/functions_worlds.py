@@ -41,7 +41,8 @@ from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
 from mbridge.demo.emulators import free_port
 from mbridge.demo.flows import AZURE_VMS
-from mbridge.demo.pubsub_world import COMMANDS_TOPIC, OBSERVER_SUBSCRIPTION, PROJECT, PubSubWorld
+from mbridge.demo.pubsub_bus import COMMANDS_TOPIC, OBSERVER_SUBSCRIPTION, PROJECT
+from mbridge.demo.pubsub_world import PubSubWorld
 from mbridge.demo.world import AgentThreads, CommandKeys, Simulators, agent_settings
 from simulator import Simulator
 from wire.commands import CommandType, decode_command

@@ -206,7 +206,7 @@ def test_a_pushed_message_reaches_the_entry_as_the_cloudevent_eventarc_delivers(
     from cloudevents.http import from_http
 
     from functions.gcp_app.entry import MESSAGE_PUBLISHED, message_body
-    from mbridge.demo.pubsub_world import eventarc_request
+    from mbridge.demo.eventarc_shim import eventarc_request
 
     # GIVEN a push body as the Pub/Sub emulator POSTs it
     topic = "projects/mbridge-demo/topics/maintenance-events"
@@ -263,7 +263,7 @@ def test_a_pushed_message_reaches_the_entry_as_the_cloudevent_eventarc_delivers(
 
 
 def test_a_push_that_is_not_a_pubsub_message_is_refused() -> None:
-    from mbridge.demo.pubsub_world import eventarc_request
+    from mbridge.demo.eventarc_shim import eventarc_request
 
     with pytest.raises(ValueError, match="not a Pub/Sub push body"):
         eventarc_request({"data": "x"}, "projects/p/topics/t")
@@ -273,7 +273,7 @@ def test_a_push_that_is_not_a_pubsub_message_is_refused() -> None:
 
 def test_the_demo_policy_reaches_the_function_unchanged() -> None:
     from functions.core.policy import Policy, Pool, load_policy
-    from mbridge.demo.pubsub_world import policy_document
+    from mbridge.demo.pubsub_function import policy_document
 
     policy = Policy(
         drain_period_seconds=3.0,
