@@ -1,4 +1,8 @@
-"""The local SQLite store opens files made by earlier versions of its schema and goes on with them."""
+"""The local SQLite store opens files made by earlier versions of its schema and goes on with them.
+
+What it does as a StateStore and an AuditLog is the contract suite of every store:
+tests/contract/test_state_store.py and tests/contract/test_audit_log.py.
+"""
 
 from __future__ import annotations
 
@@ -60,16 +64,3 @@ def test_a_file_from_the_earlier_schema_keeps_its_state_and_takes_new_records(tm
     assert [line.event_id for line in by_vm] == ["e-new"]
     assert "audit_event" not in indexes
     assert "audit_vm" in indexes
-
-
-def test_audit_lines_come_back_in_the_order_they_were_appended(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "functions.db")
-    try:
-        for number in range(50):
-            store.append(record(f"E-{number % 3}", f"vm-{number % 5}"))
-        lines = store.query()
-        of_one_event = store.query(event_id="e-1")
-    finally:
-        store.close()
-    assert [line.envelope_id for line in lines] == [f"envelope-E-{number % 3}" for number in range(50)]
-    assert len(of_one_event) == len([number for number in range(50) if number % 3 == 1])
