@@ -15,8 +15,9 @@ IMPORT_BOTH_APPS = """
 import sys
 sys.path.insert(0, ".")
 import function_app, main
+ours = ("wire", "functions", "agent", "simulator", "mbridge", "main", "function_app")
 for name, module in sorted(sys.modules.items()):
-    if name.split(".")[0] in ("wire", "functions", "agent", "simulator", "mbridge", "main", "function_app") and getattr(module, "__file__", None):
+    if name.split(".")[0] in ours and getattr(module, "__file__", None):
         print(module.__file__)
 """
 
