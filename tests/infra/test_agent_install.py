@@ -772,7 +772,9 @@ def test_example_names_only_variables_the_agent_reads_and_is_accepted(
 
 def test_pubsub_emulator_variable_is_really_read_by_the_agent() -> None:
     # LIBRARY_VARIABLES lists it as the agent's own, so it must stay so
-    assert '"PUBSUB_EMULATOR_HOST"' in (REPO_ROOT / "agent" / "transports" / "pubsub.py").read_text(encoding="utf-8")
+    assert '"PUBSUB_EMULATOR_HOST"' in (REPO_ROOT / "wire" / "transports" / "pubsub" / "settings.py").read_text(
+        encoding="utf-8"
+    )
 
 
 # ---------------------------------------------------------------- Windows
