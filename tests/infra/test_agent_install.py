@@ -426,7 +426,7 @@ def package_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO_ROOT / name, target / name)
-    for package in ("agent", "functions"):
+    for package in ("wire", "agent", "functions", "simulator", "mbridge"):
         shutil.copytree(REPO_ROOT / package, target / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return target
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from agent.messages import result_message
+from functions.core import audit_codec
 from functions.gcp_app import compute, settings
 from functions.gcp_app.commands import command_message
 from tests.infra.sources import (
@@ -527,7 +528,12 @@ def test_firestore_has_exactly_the_two_audit_indexes_the_queries_need() -> None:
     # The audit log's queries filter on these fields and order by recorded_at.
     source = firestore_store_source()
     assert 'client.collection(f"{prefix}audit")' in source
-    assert {"vm", "event_id_lower"} <= set(re.findall(r'FieldFilter\("(\w+)", "=="', source))
+    # a field is named by its text or by a constant of the audit codec
+    filtered = {
+        literal or getattr(audit_codec, constant)
+        for literal, constant in re.findall(r'FieldFilter\((?:"(\w+)"|(\w+)), "=="', source)
+    }
+    assert {"vm", "event_id_lower"} <= filtered
     assert 'order_by("recorded_at")' in source
 
 
