@@ -1,0 +1,64 @@
+"""StateStore and AuditLog on Azure Table Storage (azure-data-tables); same contract as the SQLite store.
+
+Layout: two tables.
+
+The state table (default `mbridgestate`) keeps each concern in its own partitions:
+
+=====================  ==========================  ==============  ==========================================
+concern                PartitionKey                RowKey          properties
+=====================  ==========================  ==============  ==========================================
+idempotency claims     ``claims``                  envelope id     state, lease_until, updated_at (epoch s)
+budget of a pool       ``budget``                  pool            reservations: JSON {event key: [VMs]}
+drains of an event     ``drain:<event key>``       VM              vm, memento (JSON)
+remembered values      ``remembered``              key             value (binary): command bytes, event ends
+waits for the budget   ``parked:<pool>``           event key       event_key, envelope (binary), parked_at
+=====================  ==========================  ==============  ==========================================
+
+Atomicity comes from ETags, never from locks: a claim is created once (409 on a duplicate) and
+taken over only with If-Match on the expired lease; a pool's reservations live in ONE entity
+updated read-modify-write with If-Match, so two invocations can never both take the last slot
+(the loser's write fails with 412, it re-reads and sees the pool full).
+
+The audit table (default `mbridgeaudit`): PartitionKey = VM name, RowKey = inverted write time
+in nanoseconds + a uuid, so a partition lists a VM's records newest first (the portal and
+`$top` show the latest). `TableAuditLog.query` returns records oldest first, in write order, like
+the SQLite log. `event_id_lower` makes the event query case-insensitive (Azure EventIds are
+upper case in IMDS and lower case in envelope ids).
+
+Keys are escaped: '/', '\\', '#', '?' are not allowed in Table keys, nor are control characters;
+they and the escape character '%' are written as %XX. Values stay readable in properties. A key
+holds at most 1 KiB: a longer one (an audit record naming many VMs) keeps its first 200
+characters and the SHA-256 of the whole, after `%~`, which no escaped value contains.
+
+Sizes: a property holds at most 64 KiB (text: 32K UTF-16 characters), an entity 1 MiB. A value
+whose size comes from the input — a pool's reservations, a memento, a remembered value, an
+envelope waiting for the budget — is written as it always was when it fits one property, and
+otherwise as its UTF-8 bytes in pieces of 64 KiB: `<name>`, `<name>_1`, ... (`<name>_pieces`
+counts them), at most 640 KiB in all. A pool whose reservations would outgrow that admits no
+further event until one lets its slot go: the event waits, as for a budget. Audit records are
+small by construction (`AuditRecord` cuts its texts). Nothing expires by itself: claims,
+remembered commands and audit rows accumulate like in the SQLite store.
+"""
+
+from functions.azure_app.tables.audit_log import TableAuditLog
+from functions.azure_app.tables.entities import escape_key
+from functions.azure_app.tables.errors import (
+    TABLE_ROLE,
+    TableStorageConfigError,
+    TableStorageUnavailableError,
+    TableValueTooLargeError,
+    table_errors,
+)
+from functions.azure_app.tables.state_store import BUDGET_ATTEMPTS, TableStateStore
+
+__all__ = [
+    "BUDGET_ATTEMPTS",
+    "TABLE_ROLE",
+    "TableAuditLog",
+    "TableStateStore",
+    "TableStorageConfigError",
+    "TableStorageUnavailableError",
+    "TableValueTooLargeError",
+    "escape_key",
+    "table_errors",
+]

@@ -1,0 +1,64 @@
+"""The AuditLog port over one table: one partition per VM, rows newest first, read back oldest first."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from azure.data.tables import TableClient
+
+from functions.azure_app.tables.entities import escape_key
+from functions.azure_app.tables.errors import table_errors
+from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
+from functions.core.ports import AuditRecord
+
+_MAX_NS = 10**20 - 1  # 20 digits: nanoseconds since 1970 until the year 5138
+
+
+class TableAuditLog:
+    """AuditLog over one table: append-only, one partition per VM (see the module docstring)."""
+
+    def __init__(self, table: TableClient, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._table = table
+        self._clock_ns = clock_ns
+        self._lock = threading.Lock()
+        self._last_ns = 0
+
+    def append(self, record: AuditRecord) -> None:
+        written_ns = self._next_ns()
+        entity = {
+            "PartitionKey": escape_key(record.vm),
+            "RowKey": f"{_MAX_NS - written_ns:020d}-{uuid.uuid4().hex}",
+            "written_ns": str(written_ns),  # as text: Edm.Int64 would come back wrapped
+            **audit_fields(record),
+            EVENT_ID_LOWER: event_id_lower(record.event_id),
+        }
+        with table_errors(self._table.table_name, "append an audit record"):
+            self._table.create_entity(entity)
+
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
+        clauses: list[str] = []
+        parameters: dict[str, str] = {}
+        if vm is not None:
+            clauses.append("PartitionKey eq @vm")
+            parameters["vm"] = escape_key(vm)
+        if event_id is not None:
+            clauses.append(f"{EVENT_ID_LOWER} eq @event")
+            parameters["event"] = event_id_lower(event_id)
+        with table_errors(self._table.table_name, "query the audit log"):
+            if clauses:
+                rows = list(self._table.query_entities(" and ".join(clauses), parameters=parameters))
+            else:
+                rows = list(self._table.list_entities())
+        # Oldest first, in write order, whatever partitions the rows came from.
+        rows.sort(key=lambda row: int(row["written_ns"]))
+        return [audit_record(row) for row in rows]
+
+    def _next_ns(self) -> int:
+        """The write time, strictly increasing within this process: records appended by one
+        invocation keep their order even when the clock does not move between them."""
+        with self._lock:
+            self._last_ns = max(self._clock_ns(), self._last_ns + 1)
+            return self._last_ns
