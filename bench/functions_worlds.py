@@ -356,7 +356,7 @@ class PubSubBench(PubSubWorld):
     def sightings(self) -> Sightings:
         from google.cloud import firestore
 
-        from functions.gcp_app.firestore_store import FirestoreAuditLog
+        from functions.gcp_app.firestore_audit import FirestoreAuditLog
 
         seen = Sightings()
         for message in self._pull_all(f"projects/{PROJECT}/subscriptions/{OBSERVER_SUBSCRIPTION}"):

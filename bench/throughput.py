@@ -227,7 +227,8 @@ def firestore_figure(context: BenchContext, seconds: float) -> Figure:
         stack.enter_context(environment("FIRESTORE_EMULATOR_HOST", peer.host))
         from google.cloud import firestore
 
-        from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
+        from functions.gcp_app.firestore_audit import FirestoreAuditLog
+        from functions.gcp_app.firestore_store import FirestoreStateStore
 
         client = firestore.Client(project=FIRESTORE_PROJECT)
         stack.callback(client.close)

@@ -146,7 +146,7 @@ def _firestore_reader(args: argparse.Namespace) -> AuditReader:
     try:
         from google.cloud import firestore
 
-        from functions.gcp_app.firestore_store import FirestoreAuditLog
+        from functions.gcp_app.firestore_audit import FirestoreAuditLog
     except ImportError as error:
         raise SourceError(f"the Google libraries are missing ({error}): install maintenance-bridge[gcp]") from error
     client = firestore.Client(project=args.firestore_project, database=args.firestore_database)

@@ -1,4 +1,4 @@
-"""Firestore implementations of the StateStore and AuditLog ports (docs/architecture.md#the-functions), on
+"""The Firestore implementation of the StateStore port (docs/architecture.md#the-functions), on
 google-cloud-firestore. They behave as the SQLite store of functions/local_app/store.py does.
 
 Collections (each name starts with a prefix, `mbridge_` by default, so that two deployments
@@ -9,7 +9,7 @@ can share one database):
     drains/{h(event_key, vm)}  event_key, vm, memento (JSON text)       one document per drained VM
     remembered/{h(key)}        key, value (bytes): command bytes, event ends
     parked/{h(pool, key)}      pool, event_key, envelope (bytes), parked_at
-    audit/{time-ordered id}    the AuditRecord fields, event_id_lower, recorded_at (server time)
+    audit/{time-ordered id}    the audit log: functions/gcp_app/firestore_audit.py
 
 Document ids are SHA-256 hex digests of the keys (envelope ids, "azure:<guid>", pool and VM
 names may hold '/' or other characters Firestore refuses in ids); the keys themselves are kept
@@ -33,25 +33,19 @@ document and never both admitted.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
-import secrets
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from google.api_core import exceptions as api_errors
 from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
-from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
-from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
+from functions.core.ports import Claim, JsonObject, Parked
 from functions.core.store_rules import DONE, IN_PROGRESS, admits, claim_found, in_line, joined
 from wire.errors import BridgeError, PermanentError, RetryableError
-from wire.timefmt import format_rfc3339, parse_rfc3339
 
 LOGGER = logging.getLogger("mbridge.gcp.firestore")
 
@@ -134,22 +128,12 @@ def firestore_errors(database: str, action: str) -> Iterator[None]:
         raise FirestoreConfigError(f"Firestore refused to {action} in database {database}: {error}") from error
 
 
-def _utc(moment: datetime) -> datetime:
+def plain_utc(moment: datetime) -> datetime:
     """A plain aware UTC datetime (Firestore returns its own subclass with nanoseconds)."""
     utc = moment.astimezone(timezone.utc)
     return datetime(
         utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second, utc.microsecond, tzinfo=timezone.utc
     )
-
-
-def _timestamp(text: str) -> datetime | None:
-    """A time of the audit codec as a Firestore timestamp (so the console shows it as a time)."""
-    return parse_rfc3339(text) if text else None
-
-
-def _text(moment: datetime | None) -> str:
-    """A Firestore timestamp of an audit record as the audit codec's text."""
-    return format_rfc3339(_utc(moment)) if moment else ""
 
 
 # ---------------------------------------------------------------- transactions
@@ -358,58 +342,10 @@ class FirestoreStateStore:
         with self._errors(f"read the events waiting in pool {pool}"):
             documents = [snapshot.to_dict() or {} for snapshot in query.stream()]
         return in_line(
-            Parked(document["event_key"], bytes(document["envelope"]), _utc(document["parked_at"]))
+            Parked(document["event_key"], bytes(document["envelope"]), plain_utc(document["parked_at"]))
             for document in documents
         )
 
     def unpark(self, pool: str, event_key: str) -> None:
         with self._errors(f"unpark {event_key} from pool {pool}"):
             self._parked.document(doc_id(pool, event_key)).delete()
-
-
-class FirestoreAuditLog:
-    """The append-only audit log on Firestore, queryable by VM and by event id.
-
-    Records come back in the order they were written: by `recorded_at` (Firestore's commit time)
-    and, for writes within the same tick, by document id, which starts with this process's
-    nanosecond clock and a counter (Firestore orders equal values by document id). The write
-    rate of this log is a few documents per second, far below where sequential ids would make
-    a hot spot.
-    """
-
-    def __init__(self, client: firestore.Client, *, prefix: str = DEFAULT_PREFIX, database: str = "(default)") -> None:
-        self._collection = client.collection(f"{prefix}audit")
-        self._database = database
-        self._counter = itertools.count()
-
-    def append(self, record: AuditRecord) -> None:
-        fields = audit_fields(record)
-        document = {
-            **fields,
-            # Times as timestamps, at the codec's millisecond precision; no `at` is null.
-            "time": _timestamp(fields["time"]),
-            "at": _timestamp(fields["at"]),
-            EVENT_ID_LOWER: event_id_lower(record.event_id),
-            "recorded_at": firestore.SERVER_TIMESTAMP,
-        }
-        with firestore_errors(self._database, "append to the audit log"):
-            self._collection.document(self._next_id()).create(document)
-
-    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
-        query: Any = self._collection
-        if vm is not None:
-            query = query.where(filter=firestore.FieldFilter("vm", "==", vm))
-        if event_id is not None:
-            query = query.where(filter=firestore.FieldFilter(EVENT_ID_LOWER, "==", event_id_lower(event_id)))
-        # With a filter this needs a composite index (docs/gcp.md); its last key, the document
-        # id, is Firestore's own tie-breaker.
-        query = query.order_by("recorded_at")
-        with firestore_errors(self._database, "query the audit log"):
-            return [_audit_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
-
-    def _next_id(self) -> str:
-        return f"{time.time_ns():020d}-{next(self._counter) % 1_000_000:06d}-{secrets.token_hex(4)}"
-
-
-def _audit_record(document: Mapping[str, Any]) -> AuditRecord:
-    return audit_record({**document, "time": _text(document["time"]), "at": _text(document.get("at"))})

@@ -27,7 +27,8 @@ from functions.core.process import ClaimWait, Deps
 from functions.gcp_app import logging as logs
 from functions.gcp_app.commands import PubSubCommandSender
 from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
-from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
+from functions.gcp_app.firestore_audit import FirestoreAuditLog
+from functions.gcp_app.firestore_store import FirestoreStateStore
 from functions.gcp_app.settings import ENV_TRUST_FILE, Settings, SettingsError
 from functions.trust.gce_token import GoogleCerts
 from functions.trust.trust_file import TrustFileError, load_trust_file

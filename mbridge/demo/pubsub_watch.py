@@ -19,7 +19,7 @@ from mbridge.demo.pubsub_bus import ADMIN_TIMEOUT, OBSERVER_SUBSCRIPTION, subscr
 from mbridge.demo.timeline import Observer
 
 if TYPE_CHECKING:  # the Google libraries are imported once they are known to be installed
-    from functions.gcp_app.firestore_store import FirestoreAuditLog
+    from functions.gcp_app.firestore_audit import FirestoreAuditLog
 
 LOG = logging.getLogger("mbridge.demo.pubsub")
 

@@ -82,7 +82,7 @@ from mbridge.demo.world import (
 from wire.model import Cloud
 
 if TYPE_CHECKING:  # the Google libraries are imported once they are known to be installed
-    from functions.gcp_app.firestore_store import FirestoreAuditLog
+    from functions.gcp_app.firestore_audit import FirestoreAuditLog
 
 LOG = logging.getLogger("mbridge.demo.pubsub")
 
@@ -196,7 +196,7 @@ class PubSubWorld:
     def _start_watching(self) -> None:
         from google.cloud import firestore
 
-        from functions.gcp_app.firestore_store import FirestoreAuditLog
+        from functions.gcp_app.firestore_audit import FirestoreAuditLog
 
         audit_log = FirestoreAuditLog(firestore.Client(project=PROJECT))
         self._audit_log = audit_log

@@ -25,7 +25,8 @@ from google.cloud import firestore
 
 from functions.azure_app.tables import TableAuditLog, TableStateStore
 from functions.core.ports import AuditLog, StateStore
-from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
+from functions.gcp_app.firestore_audit import FirestoreAuditLog
+from functions.gcp_app.firestore_store import FirestoreStateStore
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
 from wire.envelope import encode, envelope_for_event

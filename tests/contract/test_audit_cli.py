@@ -71,7 +71,7 @@ def table_source(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Aud
 def firestore_source(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[AuditSource]:
     from google.cloud import firestore
 
-    from functions.gcp_app.firestore_store import FirestoreAuditLog
+    from functions.gcp_app.firestore_audit import FirestoreAuditLog
 
     request.getfixturevalue("firestore_emulator")
     project = f"mbridge-test-{uuid.uuid4().hex[:12]}"

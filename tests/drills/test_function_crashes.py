@@ -522,7 +522,8 @@ def test_crashes_and_triple_delivery_against_firestore_have_exactly_once_effects
 ) -> None:
     from google.cloud import firestore
 
-    from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
+    from functions.gcp_app.firestore_audit import FirestoreAuditLog
+    from functions.gcp_app.firestore_store import FirestoreStateStore
 
     started = time.monotonic()
     seed = drill_seed(SEED)

@@ -502,6 +502,10 @@ def firestore_store_source() -> str:
     return (REPO_ROOT / "functions" / "gcp_app" / "firestore_store.py").read_text(encoding="utf-8")
 
 
+def firestore_audit_source() -> str:
+    return (REPO_ROOT / "functions" / "gcp_app" / "firestore_audit.py").read_text(encoding="utf-8")
+
+
 def test_firestore_database_is_native_and_protected() -> None:
     database = resource("google_firestore_database.main")
     assert database["type"] == "FIRESTORE_NATIVE"
@@ -526,7 +530,7 @@ def test_firestore_has_exactly_the_two_audit_indexes_the_queries_need() -> None:
     }
     assert all(body["database"] == ref("google_firestore_database.main.name") for body in indexes.values())
     # The audit log's queries filter on these fields and order by recorded_at.
-    source = firestore_store_source()
+    source = firestore_audit_source()
     assert 'client.collection(f"{prefix}audit")' in source
     # a field is named by its text or by a constant of the audit codec
     filtered = {

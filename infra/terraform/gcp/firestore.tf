@@ -19,7 +19,7 @@ resource "google_firestore_database" "main" {
 }
 
 # The audit log is queried by VM and by event id (case-insensitively, on event_id_lower), both
-# ordered by recorded_at (functions/gcp_app/firestore_store.py). A query by VM and event is served
+# ordered by recorded_at (functions/gcp_app/firestore_audit.py). A query by VM and event is served
 # by merging the two.
 
 resource "google_firestore_index" "audit_by_vm" {

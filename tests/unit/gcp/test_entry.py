@@ -32,7 +32,8 @@ from functions.gcp_app import wiring
 from functions.gcp_app.commands import PubSubCommandSender
 from functions.gcp_app.compute import ComputeMaintenance, ComputeUnavailableError
 from functions.gcp_app.entry import MESSAGE_PUBLISHED, handle_message, message_body, on_maintenance_event
-from functions.gcp_app.firestore_store import FirestoreAuditLog, FirestoreStateStore
+from functions.gcp_app.firestore_audit import FirestoreAuditLog
+from functions.gcp_app.firestore_store import FirestoreStateStore
 from functions.gcp_app.settings import GroupRef, Settings, SettingsError
 from functions.local_app.store import SqliteStore
 from functions.trust.verifiers import CloudVerifier

@@ -1,0 +1,77 @@
+"""The AuditLog port on Firestore: `<prefix>audit/{time-ordered id}` documents holding the audit
+codec's fields, with times as Firestore timestamps (the console shows them as times),
+`event_id_lower` for queries by event in any case, and `recorded_at`, the server's commit time."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from google.cloud import firestore
+
+from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
+from functions.core.ports import AuditRecord
+from functions.gcp_app.firestore_store import DEFAULT_PREFIX, firestore_errors, plain_utc
+from wire.timefmt import format_rfc3339, parse_rfc3339
+
+
+class FirestoreAuditLog:
+    """The append-only audit log on Firestore, queryable by VM and by event id.
+
+    Records come back in the order they were written: by `recorded_at` (Firestore's commit time)
+    and, for writes within the same tick, by document id, which starts with this process's
+    nanosecond clock and a counter (Firestore orders equal values by document id). The write
+    rate of this log is a few documents per second, far below where sequential ids would make
+    a hot spot.
+    """
+
+    def __init__(self, client: firestore.Client, *, prefix: str = DEFAULT_PREFIX, database: str = "(default)") -> None:
+        self._collection = client.collection(f"{prefix}audit")
+        self._database = database
+        self._counter = itertools.count()
+
+    def append(self, record: AuditRecord) -> None:
+        fields = audit_fields(record)
+        document = {
+            **fields,
+            # Times as timestamps, at the codec's millisecond precision; no `at` is null.
+            "time": _timestamp(fields["time"]),
+            "at": _timestamp(fields["at"]),
+            EVENT_ID_LOWER: event_id_lower(record.event_id),
+            "recorded_at": firestore.SERVER_TIMESTAMP,
+        }
+        with firestore_errors(self._database, "append to the audit log"):
+            self._collection.document(self._next_id()).create(document)
+
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
+        query: Any = self._collection
+        if vm is not None:
+            query = query.where(filter=firestore.FieldFilter("vm", "==", vm))
+        if event_id is not None:
+            query = query.where(filter=firestore.FieldFilter(EVENT_ID_LOWER, "==", event_id_lower(event_id)))
+        # With a filter this needs a composite index (docs/gcp.md); its last key, the document
+        # id, is Firestore's own tie-breaker.
+        query = query.order_by("recorded_at")
+        with firestore_errors(self._database, "query the audit log"):
+            return [_audit_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
+
+    def _next_id(self) -> str:
+        return f"{time.time_ns():020d}-{next(self._counter) % 1_000_000:06d}-{secrets.token_hex(4)}"
+
+
+def _audit_record(document: Mapping[str, Any]) -> AuditRecord:
+    return audit_record({**document, "time": _text(document["time"]), "at": _text(document.get("at"))})
+
+
+def _timestamp(text: str) -> datetime | None:
+    """A time of the audit codec as a Firestore timestamp (so the console shows it as a time)."""
+    return parse_rfc3339(text) if text else None
+
+
+def _text(moment: datetime | None) -> str:
+    """A Firestore timestamp of an audit record as the audit codec's text."""
+    return format_rfc3339(plain_utc(moment)) if moment else ""
