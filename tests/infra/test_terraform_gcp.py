@@ -583,22 +583,121 @@ def test_firestore_grant_is_limited_to_the_database() -> None:
     )
 
 
-def test_drainer_role_holds_exactly_the_permissions_of_the_compute_adapter() -> None:
+# What each Compute Engine call of functions/gcp_app/compute.py needs, as the API reference lists
+# it: the permission on the resource of the path, and for addInstances/removeInstances also
+# compute.instances.use on every instance named in the request body.
+INSTANCE_USE_PERMISSION = "compute.instances.use"
+COMPUTE_CALLS = {
+    "instanceGroups.listInstances": {compute.LIST_PERMISSION},
+    "instanceGroups.addInstances": {compute.UPDATE_PERMISSION, INSTANCE_USE_PERMISSION},
+    "instanceGroups.removeInstances": {compute.UPDATE_PERMISSION, INSTANCE_USE_PERMISSION},
+    "zoneOperations.wait": {compute.OPERATIONS_PERMISSION},
+    "instances.performMaintenance": {compute.MAINTENANCE_PERMISSION},
+}
+
+
+def compute_calls_of_the_adapter() -> set[str]:
+    """The Compute Engine methods compute.py calls, named as in the API reference."""
+    source = (REPO_ROOT / "functions" / "gcp_app" / "compute.py").read_text(encoding="utf-8")
+    names = {
+        "list_instances": "instanceGroups.listInstances",
+        "add_instances_unary": "instanceGroups.addInstances",
+        "remove_instances_unary": "instanceGroups.removeInstances",
+        "client.wait": "zoneOperations.wait",
+        "perform_maintenance_unary": "instances.performMaintenance",
+    }
+    return {method for call, method in names.items() if f"{call}(" in source}
+
+
+@pytest.mark.parametrize("method", sorted(COMPUTE_CALLS))
+def test_drainer_role_holds_what_each_compute_call_needs(method: str) -> None:
+    assert method in compute_calls_of_the_adapter(), f"compute.py no longer calls {method}"
+    permissions = set(resource("google_project_iam_custom_role.drainer")["permissions"])
+    assert COMPUTE_CALLS[method] <= permissions, COMPUTE_CALLS[method] - permissions
+
+
+def test_drainer_role_holds_nothing_else() -> None:
     role = resource("google_project_iam_custom_role.drainer")
     assert role["role_id"] == "mbridgeDrainer"
-    assert set(role["permissions"]) == {
-        compute.LIST_PERMISSION,
-        compute.UPDATE_PERMISSION,
-        compute.OPERATIONS_PERMISSION,
-        compute.MAINTENANCE_PERMISSION,
-    }
+    assert compute_calls_of_the_adapter() == set(COMPUTE_CALLS)
+    assert sorted(role["permissions"]) == sorted(set().union(*COMPUTE_CALLS.values()))
     grant = resource("google_project_iam_member.function_drainer")
     assert grant["member"] == "serviceAccount:${google_service_account.function.email}"
     assert block(grant, "condition")["expression"] == ref("local.drainer_condition")
-    # Narrowed to the configured groups and to instances in the configured zones.
-    assert "compute.googleapis.com/InstanceGroup" in local("drainer_condition")
-    assert "local.instance_groups" in local("drainer_group_names")
-    assert "local.maintenance_zones" in local("drainer_zone_prefixes")
+
+
+def render_list(name: str, **values: Any) -> list[str]:
+    """The strings of a `[for X in local.Y : "..."]` local, for the given values of local.Y and vars."""
+    match = re.fullmatch(r'\$\{\[for (\w+) in local\.(\w+) : "(.*)"\]\}', local(name), re.DOTALL)
+    assert match, local(name)
+    item, source, template = match.groups()
+    rendered = []
+    for value in values[source]:
+        text = template.replace(f'${{split("/", {item})[0]}}', value.split("/")[0])
+        text = text.replace(f'${{split("/", {item})[1]}}', value.split("/")[-1])
+        text = text.replace(f"${{{item}}}", value).replace("${var.project_id}", values["project_id"])
+        assert "${" not in text, text
+        rendered.append(text)
+    return rendered
+
+
+def drainer_condition(project_id: str, groups: list[str], maintenance_zones: list[str]) -> str:
+    """local.drainer_condition as IAM receives it, for these groups and zones."""
+    # local.drainer_instance_zones: the groups' zones and the maintenance zones
+    zones_expression = local("drainer_instance_zones")
+    assert zones_expression == (
+        '${distinct(concat([for group in local.instance_groups : split("/", group)[0]], local.maintenance_zones))}'
+    )
+    zones = list(dict.fromkeys([group.split("/")[0] for group in groups] + maintenance_zones))
+    lists = {
+        "drainer_group_names": render_list("drainer_group_names", project_id=project_id, instance_groups=groups),
+        "drainer_zone_prefixes": render_list(
+            "drainer_zone_prefixes", project_id=project_id, drainer_instance_zones=zones
+        ),
+    }
+    text = local("drainer_condition")
+    text = re.sub(r'\$\{join\(" \|\| ", local\.(\w+)\)\}', lambda match: " || ".join(lists[match.group(1)]), text)
+    outer = re.fullmatch(r'\$\{join\(" && ", \[(.*)\]\)\}', text, re.DOTALL)
+    assert outer, text
+    parts = re.findall(r'"((?:[^"\\]|\\.)*)"', outer.group(1))
+    return " && ".join(part.replace('\\"', '"') for part in parts)
+
+
+def admits(condition: str, resource_type: str, name: str) -> bool:
+    """Evaluates the CEL subset the drainer condition uses: ==, !=, startsWith, &&, || and brackets."""
+    assert set(re.findall(r"resource\.\w+", condition)) <= {"resource.type", "resource.name"}
+    python = condition.replace("resource.type", "r_type").replace("resource.name", "r_name")
+    python = python.replace(".startsWith(", ".startswith(").replace("&&", " and ").replace("||", " or ")
+    return bool(eval(python, {"__builtins__": {}}, {"r_type": resource_type, "r_name": name}))  # noqa: S307
+
+
+def test_drainer_condition_admits_the_configured_groups_and_their_instances() -> None:
+    # GIVEN the example's group, another group in another zone, and one more maintenance zone
+    project = "p-1234"
+    groups = ["europe-west1-b/mbridge-example", "europe-west1-c/web-c"]
+    condition = drainer_condition(project, groups, ["europe-west1-d"])
+    group_type, instance_type = "compute.googleapis.com/InstanceGroup", "compute.googleapis.com/Instance"
+    # THEN list/update pass on exactly the configured groups
+    assert admits(condition, group_type, f"projects/{project}/zones/europe-west1-b/instanceGroups/mbridge-example")
+    assert admits(condition, group_type, f"projects/{project}/zones/europe-west1-c/instanceGroups/web-c")
+    assert not admits(condition, group_type, f"projects/{project}/zones/europe-west1-b/instanceGroups/other")
+    assert not admits(condition, group_type, "projects/other/zones/europe-west1-c/instanceGroups/web-c")
+    # AND compute.instances.use passes on the instances such a group holds (its own zone), so that
+    # addInstances/removeInstances succeed, and performMaintenance on the maintenance zones
+    for zone in ("europe-west1-b", "europe-west1-c", "europe-west1-d"):
+        assert admits(condition, instance_type, f"projects/{project}/zones/{zone}/instances/web-0")
+    assert not admits(condition, instance_type, f"projects/{project}/zones/us-east1-b/instances/web-0")
+    assert not admits(condition, instance_type, "projects/other/zones/europe-west1-b/instances/web-0")
+    # AND zone operations (no resource name documented for conditions) are not narrowed
+    assert admits(condition, "compute.googleapis.com/ZoneOperation", f"projects/{project}/zones/x/operations/o")
+
+
+def test_drainer_condition_admits_group_zones_even_without_them_as_maintenance_zones() -> None:
+    # GIVEN maintenance zones that leave out a group's zone (MBRIDGE_MAINTENANCE_ZONES is the
+    # deployment's, the condition must not depend on it to restore a VM)
+    condition = drainer_condition("p-1234", ["europe-west1-c/web-c"], ["europe-west1-d"])
+    # THEN an instance of the group's zone can still be added back
+    assert admits(condition, "compute.googleapis.com/Instance", "projects/p-1234/zones/europe-west1-c/instances/a")
 
 
 def members_of(account: str) -> dict[str, Body]:

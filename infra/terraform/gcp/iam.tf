@@ -55,8 +55,15 @@ resource "google_pubsub_topic_iam_member" "function_commands_publisher" {
   member  = "serviceAccount:${google_service_account.function.email}"
 }
 
-# Exactly the permissions of functions/gcp_app/compute.py: instanceGroups.listInstances (list),
-# addInstances/removeInstances (update), zoneOperations.wait (get), instances.performMaintenance.
+# Exactly the permissions of the calls of functions/gcp_app/compute.py, as the Compute Engine API
+# reference lists them (https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroups):
+#   instanceGroups.listInstances           compute.instanceGroups.list on the group
+#   instanceGroups.addInstances/remove...  compute.instanceGroups.update on the group, and
+#                                          compute.instances.use on each instance of the request
+#                                          (its instances[].instance field)
+#   zoneOperations.wait                    compute.zoneOperations.get
+#   instances.performMaintenance           compute.instances.performMaintenance on the instance
+# Without compute.instances.use a drain could not be undone: the VM would stay out of its group.
 resource "google_project_iam_custom_role" "drainer" {
   project     = var.project_id
   role_id     = "mbridgeDrainer"
@@ -65,6 +72,7 @@ resource "google_project_iam_custom_role" "drainer" {
   permissions = [
     "compute.instanceGroups.list",
     "compute.instanceGroups.update",
+    "compute.instances.use",
     "compute.zoneOperations.get",
     "compute.instances.performMaintenance",
   ]
@@ -72,7 +80,9 @@ resource "google_project_iam_custom_role" "drainer" {
 
 locals {
   # The condition narrows the two resource types it can name: instance groups to exactly the
-  # configured ones (list and update), instances to the configured zones (performMaintenance).
+  # configured ones (list and update), instances to the zones they can be in. Those are the zones
+  # of the configured groups (a group holds instances of its own zone only, and add/remove check
+  # compute.instances.use on each of them) and the maintenance zones (performMaintenance).
   # Other resource types the role's permissions are checked on (zone operations, the project)
   # pass unnarrowed: IAM conditions document no resource names for them, and a guessed name
   # would refuse every call.
@@ -80,8 +90,9 @@ locals {
     for group in local.instance_groups :
     "resource.name == \"projects/${var.project_id}/zones/${split("/", group)[0]}/instanceGroups/${split("/", group)[1]}\""
   ]
+  drainer_instance_zones = distinct(concat([for group in local.instance_groups : split("/", group)[0]], local.maintenance_zones))
   drainer_zone_prefixes = [
-    for zone in local.maintenance_zones :
+    for zone in local.drainer_instance_zones :
     "resource.name.startsWith(\"projects/${var.project_id}/zones/${zone}/instances/\")"
   ]
   drainer_condition = join(" && ", [
@@ -97,7 +108,7 @@ resource "google_project_iam_member" "function_drainer" {
 
   condition {
     title       = "mbridge-configured-groups-and-zones"
-    description = "Instance groups of MBRIDGE_INSTANCE_GROUPS; instances in MBRIDGE_MAINTENANCE_ZONES."
+    description = "Instance groups of MBRIDGE_INSTANCE_GROUPS; instances in their zones and in MBRIDGE_MAINTENANCE_ZONES."
     expression  = local.drainer_condition
   }
 }
