@@ -14,9 +14,13 @@ Usage: install-agent.sh [--unit FILE] [--package SPEC] [--force] [--no-check] [-
        install-agent.sh --uninstall [--purge]
 
 Installs the maintenance-bridge agent as the systemd service mbridge-agent:
-  1. reads /etc/mbridge/install.env: MBRIDGE_PACKAGE=<pip requirement or wheel URL>, e.g.
-     MBRIDGE_PACKAGE=maintenance-bridge[azure]==0.1.0 (PIP_* lines there, such as
-     PIP_INDEX_URL, are passed to pip);
+  1. reads /etc/mbridge/install.env, which must name one exact package, either
+       MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==0.1.0     (or [agent-gcp])
+       PIP_INDEX_URL=https://pypi.example.internal/simple         (the index that serves it)
+     or a wheel and its SHA-256, which pip checks:
+       MBRIDGE_PACKAGE=maintenance-bridge[agent-azure] @ https://host/maintenance_bridge-0.1.0-py3-none-any.whl
+       MBRIDGE_PACKAGE_SHA256=<64 hex digits>                     (or #sha256=<hex> after the URL)
+     and refuses anything else (PIP_* lines there are passed to pip);
   2. finds python3 >= 3.9 with venv, installing it with apt-get, dnf, yum or zypper if missing;
   3. creates the system user mbridge (no login shell, no home);
   4. builds a virtualenv under /opt/mbridge and pip installs the package, unless the same
@@ -30,7 +34,8 @@ Installs the maintenance-bridge agent as the systemd service mbridge-agent:
 
 Options:
   --unit FILE       the systemd unit to install
-  --package SPEC    install SPEC instead of install.env's MBRIDGE_PACKAGE
+  --package SPEC    install SPEC instead of install.env's MBRIDGE_PACKAGE (a wheel URL then
+                    carries its hash as #sha256=<hex>; MBRIDGE_PACKAGE_SHA256 is not read)
   --force           rebuild the virtualenv even if the same spec is installed
   --no-check        skip `mbridge agent --check`
   --strict-check    fail when the check reports a problem (default: warn and start anyway)
@@ -140,6 +145,101 @@ stamp_changed() {
     return 1
   fi
   return 0
+}
+
+# ---------------------------------------------------------------- what pip may install
+
+# The spec must name one artifact: a pinned version from an index install.env names, or a wheel
+# URL with its SHA-256. A bare name or a range installs whatever an index serves under that name
+# on the day of the boot, and the public index holds no package of this project: the first boot
+# would fail, or install someone else's package of the same name, as root. The hash is checked by
+# pip itself (the #sha256= fragment of a direct reference), before anything is unpacked.
+AGENT_EXTRAS="agent-azure agent-gcp"
+
+refuse_package() {
+  printf 'mbridge-install: ERROR: %s\n' "$1" >&2
+  cat >&2 <<EOF
+mbridge-install: set one exact package in $INSTALL_ENV, either a pinned version and its index:
+mbridge-install:     MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==X.Y.Z    ([agent-gcp] on GCE)
+mbridge-install:     PIP_INDEX_URL=https://<your index>/simple
+mbridge-install: or a wheel URL and its SHA-256, which pip checks:
+mbridge-install:     MBRIDGE_PACKAGE=maintenance-bridge[agent-azure] @ https://<host>/maintenance_bridge-X.Y.Z-py3-none-any.whl
+mbridge-install:     MBRIDGE_PACKAGE_SHA256=<sha256sum of the wheel>      (or #sha256=<hex> at the end of the URL)
+EOF
+  exit 1
+}
+
+# Sets INSTALL_SPEC to what pip installs: `maintenance-bridge[extras]==X.Y.Z` or
+# `maintenance-bridge[extras] @ URL#sha256=HEX`. $1 is the spec, $2 MBRIDGE_PACKAGE_SHA256.
+resolve_package() {
+  local spec="$1" sha256="$2" name="maintenance-bridge" extras="" rest="" url fragment="" extra kept=""
+  if [[ "$spec" =~ ^[A-Za-z][A-Za-z0-9+.-]*:// ]]; then
+    rest="@ $spec"
+  elif [[ "$spec" =~ ^([A-Za-z0-9._-]+)[[:space:]]*(\[([^]]*)\])?[[:space:]]*(.*)$ ]]; then
+    name="${BASH_REMATCH[1],,}"
+    name="${name//[_.]/-}"
+    extras="${BASH_REMATCH[3]}"
+    rest="${BASH_REMATCH[4]}"
+  else
+    refuse_package "MBRIDGE_PACKAGE=$spec is not a requirement this installer takes"
+  fi
+  [ "$name" = maintenance-bridge ] || refuse_package "MBRIDGE_PACKAGE names '$name', not maintenance-bridge"
+  # Only the agent's extras: [azure] and [gcp] bring the function apps' SDKs, which a VM never runs.
+  for extra in ${extras//,/ }; do
+    extra="${extra,,}"
+    extra="${extra//[_.]/-}"
+    case " $AGENT_EXTRAS " in
+      *" $extra "*) kept="${kept:+$kept,}$extra" ;;
+      *) refuse_package "MBRIDGE_PACKAGE asks for the extra [$extra]; a VM takes only the agent's: ${AGENT_EXTRAS// /, }" ;;
+    esac
+  done
+  extras="${kept:+[$kept]}"
+  case "$rest" in
+    @*)
+      url="${rest#@}"
+      url="${url#"${url%%[![:space:]]*}"}"
+      if [[ "$url" == *'#'* ]]; then
+        fragment="${url#*#}"
+        url="${url%%#*}"
+        [[ "$fragment" =~ ^sha256=[0-9A-Fa-f]{64}$ ]] ||
+          refuse_package "the URL in MBRIDGE_PACKAGE ends in #$fragment; the only fragment taken is #sha256=<64 hex digits>"
+        fragment="${fragment#sha256=}"
+      fi
+      [[ "$url" =~ ^(https|http|file)://[^[:space:]]+\.whl$ ]] ||
+        refuse_package "MBRIDGE_PACKAGE=$spec is not a wheel URL (https://, http:// or file://, ending in .whl)"
+      if [ -n "$sha256" ]; then
+        [[ "$sha256" =~ ^[0-9A-Fa-f]{64}$ ]] || refuse_package "MBRIDGE_PACKAGE_SHA256 is not 64 hex digits"
+        [ -z "$fragment" ] || [ "${fragment,,}" = "${sha256,,}" ] ||
+          refuse_package "MBRIDGE_PACKAGE_SHA256 and the #sha256= of MBRIDGE_PACKAGE differ"
+        fragment="$sha256"
+      fi
+      [ -n "$fragment" ] ||
+        refuse_package "the wheel URL in MBRIDGE_PACKAGE has no SHA-256: anything served at that URL would be installed"
+      INSTALL_SPEC="maintenance-bridge$extras @ $url#sha256=${fragment,,}"
+      ;;
+    ==*)
+      rest="${rest#==}"
+      rest="${rest#"${rest%%[![:space:]]*}"}"
+      # One version: no wildcard (==1.*), no environment marker.
+      [[ "$rest" =~ ^[0-9][0-9A-Za-z.+!-]*$ ]] ||
+        refuse_package "MBRIDGE_PACKAGE=$spec does not pin one version (maintenance-bridge[...]==X.Y.Z)"
+      [ -z "$sha256" ] ||
+        refuse_package "MBRIDGE_PACKAGE_SHA256 goes with a wheel URL; pip cannot check it against a version from an index"
+      [ -n "${PIP_INDEX_URL:-}" ] ||
+        refuse_package "MBRIDGE_PACKAGE=$spec needs the index that publishes it: PIP_INDEX_URL is not set"
+      case "${PIP_INDEX_URL,,}" in
+        *://pypi.org | *://pypi.org/* | *://pypi.python.org/* | *://test.pypi.org/*)
+          refuse_package "PIP_INDEX_URL is PyPI, where this project is not published: the name there may be anyone's" ;;
+      esac
+      # pip takes a name from whichever index offers the version: with a second index, another
+      # package of the same name and version could win.
+      [ -z "${PIP_EXTRA_INDEX_URL:-}" ] ||
+        refuse_package "PIP_EXTRA_INDEX_URL is set: pip could take maintenance-bridge from either index (serve the dependencies through PIP_INDEX_URL)"
+      INSTALL_SPEC="maintenance-bridge$extras==$rest"
+      ;;
+    '') refuse_package "MBRIDGE_PACKAGE=$spec is not pinned: it installs whatever an index serves under that name" ;;
+    *) refuse_package "MBRIDGE_PACKAGE=$spec is not pinned to one version (== X.Y.Z) or one wheel (@ URL)" ;;
+  esac
 }
 
 # ---------------------------------------------------------------- uninstall
@@ -333,19 +433,23 @@ if [ "$UNINSTALL" = 1 ]; then
 fi
 
 PACKAGE="$PACKAGE_ARG"
+PACKAGE_SHA256=""
 if [ -f "$INSTALL_ENV" ]; then
   while IFS= read -r assignment; do
     case "$assignment" in
       MBRIDGE_PACKAGE=*) [ -n "$PACKAGE_ARG" ] || PACKAGE="${assignment#MBRIDGE_PACKAGE=}" ;;
+      MBRIDGE_PACKAGE_SHA256=*) [ -n "$PACKAGE_ARG" ] || PACKAGE_SHA256="${assignment#MBRIDGE_PACKAGE_SHA256=}" ;;
       PIP_*=*) export "${assignment?}" ;;
-      *) warn "$INSTALL_ENV: ignoring ${assignment%%=*} (only MBRIDGE_PACKAGE and PIP_* are read)" ;;
+      *) warn "$INSTALL_ENV: ignoring ${assignment%%=*} (only MBRIDGE_PACKAGE, MBRIDGE_PACKAGE_SHA256 and PIP_* are read)" ;;
     esac
   done < <(env_assignments "$INSTALL_ENV")
 fi
 [ -n "$PACKAGE" ] ||
-  die "no package: write MBRIDGE_PACKAGE=<pip requirement or wheel URL> to $INSTALL_ENV, or pass --package SPEC"
+  die "no package: write MBRIDGE_PACKAGE=<pinned requirement or wheel URL> to $INSTALL_ENV, or pass --package SPEC"
 [ -f "$AGENT_ENV" ] ||
   die "$AGENT_ENV is missing: write the agent's settings there first (examples: infra/agent/examples/)"
+resolve_package "$PACKAGE" "$PACKAGE_SHA256"
+PACKAGE="$INSTALL_SPEC"
 
 if ! find_python; then
   log "no python3 >= 3.9 with venv found; installing one"

@@ -4,14 +4,16 @@ Azure cloud-init, the GCE startup script, the Windows installer and the configur
 GIVEN the files under infra/agent/
 WHEN  they are parsed, rendered the way the Bicep and the Terraform render them, or run in a
       scratch root with stand-ins for systemctl, useradd, chown and runuser
-THEN  the unit is hardened, the installer installs, checks, starts and stays idempotent, the
-      custom data carries the real files, the startup script reads exactly its four attributes,
-      and every example configures the agent with variables it really reads.
+THEN  the unit is hardened, the installer takes only a pinned version or a wheel with its SHA-256,
+      installs, checks, starts and stays idempotent, the custom data carries the real files, the
+      startup script reads exactly its four attributes, and every example configures the agent
+      with variables it really reads.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import re
 import shutil
@@ -314,7 +316,10 @@ def test_rendered_cloud_init_writes_the_real_files_within_azure_custom_data_limi
     # GIVEN the real files, base64-encoded into the placeholders as the Bicep/Terraform do
     contents = {
         "/etc/mbridge/agent.env": (EXAMPLES / "azure-servicebus.env").read_bytes(),
-        "/etc/mbridge/install.env": b"MBRIDGE_PACKAGE=maintenance-bridge[azure]==0.1.0\n",
+        "/etc/mbridge/install.env": (
+            b"MBRIDGE_PACKAGE=maintenance-bridge[agent-azure] @ https://example.blob.core.windows.net/agent/"
+            b"maintenance_bridge-0.1.0-py3-none-any.whl\nMBRIDGE_PACKAGE_SHA256=" + b"0" * 64 + b"\n"
+        ),
         "/etc/systemd/system/mbridge-agent.service": UNIT.read_bytes(),
         "/usr/local/sbin/mbridge-install": INSTALLER.read_bytes(),
     }
@@ -431,6 +436,50 @@ def package_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+@dataclass(frozen=True)
+class Wheel:
+    path: Path
+    sha256: str
+
+    @property
+    def url(self) -> str:
+        return self.path.as_uri()
+
+
+@pytest.fixture(scope="module")
+def wheel(package_source: Path, tmp_path_factory: pytest.TempPathFactory) -> Wheel:
+    """The project's wheel, built the way docs/deploy.md builds the one VMs download."""
+    target = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(target), str(package_source)],
+        check=True,
+        timeout=240,
+    )
+    [path] = target.glob("maintenance_bridge-*.whl")
+    return Wheel(path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+@pytest.fixture(scope="module")
+def private_index(wheel: Wheel, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PEP 503 index in a directory, serving the wheel and its dependencies: the private index
+    a pinned version comes from (a file:// index URL is read like an https:// one)."""
+    root = tmp_path_factory.mktemp("index")
+    files = root / "files"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(files), str(wheel.path)],
+        check=True,
+        timeout=240,
+    )
+    for path in files.iterdir():
+        project = re.sub(r"[-_.]+", "-", path.name.split("-")[0]).lower()
+        page = root / "simple" / project / "index.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        with page.open("a", encoding="utf-8") as out:
+            out.write(f'<a href="{path.as_uri()}#sha256={digest}">{path.name}</a>\n')
+    return (root / "simple").as_uri() + "/"
+
+
 @pytest.fixture(scope="module")
 def metadata_url() -> Iterator[str]:
     """Azure Scheduled Events for the VM web-0, served by the project's simulator."""
@@ -473,19 +522,126 @@ def test_installer_without_agent_settings_says_so(sandbox: Sandbox) -> None:
     assert sandbox.calls() == []
 
 
+SHA256_A = "a" * 64
+# install.env contents the installer refuses before it changes anything, with what it says.
+REFUSED_PACKAGES = {
+    "a bare name": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]\n", "is not pinned"),
+    "a range": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]>=0.1\n", "is not pinned to one version"),
+    "a wildcard": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==0.*\n", "does not pin one version"),
+    "a pin without its index": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==0.1.0\n", "PIP_INDEX_URL is not set"),
+    "a pin from PyPI": (
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==0.1.0\nPIP_INDEX_URL=https://pypi.org/simple\n",
+        "PIP_INDEX_URL is PyPI",
+    ),
+    "a pin with a second index": (
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-gcp]==0.1.0\nPIP_INDEX_URL=https://pypi.example.internal/simple\n"
+        "PIP_EXTRA_INDEX_URL=https://mirror.example.internal/simple\n",
+        "PIP_EXTRA_INDEX_URL is set",
+    ),
+    "the function apps' extra": ("MBRIDGE_PACKAGE=maintenance-bridge[azure]==0.1.0\n", "extra [azure]"),
+    "another package": ("MBRIDGE_PACKAGE=maintenance-bridges==0.1.0\n", "not maintenance-bridge"),
+    "a wheel URL without its hash": (
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-azure] @ https://example.com/maintenance_bridge-0.1.0-py3-none-any.whl\n",
+        "has no SHA-256",
+    ),
+    "two different hashes": (
+        "MBRIDGE_PACKAGE=https://example.com/maintenance_bridge-0.1.0-py3-none-any.whl#sha256=" + "b" * 64 + "\n"
+        f"MBRIDGE_PACKAGE_SHA256={SHA256_A}\n",
+        "differ",
+    ),
+    "a source tree": ("MBRIDGE_PACKAGE=/srv/maintenance-bridge\n", "is not a requirement this installer takes"),
+}
+
+
+@pytest.mark.parametrize(("install_env", "reason"), REFUSED_PACKAGES.values(), ids=REFUSED_PACKAGES.keys())
+def test_installer_refuses_a_package_that_is_not_pinned_and_says_what_to_set(
+    sandbox: Sandbox, install_env: str, reason: str
+) -> None:
+    # GIVEN agent settings and an install.env that does not name one exact package
+    (sandbox.etc / "agent.env").write_text("MBRIDGE_CLOUD=azure\n", encoding="utf-8")
+    (sandbox.etc / "install.env").write_text(install_env, encoding="utf-8")
+    # (install.env alone decides the index, whatever the machine running the tests uses)
+    sandbox.extra_env.update({"PIP_INDEX_URL": "", "PIP_EXTRA_INDEX_URL": ""})
+    # WHEN the installer runs
+    result = sandbox.run(INSTALLER)
+    # THEN it refuses before touching anything, saying why and what to set instead
+    assert result.returncode == 1
+    assert reason in result.stderr
+    for setting in (
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==X.Y.Z",
+        "PIP_INDEX_URL=",
+        "MBRIDGE_PACKAGE_SHA256=",
+    ):
+        assert setting in result.stderr
+    assert sandbox.calls() == []
+    assert not sandbox.prefix.exists()
+
+
+@pytest.mark.slow
+def test_installer_installs_a_pinned_version_from_the_index_install_env_names(
+    sandbox: Sandbox, private_index: str
+) -> None:
+    # GIVEN a pinned version and the private index that serves it (and its dependencies)
+    (sandbox.etc / "agent.env").write_text("MBRIDGE_CLOUD=azure\nMBRIDGE_TRANSPORT=jsonl\n", encoding="utf-8")
+    (sandbox.etc / "install.env").write_text(
+        f"MBRIDGE_PACKAGE=maintenance-bridge==0.1.0\nPIP_INDEX_URL={private_index}\n", encoding="utf-8"
+    )
+    sandbox.extra_env["PIP_EXTRA_INDEX_URL"] = ""
+    # WHEN the installer runs
+    result = sandbox.run(INSTALLER, "--unit", str(UNIT), "--no-check")
+    # THEN pip installed exactly that version from that index
+    assert result.returncode == 0, result.stderr
+    assert (sandbox.prefix / ".installed-spec").read_text(encoding="utf-8") == "maintenance-bridge==0.1.0\n"
+    version = subprocess.run(
+        [
+            str(sandbox.prefix / "current/bin/python"),
+            "-c",
+            "import importlib.metadata as m; print(m.version('maintenance-bridge'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert version.stdout == "0.1.0\n"
+
+
+@pytest.mark.slow
+def test_installer_lets_pip_refuse_a_wheel_whose_sha256_differs(sandbox: Sandbox, wheel: Wheel) -> None:
+    # GIVEN a wheel URL with a SHA-256 that is not the wheel's
+    (sandbox.etc / "agent.env").write_text("MBRIDGE_CLOUD=azure\nMBRIDGE_TRANSPORT=jsonl\n", encoding="utf-8")
+    (sandbox.etc / "install.env").write_text(
+        f"MBRIDGE_PACKAGE=maintenance-bridge @ {wheel.url}\nMBRIDGE_PACKAGE_SHA256={SHA256_A}\n", encoding="utf-8"
+    )
+    # WHEN the installer runs
+    result = sandbox.run(INSTALLER, "--unit", str(UNIT), "--no-check")
+    # THEN pip refuses the download, naming both hashes, and nothing is installed or started
+    assert result.returncode == 1
+    assert "DO NOT MATCH THE HASHES" in result.stderr
+    assert f"Expected sha256 {SHA256_A}" in result.stderr
+    assert wheel.sha256 in result.stderr
+    assert not (sandbox.prefix / "current").exists()
+    assert list((sandbox.prefix / "venvs").iterdir()) == []
+    assert sandbox.systemctl() == []
+
+
 @pytest.mark.slow
 def test_installer_installs_checks_starts_and_reruns_idempotently(
-    sandbox: Sandbox, package_source: Path, metadata_url: str, tmp_path: Path
+    sandbox: Sandbox, wheel: Wheel, metadata_url: str
 ) -> None:
     # GIVEN the files cloud-init writes: settings for web-0 (the simulator stands in for IMDS)
-    # and the package spec (this repository's sources)
+    # and the package: the project's wheel by URL, with its SHA-256
     agent_env = sandbox.etc / "agent.env"
     agent_env.write_text(
         f'# web-0\nMBRIDGE_CLOUD=azure\nMBRIDGE_METADATA_URL="{metadata_url}"\n'
         "MBRIDGE_TRANSPORT=jsonl\nMBRIDGE_VERIFY_KEY=\n",
         encoding="utf-8",
     )
-    (sandbox.etc / "install.env").write_text(f"MBRIDGE_PACKAGE={package_source}\n", encoding="utf-8")
+    (sandbox.etc / "install.env").write_text(
+        f"MBRIDGE_PACKAGE=maintenance-bridge @ {wheel.url}\nMBRIDGE_PACKAGE_SHA256={wheel.sha256.upper()}\n",
+        encoding="utf-8",
+    )
+    # what pip is given: the hash as the URL's #sha256= fragment, which pip checks
+    spec = f"maintenance-bridge @ {wheel.url}#sha256={wheel.sha256}"
 
     # WHEN the installer runs the first time, given the unit as an argument
     first = sandbox.run(INSTALLER, "--unit", str(UNIT))
@@ -495,7 +651,7 @@ def test_installer_installs_checks_starts_and_reruns_idempotently(
     exec_start = single(read_unit(UNIT)["Service"], "ExecStart").split()[0]
     mbridge = sandbox.root / exec_start.lstrip("/")
     assert subprocess.run([str(mbridge), "--help"], capture_output=True, check=False).returncode == 0
-    assert (sandbox.prefix / ".installed-spec").read_text(encoding="utf-8") == f"{package_source}\n"
+    assert (sandbox.prefix / ".installed-spec").read_text(encoding="utf-8") == f"{spec}\n"
     installed_unit = sandbox.root / "etc/systemd/system/mbridge-agent.service"
     assert installed_unit.read_bytes() == UNIT.read_bytes()
     # AND the system user exists, made for a service: no login, no home
@@ -551,15 +707,16 @@ def test_installer_installs_checks_starts_and_reruns_idempotently(
     assert "already installed; skipping pip" in third.stderr
     assert "restart mbridge-agent.service" in sandbox.systemctl()
 
-    # WHEN a new package cannot be installed
+    # WHEN a new package cannot be installed (its hash is not the wheel's)
     sandbox.forget_calls()
-    broken = sandbox.run(INSTALLER, "--package", str(tmp_path / "no-such-package"))
+    broken = sandbox.run(INSTALLER, "--package", f"maintenance-bridge @ {wheel.url}#sha256={SHA256_A}")
     # THEN the installer fails and the running installation is untouched and not restarted
     assert broken.returncode == 1
+    assert "DO NOT MATCH THE HASHES" in broken.stderr
     assert "the previous installation, if any, is unchanged" in broken.stderr
     assert os.readlink(sandbox.prefix / "current") == current
     assert sorted(p.name for p in (sandbox.prefix / "venvs").iterdir()) == [Path(current).name]
-    assert (sandbox.prefix / ".installed-spec").read_text(encoding="utf-8") == f"{package_source}\n"
+    assert (sandbox.prefix / ".installed-spec").read_text(encoding="utf-8") == f"{spec}\n"
     assert sandbox.systemctl() == []
 
     # WHEN agent.env has a configuration error the agent refuses (no MBRIDGE_CLOUD)
@@ -643,7 +800,7 @@ STUB_INSTALLER = '#!/bin/sh\necho "installed under $MBRIDGE_INSTALL_ROOT" > "$MB
 def gce_attributes(installer: str = STUB_INSTALLER) -> dict[str, str]:
     return {
         "mbridge-agent-env": (EXAMPLES / "gce-pubsub.env").read_text(encoding="utf-8"),
-        "mbridge-package": "maintenance-bridge[gcp]==0.1.0\n",
+        "mbridge-package": "maintenance-bridge[agent-gcp]==0.1.0\n",
         "mbridge-agent-unit": UNIT.read_text(encoding="utf-8"),
         "mbridge-install-script": installer,
     }
@@ -666,7 +823,7 @@ def test_gce_startup_writes_its_four_attributes_and_runs_the_installer(
     files = {path: sandbox.root / path.lstrip("/") for path in GCE_ATTRIBUTES}
     assert files["/etc/mbridge/agent.env"].read_text(encoding="utf-8") == fake.attributes["mbridge-agent-env"]
     assert files["/etc/mbridge/install.env"].read_text(encoding="utf-8") == (
-        "MBRIDGE_PACKAGE=maintenance-bridge[gcp]==0.1.0\n"
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-gcp]==0.1.0\n"
     )
     assert files["/etc/systemd/system/mbridge-agent.service"].read_bytes() == UNIT.read_bytes()
     assert files["/usr/local/sbin/mbridge-install"].read_text(encoding="utf-8") == STUB_INSTALLER
