@@ -755,15 +755,24 @@ def test_pubsub_service_agent_can_dead_letter() -> None:
 # ---------------------------------------------------------------- the example VMs
 
 
+VM = "google_compute_instance.vm"
+AGENT_FILES = {
+    "startup-script": "gce-startup.sh",
+    "mbridge-install-script": "install-agent.sh",
+    "mbridge-agent-unit": "mbridge-agent.service",
+}
+
+
+def vm_metadata() -> Body:
+    """The metadata every example VM carries (local.agent_metadata)."""
+    assert resource(VM)["metadata"] == ref("local.agent_metadata")
+    metadata: Body = local("agent_metadata")
+    return metadata
+
+
 def test_vms_run_the_agent_from_the_infra_agent_files() -> None:
-    template = resource("google_compute_instance_template.agent")
-    metadata = template["metadata"]
-    expected = {
-        "startup-script": "gce-startup.sh",
-        "mbridge-install-script": "install-agent.sh",
-        "mbridge-agent-unit": "mbridge-agent.service",
-    }
-    for key, file_name in expected.items():
+    metadata = vm_metadata()
+    for key, file_name in AGENT_FILES.items():
         match = re.fullmatch(r'\$\{file\("\$\{path\.module\}/([^"]+)"\)\}', metadata[key])
         assert match, metadata[key]
         assert (TERRAFORM_GCP / match.group(1)).resolve() == AGENT_INSTALL / file_name
@@ -771,14 +780,34 @@ def test_vms_run_the_agent_from_the_infra_agent_files() -> None:
     assert default("agent_package") == "maintenance-bridge[gcp]"
 
 
+def test_an_agent_change_updates_metadata_in_place_and_recreates_no_vm() -> None:
+    # GIVEN the example VMs: one instance resource per VM, the agent files in its own metadata
+    vm = resource(VM)
+    assert vm["for_each"] == "${toset(var.vm_names)}"
+    # THEN no instance template holds them: a template cannot change, so a new agent file would
+    # replace it and re-create every VM made from it at once
+    assert not of_type("google_compute_instance_template")
+    assert not of_type("google_compute_instance_from_template")
+    assert not of_type("google_compute_instance_group_manager")
+    assert not of_type("google_compute_region_instance_group_manager")
+    # AND the startup script is an ordinary metadata key, which the provider updates in place;
+    # metadata_startup_script would re-create the VM on every change of the script
+    assert "metadata_startup_script" not in vm
+    assert set(AGENT_FILES) <= set(vm_metadata())
+    # AND nothing that is replaced on change (the boot disk's image, the name) follows the agent files
+    agent_references = ("local.agent", "var.agent_package", "file(")
+    for key, value in vm.items():
+        if key != "metadata":
+            assert not any(reference in text for text in strings(value) for reference in agent_references), key
+
+
 def test_install_files_the_vms_use_are_in_the_repository() -> None:
-    for name in ("gce-startup.sh", "install-agent.sh", "mbridge-agent.service"):
-        assert (AGENT_INSTALL / name).is_file(), f"infra/agent/{name} is referenced by the VM template"
+    for name in AGENT_FILES.values():
+        assert (AGENT_INSTALL / name).is_file(), f"infra/agent/{name} is referenced by the VMs' metadata"
 
 
 def test_agent_environment_selects_the_pubsub_transport_on_gce() -> None:
-    environment = resource("google_compute_instance_template.agent")["metadata"]["mbridge-agent-env"]
-    assert environment == ref("local.agent_environment")
+    assert vm_metadata()["mbridge-agent-env"] == ref("local.agent_environment")
     text = local("agent_environment")
     lines = re.findall(r'"(MBRIDGE_[A-Z_]+)=([^"]*)\\n"', text)
     values = dict(lines)
@@ -792,14 +821,14 @@ def test_agent_environment_selects_the_pubsub_transport_on_gce() -> None:
     assert all(f'"{name}"' in agent_config for name in values), "an environment variable the agent does not read"
 
 
-def test_vm_template_is_shielded_private_and_live_migrates() -> None:
-    template = resource("google_compute_instance_template.agent")
-    assert "access_config" not in block(template, "network_interface")
-    shielded = block(template, "shielded_instance_config")
+def test_vms_are_shielded_private_and_live_migrate() -> None:
+    vm = resource(VM)
+    assert "access_config" not in block(vm, "network_interface")
+    shielded = block(vm, "shielded_instance_config")
     assert shielded == {"enable_secure_boot": True, "enable_vtpm": True, "enable_integrity_monitoring": True}
-    assert block(template, "scheduling")["on_host_maintenance"] == "MIGRATE"
-    vm = resource("google_compute_instance_from_template.vm")
-    assert vm["for_each"] == "${toset(var.vm_names)}"
+    assert block(vm, "scheduling")["on_host_maintenance"] == "MIGRATE"
+    metadata = vm_metadata()
+    assert (metadata["block-project-ssh-keys"], metadata["serial-port-enable"]) == ("true", "false")
     account = block(vm, "service_account")
     assert account["email"] == ref("google_service_account.agent[each.value].email")
     assert account["scopes"] == ["cloud-platform"]
@@ -809,8 +838,9 @@ def test_instance_group_holds_the_vms_the_function_drains() -> None:
     group = resource("google_compute_instance_group.example")
     assert (group["name"], group["zone"]) == (ref("var.instance_group_name"), ref("var.zone"))
     membership = resource("google_compute_instance_group_membership.example")
-    assert membership["for_each"] == ref("google_compute_instance_from_template.vm")
+    assert membership["for_each"] == ref(VM)
     assert membership["instance_group"] == ref("google_compute_instance_group.example.name")
+    assert resource(VM)["zone"] == group["zone"]
 
 
 def test_health_checks_reach_the_agent_port_only() -> None:

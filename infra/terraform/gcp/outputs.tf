@@ -60,7 +60,7 @@ output "firestore_database_name" {
 
 output "example_vm_names" {
   description = "Names of the example VMs running the agent."
-  value       = [for vm in google_compute_instance_from_template.vm : vm.name]
+  value       = [for vm in google_compute_instance.vm : vm.name]
 }
 
 output "instance_group" {

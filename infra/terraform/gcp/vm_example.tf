@@ -4,6 +4,14 @@
 # agent with pip and starts it as a systemd service. Host-maintenance notices reach the agent
 # through the metadata server; rehearse one with
 #   gcloud compute instances simulate-maintenance-event VM --zone ZONE
+#
+# One google_compute_instance per VM, with the agent files as its own metadata, and no instance
+# template: a template's metadata cannot change, so every change of an agent file would replace
+# the template and re-create every VM at once. Instance metadata is updated in place (the VM keeps
+# running); the startup script applies it at the next boot, or at once when re-run on the VM, one
+# VM at a time (README.md, "Updating the agent"). The key is `startup-script` in `metadata`, not
+# `metadata_startup_script`, which the provider applies by re-creating the VM. A managed instance
+# group does not fit here: the function drains by removing VMs from unmanaged instance groups.
 
 locals {
   agent_environment = join("", [
@@ -18,21 +26,38 @@ locals {
     "MBRIDGE_IDENTITY_AUDIENCE=${var.identity_audience}\n",
   ])
 
+  # What every example VM carries; a change is an in-place metadata update of each VM.
+  agent_metadata = {
+    startup-script         = file("${path.module}/../../agent/gce-startup.sh")
+    mbridge-install-script = file("${path.module}/../../agent/install-agent.sh")
+    mbridge-agent-unit     = file("${path.module}/../../agent/mbridge-agent.service")
+    mbridge-agent-env      = local.agent_environment
+    mbridge-package        = var.agent_package
+    block-project-ssh-keys = "true"
+    enable-oslogin         = "TRUE"
+    serial-port-enable     = "false"
+  }
+
   network_tags = var.vm_network_tags
 }
 
-resource "google_compute_instance_template" "agent" {
-  name_prefix  = "mbridge-agent-"
+resource "google_compute_instance" "vm" {
+  #checkov:skip=CKV_GCP_38:example VMs whose boot disk holds only the OS and the agent; a customer-supplied key would have to be sent with every start and with every re-creation, and Google-managed encryption still applies
+  for_each = toset(var.vm_names)
+
+  name         = each.value
+  zone         = var.zone
   description  = "VM running the maintenance-bridge agent"
   machine_type = var.machine_type
   tags         = local.network_tags
 
-  disk {
-    source_image = var.vm_image
-    boot         = true
-    auto_delete  = true
-    disk_size_gb = 10
-    disk_type    = "pd-balanced"
+  boot_disk {
+    auto_delete = true
+    initialize_params {
+      image = var.vm_image
+      size  = 10
+      type  = "pd-balanced"
+    }
   }
 
   # No access_config: no external IP. PyPI and Google APIs are reached through Cloud NAT.
@@ -41,7 +66,11 @@ resource "google_compute_instance_template" "agent" {
     subnetwork = var.subnetwork
   }
 
-  # No service account here: each VM gets its own (google_compute_instance_from_template.vm).
+  # Its own identity: the subscriber binding on maintenance-commands-<name> admits this VM only.
+  service_account {
+    email  = google_service_account.agent[each.value].email
+    scopes = ["cloud-platform"]
+  }
 
   shielded_instance_config {
     enable_secure_boot          = true
@@ -57,36 +86,9 @@ resource "google_compute_instance_template" "agent" {
     preemptible         = false
   }
 
-  metadata = {
-    startup-script         = file("${path.module}/../../agent/gce-startup.sh")
-    mbridge-install-script = file("${path.module}/../../agent/install-agent.sh")
-    mbridge-agent-unit     = file("${path.module}/../../agent/mbridge-agent.service")
-    mbridge-agent-env      = local.agent_environment
-    mbridge-package        = var.agent_package
-    block-project-ssh-keys = "true"
-    enable-oslogin         = "TRUE"
-    serial-port-enable     = "false"
-  }
-
-  lifecycle {
-    create_before_destroy = true
-  }
+  metadata = local.agent_metadata
 
   depends_on = [google_project_service.apis]
-}
-
-resource "google_compute_instance_from_template" "vm" {
-  for_each = toset(var.vm_names)
-
-  name                     = each.value
-  zone                     = var.zone
-  source_instance_template = google_compute_instance_template.agent.self_link_unique
-
-  # Its own identity: the subscriber binding on maintenance-commands-<name> admits this VM only.
-  service_account {
-    email  = google_service_account.agent[each.value].email
-    scopes = ["cloud-platform"]
-  }
 }
 
 # The group the function drains (MBRIDGE_INSTANCE_GROUPS). Membership is one resource per VM: a
@@ -100,7 +102,7 @@ resource "google_compute_instance_group" "example" {
 }
 
 resource "google_compute_instance_group_membership" "example" {
-  for_each = google_compute_instance_from_template.vm
+  for_each = google_compute_instance.vm
 
   zone           = var.zone
   instance_group = google_compute_instance_group.example.name
