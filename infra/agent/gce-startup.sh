@@ -10,6 +10,10 @@
 #   mbridge-agent-unit       -> /etc/systemd/system/mbridge-agent.service
 #   mbridge-install-script   -> /usr/local/sbin/mbridge-install  (install-agent.sh)
 #
+# mbridge-package must name one exact package, or the installer refuses it. One attribute
+# carries no index setting, so it is the wheel URL with its hash, which pip checks:
+#   maintenance-bridge[agent-gcp] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl#sha256=<hex>
+#
 # Anyone who can set these attributes can run code as root on the VM, exactly like with
 # `startup-script` itself: grant compute.instances.setMetadata accordingly.
 set -eu
@@ -73,9 +77,9 @@ fetch mbridge-install-script "$WORK/install"
 package="$(tr -d '\r' <"$WORK/package")"
 package="${package#"${package%%[![:space:]]*}"}"
 package="${package%"${package##*[![:space:]]}"}"
-[ -n "$package" ] || fail "metadata attribute 'mbridge-package' is empty; set it to a pip requirement or wheel URL"
+[ -n "$package" ] || fail "metadata attribute 'mbridge-package' is empty; set it to the agent's wheel URL with its #sha256="
 case "$package" in
-  *$'\n'*) fail "metadata attribute 'mbridge-package' must be one line (a pip requirement or wheel URL)" ;;
+  *$'\n'*) fail "metadata attribute 'mbridge-package' must be one line (the agent's wheel URL with its #sha256=)" ;;
 esac
 printf 'MBRIDGE_PACKAGE=%s\n' "$package" >"$WORK/install.env"
 head -c 2 "$WORK/install" | grep -q '^#!' ||

@@ -26,17 +26,25 @@
     Safe to run again: an existing service is stopped and reinstalled with the new settings;
     pip runs only when -Package changed (or with -Force). -Uninstall removes it.
 
+    -Package must name one exact package, as on Linux (install-agent.sh): a pinned version of
+    the agent's extra from the index -IndexUrl names, or a wheel URL with -PackageSha256 (pip
+    checks the hash). Anything else is refused: a bare name installs whatever an index serves
+    under it, and the public index holds no package of this project.
+
 .EXAMPLE
     # Azure VM, Service Bus through the VM's user-assigned managed identity; commands signed with
     # the functions' key (its public key: output agent_verify_key / parameter agentVerifyKey)
-    .\install-agent.ps1 -Cloud azure -Package 'maintenance-bridge[azure]==0.1.0' `
+    .\install-agent.ps1 -Cloud azure -Package 'maintenance-bridge[agent-azure]==0.1.0' `
+        -IndexUrl https://pypi.example.internal/simple `
         -ServiceBusNamespace mybus.servicebus.windows.net -ClientId 00000000-0000-0000-0000-000000000000 `
         -VerifyKey <the functions' public key, one line> `
         -WinSWSha256 <the SHA-256 of WinSW-x64.exe v2.12.0 that you verified>
 
 .EXAMPLE
     # GCE VM, Pub/Sub through the VM's service account; WinSW copied beforehand
-    .\install-agent.ps1 -Cloud gce -Package 'maintenance-bridge[gcp]==0.1.0' -PubSubProject my-project `
+    .\install-agent.ps1 -Cloud gce -PubSubProject my-project `
+        -Package 'maintenance-bridge[agent-gcp] @ https://storage.googleapis.com/my-bucket/maintenance_bridge-0.1.0-py3-none-any.whl' `
+        -PackageSha256 <the wheel's SHA-256> `
         -VerifyKey <the functions' public key> -WinSWPath C:\packages\WinSW-x64.exe -WinSWSha256 <hash>
 
 .EXAMPLE
@@ -54,10 +62,20 @@ param(
     [ValidateSet('servicebus', 'pubsub', 'local', 'jsonl')]
     [string] $Transport,
 
-    # pip requirement or wheel URL, e.g. maintenance-bridge[azure]==0.1.0.
+    # maintenance-bridge[agent-azure]==X.Y.Z (with -IndexUrl), or
+    # maintenance-bridge[agent-azure] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl (with -PackageSha256).
     [Parameter(Mandatory = $true, ParameterSetName = 'Install')]
     [ValidateNotNullOrEmpty()]
     [string] $Package,
+
+    # The index that publishes the pinned version (pip --index-url).
+    [Parameter(ParameterSetName = 'Install')]
+    [string] $IndexUrl,
+
+    # SHA-256 (hex) of the wheel -Package points at; pip refuses a download that does not match.
+    [Parameter(ParameterSetName = 'Install')]
+    [ValidatePattern('^[0-9A-Fa-f]{64}$')]
+    [string] $PackageSha256,
 
     # MBRIDGE_SERVICEBUS_NAMESPACE, e.g. mybus.servicebus.windows.net (managed identity).
     [Parameter(ParameterSetName = 'Install')]
@@ -254,10 +272,71 @@ function Test-Venv {
     try { & $Mbridge --help *> $null; return ($LASTEXITCODE -eq 0) } finally { $ErrorActionPreference = $saved }
 }
 
-function Install-AgentPackage([string] $PythonExe) {
+# The requirement pip is given: maintenance-bridge[extras]==X.Y.Z, or
+# maintenance-bridge[extras] @ URL#sha256=HEX, whose fragment pip checks before it unpacks anything.
+# The same rules as install-agent.sh; anything else throws, saying what to pass.
+function Resolve-AgentPackage {
+    $agentExtras = @('agent-azure', 'agent-gcp')
+    $spec = $Package.Trim()
+    $help = "pass -Package 'maintenance-bridge[agent-azure]==X.Y.Z' -IndexUrl https://<your index>/simple, or " +
+        "-Package 'maintenance-bridge[agent-azure] @ https://<host>/maintenance_bridge-X.Y.Z-py3-none-any.whl' " +
+        '-PackageSha256 <the wheel''s SHA-256> ([agent-gcp] on GCE)'
+    if ($spec -match '^[A-Za-z][A-Za-z0-9+.-]*://') {
+        $name = 'maintenance-bridge'; $extras = ''; $rest = "@ $spec"
+    } elseif ($spec -match '^([A-Za-z0-9._-]+)\s*(\[([^\]]*)\])?\s*(.*)$') {
+        $name = $Matches[1].ToLowerInvariant() -replace '[_.]', '-'
+        $extras = [string] $Matches[3]
+        $rest = $Matches[4]
+    } else {
+        throw "-Package $spec is not a requirement this installer takes; $help"
+    }
+    if ($name -ne 'maintenance-bridge') { throw "-Package names '$name', not maintenance-bridge; $help" }
+    # Only the agent's extras: [azure] and [gcp] bring the function apps' SDKs, which a VM never runs.
+    $kept = @()
+    foreach ($extra in ($extras -split ',')) {
+        $extra = $extra.Trim().ToLowerInvariant() -replace '[_.]', '-'
+        if (-not $extra) { continue }
+        if ($agentExtras -notcontains $extra) {
+            throw "-Package asks for the extra [$extra]; a VM takes only the agent's: $($agentExtras -join ', ')"
+        }
+        $kept += $extra
+    }
+    $extras = if ($kept.Count -gt 0) { "[$($kept -join ',')]" } else { '' }
+    if ($rest.StartsWith('@')) {
+        if ($rest -notmatch '^@\s*((https|http|file)://\S+\.whl)(#sha256=([0-9A-Fa-f]{64}))?$') {
+            throw "-Package $spec is not a wheel URL (https://, http:// or file://, ending in .whl, optionally #sha256=<hex>); $help"
+        }
+        $url = $Matches[1]
+        $hash = [string] $Matches[4]
+        if ($PackageSha256) {
+            if ($hash -and $hash -ne $PackageSha256) { throw '-PackageSha256 and the #sha256= of -Package differ' }
+            $hash = $PackageSha256
+        }
+        if (-not $hash) { throw "the wheel URL in -Package has no SHA-256: anything served there would be installed; $help" }
+        return "maintenance-bridge$extras @ $url#sha256=$($hash.ToLowerInvariant())"
+    }
+    if ($rest -match '^==\s*([0-9][0-9A-Za-z.+!-]*)$') {
+        $version = $Matches[1]
+        if ($PackageSha256) { throw '-PackageSha256 goes with a wheel URL; pip cannot check it against a version from an index' }
+        if (-not $IndexUrl) { throw "-Package $spec needs the index that publishes it: -IndexUrl is not set; $help" }
+        if ($IndexUrl -match '://(test\.)?pypi\.(org|python\.org)(/|$)') {
+            throw '-IndexUrl is PyPI, where this project is not published: the name there may be anyone''s'
+        }
+        # pip takes a name from whichever index offers the version: with a second index, another
+        # package of the same name and version could win.
+        if ($env:PIP_EXTRA_INDEX_URL) {
+            throw 'PIP_EXTRA_INDEX_URL is set: pip could take maintenance-bridge from either index (serve the dependencies through -IndexUrl)'
+        }
+        return "maintenance-bridge$extras==$version"
+    }
+    if (-not $rest) { throw "-Package $spec is not pinned: it installs whatever an index serves under that name; $help" }
+    throw "-Package $spec is not pinned to one version (== X.Y.Z) or one wheel (@ URL); $help"
+}
+
+function Install-AgentPackage([string] $PythonExe, [string] $Requirement) {
     $installed = if (Test-Path $SpecStamp) { (Get-Content -LiteralPath $SpecStamp -Raw).Trim() } else { '' }
-    if (-not $Force -and $installed -eq $Package -and (Test-Venv)) {
-        Write-Step "$Package is already installed; skipping pip (-Force reinstalls)"
+    if (-not $Force -and $installed -eq $Requirement -and (Test-Venv)) {
+        Write-Step "$Requirement is already installed; skipping pip (-Force reinstalls)"
         return
     }
     if (Test-Path $Venv) { Remove-Item -LiteralPath $Venv -Recurse -Force }
@@ -265,11 +344,16 @@ function Install-AgentPackage([string] $PythonExe) {
     Write-Step "creating the virtualenv $Venv with $PythonExe"
     Invoke-Native 'python -m venv' { & $PythonExe -m venv $Venv }
     $venvPython = Join-Path $Venv 'Scripts\python.exe'
-    Invoke-Native 'pip upgrade' { & $venvPython -m pip install --quiet --disable-pip-version-check --upgrade 'pip>=21' }
-    Write-Step "pip install $Package"
-    Invoke-Native "pip install $Package" { & $venvPython -m pip install --quiet --disable-pip-version-check $Package }
-    if (-not (Test-Venv)) { throw "$Package installed, but $Mbridge does not run: is it the maintenance-bridge package?" }
-    Set-Content -LiteralPath $SpecStamp -Value $Package -Encoding UTF8
+    $indexArguments = if ($IndexUrl) { @('--index-url', $IndexUrl) } else { @() }
+    Invoke-Native 'pip upgrade' {
+        & $venvPython -m pip install --quiet --disable-pip-version-check @indexArguments --upgrade 'pip>=21'
+    }
+    Write-Step "pip install $Requirement"
+    Invoke-Native "pip install $Requirement" {
+        & $venvPython -m pip install --quiet --disable-pip-version-check @indexArguments $Requirement
+    }
+    if (-not (Test-Venv)) { throw "$Requirement installed, but $Mbridge does not run: is it the maintenance-bridge package?" }
+    Set-Content -LiteralPath $SpecStamp -Value $Requirement -Encoding UTF8
 }
 
 function Get-AgentEnvironment {
@@ -384,10 +468,11 @@ if ($Transport -ne 'jsonl' -and -not $VerifyKey -and -not $InsecureUnsignedComma
     throw "-Transport $Transport needs -VerifyKey: the functions' public key, which the agent checks every command's signature with (or -InsecureUnsignedCommands, knowingly)"
 }
 
+$requirement = Resolve-AgentPackage
 $pythonExe = Find-Python
 Remove-AgentService # the agent's files are locked while it runs, and WinSW reads its XML at install
 New-Item -ItemType Directory -Force -Path $InstallDir, $ServiceDir, $StateDir, $LogDir | Out-Null
-Install-AgentPackage $pythonExe
+Install-AgentPackage $pythonExe $requirement
 Get-WinSW $Wrapper
 $environment = Get-AgentEnvironment
 Write-WinSWConfig $environment

@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from agent.config import settings_from_args
@@ -352,6 +353,49 @@ def test_shell_scripts_pass_shellcheck(script: Path) -> None:
     require_peer(shutil.which("shellcheck") is not None, "shellcheck is not installed (apt: shellcheck)")
     result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
+
+
+# ---------------------------------------------------------------- what a VM installs
+
+# The function apps' libraries, which a VM must not install with the agent.
+FUNCTION_APP_LIBRARIES = (
+    "azure-functions",
+    "azure-mgmt-",
+    "azure-data-tables",
+    "google-cloud-compute",
+    "google-cloud-firestore",
+    "functions-framework",
+    "cloudevents",
+)
+AGENT_EXTRAS = ("agent-azure", "agent-gcp")
+
+
+def installer_agent_extras() -> set[str]:
+    match = re.search(r'^AGENT_EXTRAS="([^"]*)"$', INSTALLER.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    assert match, "install-agent.sh does not list AGENT_EXTRAS"
+    return set(match.group(1).split())
+
+
+def test_the_agent_extras_hold_the_bus_clients_and_no_function_app_library() -> None:
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    assert installer_agent_extras() == set(AGENT_EXTRAS)
+    for name in AGENT_EXTRAS:
+        requirements = [re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0] for requirement in extras[name]]
+        assert requirements, name
+        for requirement in requirements:
+            assert not requirement.startswith(FUNCTION_APP_LIBRARIES), f"[{name}] pulls in {requirement}"
+    assert {"azure-servicebus", "azure-identity"} <= {r.split(">")[0] for r in extras["agent-azure"]}
+    assert {"google-cloud-pubsub"} <= {r.split(">")[0] for r in extras["agent-gcp"]}
+
+
+@pytest.mark.parametrize(
+    "path", [INSTALLER, CLOUD_INIT, GCE_STARTUP, AGENT_INSTALL / "README.md"], ids=lambda p: p.name
+)
+def test_the_installation_files_name_only_the_agent_extras(path: Path) -> None:
+    # [azure] and [gcp] are the function apps' extras: a VM following these files never gets them
+    assert not re.search(r"maintenance-bridge\[(azure|gcp)\]", path.read_text(encoding="utf-8"))
 
 
 # ---------------------------------------------------------------- the installer in a scratch root
@@ -797,10 +841,17 @@ def metadata_server() -> Iterator[tuple[FakeMetadataServer, str]]:
 STUB_INSTALLER = '#!/bin/sh\necho "installed under $MBRIDGE_INSTALL_ROOT" > "$MBRIDGE_INSTALL_ROOT/installer-ran"\n'
 
 
+# One attribute carries no index setting: the wheel URL with its hash.
+GCE_PACKAGE = (
+    "maintenance-bridge[agent-gcp] @ https://storage.googleapis.com/my-bucket/maintenance_bridge-0.1.0-py3-none-any.whl"
+    "#sha256=" + "0" * 64
+)
+
+
 def gce_attributes(installer: str = STUB_INSTALLER) -> dict[str, str]:
     return {
         "mbridge-agent-env": (EXAMPLES / "gce-pubsub.env").read_text(encoding="utf-8"),
-        "mbridge-package": "maintenance-bridge[agent-gcp]==0.1.0\n",
+        "mbridge-package": f"{GCE_PACKAGE}\n",
         "mbridge-agent-unit": UNIT.read_text(encoding="utf-8"),
         "mbridge-install-script": installer,
     }
@@ -822,9 +873,7 @@ def test_gce_startup_writes_its_four_attributes_and_runs_the_installer(
     # AND wrote each where cloud-init writes it on Azure, with the same modes
     files = {path: sandbox.root / path.lstrip("/") for path in GCE_ATTRIBUTES}
     assert files["/etc/mbridge/agent.env"].read_text(encoding="utf-8") == fake.attributes["mbridge-agent-env"]
-    assert files["/etc/mbridge/install.env"].read_text(encoding="utf-8") == (
-        "MBRIDGE_PACKAGE=maintenance-bridge[agent-gcp]==0.1.0\n"
-    )
+    assert files["/etc/mbridge/install.env"].read_text(encoding="utf-8") == (f"MBRIDGE_PACKAGE={GCE_PACKAGE}\n")
     assert files["/etc/systemd/system/mbridge-agent.service"].read_bytes() == UNIT.read_bytes()
     assert files["/usr/local/sbin/mbridge-install"].read_text(encoding="utf-8") == STUB_INSTALLER
     assert {path: mode(file) for path, file in files.items()} == {
@@ -957,6 +1006,25 @@ def test_windows_installer_requires_the_winsw_hash_and_pins_its_release() -> Non
     assert "Get-FileHash" in code
     assert "-Algorithm SHA256" in code
     assert re.search(r"if \(\$actual -ne \$WinSWSha256\.ToUpperInvariant\(\)\) \{\s*throw", code)
+
+
+def test_windows_installer_takes_only_a_pinned_package_like_the_linux_one() -> None:
+    text = WINDOWS.read_text(encoding="utf-8")
+    code = powershell_code(text)
+    # the package is resolved (and refused) before anything is installed
+    assert code.index("$requirement = Resolve-AgentPackage") < code.index("$pythonExe = Find-Python")
+    assert "Install-AgentPackage $pythonExe $requirement" in code
+    # the same extras as install-agent.sh, the hash checked by pip as the URL's fragment
+    extras = re.search(r"\$agentExtras = @\(([^)]*)\)", code)
+    assert extras
+    assert set(re.findall(r"'([a-z-]+)'", extras.group(1))) == set(AGENT_EXTRAS)
+    assert '"maintenance-bridge$extras @ $url#sha256=$($hash.ToLowerInvariant())"' in code
+    assert re.search(r"\[ValidatePattern\('\^\[0-9A-Fa-f\]\{64\}\$'\)\]\s*\[string\] \$PackageSha256", code)
+    # a pinned version needs its index, which pip is given
+    assert "if (-not $IndexUrl) { throw" in code
+    assert "@('--index-url', $IndexUrl)" in code
+    # the examples install the agent's extras only
+    assert not re.search(r"maintenance-bridge\[(azure|gcp)\]", text)
 
 
 def test_windows_installer_wraps_the_console_agent_instead_of_registering_it() -> None:
