@@ -493,8 +493,7 @@ if stamp_changed "$PREFIX/.installed-env.sha256" "$ENV_HASH"; then ENV_CHANGED=1
 # systemd creates both at start (StateDirectory=, LogsDirectory=); the check runs before that.
 mkdir -p "$STATE_DIR" "$LOG_DIR"
 chown "$SERVICE_USER:$SERVICE_USER" "$STATE_DIR" "$LOG_DIR"
-chmod 0700 "$STATE_DIR"
-chmod 0750 "$LOG_DIR"
+chmod 0700 "$STATE_DIR" "$LOG_DIR"
 
 if [ "$CHECK" = 1 ]; then run_check; fi
 

@@ -171,7 +171,30 @@ def test_unit_runs_the_venv_agent_as_the_static_mbridge_user(unit: dict[str, dic
     assert "MBRIDGE_STATE_DIR=/var/lib/mbridge" in service["Environment"]
     assert single(service, "StateDirectory") == "mbridge"
     assert single(service, "StateDirectoryMode") == "0700"
+
+
+def test_unit_keeps_what_the_agent_writes_to_itself_and_the_installer_agrees(
+    unit: dict[str, dict[str, list[str]]],
+) -> None:
+    # GIVEN the unit's modes for the files and directories the agent writes
+    service = unit["Service"]
+    # THEN all of it is mbridge's (and root's) only: no group, since the mbridge group reads
+    # agent.env and its connection string; shippers tailing the jsonl file run as root
     assert single(service, "UMask") == "0077"
+    assert single(service, "StateDirectoryMode") == "0700"
+    assert single(service, "LogsDirectoryMode") == "0700"
+    # AND the installer, which creates both directories before systemd does, and runs the check
+    # as mbridge, uses the same modes
+    installer = INSTALLER.read_text(encoding="utf-8")
+    assert 'chmod 0700 "$STATE_DIR" "$LOG_DIR"' in installer
+    assert "umask 077 && timeout 200 runuser" in installer
+    assert not re.search(r"chmod 07[1-7]0 .*LOG_DIR", installer)
+    # AND the documents say the same
+    readme = (AGENT_INSTALL / "README.md").read_text(encoding="utf-8")
+    assert "`/var/log/mbridge` (a jsonl file, 0700)" in readme
+    assert "mbridge:mbridge 0700, the file 0600" in (EXAMPLES / "jsonl.env").read_text(encoding="utf-8")
+    for text in (readme, (EXAMPLES / "jsonl.env").read_text(encoding="utf-8"), UNIT.read_text(encoding="utf-8")):
+        assert "shipper in the mbridge group" not in text
 
 
 def test_unit_restarts_for_ever_and_gives_the_outbox_time_to_flush(unit: dict[str, dict[str, list[str]]]) -> None:
@@ -711,6 +734,7 @@ def test_installer_installs_checks_starts_and_reruns_idempotently(
     assert mode(agent_env) == 0o640
     assert mode(sandbox.etc / "install.env") == 0o600
     assert mode(sandbox.root / "var/lib/mbridge") == 0o700
+    assert mode(sandbox.root / "var/log/mbridge") == 0o700
     # AND the real `mbridge agent --check` ran as mbridge, with the unit's state directory, and passed
     [check] = [call for call in calls if call.startswith("runuser ")]
     assert check.startswith("runuser -u mbridge -- env -i ")
