@@ -571,6 +571,8 @@ def test_project_level_grants_carry_a_condition_or_are_the_drainer_role() -> Non
     for key, body in members.items():
         if body["role"] == ref("google_project_iam_custom_role.drainer.name"):
             continue
+        if key == "google_project_iam_member.build_log_writer":
+            continue  # Cloud Logging offers logWriter on no narrower resource
         condition = block(body, "condition")
         assert condition["expression"].strip(), key
 
@@ -715,6 +717,50 @@ def test_function_account_holds_only_its_adapters_roles() -> None:
     }
     publisher = resource("google_pubsub_topic_iam_member.function_commands_publisher")
     assert publisher["topic"] == ref("google_pubsub_topic.commands.name")
+
+
+BUILD_ROLES_DOCUMENTED = {"roles/logging.logWriter", "roles/artifactregistry.writer", "roles/storage.objectViewer"}
+
+
+def test_function_is_built_by_a_build_account_of_its_own() -> None:
+    # GIVEN the function's build settings
+    build = block(resource(FUNCTION), "build_config")
+    # THEN Cloud Build runs as the dedicated account, named as the API wants it
+    # (projects/<project>/serviceAccounts/<email>: the account resource's id), not the default
+    # compute account, which new organisations grant no build rights
+    assert build["service_account"] == ref("google_service_account.build.id")
+    assert resource("google_service_account.build")["account_id"] == "mbridge-build"
+    assert build["service_account"] != block(resource(FUNCTION), "service_config")["service_account_email"]
+    # AND the image goes to the function's own Docker repository, in the function's region
+    assert build["docker_repository"] == ref("google_artifact_registry_repository.function.id")
+    repository = resource("google_artifact_registry_repository.function")
+    assert (repository["format"], repository["location"]) == ("DOCKER", ref("var.region"))
+    # AND the account's roles are in place before the first build
+    depends_on = set(resource(FUNCTION)["depends_on"])
+    assert {f"${{{key}}}" for key in members_of("build")} <= depends_on
+
+
+def test_build_account_holds_exactly_the_documented_roles_on_the_narrowest_resources() -> None:
+    grants = members_of("build")
+    assert {body["role"] for body in grants.values()} == BUILD_ROLES_DOCUMENTED
+    where = {(key.split(".")[0], body["role"]) for key, body in grants.items()}
+    assert where == {
+        ("google_project_iam_member", "roles/logging.logWriter"),
+        ("google_artifact_registry_repository_iam_member", "roles/artifactregistry.writer"),
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer"),
+        ("google_project_iam_member", "roles/storage.objectViewer"),
+    }
+    writer = resource("google_artifact_registry_repository_iam_member.build_writer")
+    assert writer["repository"] == ref("google_artifact_registry_repository.function.name")
+    reader = resource("google_storage_bucket_iam_member.build_source_reader")
+    assert reader["bucket"] == ref("google_storage_bucket.function_source.name")
+    # Cloud Functions' own copy of the source: that bucket only, by an IAM condition
+    staged = resource("google_project_iam_member.build_staged_source_reader")
+    assert block(staged, "condition")["expression"] == (
+        'resource.name == "projects/_/buckets/${local.functions_sources_bucket}" || '
+        'resource.name.startsWith("projects/_/buckets/${local.functions_sources_bucket}/")'
+    )
+    assert local("functions_sources_bucket") == "gcf-v2-sources-${data.google_project.this.number}-${var.region}"
 
 
 def test_push_invoker_may_only_invoke_the_functions_service() -> None:

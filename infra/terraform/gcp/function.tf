@@ -64,7 +64,9 @@ locals {
     MBRIDGE_TRUST_PROJECTS = join(",", local.trust_projects)
     MBRIDGE_TRUST_AUDIENCE = var.identity_audience
   }
-  trust_projects = length(var.trust_projects) > 0 ? var.trust_projects : [var.project_id]
+  # Where Cloud Functions keeps the sources of the region's functions (docs: "Build process overview").
+  functions_sources_bucket = "gcf-v2-sources-${data.google_project.this.number}-${var.region}"
+  trust_projects           = length(var.trust_projects) > 0 ? var.trust_projects : [var.project_id]
   # Unset, the function uses its default policy (an empty value would be a malformed policy).
   function_policy_environment = var.policy == "" ? {} : { MBRIDGE_POLICY = var.policy }
 }
@@ -112,6 +114,34 @@ resource "google_storage_bucket_object" "function_source" {
   source = data.archive_file.function_source.output_path
 }
 
+# The function's images, in a repository of their own: the build account writes here and nowhere
+# else, instead of to the shared gcf-artifacts repository Cloud Functions would otherwise create.
+resource "google_artifact_registry_repository" "function" {
+  #checkov:skip=CKV_GCP_84:holds only the function's images, rebuilt from the source bucket on every change; Google-managed encryption applies, and a customer key would also need a grant to Artifact Registry's service agent
+  location      = var.region
+  repository_id = var.function_name
+  description   = "Images of the maintenance-bridge Cloud Function, built by Cloud Build"
+  format        = "DOCKER"
+
+  # Every code change builds a new image; only the recent ones can serve a rollback.
+  cleanup_policies {
+    id     = "keep-recent"
+    action = "KEEP"
+    most_recent_versions {
+      keep_count = 5
+    }
+  }
+  cleanup_policies {
+    id     = "delete-older"
+    action = "DELETE"
+    condition {
+      older_than = "2592000s"
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
 resource "google_cloudfunctions2_function" "events" {
   name        = var.function_name
   location    = var.region
@@ -120,6 +150,10 @@ resource "google_cloudfunctions2_function" "events" {
   build_config {
     runtime     = "python311"
     entry_point = "on_maintenance_event"
+    # A build account of our own (iam.tf), in the resource-name form the API takes:
+    # projects/<project>/serviceAccounts/<email>, which is the account's id.
+    service_account   = google_service_account.build.id
+    docker_repository = google_artifact_registry_repository.function.id
     source {
       storage_source {
         bucket = google_storage_bucket.function_source.name
@@ -160,6 +194,11 @@ resource "google_cloudfunctions2_function" "events" {
     google_project_service.apis,
     # The deployment checks that the runtime service account can read the secret it mounts.
     google_secret_manager_secret_iam_member.signing_key,
+    # The build runs as the build account: its roles must be in place before the first build.
+    google_project_iam_member.build_log_writer,
+    google_artifact_registry_repository_iam_member.build_writer,
+    google_storage_bucket_iam_member.build_source_reader,
+    google_project_iam_member.build_staged_source_reader,
   ]
 
   lifecycle {

@@ -1,7 +1,8 @@
 # Service accounts and every role they hold (docs/gcp.md "IAM", docs/transports.md "Roles").
-# Roles are granted on the resource that needs them. At project level there are only two
-# bindings, both with an IAM condition: Firestore (one database) and the drainer role (the
-# configured instance groups and zones).
+# Roles are granted on the resource that needs them. At project level there are four bindings:
+# Firestore (condition: one database), the drainer role (condition: the configured instance
+# groups and zones), the build's source reader (condition: the function's source buckets) and the
+# build's log writer, which Cloud Logging offers on no narrower resource.
 
 # ---------------------------------------------------------------- service accounts
 
@@ -17,6 +18,17 @@ resource "google_service_account" "push_invoker" {
   account_id   = "mbridge-push-invoker"
   display_name = "maintenance-bridge Pub/Sub push"
   description  = "Identity of the maintenance-events-functions push subscription: may invoke the function, nothing else."
+
+  depends_on = [google_project_service.apis]
+}
+
+# Cloud Build runs the function's build as this account (function.tf build_config), not as the
+# project's default compute or Cloud Build account: new organisations no longer grant those any
+# build rights, and they hold far more than a build needs.
+resource "google_service_account" "build" {
+  account_id   = "mbridge-build"
+  display_name = "maintenance-bridge function build"
+  description  = "Builds the Cloud Function's image: reads its source, pushes to its repository, writes build logs."
 
   depends_on = [google_project_service.apis]
 }
@@ -124,6 +136,50 @@ resource "google_secret_manager_secret_iam_member" "signing_key" {
 # No roles/logging.logWriter: a gen2 function is a Cloud Run service, whose stdout and stderr
 # Cloud Logging collects without any role on the runtime account (the function logs JSON lines
 # to stdout, functions/gcp_app/logging.py).
+
+# ---------------------------------------------------------------- the function's build account
+
+# The roles Google documents for a build service account of a function
+# (https://cloud.google.com/functions/docs/securing/build-custom-sa): roles/logging.logWriter,
+# roles/artifactregistry.writer, roles/storage.objectViewer; each on the narrowest resource it
+# can be granted on.
+resource "google_project_iam_member" "build_log_writer" {
+  project = var.project_id
+  role    = "roles/logging.logWriter"
+  member  = "serviceAccount:${google_service_account.build.email}"
+}
+
+# The function's own repository (function.tf build_config.docker_repository), not gcf-artifacts.
+resource "google_artifact_registry_repository_iam_member" "build_writer" {
+  project    = var.project_id
+  location   = google_artifact_registry_repository.function.location
+  repository = google_artifact_registry_repository.function.name
+  role       = "roles/artifactregistry.writer"
+  member     = "serviceAccount:${google_service_account.build.email}"
+}
+
+# The zip this deployment uploads, and the copy Cloud Functions keeps of it in its own source
+# bucket of the region, gcf-v2-sources-<project number>-<region>
+# (https://cloud.google.com/functions/docs/building). Storage names objects
+# projects/_/buckets/<bucket>/objects/<object> in IAM conditions.
+resource "google_storage_bucket_iam_member" "build_source_reader" {
+  bucket = google_storage_bucket.function_source.name
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.build.email}"
+}
+
+resource "google_project_iam_member" "build_staged_source_reader" {
+  project = var.project_id
+  role    = "roles/storage.objectViewer"
+  member  = "serviceAccount:${google_service_account.build.email}"
+
+  condition {
+    title       = "mbridge-function-sources-only"
+    description = "Only the Cloud Functions source bucket of the function's region."
+    # The bucket (objects.list) and its objects (objects.get), and no bucket whose name merely starts alike.
+    expression = "resource.name == \"projects/_/buckets/${local.functions_sources_bucket}\" || resource.name.startsWith(\"projects/_/buckets/${local.functions_sources_bucket}/\")"
+  }
+}
 
 # ---------------------------------------------------------------- invoking the function
 

@@ -43,6 +43,11 @@ output "function_service_account_email" {
   value       = google_service_account.function.email
 }
 
+output "build_service_account_email" {
+  description = "Service account Cloud Build builds the function as (build_config.service_account); deployers need iam.serviceAccounts.actAs on it."
+  value       = google_service_account.build.email
+}
+
 output "push_invoker_service_account_email" {
   description = "Service account whose OIDC token the push subscription presents to the function."
   value       = google_service_account.push_invoker.email
