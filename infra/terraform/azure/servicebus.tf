@@ -37,7 +37,11 @@ resource "azurerm_servicebus_topic" "events" {
   requires_duplicate_detection            = true
   duplicate_detection_history_time_window = var.events_duplicate_detection_window
   default_message_ttl                     = "P14D"
-  # Per-VM order: an event's `started` must not overtake its `scheduled`.
+  # Keeps the topic's messages in the order they were sent. That is no delivery order: the functions'
+  # subscription has no sessions, so parallel invocations, retries and a dead-lettered message
+  # resubmitted later can hand a `scheduled` over after its `completed`. The functions rely on no
+  # order: a step of an event that has ended is only audited as late (functions/core/lifecycle.py,
+  # docs/azure.md "How a message is handled").
   support_ordering = true
 }
 

@@ -50,11 +50,13 @@ resource "google_pubsub_subscription" "functions" {
   ack_deadline_seconds       = 600
   message_retention_duration = "604800s"
 
-  # Events of one VM (ordering key = VM name) are delivered one at a time, in order. The core
-  # has no guard against a `scheduled` that is retried after its own `completed` was handled:
-  # unordered, a transient failure could let the completion restore nothing and the late
-  # `scheduled` drain the VM for good. The cost is head-of-line blocking of that one VM while a
-  # message is retried, bounded by the dead-letter policy below; other VMs are not held up.
+  # Events of one VM (ordering key = VM name) are delivered one at a time, in order, so a retried
+  # `scheduled` seldom comes after its own `completed`. The functions do not rely on it: a message
+  # replayed from the dead-letter topic comes out of order anyway, and Service Bus gives no order
+  # at all, so a step of an event that has ended is only audited as late
+  # (functions/core/lifecycle.py, docs/azure.md "How a message is handled"). The cost is
+  # head-of-line blocking of that one VM while a message is retried, bounded by the dead-letter
+  # policy below; other VMs are not held up.
   enable_message_ordering = true
 
   push_config {
