@@ -1,6 +1,10 @@
 """Google Cloud Functions entry (the functions framework loads ./main.py from the source root).
 
-Deploy with `--entry-point on_maintenance_event` and an Eventarc trigger on the events topic;
+`on_maintenance_event` takes Pub/Sub `messagePublished` CloudEvents from either of two feeds:
+an Eventarc trigger on the events topic (`gcloud functions deploy --trigger-topic`), or a push
+subscription of its own whose raw push body the functions framework turns into the same
+CloudEvent. The Terraform (infra/terraform/gcp/function.tf, pubsub.tf) deploys the second, with no
+Eventarc trigger, because Eventarc's subscription cannot carry a dead-letter policy in Terraform.
 docs/gcp.md has the rest.
 """
 
