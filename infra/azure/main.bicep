@@ -134,7 +134,7 @@ param drainLoadBalancerResourceGroup string = ''
 @description('Resource group of the NICs of the VMs behind it. Empty: the load balancer\'s resource group.')
 param drainNicResourceGroup string = ''
 
-@description('Virtual network of those NICs (IP-based pools and subnets/join need it). Empty: no role on a virtual network.')
+@description('Virtual network of those NICs: required with drainLoadBalancerName (every NIC write is checked for subnets/join on it; IP-based pools need joinLoadBalancer on it). The deployment fails when a load balancer is given without it.')
 param drainVirtualNetworkName string = ''
 
 @description('Resource group of that virtual network. Empty: the load balancer\'s resource group.')
@@ -314,6 +314,17 @@ module vmReaders 'modules/vm-reader.bicep' = [
   }
 ]
 
+// A drain writes NICs, and ARM checks `Microsoft.Network/virtualNetworks/subnets/join/action` on
+// the subnet of every NIC it writes: without the drainer role on the virtual network, every drain
+// would be refused. So a load balancer without its virtual network stops the deployment here,
+// before any drain role is defined or assigned (as Terraform's precondition does at plan time).
+module drainTargetCheck 'modules/check.bicep' = if (drainEnabled) {
+  name: '${namePrefix}-drain-check-${suffix}'
+  params: {
+    outcome: empty(drainVirtualNetworkName) ? 'drainVirtualNetworkName must be set with drainLoadBalancerName: writing a NIC joins its subnet, so the function needs the drainer role on the virtual network of the drained VMs.' : 'ok'
+  }
+}
+
 // Only what the load balancer adapter does (docs/azure.md, "A custom role for draining"):
 // read and write NICs, read and write backend pools, and the join actions a NIC or pool
 // write is checked for. Add the join actions of whatever else the NICs link to (NSG, public
@@ -341,14 +352,23 @@ resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (
     // Resource groups only: this one and those of the drain target.
     assignableScopes: drainerAssignableScopes
   }
+  dependsOn: [
+    drainTargetCheck
+  ]
 }
+
+// The role's id in the subscription-level form, as for the built-in roles
+// (https://learn.microsoft.com/azure/azure-resource-manager/bicep/scenarios-rbac): a custom role is
+// not a resource of the group it was deployed from, and `drainerRole.id` would be the
+// resource-group-scoped form. Reading drainerRole.name keeps the assignments after the definition.
+var drainerRoleDefinitionId = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', drainerRole.name)
 
 module drainOnLoadBalancer 'modules/drain-roles.bicep' = if (drainEnabled) {
   name: '${namePrefix}-drain-lb-${suffix}'
   scope: resourceGroup(drainLoadBalancerResourceGroupName)
   params: {
     principalId: functionIdentity.properties.principalId
-    roleDefinitionId: drainerRole.id
+    roleDefinitionId: drainerRoleDefinitionId
     loadBalancerName: drainLoadBalancerName
   }
 }
@@ -358,17 +378,17 @@ module drainOnNicResourceGroup 'modules/drain-roles.bicep' = if (drainEnabled) {
   scope: resourceGroup(drainNicResourceGroupName)
   params: {
     principalId: functionIdentity.properties.principalId
-    roleDefinitionId: drainerRole.id
+    roleDefinitionId: drainerRoleDefinitionId
     assignOnResourceGroup: true
   }
 }
 
-module drainOnVirtualNetwork 'modules/drain-roles.bicep' = if (drainEnabled && !empty(drainVirtualNetworkName)) {
+module drainOnVirtualNetwork 'modules/drain-roles.bicep' = if (drainEnabled) {
   name: '${namePrefix}-drain-vnet-${suffix}'
   scope: resourceGroup(drainVirtualNetworkResourceGroupName)
   params: {
     principalId: functionIdentity.properties.principalId
-    roleDefinitionId: drainerRole.id
+    roleDefinitionId: drainerRoleDefinitionId
     virtualNetworkName: drainVirtualNetworkName
   }
 }

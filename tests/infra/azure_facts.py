@@ -102,6 +102,11 @@ class AzureFacts:
     # MBRIDGE_TRUST_SUBSCRIPTIONS when nothing is given: DEPLOYMENT_SUBSCRIPTION, or the ids written.
     trust_subscriptions_default: tuple[str, ...]
     drainer_assignable_to_resource_group: bool  # assignable scopes limited to the resource group
+    # What the deployment says when it is refused for a drain load balancer given without the virtual
+    # network of its VMs ("" when it goes ahead), and the same with one ("" expected): every NIC write
+    # is checked for subnets/join on that network, so without the drainer role there every drain fails.
+    drain_without_virtual_network_refusal: str
+    drain_with_virtual_network_refusal: str
     # VM scale set example
     vmss_terminate_notification_enabled: bool
     vmss_not_before_parameter: str  # the parameter/variable that sets notBeforeTimeout
@@ -113,6 +118,11 @@ class AzureFacts:
     vmss_health_probe_port: int  # 9797
     # Interface
     outputs: frozenset[str]
+
+
+# The drain target the refusal facts are read with (names of the shared contract, spelled per source).
+DRAIN_LOAD_BALANCER = "lb-web"
+DRAIN_VIRTUAL_NETWORK = "vnet-web"
 
 
 @dataclass(frozen=True)

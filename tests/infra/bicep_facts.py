@@ -27,6 +27,8 @@ from tests.infra.azure_facts import (
     AGENT,
     DEPLOYMENT_RESOURCE_GROUP,
     DEPLOYMENT_SUBSCRIPTION,
+    DRAIN_LOAD_BALANCER,
+    DRAIN_VIRTUAL_NETWORK,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
@@ -86,6 +88,9 @@ LOAD_BALANCER = "Microsoft.Network/loadBalancers"
 VIRTUAL_NETWORK = "Microsoft.Network/virtualNetworks"
 
 CLOUD_INIT = AGENT_INSTALL / "cloud-init.yaml"
+# The module that stops a deployment: its one parameter `outcome` takes 'ok' only, and the value it
+# is given otherwise is the sentence the deployment error quotes.
+CHECK = BICEP_DIR / "modules" / "check.bicep"
 
 
 class ExtractionError(Exception):
@@ -780,16 +785,14 @@ class Deployment:
     # role assignments
 
     def role_of(self, assignment: Resource) -> str:
-        definition = assignment.get("properties", "roleDefinitionId")
-        if isinstance(definition, Expr) and isinstance(definition.node, dict):
-            function = definition.node.get("function") or {}
-            parameters = function.get("parameters") or {}
-            if (
-                function.get("type") == "subscription_resource_id"
-                and parameters.get("resource_type") == ROLE_DEFINITION
-            ):
-                role_id = value_of(resolve(definition.unit, parameters["resource_name_1"]))
-                return BUILT_IN_ROLES.get(str(role_id).lower(), f"unknown role {role_id}")
+        definition = deref(assignment.get("properties", "roleDefinitionId"))
+        role_name = subscription_role_name(definition)
+        if role_name is not None:
+            custom = self.custom_role_named(definition.unit, role_name) if isinstance(definition, Expr) else None
+            if custom is not None:
+                return str(custom.value("properties", "roleName"))
+            role_id = value_of(resolve(definition.unit, role_name)) if isinstance(definition, Expr) else None
+            return BUILT_IN_ROLES.get(str(role_id).lower(), f"unknown role {role_id}")
         if isinstance(definition, Ref) and definition.path == ("id",):
             role = self.resource_of(definition)
             if role.type == ROLE_DEFINITION:
@@ -797,6 +800,18 @@ class Deployment:
                     return BUILT_IN_ROLES.get(str(role.name).lower(), f"unknown role {role.name}")
                 return str(role.value("properties", "roleName"))
         raise ExtractionError(f"{assignment.symbol}: cannot tell the role of {render(definition)}")
+
+    def custom_role_named(self, unit: Unit, node: Any) -> Resource | None:
+        """The role definition this deployment creates whose `name` the node reads (`drainerRole.name`)."""
+        if not isinstance(node, dict) or (node.get("operator") or {}).get("type") != "property_accessor":
+            return None
+        chain = _accessor_chain(node)
+        if chain is None or chain[1] != ["name"] or not isinstance(chain[0], str):
+            return None
+        declaration = unit.section("resources").get(chain[0])
+        if declaration is None or declaration["type"] != ROLE_DEFINITION or declaration["existing"]:
+            return None
+        return self.resource_of(Ref(unit, chain[0]))
 
     def principal_of(self, assignment: Resource) -> str:
         principal = assignment.get("properties", "principalId")
@@ -962,6 +977,22 @@ class Deployment:
             RoleGrant(self.principal_of(assignment), self.role_of(assignment), self.scope_of(assignment))
             for assignment in self.assignments()
         ]
+
+
+def subscription_role_name(definition: Resolved) -> Any:
+    """The name argument (as written) of `subscriptionResourceId('Microsoft.Authorization/roleDefinitions', <name>)`:
+    a role definition id in the subscription-level form, in the deployment's own subscription. None for any
+    other form (a resource-group-scoped `x.id`, a literal id, another subscription's)."""
+    definition = deref(definition)
+    if not isinstance(definition, Expr) or not isinstance(definition.node, dict):
+        return None
+    function = definition.node.get("function") or {}
+    parameters = function.get("parameters") or {}
+    if function.get("type") != "subscription_resource_id" or parameters.get("resource_type") != ROLE_DEFINITION:
+        return None
+    if parameters.get("subscription_id") is not None or parameters.get("resource_name_2") is not None:
+        return None
+    return parameters["resource_name_1"]
 
 
 def _same_value(a: Resolved, b: Resolved) -> bool:
@@ -1184,6 +1215,32 @@ def joined_setting_default(deployment: Deployment, name: str) -> tuple[str, ...]
     return tuple(own.get(render(item), str(value_of(item))) for item in array_items(array))
 
 
+def refusal(deployment: Deployment) -> str:
+    """Why the deployment is refused: the outcome given to a deployed modules/check.bicep that its
+    @allowed list refuses; "" when every check passes. A check whose outcome depends on what is not
+    assumed is an error: the caller must assume the parameters it reads."""
+    for unit in deployment.units:
+        if unit.path != CHECK.resolve() or not deployed(unit):
+            continue
+        allowed = _decorator(unit, "outcome", "allowed") or []
+        outcome = deref(resolve_symbol(unit, "outcome"))
+        if not isinstance(outcome, str):
+            raise ExtractionError(f"the outcome of a check depends on more than is assumed: {render(outcome)}")
+        if outcome not in allowed:
+            return outcome
+    return ""
+
+
+def drain_refusal(deployment: Deployment, virtual_network: str) -> str:
+    """`refusal` of the deployment with a drain load balancer and the given virtual network name."""
+    parameters = {
+        **deployment.main.assumed,
+        "drainLoadBalancerName": DRAIN_LOAD_BALANCER,
+        "drainVirtualNetworkName": virtual_network,
+    }
+    return refusal(Deployment(deployment.main.path, parameters=parameters))
+
+
 def facts_of(deployment: Deployment) -> AzureFacts:
     settings = deployment.settings
     namespace = deployment.one(NAMESPACE)
@@ -1266,6 +1323,8 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         trust_resource_groups_default=joined_setting_default(deployment, "MBRIDGE_TRUST_RESOURCE_GROUPS"),
         trust_subscriptions_default=joined_setting_default(deployment, "MBRIDGE_TRUST_SUBSCRIPTIONS"),
         drainer_assignable_to_resource_group=bool(assignable) and all(is_resource_group_id(s) for s in assignable),
+        drain_without_virtual_network_refusal=drain_refusal(deployment, ""),
+        drain_with_virtual_network_refusal=drain_refusal(deployment, DRAIN_VIRTUAL_NETWORK),
         vmss_terminate_notification_enabled=scale_set.value(*terminate, "enable") is True,
         vmss_not_before_parameter=not_before_parameter,
         not_before_allowed=allowed,

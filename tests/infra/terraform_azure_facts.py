@@ -36,6 +36,8 @@ from tests.infra.azure_facts import (
     AGENT,
     DEPLOYMENT_RESOURCE_GROUP,
     DEPLOYMENT_SUBSCRIPTION,
+    DRAIN_LOAD_BALANCER,
+    DRAIN_VIRTUAL_NETWORK,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
@@ -430,7 +432,7 @@ class _Extractor:
     def _role(self, assignment: Mapping[str, Any]) -> str:
         if "role_definition_name" in assignment:
             return str(self.m.value(assignment["role_definition_name"]))
-        definition = self.m.referenced(assignment["role_definition_id"], "azurerm_role_definition")
+        definition = self.m.referenced(self.m.expand(str(assignment["role_definition_id"])), "azurerm_role_definition")
         return self._name(definition)
 
     def _scope(self, expression: Any) -> str:
@@ -484,9 +486,29 @@ class _Extractor:
         }
         return by_address.get(address, address)
 
+    def _drain_refusal(self, virtual_network: str) -> str:
+        """The error message of the first lifecycle precondition that fails at plan time for a drain
+        load balancer with the given virtual network name, on a resource that exists then; "" when none
+        does. Preconditions that depend on other inputs are not decided here."""
+        given = {
+            **self.m.given,
+            "drain_load_balancer_name": DRAIN_LOAD_BALANCER,
+            "drain_virtual_network_name": virtual_network,
+        }
+        module = _Module(self.m.directory, given=given)
+        for body in module.resources.values():
+            if module.exists(body) is not True:
+                continue
+            for lifecycle in body.get("lifecycle", []):
+                for precondition in lifecycle.get("precondition", []):
+                    whole = _WHOLE_INTERPOLATION.match(str(precondition["condition"]))
+                    if whole and module.truth(whole.group(1).strip()) is False:
+                        return str(module.value(precondition["error_message"]))
+        return ""
+
     def _drainer(self) -> tuple[str, dict[str, Any]]:
         custom = {
-            self.m.referenced(assignment["role_definition_id"], "azurerm_role_definition")
+            self.m.referenced(self.m.expand(str(assignment["role_definition_id"])), "azurerm_role_definition")
             for assignment in self.m.of_kind("azurerm_role_assignment").values()
             if "role_definition_id" in assignment
         }
@@ -745,6 +767,8 @@ class _Extractor:
             trust_resource_groups_default=self._joined_setting_default("MBRIDGE_TRUST_RESOURCE_GROUPS"),
             trust_subscriptions_default=self._joined_setting_default("MBRIDGE_TRUST_SUBSCRIPTIONS"),
             drainer_assignable_to_resource_group=self._assignable_to_resource_group(drainer),
+            drain_without_virtual_network_refusal=self._drain_refusal(""),
+            drain_with_virtual_network_refusal=self._drain_refusal(DRAIN_VIRTUAL_NETWORK),
             vmss_terminate_notification_enabled=m.value(notification.get("enabled")) is True,
             vmss_not_before_parameter=not_before_variable[0],
             not_before_allowed=self._allowed_values(not_before_variable[0]),

@@ -210,6 +210,20 @@ def test_roles_are_assigned_on_the_narrowest_scope(facts: AzureFacts) -> None:
     assert facts.grants == EXPECTED_GRANTS
 
 
+def test_a_drain_without_the_virtual_network_of_its_vms_is_refused(facts: AzureFacts) -> None:
+    # GIVEN a drain load balancer and no virtual network: every NIC write is checked for
+    # Microsoft.Network/virtualNetworks/subnets/join/action on the NIC's subnet, so without the drainer
+    # role on the virtual network every drain would fail
+    # THEN the deployment is refused (Bicep: modules/check.bicep; Terraform: a precondition), naming
+    # the input to set
+    refusal = facts.drain_without_virtual_network_refusal
+    assert refusal
+    assert "drainvirtualnetworkname" in refusal.replace("_", "").lower()
+    assert "subnet" in refusal
+    # AND with the virtual network given, it goes ahead
+    assert facts.drain_with_virtual_network_refusal == ""
+
+
 def test_the_function_reads_the_vms_resource_groups_only(facts: AzureFacts) -> None:
     # GIVEN the Reader grants, which the VM directory needs to resolve an attested vmId
     readers = {grant for grant in facts.grants if grant.role == "Reader"}

@@ -114,9 +114,10 @@ def test_every_bicep_file_parses_and_is_deployed_from_main(deployment: Deploymen
     # GIVEN every .bicep file under infra/azure/
     assert BICEP_FILES, "no Bicep files found"
     for path in BICEP_FILES:
-        # WHEN pycep parses it THEN it declares something
+        # WHEN pycep parses it THEN it declares something (check.bicep: the parameter whose
+        # validation stops a deployment)
         document = load_bicep(path)
-        assert document.get("resources") or document.get("modules"), path
+        assert document.get("resources") or document.get("modules") or path == bicep_facts.CHECK, path
     # AND every module file is reached from main.bicep (no file is left out of the deployment)
     deployed = {unit.path for unit in deployment.units}
     assert {path.resolve() for path in BICEP_FILES} == deployed
@@ -352,12 +353,55 @@ def test_drain_defaults_to_the_load_balancer_resource_group() -> None:
     assert len(drains) == 3
 
 
-def test_without_a_virtual_network_name_no_role_is_granted_on_one() -> None:
+def test_without_a_virtual_network_name_the_deployment_stops_before_any_drain_role() -> None:
     # GIVEN a drain load balancer but no virtual network name
-    # THEN the drainer role goes on the load balancer and the NICs' resource group only
     deployment = Deployment(parameters=_drain_parameters(drainVirtualNetworkName=""))
-    scopes = sorted(deployment.scope_of(a) for a in deployment.assignments() if deployment.role_of(a) == DRAINER_ROLE)
-    assert scopes == ["load_balancer", "nic_resource_group"]
+    # THEN the check refuses it, with a sentence naming the parameter to set
+    refusal = bicep_facts.refusal(deployment)
+    assert refusal.startswith("drainVirtualNetworkName must be set with drainLoadBalancerName")
+    # AND the role definition waits for that check, and every drain assignment for the definition
+    # (its id reads drainerRole.name), so nothing of the drain is granted before the refusal
+    [role] = deployment.resources(ROLE_DEFINITION)
+    assert role.config.get("dependsOn") == ["drainTargetCheck"]
+    check = deployment.main.section("modules")["drainTargetCheck"]
+    assert check["detail"]["path"] == "modules/check.bicep"
+    for assignment in deployment.assignments():
+        if deployment.role_of(assignment) == DRAINER_ROLE:
+            name = bicep_facts.subscription_role_name(assignment.get("properties", "roleDefinitionId"))
+            assert render(resolve(deployment.main, name)) == render(role.get("name"))
+    # AND without a drain load balancer there is nothing to check
+    assert bicep_facts.refusal(Deployment(parameters={"drainLoadBalancerName": ""})) == ""
+
+
+def test_the_check_module_takes_ok_only_and_deploys_nothing() -> None:
+    # GIVEN modules/check.bicep; THEN its one parameter accepts 'ok' and nothing else, has no
+    # default to fall back on, and the module deploys no resource and returns nothing
+    document = load_bicep(bicep_facts.CHECK)
+    assert set(document["parameters"]) == {"outcome"}
+    decorators = {d["type"]: d.get("argument") for d in document["parameters"]["outcome"]["decorators"]}
+    assert decorators["allowed"] == ["ok"]
+    assert document["parameters"]["outcome"].get("default") is None
+    for section in ("resources", "modules", "outputs"):
+        assert not document.get(section), section
+
+
+def test_every_role_assignment_names_its_role_by_its_subscription_level_id() -> None:
+    # GIVEN every role assignment of the deployment, in both commands modes and with a drain target
+    vm = {"name": "web-0", "principalId": "11111111-1111-4111-8111-111111111111"}
+    deployments = [
+        Deployment(parameters={"commandsMode": "queue", **_drain_parameters()}),
+        Deployment(parameters={"commandsMode": "topic", "commandsSubscriptionVms": [vm], **_drain_parameters()}),
+    ]
+    for deployment in deployments:
+        assignments = deployment.assignments()
+        assert sum(deployment.role_of(a) == DRAINER_ROLE for a in assignments) == 3
+        for assignment in assignments:
+            # THEN roleDefinitionId is subscriptionResourceId('Microsoft.Authorization/roleDefinitions',
+            # <guid>) in the deployment's subscription, for the built-in roles and the drainer alike:
+            # never the resource-group-scoped id a role definition resource's `.id` gives
+            definition = assignment.get("properties", "roleDefinitionId")
+            where = f"{assignment.unit.path.name}: {assignment.symbol}: {render(definition)}"
+            assert bicep_facts.subscription_role_name(definition) is not None, where
 
 
 # --- the function app ----------------------------------------------------------------------

@@ -450,6 +450,20 @@ def test_drainer_assignments_exist_only_with_a_load_balancer() -> None:
     assert preconditions == ['${var.drain_virtual_network_name != ""}']
 
 
+def test_drainer_assignments_name_the_role_by_its_subscription_level_id() -> None:
+    # GIVEN the drainer assignments; THEN each names the role by the id ARM gives every role
+    # definition, /subscriptions/<id>/providers/Microsoft.Authorization/roleDefinitions/<guid> (as the
+    # Bicep does), built from the definition's GUID so that the assignment waits for the definition
+    drainer = {a: body for a, body in of_type("azurerm_role_assignment").items() if "role_definition_id" in body}
+    assert drainer
+    assert {body["role_definition_id"] for body in drainer.values()} == {"${local.drainer_role_definition_id}"}
+    assert local("drainer_role_definition_id") == (
+        "/subscriptions/${local.subscription_id}/providers/Microsoft.Authorization/roleDefinitions/"
+        "${azurerm_role_definition.drainer.role_definition_id}"
+    )
+    assert local("subscription_id") == "${data.azurerm_client_config.current.subscription_id}"
+
+
 def test_drainer_role_is_defined_in_the_resource_group() -> None:
     # GIVEN the custom role; THEN it lives in the resource group, under the contract's name by
     # default, with no not-actions to hide a wildcard behind

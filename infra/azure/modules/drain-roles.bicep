@@ -9,7 +9,7 @@ targetScope = 'resourceGroup'
 @description('Principal (object) id of the function app\'s identity.')
 param principalId string
 
-@description('Resource id of the "Maintenance Bridge Drainer" role definition.')
+@description('Id of the "Maintenance Bridge Drainer" role definition, in the subscription-level form (subscriptionResourceId(\'Microsoft.Authorization/roleDefinitions\', <guid>)).')
 param roleDefinitionId string
 
 @description('Assign the role on this load balancer of the resource group (its backend pools). Empty: no assignment.')

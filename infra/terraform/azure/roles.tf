@@ -17,6 +17,12 @@ locals {
   # resource group; when the drain target lives in other resource groups of the subscription,
   # those resource groups (never the subscription) are added, so the assignments below can be made
   # there.
+  # The drainer's id in the subscription-level form, as ARM names every role definition
+  # (/subscriptions/<id>/providers/Microsoft.Authorization/roleDefinitions/<guid>) and as the Bicep
+  # assigns it: written out, so that the form does not hang on what the provider reads back for a
+  # role defined at a resource group scope (role_definition_resource_id).
+  drainer_role_definition_id = "/subscriptions/${local.subscription_id}/providers/Microsoft.Authorization/roleDefinitions/${azurerm_role_definition.drainer.role_definition_id}"
+
   drainer_assignable_scopes = distinct(concat(
     [data.azurerm_resource_group.this.id],
     local.drain_enabled ? [
@@ -118,7 +124,7 @@ resource "azurerm_role_assignment" "function_publishes_telemetry" {
 resource "azurerm_role_assignment" "function_drains_load_balancer" {
   count              = local.drain_enabled ? 1 : 0
   scope              = local.drain_load_balancer_id
-  role_definition_id = azurerm_role_definition.drainer.role_definition_resource_id
+  role_definition_id = local.drainer_role_definition_id
   principal_id       = azurerm_user_assigned_identity.function.principal_id
   principal_type     = "ServicePrincipal"
 
@@ -133,7 +139,7 @@ resource "azurerm_role_assignment" "function_drains_load_balancer" {
 resource "azurerm_role_assignment" "function_drains_nics" {
   count              = local.drain_enabled ? 1 : 0
   scope              = local.drain_nic_resource_group_id
-  role_definition_id = azurerm_role_definition.drainer.role_definition_resource_id
+  role_definition_id = local.drainer_role_definition_id
   principal_id       = azurerm_user_assigned_identity.function.principal_id
   principal_type     = "ServicePrincipal"
 }
@@ -141,7 +147,7 @@ resource "azurerm_role_assignment" "function_drains_nics" {
 resource "azurerm_role_assignment" "function_drains_virtual_network" {
   count              = local.drain_enabled ? 1 : 0
   scope              = local.drain_virtual_network_id
-  role_definition_id = azurerm_role_definition.drainer.role_definition_resource_id
+  role_definition_id = local.drainer_role_definition_id
   principal_id       = azurerm_user_assigned_identity.function.principal_id
   principal_type     = "ServicePrincipal"
 }
