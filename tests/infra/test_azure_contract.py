@@ -188,7 +188,7 @@ def test_storage_takes_entra_id_only(facts: AzureFacts) -> None:
 
 EXPECTED_GRANTS = {
     # the function: its own subscription, the commands queue, its two tables, its host storage
-    RoleGrant(FUNCTION, "Azure Service Bus Data Receiver", SCOPE_FUNCTION_SUBSCRIPTION),
+    RoleGrant(FUNCTION, "Azure Service Bus Data Owner", SCOPE_FUNCTION_SUBSCRIPTION),
     RoleGrant(FUNCTION, "Azure Service Bus Data Sender", SCOPE_COMMANDS_QUEUE),
     RoleGrant(FUNCTION, "Storage Table Data Contributor", SCOPE_STATE_TABLE),
     RoleGrant(FUNCTION, "Storage Table Data Contributor", SCOPE_AUDIT_TABLE),
@@ -208,6 +208,18 @@ EXPECTED_GRANTS = {
 
 def test_roles_are_assigned_on_the_narrowest_scope(facts: AzureFacts) -> None:
     assert facts.grants == EXPECTED_GRANTS
+
+
+def test_the_trigger_may_read_its_subscriptions_message_count_and_nothing_more(facts: AzureFacts) -> None:
+    # GIVEN the Service Bus grants of the function app
+    service_bus = {grant for grant in facts.grants if grant.role.startswith("Azure Service Bus")}
+    # THEN the trigger holds Data Owner on its own subscription: the scale controller reads the
+    # subscription's message count to scale to the backlog (target-based scaling needs Manage rights;
+    # with Data Receiver's Listen only it scales one instance at a time, docs/azure.md)
+    owners = {grant for grant in service_bus if grant.role == "Azure Service Bus Data Owner"}
+    assert owners == {RoleGrant(FUNCTION, "Azure Service Bus Data Owner", SCOPE_FUNCTION_SUBSCRIPTION)}
+    # AND the function receives nowhere else: Data Owner there covers receiving
+    assert not {g for g in service_bus if g.principal == FUNCTION and g.role == "Azure Service Bus Data Receiver"}
 
 
 def test_a_drain_without_the_virtual_network_of_its_vms_is_refused(facts: AzureFacts) -> None:

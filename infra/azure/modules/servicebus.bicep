@@ -68,6 +68,7 @@ var commandResultsFilter = 'type LIKE \'org.maintenancebridge.command.%\''
 // Built-in role definitions (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles)
 var serviceBusDataSenderRoleId = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
 var serviceBusDataReceiverRoleId = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+var serviceBusDataOwnerRoleId = '090c5cfd-751d-490a-894a-3ce6f1109419'
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
   name: namespaceName
@@ -199,13 +200,20 @@ resource agentReceivesCommands 'Microsoft.Authorization/roleAssignments@2022-04-
   }
 }
 
-// The function app's trigger reads its own subscription only.
+// The function app's trigger reads its own subscription only, as Data Owner rather than Data
+// Receiver: the scale controller reads the subscription's message count to scale the app to the
+// backlog (target-based scaling), which takes Manage rights; with Listen (Data Receiver) only it
+// falls back to incremental scaling, one instance at a time
+// (https://learn.microsoft.com/azure/azure-functions/functions-target-based-scaling#service-bus-queues-and-topics;
+// the trigger's roles: https://learn.microsoft.com/azure/azure-functions/functions-bindings-service-bus-trigger).
+// Scoped to this one subscription, it adds managing that subscription (its rules, its messages) to
+// receiving from it: nothing on the topic, the other subscriptions or the namespace (docs/azure.md).
 resource functionReceivesEvents 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(functionSubscription.id, functionPrincipalId, serviceBusDataReceiverRoleId)
+  name: guid(functionSubscription.id, functionPrincipalId, serviceBusDataOwnerRoleId)
   scope: functionSubscription
   properties: {
     principalId: functionPrincipalId
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiverRoleId)
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataOwnerRoleId)
     principalType: 'ServicePrincipal'
   }
 }

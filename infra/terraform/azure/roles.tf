@@ -63,10 +63,17 @@ resource "azurerm_role_definition" "drainer" {
 
 # ---------------------------------------------------------------- the function app
 
-# The topic trigger: receive (and complete) on its own subscription only.
+# The topic trigger: receive (and complete) on its own subscription only, as Data Owner rather than
+# Data Receiver. The scale controller reads the subscription's message count to scale the app to the
+# backlog (target-based scaling), which takes Manage rights; with Listen (Data Receiver) only it falls
+# back to incremental scaling, one instance at a time
+# (https://learn.microsoft.com/azure/azure-functions/functions-target-based-scaling#service-bus-queues-and-topics;
+# the trigger's roles: https://learn.microsoft.com/azure/azure-functions/functions-bindings-service-bus-trigger).
+# Scoped to this one subscription, it adds managing that subscription to receiving from it: nothing
+# on the topic, the other subscriptions or the namespace (docs/azure.md).
 resource "azurerm_role_assignment" "function_receives_events" {
   scope                = azurerm_servicebus_subscription.functions.id
-  role_definition_name = "Azure Service Bus Data Receiver"
+  role_definition_name = "Azure Service Bus Data Owner"
   principal_id         = azurerm_user_assigned_identity.function.principal_id
   principal_type       = "ServicePrincipal"
 }
