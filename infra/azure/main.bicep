@@ -162,8 +162,8 @@ param deployExampleScaleSet bool = false
 ])
 param terminateNotBeforeTimeout string = 'PT10M'
 
-@description('What the example VMs install with pip: a requirement spec or a wheel URL.')
-param agentPackage string = 'maintenance-bridge[azure]'
+@description('The agent the example VMs install (MBRIDGE_PACKAGE): maintenance-bridge[agent-azure] @ <URL of the wheel>#sha256=<its 64 hex digits>, which pip checks itself (infra/agent/README.md). Required with deployExampleScaleSet; no default, as no index publishes the package.')
+param agentPackage string = ''
 
 @description('MBRIDGE_VERIFY_KEY of the example VMs: the public key of signingKey as one line (the raw 32-byte key as base64, docs/deploy.md "Signing keys"). Required with deployExampleScaleSet: the agents refuse to start without it.')
 param agentVerifyKey string = ''
@@ -393,8 +393,22 @@ module drainOnVirtualNetwork 'modules/drain-roles.bicep' = if (drainEnabled) {
   }
 }
 
+// No default package: none is published on an index, and the installer takes only a pinned one.
+// Bicep cannot match the form itself (no regular expressions); the installer refuses any other
+// form at the VMs' first boot, naming what to set (infra/agent/README.md). The Terraform checks
+// the form at plan time.
+module agentPackageCheck 'modules/check.bicep' = if (deployExampleScaleSet && !commandsViaTopic) {
+  name: '${namePrefix}-agent-package-check-${suffix}'
+  params: {
+    outcome: empty(agentPackage) ? 'agentPackage is required with deployExampleScaleSet: maintenance-bridge[agent-azure] @ <URL of the wheel, ending .whl>#sha256=<its 64 hex digits> (infra/agent/README.md); the installer takes no unpinned package.' : 'ok'
+  }
+}
+
 module exampleScaleSet 'modules/vmss-example.bicep' = if (deployExampleScaleSet && !commandsViaTopic) {
   name: '${namePrefix}-vmss-example'
+  dependsOn: [
+    agentPackageCheck
+  ]
   params: {
     scaleSetName: '${namePrefix}-vmss'
     location: location

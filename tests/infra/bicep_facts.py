@@ -91,6 +91,12 @@ CLOUD_INIT = AGENT_INSTALL / "cloud-init.yaml"
 # The module that stops a deployment: its one parameter `outcome` takes 'ok' only, and the value it
 # is given otherwise is the sentence the deployment error quotes.
 CHECK = BICEP_DIR / "modules" / "check.bicep"
+# The agent package a deployment with the example scale set must be given (no default: the installer
+# takes only a pinned one); assumed unless a test sets agentPackage itself.
+EXAMPLE_AGENT_PACKAGE = (
+    "maintenance-bridge[agent-azure] @ https://example.blob.core.windows.net/agent/"
+    "maintenance_bridge-0.1.0-py3-none-any.whl#sha256=" + "0" * 64
+)
 
 
 class ExtractionError(Exception):
@@ -666,7 +672,8 @@ class Deployment:
 
     def __init__(self, main: Path = MAIN, parameters: Mapping[str, Any] | None = None) -> None:
         """`parameters`: values of main.bicep's parameters to assume, as a deployment would set them."""
-        self.main = Unit(path=main.resolve(), doc=_parsed(main.resolve()), assumed=dict(parameters or {}))
+        assumed = {"agentPackage": EXAMPLE_AGENT_PACKAGE, **(parameters or {})}
+        self.main = Unit(path=main.resolve(), doc=_parsed(main.resolve()), assumed=assumed)
         self.units: list[Unit] = []
         self._function_identity: Ref | None = None
         self._settings: dict[str, Resolved] | None = None

@@ -6,6 +6,8 @@ loads here is one checkov can read too. Terraform strings come back without thei
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,38 @@ def terraform_resources(module: dict[str, list[Any]], kind: str = "resource") ->
 
 def terraform_variables(module: dict[str, list[Any]]) -> dict[str, dict[str, Any]]:
     return {name: body for block in module.get("variable", []) for name, body in block.items()}
+
+
+def assert_agent_package_is_pinned(variable: Mapping[str, Any], extra: str) -> None:
+    """A Terraform `agent_package` variable: no default, and a validation that takes only the one-line
+    form of infra/agent/install-agent.sh that needs no index, `maintenance-bridge[<extra>] @ <wheel
+    URL>#sha256=<hex>` (or nothing: the example VMs are optional). Its regex is run here as Terraform
+    runs it (RE2; the pattern uses nothing Python reads otherwise)."""
+    assert variable["default"] == ""
+    [validation] = variable["validation"]
+    found = re.search(r'regex\("((?:[^"\\]|\\.)*)", var\.agent_package\)', validation["condition"])
+    assert found, validation["condition"]
+    assert 'var.agent_package == ""' in validation["condition"]
+    rule = re.compile(found.group(1).replace("\\\\", "\\"))
+    wheel = "https://storage.example.com/agent/maintenance_bridge-0.1.0-py3-none-any.whl"
+    assert rule.fullmatch(f"maintenance-bridge[{extra}] @ {wheel}#sha256={'ab' * 32}")
+    assert rule.fullmatch(
+        f"maintenance-bridge[{extra}] @ file:///opt/wheels/maintenance_bridge-0.1.0-py3-none-any.whl#sha256={'0' * 64}"
+    )
+    refused = [
+        "maintenance-bridge[azure]",  # the old default: unpinned, and the function apps' extra
+        "maintenance-bridge[gcp]",
+        f"maintenance-bridge[{extra}]",
+        f"maintenance-bridge[{extra}]==0.1.0",  # pinned, but needs PIP_INDEX_URL, which one line cannot carry
+        f"maintenance-bridge[{extra}] @ {wheel}",  # no hash
+        f"maintenance-bridge[{extra}] @ {wheel}#sha256={'a' * 63}",
+        f"maintenance-bridge[{extra}] @ {wheel.replace('-py3-none-any.whl', '.tar.gz')}#sha256={'a' * 64}",
+        f"someone-else[{extra}] @ {wheel}#sha256={'a' * 64}",
+        f"maintenance-bridge[{extra}] @ {wheel}#sha256={'a' * 64}\nMBRIDGE_OTHER=1",
+    ]
+    for value in refused:
+        assert not rule.fullmatch(value), value
+    assert "unpinned" in validation["error_message"]
 
 
 def terraform_outputs(module: dict[str, list[Any]]) -> dict[str, dict[str, Any]]:

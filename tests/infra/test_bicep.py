@@ -373,6 +373,22 @@ def test_without_a_virtual_network_name_the_deployment_stops_before_any_drain_ro
     assert bicep_facts.refusal(Deployment(parameters={"drainLoadBalancerName": ""})) == ""
 
 
+def test_the_example_scale_set_needs_an_agent_package() -> None:
+    # GIVEN the example scale set without an agent package (the parameter has no default: the
+    # installer takes only a pinned package, and none is published on an index)
+    assert Deployment().main.section("parameters")["agentPackage"]["default"] == ""
+    example = {"deployExampleScaleSet": True, "commandsMode": "queue", "drainLoadBalancerName": ""}
+    refused = Deployment(parameters={**example, "agentPackage": ""})
+    # THEN the check refuses it, naming the parameter and the form to give
+    refusal = bicep_facts.refusal(refused)
+    assert refusal.startswith("agentPackage is required with deployExampleScaleSet")
+    assert "#sha256=" in refusal
+    # AND the scale set waits for that check; with a package, nothing is refused
+    scale_set = refused.main.section("modules")["exampleScaleSet"]
+    assert scale_set["config"]["config"]["dependsOn"] == ["agentPackageCheck"]
+    assert bicep_facts.refusal(Deployment(parameters=example)) == ""
+
+
 def test_the_check_module_takes_ok_only_and_deploys_nothing() -> None:
     # GIVEN modules/check.bicep; THEN its one parameter accepts 'ok' and nothing else, has no
     # default to fall back on, and the module deploys no resource and returns nothing
@@ -673,7 +689,7 @@ def test_custom_data_is_valid_cloud_config_within_the_azure_limit(deployment: De
     contents = [base64.b64decode(value) for value in re.findall(r'content: "([A-Za-z0-9+/=]+)"', text)]
     assert (AGENT_INSTALL / "mbridge-agent.service").read_bytes() in contents
     assert (AGENT_INSTALL / "install-agent.sh").read_bytes() in contents
-    assert b"MBRIDGE_PACKAGE=maintenance-bridge[azure]\n" in contents
+    assert f"MBRIDGE_PACKAGE={bicep_facts.EXAMPLE_AGENT_PACKAGE}\n".encode() in contents
     environment = next(c for c in contents if c.startswith(b"MBRIDGE_CLOUD=azure\n"))
     assert environment.endswith(b"MBRIDGE_VERIFY_KEY=\n")
 

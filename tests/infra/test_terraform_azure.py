@@ -30,6 +30,7 @@ from tests.infra.sources import (
     AGENT_INSTALL,
     REPO_ROOT,
     TERRAFORM_AZURE,
+    assert_agent_package_is_pinned,
     load_terraform,
     terraform_outputs,
     terraform_resources,
@@ -450,6 +451,18 @@ def test_drainer_assignments_exist_only_with_a_load_balancer() -> None:
     assert preconditions == ['${var.drain_virtual_network_name != ""}']
 
 
+def test_the_agent_package_is_a_wheel_with_its_hash_and_required_with_the_example() -> None:
+    # GIVEN agent_package; THEN it has no default and takes only a wheel URL with its sha256
+    assert_agent_package_is_pinned(terraform_variables(parsed())["agent_package"], "agent-azure")
+    # AND the example scale set refuses to be planned without one
+    conditions = {
+        condition["condition"]: condition["error_message"]
+        for lifecycle in resource(SCALE_SET).get("lifecycle", [])
+        for condition in lifecycle.get("precondition", [])
+    }
+    assert "agent_package is required" in conditions['${var.agent_package != ""}']
+
+
 def test_drainer_assignments_name_the_role_by_its_subscription_level_id() -> None:
     # GIVEN the drainer assignments; THEN each names the role by the id ARM gives every role
     # definition, /subscriptions/<id>/providers/Microsoft.Authorization/roleDefinitions/<guid> (as the
@@ -515,7 +528,7 @@ def test_filling_the_placeholders_leaves_valid_cloud_init_within_the_custom_data
     # the keys it writes (values as long as real ones) and the default package
     text = (AGENT_INSTALL / "cloud-init.yaml").read_text(encoding="utf-8")
     environment = "".join(f"{name}={'x' * 64}\n" for name in local("agent_environment"))
-    package = terraform_variables(parsed())["agent_package"]["default"]
+    package = "maintenance-bridge[agent-azure] @ https://example.blob.core.windows.net/agent/" + "x" * 120
     fills = {
         "@@AGENT_ENV_B64@@": environment.encode(),
         "@@INSTALL_ENV_B64@@": f"MBRIDGE_PACKAGE={package}\n".encode(),

@@ -29,6 +29,7 @@ from tests.infra.sources import (
     AGENT_INSTALL,
     REPO_ROOT,
     TERRAFORM_GCP,
+    assert_agent_package_is_pinned,
     load_terraform,
     terraform_outputs,
     terraform_resources,
@@ -823,7 +824,15 @@ def test_vms_run_the_agent_from_the_infra_agent_files() -> None:
         assert match, metadata[key]
         assert (TERRAFORM_GCP / match.group(1)).resolve() == AGENT_INSTALL / file_name
     assert metadata["mbridge-package"] == ref("var.agent_package")
-    assert default("agent_package") == "maintenance-bridge[gcp]"
+
+
+def test_the_agent_package_is_a_wheel_with_its_hash_and_required_with_vms() -> None:
+    # GIVEN agent_package; THEN it has no default and takes only a wheel URL with its sha256
+    assert_agent_package_is_pinned(terraform_variables(root())["agent_package"], "agent-gcp")
+    # AND the VMs refuse to be planned without one
+    [precondition] = resource(VM)["lifecycle"][0]["precondition"]
+    assert precondition["condition"] == '${var.agent_package != ""}'
+    assert "agent_package is required" in precondition["error_message"]
 
 
 def test_an_agent_change_updates_metadata_in_place_and_recreates_no_vm() -> None:
@@ -843,7 +852,7 @@ def test_an_agent_change_updates_metadata_in_place_and_recreates_no_vm() -> None
     # AND nothing that is replaced on change (the boot disk's image, the name) follows the agent files
     agent_references = ("local.agent", "var.agent_package", "file(")
     for key, value in vm.items():
-        if key != "metadata":
+        if key not in ("metadata", "lifecycle"):  # a precondition reads the package, it replaces nothing
             assert not any(reference in text for text in strings(value) for reference in agent_references), key
 
 

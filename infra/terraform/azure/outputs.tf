@@ -102,7 +102,7 @@ output "deployment_container_url" {
 
 output "drainer_role_definition_id" {
   description = "Resource id of the custom drainer role."
-  value       = azurerm_role_definition.drainer.role_definition_resource_id
+  value       = local.drainer_role_definition_id
 }
 
 output "example_load_balancer_private_ip" {

@@ -269,6 +269,10 @@ resource "azurerm_linux_virtual_machine_scale_set" "agents" {
       condition     = var.admin_ssh_public_key != ""
       error_message = "admin_ssh_public_key is required when deploy_example_scale_set is true (the VMs take SSH keys only)."
     }
+    precondition {
+      condition     = var.agent_package != ""
+      error_message = "agent_package is required when deploy_example_scale_set is true: maintenance-bridge[agent-azure] @ <wheel URL>#sha256=<hex> (infra/agent/README.md)."
+    }
   }
 
   # The agents check their Service Bus rights when they start, and pip needs the way out.

@@ -88,6 +88,13 @@ resource "google_compute_instance" "vm" {
 
   metadata = local.agent_metadata
 
+  lifecycle {
+    precondition {
+      condition     = var.agent_package != ""
+      error_message = "agent_package is required with vm_names: maintenance-bridge[agent-gcp] @ <wheel URL>#sha256=<hex> (infra/agent/README.md)."
+    }
+  }
+
   depends_on = [google_project_service.apis]
 }
 
