@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test check lint infra unit venv compat39 bench bench-quick clean
+.PHONY: demo test check lint infra unit venv compat39 bench bench-quick locks clean
 
 venv: $(VENV)/.installed
 
@@ -52,6 +52,30 @@ infra: venv $(INFRA_VENV)/.installed
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
+# The function apps' pinned, hashed locks: requirements/azure.in → requirements.txt (the Azure app root's),
+# requirements/gcp.in → requirements/gcp.txt. Run after editing a .in file; `make locks LOCKS_ARGS=--upgrade`
+# moves every pin to the newest release the .in files allow. Nothing else runs it: the locks are committed.
+# pip-compile drives pip's internals, so both get a virtualenv of their own, pinned together. It runs on
+# Python 3.11, the runtime of both function apps, and resolves against PyPI alone, whatever this machine's
+# pip configuration adds (local wheels, other indexes, constraints), so every hash is one PyPI serves.
+LOCKS_PYTHON ?= python3.11
+LOCKS_VENV ?= .venv-locks
+LOCKS_ARGS ?=
+PIP_TOOLS_VERSION := 7.6.2
+LOCKS_PIP_VERSION := 25.3
+PIP_COMPILE = env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+	CUSTOM_COMPILE_COMMAND="make locks" $(LOCKS_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
+	--strip-extras --index-url=https://pypi.org/simple --no-emit-index-url --no-emit-find-links $(LOCKS_ARGS)
+
+$(LOCKS_VENV)/.installed:
+	$(LOCKS_PYTHON) -m venv $(LOCKS_VENV)
+	$(LOCKS_VENV)/bin/python -m pip install --quiet 'pip==$(LOCKS_PIP_VERSION)' 'pip-tools==$(PIP_TOOLS_VERSION)'
+	touch $@
+
+locks: $(LOCKS_VENV)/.installed
+	$(PIP_COMPILE) --output-file=requirements.txt requirements/azure.in
+	$(PIP_COMPILE) --output-file=requirements/gcp.txt requirements/gcp.in
+
 # The figures of docs/performance.md (about 13 minutes on 2 cores), or a quick pass (under 3 minutes).
 # Azurite comes from npm, as in CI; without it its throughput figure is reported as missing.
 bench: venv
@@ -61,7 +85,7 @@ bench-quick: venv
 	$(BIN)/python -m bench --quick --out bench/results/quick.json
 
 # The agent and functions/core on the oldest python3 they support (VM images), with the
-# embedded transports. (The function apps, their package and bench/ run on 3.11 and are left out.) The cloud SDKs are left out: pip cannot settle their 3.9 releases in a
+# embedded transports. (The function apps, their package and locks, and bench/ run on 3.11 and are left out.) The cloud SDKs are left out: pip cannot settle their 3.9 releases in a
 # reasonable time, and the transport modules are plain 3.9 syntax checked by ruff and mypy.
 PYTHON39 ?= python3.9
 compat39:
@@ -69,7 +93,8 @@ compat39:
 	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography asn1crypto google-auth
 	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator tests/contract/agent \
 		tests/contract/test_commands_against_simulator.py --ignore=tests/unit/transports --ignore=tests/unit/azure \
-		--ignore=tests/unit/gcp --ignore=tests/unit/test_build_function_package.py --ignore=tests/unit/bench -k "not pubsub"
+		--ignore=tests/unit/gcp --ignore=tests/unit/test_build_function_package.py \
+		--ignore=tests/unit/test_function_requirements.py --ignore=tests/unit/bench -k "not pubsub"
 
 clean:
-	rm -rf $(VENV) .venv39 $(INFRA_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json
+	rm -rf $(VENV) .venv39 $(INFRA_VENV) $(LOCKS_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json

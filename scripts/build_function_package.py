@@ -1,21 +1,20 @@
-"""Build the function apps' deployment package: one zip for Azure Functions and Cloud Functions.
+"""Build the function apps' deployment packages: one zip per cloud.
 
-    python scripts/build_function_package.py [--output dist/function-package.zip]
+    python scripts/build_function_package.py [--cloud azure|gcp] [--output-dir dist]
 
-The zip holds the app roots of both clouds and the code they import, nothing else:
+Each zip holds one cloud's app root and the code it imports, nothing else:
 
-    host.json, function_app.py   Azure Functions (Python v2 model)
-    main.py                      Cloud Functions gen2 (functions framework)
-    requirements.txt             installed by the platform's remote build
-    wire/                        the wire contract and the bus transports the apps reuse
-    functions/                   the core, proof verification and the two cloud apps
+    dist/function-azure.zip   host.json, function_app.py (Azure Functions, Python v2 model), requirements.txt
+                              (the Azure lock, the root requirements.txt), wire/, functions/ but gcp_app/
+    dist/function-gcp.zip     main.py (Cloud Functions gen2, functions framework), requirements.txt (the GCP
+                              lock, requirements/gcp.txt), wire/, functions/ but azure_app/
 
-Not the agent, the simulator, the command line and its demo, nor the local app: the cloud
-platforms never load them.
-
-Azure ignores main.py and Cloud Functions ignores function_app.py, so one package serves both.
-The zip is reproducible (sorted entries, fixed timestamps): the same sources give the same
-bytes, so a deployment keyed on the zip's hash only changes when the code does.
+The platform's remote build installs the zip's requirements.txt: a lock pinned with `==` and hashes
+(`make locks`), so each cloud installs its own libraries and only those, the same ones every time.
+Not the agent, the simulator, the command line and its demo, nor the local app: no cloud loads them.
+Without --cloud, both zips. Each is reproducible (sorted entries, fixed timestamps): the same sources
+give the same bytes, so a deployment keyed on the zip's hash only changes when the code does.
+infra/terraform/gcp/function.tf builds the same files as the GCP zip (tests/infra keep the two equal).
 """
 
 from __future__ import annotations
@@ -24,42 +23,65 @@ import argparse
 import sys
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_FILES = ("host.json", "function_app.py", "main.py", "requirements.txt")
 PACKAGES = ("wire", "functions")
 SKIPPED_DIRS = {"__pycache__"}
-# the local app is the demo's and `mbridge replay`'s host: no cloud loads it
-LEFT_OUT = ("functions/local_app/",)
 SKIPPED_SUFFIXES = {".pyc", ".pyo", ".db", ".db-wal", ".db-shm"}
 # 1980-01-01, the earliest time a zip entry can carry
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 
 
-def package_files(root: Path = ROOT) -> Iterator[tuple[Path, str]]:
-    """(file, name in the zip) for everything the package holds, in a stable order."""
-    for name in APP_FILES:
-        path = root / name
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: run this from a full checkout of the repository")
-        yield path, name
+@dataclass(frozen=True)
+class Cloud:
+    name: str
+    app_files: tuple[str, ...]  # the app root's files, at the zip's root as in the repository's
+    lock: str  # goes in as requirements.txt
+    # the other cloud's app, and the local app (the demo's and `mbridge replay`'s host)
+    left_out: tuple[str, ...]
+
+    @property
+    def zip_name(self) -> str:
+        return f"function-{self.name}.zip"
+
+
+CLOUDS = {
+    "azure": Cloud(
+        "azure", ("host.json", "function_app.py"), "requirements.txt", ("functions/gcp_app/", "functions/local_app/")
+    ),
+    "gcp": Cloud("gcp", ("main.py",), "requirements/gcp.txt", ("functions/azure_app/", "functions/local_app/")),
+}
+
+
+def _required(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run this from a full checkout of the repository")
+    return path
+
+
+def package_files(cloud: Cloud, root: Path = ROOT) -> Iterator[tuple[Path, str]]:
+    """(file, name in the zip) for everything one cloud's package holds, in a stable order."""
+    for name in cloud.app_files:
+        yield _required(root / name), name
+    yield _required(root / cloud.lock), "requirements.txt"
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*")):
             relative = path.relative_to(root)
             if not path.is_file() or SKIPPED_DIRS & set(relative.parts) or path.suffix in SKIPPED_SUFFIXES:
                 continue
-            if relative.as_posix().startswith(LEFT_OUT):
+            if relative.as_posix().startswith(cloud.left_out):
                 continue
             yield path, relative.as_posix()
 
 
-def build(output: Path, root: Path = ROOT) -> list[str]:
-    """Write the zip; returns the names it holds."""
+def build(cloud: Cloud, output: Path, root: Path = ROOT) -> list[str]:
+    """Write one cloud's zip; returns the names it holds."""
     output.parent.mkdir(parents=True, exist_ok=True)
     names = []
     with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for path, name in package_files(root):
+        for path, name in package_files(cloud, root):
             entry = zipfile.ZipInfo(name, date_time=FIXED_TIME)
             entry.compress_type = zipfile.ZIP_DEFLATED
             entry.external_attr = 0o644 << 16
@@ -69,15 +91,19 @@ def build(output: Path, root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the function apps' deployment zip.")
-    parser.add_argument("--output", type=Path, default=ROOT / "dist" / "function-package.zip")
+    parser = argparse.ArgumentParser(description="Build the function apps' deployment zips, one per cloud.")
+    parser.add_argument("--cloud", choices=sorted(CLOUDS), help="one cloud's zip only (default: both)")
+    parser.add_argument("--output-dir", type=Path, default=ROOT / "dist")
     args = parser.parse_args(argv)
-    try:
-        names = build(args.output)
-    except FileNotFoundError as error:
-        print(f"build_function_package: {error}", file=sys.stderr)
-        return 2
-    print(f"build_function_package: {args.output} ({len(names)} files, {args.output.stat().st_size} bytes)")
+    clouds = [CLOUDS[args.cloud]] if args.cloud else list(CLOUDS.values())
+    for cloud in clouds:
+        output = args.output_dir / cloud.zip_name
+        try:
+            names = build(cloud, output)
+        except FileNotFoundError as error:
+            print(f"build_function_package: {error}", file=sys.stderr)
+            return 2
+        print(f"build_function_package: {output} ({len(names)} files, {output.stat().st_size} bytes)")
     return 0
 
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from functools import cache
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +25,7 @@ from agent.messages import result_message
 from functions.core import audit_codec
 from functions.gcp_app import compute, settings
 from functions.gcp_app.commands import command_message
+from scripts.build_function_package import CLOUDS, build, package_files
 from tests.infra.sources import (
     AGENT_INSTALL,
     REPO_ROOT,
@@ -141,7 +142,7 @@ def test_versions_pin_terraform_and_the_providers() -> None:
     providers = terraform["required_providers"][0]
     assert re.fullmatch(r"~> 6\.\d+", providers["google"]["version"])
     assert providers["google"]["source"] == "hashicorp/google"
-    # Glob patterns in archive_file's excludes arrived in 2.5.
+    # archive_file builds the function's zip from source blocks, within 2.x
     archive = re.fullmatch(r"~> (\d+)\.(\d+)", providers["archive"]["version"])
     assert archive, providers["archive"]["version"]
     major, minor = int(archive.group(1)), int(archive.group(2))
@@ -417,43 +418,60 @@ def test_signing_key_is_generated_into_a_secret_unless_one_is_given() -> None:
 # ---------------------------------------------------------------- the function's source zip
 
 
-def archive_excluded(relative: PurePosixPath, patterns: list[str]) -> bool:
-    """archive_file's rule: a path relative to source_dir matching a doublestar glob is left out."""
-    return any(_glob(pattern).fullmatch(str(relative)) for pattern in patterns)
+def skip_pattern() -> re.Pattern[str]:
+    """local.function_source_skipped: RE2, which Python reads alike for this pattern."""
+    return re.compile(local("function_source_skipped"))
 
 
-@cache
-def _glob(pattern: str) -> re.Pattern[str]:
-    parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern)
-    translated = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
-    return re.compile("".join(translated.get(part, re.escape(part)) for part in parts))
+def function_source_files() -> set[str]:
+    """local.function_source_files as Terraform computes it: every file fileset() lists under the packages,
+    but those of the left-out prefixes and those the skip pattern matches."""
+    expression = local("function_source_files")
+    # the expression filters with exactly the locals read here
+    for used in (
+        'fileset(local.repo_root, "${package}/**")',
+        "for package in local.function_source_packages",
+        "regexall(local.function_source_skipped, file)) == 0",
+        "!anytrue([for prefix in local.function_source_left_out : startswith(file, prefix)])",
+    ):
+        assert used in expression, used
+    skipped = skip_pattern()
+    left_out = tuple(local("function_source_left_out"))
+    return {
+        name
+        for package in local("function_source_packages")
+        for path in (REPO_ROOT / package).rglob("*")
+        if path.is_file()
+        for name in [path.relative_to(REPO_ROOT).as_posix()]
+        if not skipped.search(name) and not name.startswith(left_out)
+    }
 
 
-def archived_files(source_dir: Path, patterns: list[str]) -> set[str]:
-    """The files the zip holds: a walk that skips excluded directories whole, as archive_file does."""
-    kept: set[str] = set()
-    pending = [source_dir]
-    while pending:
-        for path in sorted(pending.pop().iterdir()):
-            relative = PurePosixPath(path.relative_to(source_dir).as_posix())
-            if archive_excluded(relative, patterns):
-                continue
-            if path.is_dir() and not path.is_symlink():
-                pending.append(path)
-            elif path.is_file():
-                kept.add(str(relative))
-    return kept
+def archive_entries() -> dict[str, str]:
+    """{name in the zip: the file of the checkout it is read from} of the archive_file's source blocks."""
+    archive = terraform_resources(root(), "data")["archive_file.function_source"]
+    assert archive["type"] == "zip"
+    # file by file: neither a whole directory nor exclude patterns that something new could slip past
+    assert "source_dir" not in archive
+    assert "excludes" not in archive
+    entries = {}
+    for source in archive["source"]:
+        found = re.fullmatch(r'\$\{file\("\$\{local\.repo_root\}/([^"$]+)"\)\}', source["content"])
+        assert found, source
+        entries[source["filename"]] = found.group(1)
+    [dynamic] = archive["dynamic"]
+    per_file = dynamic["source"]
+    assert per_file["for_each"] == ref("local.function_source_files")
+    [content] = per_file["content"]
+    assert content["content"] == '${file("${local.repo_root}/${source.value}")}'
+    assert content["filename"] == ref("source.value")
+    for name in function_source_files():
+        assert name not in entries, name
+        entries[name] = name
+    return entries
 
 
-def test_glob_translation_follows_doublestar() -> None:
-    assert archive_excluded(PurePosixPath("__pycache__"), ["**/__pycache__"])
-    assert archive_excluded(PurePosixPath("functions/core/__pycache__"), ["**/__pycache__"])
-    assert archive_excluded(PurePosixPath(".venv39"), [".venv*"])
-    assert not archive_excluded(PurePosixPath("functions/tests"), ["tests"])
-    assert not archive_excluded(PurePosixPath("agent/x.py"), ["*.py"])
-
-
-def test_function_source_is_the_archive_of_the_repository_root() -> None:
+def test_function_source_is_the_archive_built_here() -> None:
     source = block(block(block(resource(FUNCTION), "build_config"), "source"), "storage_source")
     assert source["bucket"] == ref("google_storage_bucket.function_source.name")
     assert source["object"] == ref("google_storage_bucket_object.function_source.name")
@@ -461,32 +479,40 @@ def test_function_source_is_the_archive_of_the_repository_root() -> None:
     # A new object name for new content is what redeploys the function after a code change.
     assert ref("data.archive_file.function_source.output_md5") in "${" + uploaded["name"].split("${", 1)[1]
     assert uploaded["source"] == ref("data.archive_file.function_source.output_path")
-    archive = terraform_resources(root(), "data")["archive_file.function_source"]
-    assert archive["type"] == "zip"
-    assert archive["source_dir"] == ref("local.repo_root")
     assert local("repo_root") == '${abspath("${path.module}/../../..")}'
     assert (TERRAFORM_GCP / "../../..").resolve() == REPO_ROOT
-    assert archive["excludes"] == ref("local.function_source_excludes")
 
 
-def test_function_zip_holds_the_app_and_leaves_out_the_rest() -> None:
-    patterns = local("function_source_excludes")
-    files = archived_files(REPO_ROOT, patterns)
-    assert {
-        "main.py",
-        "requirements.txt",
-        "functions/gcp_app/entry.py",
-        "functions/core/process.py",
-        "wire/transports/pubsub/__init__.py",
-    } <= files
-    for unwanted in ("tests/", "infra/", "docs/", ".venv", ".git/", "node_modules/"):
-        assert not [name for name in files if name.startswith(unwanted)], unwanted
-    assert not [name for name in files if "__pycache__" in name or name.endswith(".pyc")]
-    # Everything the function imports: every module of functions/ and agent/ is shipped.
-    for package in ("functions", "agent"):
-        for path in (REPO_ROOT / package).rglob("*.py"):
-            if "__pycache__" not in path.parts:
-                assert path.relative_to(REPO_ROOT).as_posix() in files
+def test_function_zip_is_the_gcp_package_with_the_gcp_lock_as_its_requirements(tmp_path: Path) -> None:
+    entries = archive_entries()
+
+    # the Cloud Function's lock, never the root requirements.txt (the Azure app's)
+    assert entries["requirements.txt"] == "requirements/gcp.txt"
+    assert entries["main.py"] == "main.py"
+    # the same names as scripts/build_function_package.py's GCP zip, read from the same files
+    gcp = CLOUDS["gcp"]
+    assert set(entries) == set(build(gcp, tmp_path / gcp.zip_name))
+    assert dict(package_files(gcp)) == {REPO_ROOT / source: name for name, source in entries.items()}
+
+
+def test_function_zip_holds_nothing_of_the_other_apps_or_the_workspace() -> None:
+    entries = archive_entries()
+
+    assert {"functions/gcp_app/entry.py", "functions/core/process.py", "wire/transports/pubsub/__init__.py"} <= set(
+        entries
+    )
+    for unwanted in ("functions/azure_app/", "functions/local_app/", "agent/", "simulator/", "mbridge/", "tests/"):
+        assert not [name for name in entries if name.startswith(unwanted)], unwanted
+    assert not {"function_app.py", "host.json", "pyproject.toml"} & set(entries)
+    assert not [name for name in entries if "__pycache__" in name or name.endswith((".pyc", ".db"))]
+
+
+def test_skip_pattern_leaves_out_caches_and_databases_only() -> None:
+    skipped = skip_pattern()
+    for name in ("wire/__pycache__/model.cpython-311.pyc", "functions/x.pyc", "wire/a.db-wal", "functions/s.db"):
+        assert skipped.search(name), name
+    for name in ("wire/model.py", "wire/schemas/envelope.json", "functions/dbx.py", "functions/pyc.py"):
+        assert not skipped.search(name), name
 
 
 def test_source_bucket_is_private_and_versioned() -> None:

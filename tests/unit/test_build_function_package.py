@@ -1,4 +1,4 @@
-"""scripts/build_function_package.py: the deployment zip holds both app roots and the code they import."""
+"""scripts/build_function_package.py: one zip per cloud, its app root, its lock and the code it imports."""
 
 from __future__ import annotations
 
@@ -8,52 +8,92 @@ import sys
 import zipfile
 from pathlib import Path
 
-from scripts.build_function_package import build
+import pytest
 
-# Prints where every loaded module of ours came from.
-IMPORT_BOTH_APPS = """
+from scripts.build_function_package import CLOUDS, ROOT, build, main
+from tests.unit.test_function_requirements import APPS, App, assert_is_a_lock, reachable
+
+# Imports one entry module, then prints where every loaded module of ours came from.
+IMPORT_ONE_APP = """
 import sys
 sys.path.insert(0, ".")
-import function_app, main
+import {entry}
 ours = ("wire", "functions", "agent", "simulator", "mbridge", "main", "function_app")
 for name, module in sorted(sys.modules.items()):
     if name.split(".")[0] in ours and getattr(module, "__file__", None):
         print(module.__file__)
 """
+APP_ROOTS = {"azure": {"host.json", "function_app.py"}, "gcp": {"main.py"}}
+OTHER_CLOUD = {"azure": "gcp", "gcp": "azure"}
 
 
-def test_package_holds_both_app_roots_and_nothing_of_the_workspace(tmp_path: Path) -> None:
-    names = set(build(tmp_path / "package.zip"))
+def built(cloud: str, tmp_path: Path) -> tuple[Path, set[str]]:
+    output = tmp_path / CLOUDS[cloud].zip_name
+    return output, set(build(CLOUDS[cloud], output))
 
-    assert {"host.json", "function_app.py", "main.py", "requirements.txt"} <= names
+
+@pytest.mark.parametrize("cloud", sorted(CLOUDS))
+def test_each_zip_holds_its_app_root_and_nothing_of_the_other_cloud_or_the_workspace(
+    cloud: str, tmp_path: Path
+) -> None:
+    _, names = built(cloud, tmp_path)
+
+    assert APP_ROOTS[cloud] | {"requirements.txt"} <= names
+    assert not APP_ROOTS[OTHER_CLOUD[cloud]] & names
+    assert not [name for name in names if name.startswith(f"functions/{OTHER_CLOUD[cloud]}_app/")]
+    assert not [name for name in names if name.startswith("requirements/")]
+    assert f"functions/{cloud}_app/__init__.py" in names
     assert "functions/core/process.py" in names
+    assert "functions/trust/verifiers.py" in names
     assert any(name.startswith("wire/schemas/") and name.endswith(".json") for name in names)
-    assert "wire/transports/pubsub/__init__.py" in names  # the Pub/Sub command sender reuses it
-    assert "wire/transports/servicebus/__init__.py" in names
     assert not [name for name in names if name.split("/")[0] in {"tests", "infra", "docs", ".venv", "node_modules"}]
-    # the VM's agent, the simulator, the command line and the local app stay out of the cloud package
+    # the VM's agent, the simulator, the command line and the local app stay out of the cloud packages
     assert not [name for name in names if name.split("/")[0] in {"agent", "simulator", "mbridge"}]
     assert not [name for name in names if name.startswith("functions/local_app/")]
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
 
 
-def test_same_sources_give_the_same_bytes(tmp_path: Path) -> None:
-    build(tmp_path / "one.zip")
-    build(tmp_path / "two.zip")
+@pytest.mark.parametrize("app", APPS, ids=lambda app: app.cloud)
+def test_each_zip_holds_every_module_its_entry_can_reach(app: App, tmp_path: Path) -> None:
+    # function-level imports too, which importing the entry alone would not load
+    _, names = built(app.cloud, tmp_path)
+
+    for module in reachable(app.entry).modules:
+        path = ROOT.joinpath(*module.split("."))
+        name = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+        assert name.relative_to(ROOT).as_posix() in names, module
+
+
+@pytest.mark.parametrize("app", APPS, ids=lambda app: app.cloud)
+def test_each_zips_requirements_are_its_clouds_lock(app: App, tmp_path: Path) -> None:
+    output, _ = built(app.cloud, tmp_path)
+
+    with zipfile.ZipFile(output) as archive:
+        requirements = archive.read("requirements.txt")
+    assert requirements == (ROOT / app.lock).read_bytes()
+    # every line pinned with == and hashes: the remote build installs exactly these files
+    assert assert_is_a_lock(requirements.decode("utf-8"))
+
+
+@pytest.mark.parametrize("cloud", sorted(CLOUDS))
+def test_same_sources_give_the_same_bytes(cloud: str, tmp_path: Path) -> None:
+    build(CLOUDS[cloud], tmp_path / "one.zip")
+    build(CLOUDS[cloud], tmp_path / "two.zip")
 
     assert (tmp_path / "one.zip").read_bytes() == (tmp_path / "two.zip").read_bytes()
 
 
-def test_both_entry_modules_import_from_the_unpacked_package_alone(tmp_path: Path) -> None:
-    # GIVEN the package unpacked where nothing of the checkout is importable
-    build(tmp_path / "package.zip")
+@pytest.mark.parametrize("app", APPS, ids=lambda app: app.cloud)
+def test_each_entry_module_imports_from_its_unpacked_zip_alone(app: App, tmp_path: Path) -> None:
+    # GIVEN one cloud's zip unpacked where nothing of the checkout is importable
+    output, _ = built(app.cloud, tmp_path)
     app_root = tmp_path / "app"
-    with zipfile.ZipFile(tmp_path / "package.zip") as archive:
+    with zipfile.ZipFile(output) as archive:
         archive.extractall(app_root)
 
-    # WHEN the platforms' loaders import the entry modules (the libraries come from this interpreter)
+    # WHEN the platform's loader imports the entry module (the libraries come from this interpreter)
     run = subprocess.run(
-        [sys.executable, "-I", "-c", IMPORT_BOTH_APPS],
+        [sys.executable, "-I", "-c", IMPORT_ONE_APP.format(entry=app.entry)],
         cwd=app_root,
         capture_output=True,
         text=True,
@@ -62,8 +102,16 @@ def test_both_entry_modules_import_from_the_unpacked_package_alone(tmp_path: Pat
         check=False,
     )
 
-    # THEN every module they need is in the package, and came from it (not from the checkout)
+    # THEN every module it needs is in the zip, and came from it (not from the checkout)
     assert run.returncode == 0, run.stderr
     loaded_from = {Path(line) for line in run.stdout.split()}
     assert loaded_from
     assert all(path.is_relative_to(app_root) for path in loaded_from), loaded_from
+
+
+def test_without_a_cloud_both_zips_are_built(tmp_path: Path) -> None:
+    assert main(["--output-dir", str(tmp_path)]) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["function-azure.zip", "function-gcp.zip"]
+
+    assert main(["--cloud", "gcp", "--output-dir", str(tmp_path / "gcp")]) == 0
+    assert [path.name for path in (tmp_path / "gcp").iterdir()] == ["function-gcp.zip"]

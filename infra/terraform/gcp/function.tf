@@ -3,49 +3,23 @@
 locals {
   repo_root = abspath("${path.module}/../../..")
 
-  # What the zip leaves out of the repository root: everything but the function's app root
-  # (main.py, requirements.txt) and the packages it imports (functions/, agent/). Patterns are
-  # matched against paths relative to the root; a matching directory is skipped whole. Keep in
-  # step with .gcloudignore and scripts/build_function_package.py.
-  function_source_excludes = [
-    ".git",
-    ".github",
-    ".ci",
-    ".benchmarks",
-    ".state",
-    ".venv*",
-    ".mypy_cache",
-    ".pytest_cache",
-    ".ruff_cache",
-    ".funcignore",
-    ".gcloudignore",
-    ".gitignore",
-    "**/__pycache__",
-    "**/*.pyc",
-    "**/*.pyo",
-    "**/*.db",
-    "**/*.db-wal",
-    "**/*.db-shm",
-    "**/.DS_Store",
-    "*.egg-info",
-    "node_modules",
-    "tests",
-    "infra",
-    "docs",
-    "bench",
-    "examples",
-    "scripts",
-    "dist",
-    "build",
-    # The Azure app root and the project's tooling have no place in the Google package.
-    "function_app.py",
-    "host.json",
-    "pyproject.toml",
-    "Makefile",
-    "README.md",
-    "demo-report.html",
-    "infra-check.json",
-  ]
+  # The function's zip holds what scripts/build_function_package.py puts in dist/function-gcp.zip: main.py,
+  # the packages it imports (wire/ and functions/ but the Azure and the local app) and, as its
+  # requirements.txt, the Cloud Function's lock requirements/gcp.txt (`make locks`; the root
+  # requirements.txt is the Azure app's). It is listed file by file, so that nothing else of the
+  # repository can get in. tests/infra/test_terraform_gcp.py keeps the two the same.
+  function_source_packages = ["wire", "functions"]
+  function_source_left_out = ["functions/azure_app/", "functions/local_app/"]
+  # What a working tree may hold besides the sources: caches and local databases (RE2).
+  function_source_skipped = "(^|/)__pycache__/|\\.(pyc|pyo|db|db-wal|db-shm)$"
+  function_source_files = sort(flatten([
+    for package in local.function_source_packages : [
+      for file in fileset(local.repo_root, "${package}/**") : file
+      if length(regexall(local.function_source_skipped, file)) == 0 && !anytrue([
+        for prefix in local.function_source_left_out : startswith(file, prefix)
+      ])
+    ]
+  ]))
 
   # The function's settings (functions/gcp_app/settings.py; docs/gcp.md lists them all).
   function_environment = {
@@ -73,9 +47,23 @@ locals {
 
 data "archive_file" "function_source" {
   type        = "zip"
-  source_dir  = local.repo_root
-  excludes    = local.function_source_excludes
   output_path = "${path.module}/.terraform/mbridge-function-source.zip"
+
+  source {
+    content  = file("${local.repo_root}/main.py")
+    filename = "main.py"
+  }
+  source {
+    content  = file("${local.repo_root}/requirements/gcp.txt")
+    filename = "requirements.txt"
+  }
+  dynamic "source" {
+    for_each = local.function_source_files
+    content {
+      content  = file("${local.repo_root}/${source.value}")
+      filename = source.value
+    }
+  }
 }
 
 resource "google_storage_bucket" "function_source" {

@@ -20,8 +20,8 @@ terraform {
     }
     archive = {
       source = "hashicorp/archive"
-      # 2.5.0 added glob (doublestar) patterns to archive_file's `excludes`, which the source
-      # zip of the function needs (`**/__pycache__`, `.venv*`).
+      # archive_file's `source` blocks (content, filename) build the function's zip file by file
+      # (function.tf); `~>` stays within 2.x.
       version = "~> 2.5"
     }
   }
