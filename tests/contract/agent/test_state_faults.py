@@ -4,9 +4,11 @@ writes the operating system refuses are retried until they succeed, losing nothi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,6 +34,13 @@ def add_event(sim: Simulator, event_id: str) -> None:
         timeout=5,
     )
     assert response.status_code < 300, response.text
+
+
+def unpublished_rows(state_dir: Path) -> int:
+    """Rows of the agent's outbox the bus has not taken yet, read without writing to its database."""
+    with contextlib.closing(sqlite3.connect(f"file:{state_dir / 'agent.db'}?mode=ro", uri=True)) as db:
+        (count,) = db.execute("SELECT COUNT(*) FROM outbox WHERE published_at IS NULL").fetchone()
+    return int(count)
 
 
 def agent_args(metadata_url: str, state_dir: Path, *extra: str) -> list[str]:
@@ -143,6 +152,9 @@ def test_writes_the_system_refuses_are_retried_until_they_succeed_losing_nothing
         add_event(sim, "E1")
         agent = agent_process(agent_args(sim.base_urls[0], state_dir, "--jsonl-path", str(events)))
         wait_until(lambda: len(read_jsonl(events)) == 1, 30, agent.log)
+        # ... and marked published: a limit set before that write would make the agent publish E1
+        # again (at least once, as it must), and the count below would see the repeat
+        wait_until(lambda: unpublished_rows(state_dir) == 0, 30, agent.log)
         assert agent.process is not None
         pid = agent.process.pid
 
