@@ -380,9 +380,20 @@ def _policy(text: str | None) -> Policy:
         raise SettingsError(f"{POLICY}: {exc}") from exc
 
 
+# App Service leaves a Key Vault reference's own text in the setting when it cannot resolve it
+# (no access to the secret, wrong identity, vault unreachable); name that, not a key format.
+_KEY_VAULT_REFERENCE = "@Microsoft.KeyVault("
+
+
 def _signing_key(text: str | None) -> Ed25519PrivateKey | None:
     if text is None:
         return None
+    if text.strip().startswith(_KEY_VAULT_REFERENCE):
+        raise SettingsError(
+            f"{SIGNING_KEY}: the Key Vault reference was not resolved; give the identity named by the app's "
+            "keyVaultReferenceIdentity 'Key Vault Secrets User' on the secret, check that the secret exists and "
+            "is enabled, and restart the app (its Environment variables page shows the reference's status)"
+        )
     try:
         return load_private_key(text)
     except PermanentError as exc:

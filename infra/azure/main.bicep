@@ -24,7 +24,8 @@
 // Names are namePrefix plus uniqueString(resourceGroup().id): stable for one resource group,
 // unique across resource groups. Nothing is authenticated with a key: shared keys and SAS are
 // disabled on the storage account and on the namespace. The one secret is the command signing
-// key, a secure parameter (or a Key Vault secret, signingKeySecretUri).
+// key, a secure parameter that goes into a Key Vault of this deployment (or a Key Vault secret of
+// your own, signingKeySecretUri); the app setting is a Key Vault reference to it.
 //
 // After the deployment, publish the function app (`func azure functionapp publish
 // <functionAppName>` uploads the package to deploymentContainerUrl) and give the agents' VMs
@@ -113,7 +114,7 @@ param functionInstanceMemoryMB int = 2048
 param policy string = ''
 
 @secure()
-@description('The Ed25519 private key that signs commands (MBRIDGE_SIGNING_KEY): unencrypted PKCS#8 PEM, or the raw 32-byte key as base64 (docs/deploy.md, "Signing keys"). Stored as an app setting of the function app. Required unless signingKeySecretUri is given: agents run no unsigned command.')
+@description('The Ed25519 private key that signs commands (MBRIDGE_SIGNING_KEY): unencrypted PKCS#8 PEM, or the raw 32-byte key as base64 (docs/deploy.md, "Signing keys"). Stored as a secret of a Key Vault of this deployment, which the function identity alone may read; the app setting refers to it. Required unless signingKeySecretUri is given: agents run no unsigned command.')
 param signingKey string = ''
 
 @description('Instead of signingKey: the Key Vault secret URI (https://<vault>.vault.azure.net/secrets/<name>) holding that private key, resolved by the function identity. Grant it "Key Vault Secrets User" on that secret yourself: the vault is not part of this deployment.')
@@ -268,6 +269,18 @@ module storage 'modules/storage.bicep' = {
   }
 }
 
+// Key Vault names take 24 characters at most: 7 of the prefix, '-kv-' and the 13 of the suffix.
+module signingVault 'modules/signing-vault.bicep' = if (empty(signingKeySecretUri)) {
+  name: '${namePrefix}-signing-vault'
+  params: {
+    vaultName: '${take(namePrefix, 7)}-kv-${suffix}'
+    location: location
+    tags: tags
+    signingKey: signingKey
+    functionPrincipalId: functionIdentity.properties.principalId
+  }
+}
+
 module functionApp 'modules/functionapp.bicep' = {
   name: '${namePrefix}-functionapp'
   params: {
@@ -293,8 +306,9 @@ module functionApp 'modules/functionapp.bicep' = {
     loadBalancerName: drainLoadBalancerName
     loadBalancerNicResourceGroup: drainEnabled ? drainNicResourceGroupName : ''
     policy: policy
-    // The key itself, or a Key Vault reference the platform resolves with the function identity.
-    signingKey: empty(signingKeySecretUri) ? signingKey : '@Microsoft.KeyVault(SecretUri=${signingKeySecretUri})'
+    // A Key Vault reference, to this deployment's secret or to yours, which the platform resolves
+    // with the function identity.
+    signingKey: '@Microsoft.KeyVault(SecretUri=${empty(signingKeySecretUri) ? signingVault.outputs.secretUri : signingKeySecretUri})'
     trustResourceGroups: join(trustResourceGroupNames, ',')
     trustSubscriptions: join(trustSubscriptionIds, ',')
     maximumInstanceCount: functionMaximumInstanceCount

@@ -28,6 +28,7 @@ SCOPE_STATE_TABLE = "state_table"
 SCOPE_AUDIT_TABLE = "audit_table"
 SCOPE_STORAGE_ACCOUNT = "storage_account"  # the Functions host's own storage (leases, deployment package)
 SCOPE_APP_INSIGHTS = "app_insights"
+SCOPE_SIGNING_SECRET = "signing_secret"  # noqa: S105 (a scope name): the Key Vault secret MBRIDGE_SIGNING_KEY refers to
 SCOPE_LOAD_BALANCER = "load_balancer"
 SCOPE_NIC_RESOURCE_GROUP = "nic_resource_group"
 SCOPE_VIRTUAL_NETWORK = "virtual_network"

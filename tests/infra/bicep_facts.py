@@ -38,6 +38,7 @@ from tests.infra.azure_facts import (
     SCOPE_FUNCTION_SUBSCRIPTION,
     SCOPE_LOAD_BALANCER,
     SCOPE_NIC_RESOURCE_GROUP,
+    SCOPE_SIGNING_SECRET,
     SCOPE_STATE_TABLE,
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
@@ -81,6 +82,7 @@ QUEUE = "Microsoft.ServiceBus/namespaces/queues"
 STORAGE_ACCOUNT = "Microsoft.Storage/storageAccounts"
 TABLE = "Microsoft.Storage/storageAccounts/tableServices/tables"
 APP_INSIGHTS = "Microsoft.Insights/components"
+KEY_VAULT_SECRET = "Microsoft.KeyVault/vaults/secrets"  # noqa: S105 (a resource type)
 PLAN = "Microsoft.Web/serverfarms"
 SITE = "Microsoft.Web/sites"
 SCALE_SET = "Microsoft.Compute/virtualMachineScaleSets"
@@ -972,6 +974,8 @@ class Deployment:
                 return commands_subscription_scope(str(target.name))
         if target.type == APP_INSIGHTS:
             return SCOPE_APP_INSIGHTS
+        if target.type == KEY_VAULT_SECRET:
+            return SCOPE_SIGNING_SECRET
         drained = self.settings.get("MBRIDGE_LB_NAME")
         if target.type == LOAD_BALANCER and drained is not None and same(target.get("name"), drained):
             return SCOPE_LOAD_BALANCER

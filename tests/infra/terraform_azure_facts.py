@@ -47,6 +47,7 @@ from tests.infra.azure_facts import (
     SCOPE_FUNCTION_SUBSCRIPTION,
     SCOPE_LOAD_BALANCER,
     SCOPE_NIC_RESOURCE_GROUP,
+    SCOPE_SIGNING_SECRET,
     SCOPE_STATE_TABLE,
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
@@ -82,6 +83,9 @@ _CONDITIONAL_COUNT = re.compile(r"(?P<condition>.+?)\s*\?\s*(?P<yes>\d+)\s*:\s*(
 _COMPARISON = re.compile(r'var\.(?P<var>\w+)\s*(?P<op>==|!=)\s*"(?P<value>[^"]*)"')
 VM_COMMANDS_MODULE = "./modules/vm_commands_subscription"
 _CHOICE = re.compile(r"(?P<condition>[^?]+?)\s*\?\s*(?P<yes>[^:]+?)\s*:\s*(?P<no>.+)")
+
+
+_LOCAL_ONLY = re.compile(r"\$\{\s*local\.[A-Za-z0-9_]+\s*\}")
 
 
 class TerraformSourceError(AssertionError):
@@ -301,6 +305,7 @@ class _Extractor:
         self.app_insights_address = module.referenced(
             self.settings["APPLICATIONINSIGHTS_CONNECTION_STRING"], "azurerm_application_insights"
         )
+        self.signing_secret_address = module.referenced(self.settings["MBRIDGE_SIGNING_KEY"], "azapi_resource")
         self.function_identity = module.referenced(self.settings["AZURE_CLIENT_ID"], "azurerm_user_assigned_identity")
         self.vmss_address, self.vmss = module.only("azurerm_linux_virtual_machine_scale_set")
         self.agent_environment = self._agent_environment()
@@ -314,7 +319,12 @@ class _Extractor:
         settings = self.m.value(self.function.get("app_settings", {}))
         if not isinstance(settings, dict):
             raise TerraformSourceError(f"app_settings is not a map: {settings!r}")
-        result = {str(name): str(value) for name, value in settings.items()}
+        # A setting written as a local is that local's definition (the signing key's reference);
+        # variables stay as written, so that what a setting names can be followed.
+        result = {
+            str(name): str(self.m.value(value)) if _LOCAL_ONLY.fullmatch(str(value)) else str(value)
+            for name, value in settings.items()
+        }
         site_config = _block(self.function, "site_config")
         if "application_insights_connection_string" in site_config:
             result["APPLICATIONINSIGHTS_CONNECTION_STRING"] = str(site_config["application_insights_connection_string"])
@@ -483,6 +493,7 @@ class _Extractor:
             self.audit_table_address: SCOPE_AUDIT_TABLE,
             self.storage_address: SCOPE_STORAGE_ACCOUNT,
             self.app_insights_address: SCOPE_APP_INSIGHTS,
+            self.signing_secret_address: SCOPE_SIGNING_SECRET,
         }
         return by_address.get(address, address)
 

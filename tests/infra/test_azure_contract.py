@@ -27,6 +27,7 @@ from tests.infra.azure_facts import (
     SCOPE_FUNCTION_SUBSCRIPTION,
     SCOPE_LOAD_BALANCER,
     SCOPE_NIC_RESOURCE_GROUP,
+    SCOPE_SIGNING_SECRET,
     SCOPE_STATE_TABLE,
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
@@ -194,6 +195,8 @@ EXPECTED_GRANTS = {
     RoleGrant(FUNCTION, "Storage Table Data Contributor", SCOPE_AUDIT_TABLE),
     RoleGrant(FUNCTION, "Storage Blob Data Owner", SCOPE_STORAGE_ACCOUNT),
     RoleGrant(FUNCTION, "Monitoring Metrics Publisher", SCOPE_APP_INSIGHTS),
+    # the command signing key: that one Key Vault secret
+    RoleGrant(FUNCTION, "Key Vault Secrets User", SCOPE_SIGNING_SECRET),
     # load-balancer membership changes, only where a drain writes
     RoleGrant(FUNCTION, DRAINER_ROLE, SCOPE_LOAD_BALANCER),
     RoleGrant(FUNCTION, DRAINER_ROLE, SCOPE_NIC_RESOURCE_GROUP),
@@ -248,10 +251,18 @@ def test_the_function_reads_the_vms_resource_groups_only(facts: AzureFacts) -> N
     assert {grant.scope for grant in facts.grants if grant.scope.startswith(("resource group", "scope"))} == set()
 
 
-def test_every_command_is_signed(facts: AzureFacts) -> None:
+def test_every_command_is_signed_with_a_key_from_key_vault(facts: AzureFacts) -> None:
     # GIVEN the function app's settings; THEN a signing key is always deployed: the agents run no
     # unsigned command, and refuse to start without the public key
-    assert facts.function_app_settings["MBRIDGE_SIGNING_KEY"].startswith("${"), "the key must come from an input"
+    setting = facts.function_app_settings["MBRIDGE_SIGNING_KEY"]
+    # AND the setting holds a Key Vault reference, never the key: reading the app's settings does
+    # not give the key away
+    assert setting.startswith("@Microsoft.KeyVault("), setting
+    assert setting.endswith(")"), setting
+    assert "${" in setting, "the reference must name the deployment's own secret"
+    # AND the function identity may read that secret, and nothing else in a vault
+    readers = {grant for grant in facts.grants if grant.role.startswith("Key Vault")}
+    assert readers == {RoleGrant(FUNCTION, "Key Vault Secrets User", SCOPE_SIGNING_SECRET)}
 
 
 def test_drainer_role_allows_membership_changes_only(facts: AzureFacts) -> None:

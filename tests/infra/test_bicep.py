@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from tests.infra import bicep_facts
-from tests.infra.azure_facts import AGENT, DRAINER_ROLE, FUNCTION, SCOPE_COMMANDS_QUEUE, duration_seconds
+from tests.infra.azure_facts import (
+    AGENT,
+    DRAINER_ROLE,
+    FUNCTION,
+    SCOPE_COMMANDS_QUEUE,
+    SCOPE_SIGNING_SECRET,
+    duration_seconds,
+)
 from tests.infra.bicep_facts import (
     BUILT_IN_ROLES,
     LOAD_BALANCER,
@@ -246,7 +253,7 @@ def test_role_ids_are_the_built_in_roles_their_names_say(deployment: Deployment)
 
 def test_role_assignment_names_are_guids_of_scope_principal_and_role(deployment: Deployment) -> None:
     assignments = deployment.assignments()
-    assert len(assignments) == 12
+    assert len(assignments) == 13
     assert_guid_names(assignments)
 
 
@@ -254,7 +261,7 @@ def test_in_the_topic_mode_role_assignment_names_are_guids_too(topic_deployment:
     # GIVEN the topic mode with two VMs: the function's sender on the topic replaces its sender and
     # the agents' receiver on the queue; each VM adds its receiver and its events sender
     assignments = topic_deployment.assignments()
-    assert len(assignments) == 12 - 2 + 1 + 2 * 2
+    assert len(assignments) == 13 - 2 + 1 + 2 * 2
     assert_guid_names(assignments)
 
 
@@ -462,29 +469,37 @@ def _secure_parameter(unit: Unit, name: str) -> dict[str, Any]:
     return parameter
 
 
-def test_signing_key_is_a_secure_parameter_or_a_key_vault_reference() -> None:
-    # GIVEN no secret URI THEN MBRIDGE_SIGNING_KEY is the secure parameter signingKey
+def test_signing_key_is_always_a_key_vault_reference() -> None:
+    # GIVEN no secret URI THEN the secure parameter signingKey goes into this deployment's vault ...
     deployment = Deployment(parameters={"signingKeySecretUri": ""})
-    key = deployment.settings["MBRIDGE_SIGNING_KEY"]
-    assert isinstance(key, ParamRef)
-    assert key.name == "signingKey"
     _secure_parameter(deployment.main, "signingKey")
-    # GIVEN one THEN a Key Vault reference resolved with the function identity
+    vault = next(unit for unit in deployment.units if unit.path.name == "signing-vault.bicep")
+    assert _secure_parameter(vault, "signingKey")
+    reference = bicep_facts.source_text(deployment.settings["MBRIDGE_SIGNING_KEY"])
+    assert reference.startswith("@Microsoft.KeyVault(SecretUri=")
+    assert "signingVault.outputs.secretUri" in reference
+    # ... whose one secret the function identity alone may read
+    readers = [a for a in deployment.assignments() if deployment.role_of(a) == "Key Vault Secrets User"]
+    assert [(deployment.principal_of(a), deployment.scope_of(a)) for a in readers] == [(FUNCTION, SCOPE_SIGNING_SECRET)]
+    # GIVEN a secret URI THEN a Key Vault reference to it, and no vault of this deployment's
     uri = "https://kv.vault.azure.net/secrets/mbridge-signing"
     deployment = Deployment(parameters={"signingKeySecretUri": uri})
     reference = bicep_facts.source_text(deployment.settings["MBRIDGE_SIGNING_KEY"])
-    assert reference == f"@Microsoft.KeyVault(SecretUri={uri})"
+    assert reference.startswith("@Microsoft.KeyVault(SecretUri=")
+    assert "signingKeySecretUri" in reference
+    assert not [a for a in deployment.assignments() if deployment.role_of(a) == "Key Vault Secrets User"]
+    # AND either way the platform resolves it with the function identity
     reference_identity = deployment.site.get("properties", "keyVaultReferenceIdentity")
     assert isinstance(reference_identity, Ref)
     assert Ref(reference_identity.unit, reference_identity.symbol) == deployment.function_identity()
 
 
 def test_a_deployment_without_a_signing_key_fails(deployment: Deployment) -> None:
-    # GIVEN the function app module: the setting comes from a secure parameter that must not be
-    # empty, so neither signingKey nor signingKeySecretUri given fails the deployment (the agents
-    # would refuse every unsigned command)
-    app = next(unit for unit in deployment.units if unit.path.name == "functionapp.bicep")
-    parameter = _secure_parameter(app, "signingKey")
+    # GIVEN the signing vault module, deployed unless signingKeySecretUri is given: the key comes
+    # from a secure parameter that must not be empty, so neither signingKey nor signingKeySecretUri
+    # given fails the deployment (the agents would refuse every unsigned command)
+    vault = next(unit for unit in deployment.units if unit.path.name == "signing-vault.bicep")
+    parameter = _secure_parameter(vault, "signingKey")
     assert {"type": "min_length", "argument": 1} in parameter["decorators"]
     assert parameter.get("default") is None
     # AND the parameters file never carries the private key

@@ -303,14 +303,50 @@ def test_commands_are_signed_with_a_generated_key_whose_public_key_the_agents_ge
     key = resource("tls_private_key.commands")
     assert key["algorithm"] == "ED25519"
     assert "count" not in key  # always: the agents run no unsigned command
-    # THEN the app signs with the private key (one line, signing.tf), from its PKCS#8 form ...
-    assert local("function_app_settings")[app_settings.SIGNING_KEY] == "${local.signing_key}"
+    # THEN the app signs with the private key (one line, signing.tf), from its PKCS#8 form, kept
+    # as a Key Vault secret the setting refers to ...
+    assert local("function_app_settings")[app_settings.SIGNING_KEY] == "${local.signing_key_reference}"
+    secret = resource("azapi_resource.signing_key")
+    assert secret["type"].startswith("Microsoft.KeyVault/vaults/secrets@")
+    assert secret["body"]["properties"]["value"] == "${local.signing_key}"
     assert "tls_private_key.commands.private_key_pem_pkcs8" in local("signing_key_der")
     # ... and the agents verify with its public key, in the example and in the output for other VMs
     assert local("agent_environment")["MBRIDGE_VERIFY_KEY"] == "${local.verify_key}"
     assert "tls_private_key.commands.public_key_pem" in local("verify_key")
     assert terraform_outputs(parsed())["agent_verify_key"]["value"] == "${local.verify_key}"
     assert "MBRIDGE_INSECURE_UNSIGNED_COMMANDS" not in local("agent_environment")
+
+
+def test_the_signing_key_reference_resolves_with_the_function_identity_after_its_grant() -> None:
+    # GIVEN the setting: a reference to the secret in the deployment's vault, with its version, so
+    # that a new key changes the setting and the app restarts onto it
+    reference = local("signing_key_reference")
+    assert reference == (
+        "@Microsoft.KeyVault(SecretUri=${azapi_resource.signing_key.output.properties.secretUriWithVersion})"
+    )
+    assert resource("azapi_resource.signing_key")["response_export_values"] == ["properties.secretUriWithVersion"]
+    assert resource("azapi_resource.signing_key")["parent_id"] == "${azurerm_key_vault.signing.id}"
+    # AND a vault of Azure RBAC only (no access policies to widen it)
+    vault = resource("azurerm_key_vault.signing")
+    assert vault["rbac_authorization_enabled"] is True
+    assert "access_policy" not in vault
+    # WHEN the app resolves it THEN with its user-assigned identity, the one that may read the secret
+    # (the site's keyVaultReferenceIdentity, set again whenever the provider rewrites the app)
+    identity = resource("azapi_resource_action.function_key_vault_identity")
+    assert identity["method"] == "PATCH"
+    assert identity["resource_id"] == "${azurerm_function_app_flex_consumption.this.id}"
+    assert identity["body"]["properties"] == {
+        "keyVaultReferenceIdentity": "${azurerm_user_assigned_identity.function.id}"
+    }
+    assert identity["lifecycle"][0]["replace_triggered_by"] == ["${azurerm_function_app_flex_consumption.this}"]
+    grant = resource("azurerm_role_assignment.function_reads_signing_key")
+    assert grant["principal_id"] == "${azurerm_user_assigned_identity.function.principal_id}"
+    assert grant["scope"] == "${azapi_resource.signing_key.id}"
+    # AND the settings PUT, which restarts the app and so resolves the reference again, comes after both
+    assert set(resource(APP_SETTINGS_PUT)["depends_on"]) == {
+        "${azurerm_role_assignment.function_reads_signing_key}",
+        "${azapi_resource_action.function_key_vault_identity}",
+    }
 
 
 def test_reader_is_assigned_on_each_trust_resource_group() -> None:

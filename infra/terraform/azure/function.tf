@@ -23,7 +23,8 @@ locals {
   trust_subscriptions = length(var.trust_subscriptions) > 0 ? var.trust_subscriptions : [local.subscription_id]
 
   # Every app setting the function reads (docs/azure.md), identity-based only: no connection
-  # string with a key, no plain AzureWebJobsStorage. The one secret is the command signing key. APPLICATIONINSIGHTS_CONNECTION_STRING is set
+  # string with a key, no plain AzureWebJobsStorage, and no secret: the command signing key is a Key
+  # Vault reference. APPLICATIONINSIGHTS_CONNECTION_STRING is set
   # through site_config (the provider moves it there), and once more in the full PUT below.
   function_app_settings = {
     # The Functions host's own storage, through the function identity.
@@ -59,8 +60,9 @@ locals {
     "MBRIDGE_LB_NIC_RESOURCE_GROUP" = local.drain_enabled ? local.drain_nic_resource_group : ""
     "MBRIDGE_READINESS_DRAIN"       = var.readiness_drain ? "true" : "false"
     "MBRIDGE_POLICY"                = var.policy
-    # Every command is signed with the generated key (signing.tf); the agents hold its public key.
-    "MBRIDGE_SIGNING_KEY" = local.signing_key
+    # Every command is signed with the generated key, read from its Key Vault secret (signing.tf);
+    # the agents hold its public key.
+    "MBRIDGE_SIGNING_KEY" = local.signing_key_reference
     # Who may report (policy trust: attested, the default): attested documents of VMs of these
     # subscriptions, resolved to VM names in these resource groups, where the identity holds
     # Reader (roles.tf). The roots, intermediates and signer names keep the code's defaults
@@ -129,6 +131,32 @@ resource "azapi_resource_action" "function_app_settings" {
     properties = merge(local.function_app_settings, {
       "APPLICATIONINSIGHTS_CONNECTION_STRING" = azurerm_application_insights.this.connection_string
     })
+  }
+
+  # The Key Vault reference resolves on the restart this PUT causes, once the identity may read the
+  # secret and is the one the app resolves references with.
+  depends_on = [
+    azurerm_role_assignment.function_reads_signing_key,
+    azapi_resource_action.function_key_vault_identity,
+  ]
+
+  lifecycle {
+    replace_triggered_by = [azurerm_function_app_flex_consumption.this]
+  }
+}
+
+# Key Vault references resolve with the system-assigned identity unless the site names another in
+# keyVaultReferenceIdentity, which azurerm_function_app_flex_consumption does not expose; the app
+# has the user-assigned identity only. Set again after every change the provider makes to the app,
+# whose full update would drop it.
+resource "azapi_resource_action" "function_key_vault_identity" {
+  type        = "Microsoft.Web/sites@2024-04-01"
+  resource_id = azurerm_function_app_flex_consumption.this.id
+  method      = "PATCH"
+  body = {
+    properties = {
+      keyVaultReferenceIdentity = azurerm_user_assigned_identity.function.id
+    }
   }
 
   lifecycle {

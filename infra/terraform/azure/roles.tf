@@ -119,6 +119,15 @@ resource "azurerm_role_assignment" "function_host_storage" {
   principal_type       = "ServicePrincipal"
 }
 
+# The command signing key: the function identity reads that one secret (the Key Vault reference
+# of MBRIDGE_SIGNING_KEY), nothing else in the vault.
+resource "azurerm_role_assignment" "function_reads_signing_key" {
+  scope                = azapi_resource.signing_key.id
+  role_definition_name = "Key Vault Secrets User"
+  principal_id         = azurerm_user_assigned_identity.function.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
 # Telemetry with an Entra ID token (APPLICATIONINSIGHTS_AUTHENTICATION_STRING).
 resource "azurerm_role_assignment" "function_publishes_telemetry" {
   scope                = azurerm_application_insights.this.id
