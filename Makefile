@@ -48,6 +48,7 @@ $(INFRA_VENV)/.installed:
 
 infra: venv $(INFRA_VENV)/.installed
 	$(BIN)/python scripts/check_infra.py --checkov $(INFRA_VENV)/bin/checkov --report infra-check.json
+	$(BIN)/python -m scripts.bicep_types.check infra/azure
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit
