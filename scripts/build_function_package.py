@@ -5,13 +5,16 @@
 Each zip holds one cloud's app root and the code it imports, nothing else:
 
     dist/function-azure.zip   host.json, function_app.py (Azure Functions, Python v2 model), requirements.txt
-                              (the Azure lock, the root requirements.txt), wire/, functions/ but gcp_app/
+                              (the Azure lock, the root requirements.txt), wire/ but the Pub/Sub
+                              transport, functions/ but gcp_app/
     dist/function-gcp.zip     main.py (Cloud Functions gen2, functions framework), requirements.txt (the GCP
-                              lock, requirements/gcp.txt), wire/, functions/ but azure_app/
+                              lock, requirements/gcp.txt), wire/ but the Service Bus transport,
+                              functions/ but azure_app/
 
 The platform's remote build installs the zip's requirements.txt: a lock pinned with `==` and hashes
 (`make locks`), so each cloud installs its own libraries and only those, the same ones every time.
-Not the agent, the simulator, the command line and its demo, nor the local app: no cloud loads them.
+Not the agent, the simulator, the command line and its demo, the local app, nor the agent's transport
+factory and local buses: no cloud loads them.
 Without --cloud, both zips. Each is reproducible (sorted entries, fixed timestamps): the same sources
 give the same bytes, so a deployment keyed on the zip's hash only changes when the code does.
 infra/terraform/gcp/function.tf builds the same files as the GCP zip (tests/infra keep the two equal).
@@ -39,7 +42,8 @@ class Cloud:
     name: str
     app_files: tuple[str, ...]  # the app root's files, at the zip's root as in the repository's
     lock: str  # goes in as requirements.txt
-    # the other cloud's app, and the local app (the demo's and `mbridge replay`'s host)
+    # the other cloud's app and bus client, the local app (the demo's and `mbridge replay`'s host)
+    # and the agent's transports: prefixes of paths
     left_out: tuple[str, ...]
 
     @property
@@ -47,11 +51,25 @@ class Cloud:
         return f"function-{self.name}.zip"
 
 
+# What no function imports: the local app, and the agent's side of the transports (its factory and
+# the local buses of the demo and the tests).
+_NO_CLOUD = (
+    "functions/local_app/",
+    "wire/transports/factory.py",
+    "wire/transports/local.py",
+    "wire/transports/jsonl.py",
+)
+
 CLOUDS = {
     "azure": Cloud(
-        "azure", ("host.json", "function_app.py"), "requirements.txt", ("functions/gcp_app/", "functions/local_app/")
+        "azure",
+        ("host.json", "function_app.py"),
+        "requirements.txt",
+        ("functions/gcp_app/", "wire/transports/pubsub/", *_NO_CLOUD),
     ),
-    "gcp": Cloud("gcp", ("main.py",), "requirements/gcp.txt", ("functions/azure_app/", "functions/local_app/")),
+    "gcp": Cloud(
+        "gcp", ("main.py",), "requirements/gcp.txt", ("functions/azure_app/", "wire/transports/servicebus/", *_NO_CLOUD)
+    ),
 }
 
 

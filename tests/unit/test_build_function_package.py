@@ -25,6 +25,9 @@ for name, module in sorted(sys.modules.items()):
 """
 APP_ROOTS = {"azure": {"host.json", "function_app.py"}, "gcp": {"main.py"}}
 OTHER_CLOUD = {"azure": "gcp", "gcp": "azure"}
+BUS = {"azure": "servicebus", "gcp": "pubsub"}
+# The agent's side of the transports: its factory and the local buses of the demo and tests.
+AGENT_TRANSPORTS = {"wire/transports/factory.py", "wire/transports/local.py", "wire/transports/jsonl.py"}
 
 
 def built(cloud: str, tmp_path: Path) -> tuple[Path, set[str]]:
@@ -51,6 +54,10 @@ def test_each_zip_holds_its_app_root_and_nothing_of_the_other_cloud_or_the_works
     assert not [name for name in names if name.split("/")[0] in {"agent", "simulator", "mbridge"}]
     assert not [name for name in names if name.startswith("functions/local_app/")]
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
+    # the cloud's own bus client only: not the other cloud's, nor the agent's factory and local buses
+    assert f"wire/transports/{BUS[cloud]}/__init__.py" in names
+    assert not [name for name in names if name.startswith(f"wire/transports/{BUS[OTHER_CLOUD[cloud]]}/")]
+    assert not AGENT_TRANSPORTS & names
 
 
 @pytest.mark.parametrize("app", APPS, ids=lambda app: app.cloud)

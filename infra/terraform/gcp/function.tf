@@ -9,7 +9,16 @@ locals {
   # requirements.txt is the Azure app's). It is listed file by file, so that nothing else of the
   # repository can get in. tests/infra/test_terraform_gcp.py keeps the two the same.
   function_source_packages = ["wire", "functions"]
-  function_source_left_out = ["functions/azure_app/", "functions/local_app/"]
+  # The Azure app and bus client, the local app, and the agent's transports (its factory and local
+  # buses): what scripts/build_function_package.py leaves out of function-gcp.zip.
+  function_source_left_out = [
+    "functions/azure_app/",
+    "wire/transports/servicebus/",
+    "functions/local_app/",
+    "wire/transports/factory.py",
+    "wire/transports/local.py",
+    "wire/transports/jsonl.py",
+  ]
   # What a working tree may hold besides the sources: caches and local databases (RE2).
   function_source_skipped = "(^|/)__pycache__/|\\.(pyc|pyo|db|db-wal|db-shm)$"
   function_source_files = sort(flatten([
