@@ -411,7 +411,9 @@ def test_minimal_settings_take_the_documented_defaults() -> None:
         ({names.POLICY: '{"drain_period": 10}'}, "MBRIDGE_POLICY: unknown policy setting 'drain_period'"),
         ({names.SIGNING_KEY: "not-a-key"}, "MBRIDGE_SIGNING_KEY: the key is neither PEM"),
         (
-            {names.SIGNING_KEY: "@Microsoft.KeyVault(SecretUri=https://kv-x.vault.azure.net/secrets/commands-signing-key)"},
+            {
+                names.SIGNING_KEY: "@Microsoft.KeyVault(SecretUri=https://kv-x.vault.azure.net/secrets/commands-signing-key)"
+            },
             "MBRIDGE_SIGNING_KEY: the Key Vault reference was not resolved",
         ),
         (
