@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test check lint infra unit venv compat39 bench bench-quick locks clean
+.PHONY: demo test check lint infra tfschema-venv unit venv compat39 bench bench-quick locks clean
 
 venv: $(VENV)/.installed
 
@@ -46,8 +46,25 @@ $(INFRA_VENV)/.installed:
 	$(INFRA_VENV)/bin/python -m pip install --quiet 'checkov==$(CHECKOV_VERSION)'
 	touch $@
 
-infra: venv $(INFRA_VENV)/.installed
+# Terraform roots against the real provider schemas, offline (docs/infra-validation.md): one
+# schema-only provider plugin per pinned provider, run from a virtualenv of its own (tf pins its
+# own grpcio and protobuf, and needs Python 3.11 or newer). The Bicep against Azure's published
+# type definitions (docs/bicep-type-check.md).
+TFSCHEMA_PYTHON ?= $(PYTHON)
+TFSCHEMA_VENV ?= .venv-tfschema
+
+$(TFSCHEMA_VENV)/.installed:
+	$(TFSCHEMA_PYTHON) -m venv $(TFSCHEMA_VENV)
+	$(TFSCHEMA_VENV)/bin/python -m pip install --quiet 'tf==1.2.0' 'grpcio==1.85.3' 'protobuf==5.29.6' \
+		'msgpack==1.2.4' 'cryptography==50.0.2' 'cffi==2.1.1' 'pycparser==3.12' 'typing_extensions==4.16.0'
+	touch $@
+
+tfschema-venv: $(TFSCHEMA_VENV)/.installed
+
+infra: venv $(INFRA_VENV)/.installed $(TFSCHEMA_VENV)/.installed
 	$(BIN)/python scripts/check_infra.py --checkov $(INFRA_VENV)/bin/checkov --report infra-check.json
+	$(BIN)/python -m scripts.tfschema.validate --plugin-python $(TFSCHEMA_VENV)/bin/python \
+		--root infra/terraform/azure --root infra/terraform/gcp
 	$(BIN)/python -m scripts.bicep_types.check infra/azure
 
 unit: venv
@@ -98,4 +115,4 @@ compat39:
 		--ignore=tests/unit/test_function_requirements.py --ignore=tests/unit/bench -k "not pubsub"
 
 clean:
-	rm -rf $(VENV) .venv39 $(INFRA_VENV) $(LOCKS_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json
+	rm -rf $(VENV) .venv39 $(INFRA_VENV) $(TFSCHEMA_VENV) .tfschema-cache $(LOCKS_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json
