@@ -132,7 +132,9 @@ def _table_reader(args: argparse.Namespace) -> AuditReader:
 
         from functions.azure_app.tables import TableAuditLog
     except ImportError as error:
-        raise SourceError(f"the Azure libraries are missing ({error}): install maintenance-bridge[azure]") from error
+        raise SourceError(
+            f"the Azure libraries are missing ({error}): install maintenance-bridge[functions-azure]"
+        ) from error
     if args.table_connection_string:
         table = TableClient.from_connection_string(args.table_connection_string, table_name=args.audit_table)
     else:
@@ -148,6 +150,8 @@ def _firestore_reader(args: argparse.Namespace) -> AuditReader:
 
         from functions.gcp_app.firestore_audit import FirestoreAuditLog
     except ImportError as error:
-        raise SourceError(f"the Google libraries are missing ({error}): install maintenance-bridge[gcp]") from error
+        raise SourceError(
+            f"the Google libraries are missing ({error}): install maintenance-bridge[functions-gcp]"
+        ) from error
     client = firestore.Client(project=args.firestore_project, database=args.firestore_database)
     return FirestoreAuditLog(client, prefix=args.firestore_prefix, database=args.firestore_database)

@@ -12,7 +12,7 @@
 #
 # mbridge-package must name one exact package, or the installer refuses it. One attribute
 # carries no index setting, so it is the wheel URL with its hash, which pip checks:
-#   maintenance-bridge[agent-gcp] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl#sha256=<hex>
+#   maintenance-bridge[agent-pubsub] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl#sha256=<hex>
 #
 # Anyone who can set these attributes can run code as root on the VM, exactly like with
 # `startup-script` itself: grant compute.instances.setMetadata accordingly.

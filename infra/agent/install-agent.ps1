@@ -34,7 +34,7 @@
 .EXAMPLE
     # Azure VM, Service Bus through the VM's user-assigned managed identity; commands signed with
     # the functions' key (its public key: output agent_verify_key / parameter agentVerifyKey)
-    .\install-agent.ps1 -Cloud azure -Package 'maintenance-bridge[agent-azure]==0.1.0' `
+    .\install-agent.ps1 -Cloud azure -Package 'maintenance-bridge[agent-servicebus]==0.1.0' `
         -IndexUrl https://pypi.example.internal/simple `
         -ServiceBusNamespace mybus.servicebus.windows.net -ClientId 00000000-0000-0000-0000-000000000000 `
         -VerifyKey <the functions' public key, one line> `
@@ -43,7 +43,7 @@
 .EXAMPLE
     # GCE VM, Pub/Sub through the VM's service account; WinSW copied beforehand
     .\install-agent.ps1 -Cloud gce -PubSubProject my-project `
-        -Package 'maintenance-bridge[agent-gcp] @ https://storage.googleapis.com/my-bucket/maintenance_bridge-0.1.0-py3-none-any.whl' `
+        -Package 'maintenance-bridge[agent-pubsub] @ https://storage.googleapis.com/my-bucket/maintenance_bridge-0.1.0-py3-none-any.whl' `
         -PackageSha256 <the wheel's SHA-256> `
         -VerifyKey <the functions' public key> -WinSWPath C:\packages\WinSW-x64.exe -WinSWSha256 <hash>
 
@@ -62,8 +62,8 @@ param(
     [ValidateSet('servicebus', 'pubsub', 'local', 'jsonl')]
     [string] $Transport,
 
-    # maintenance-bridge[agent-azure]==X.Y.Z (with -IndexUrl), or
-    # maintenance-bridge[agent-azure] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl (with -PackageSha256).
+    # maintenance-bridge[agent-servicebus]==X.Y.Z (with -IndexUrl), or
+    # maintenance-bridge[agent-servicebus] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl (with -PackageSha256).
     [Parameter(Mandatory = $true, ParameterSetName = 'Install')]
     [ValidateNotNullOrEmpty()]
     [string] $Package,
@@ -276,11 +276,11 @@ function Test-Venv {
 # maintenance-bridge[extras] @ URL#sha256=HEX, whose fragment pip checks before it unpacks anything.
 # The same rules as install-agent.sh; anything else throws, saying what to pass.
 function Resolve-AgentPackage {
-    $agentExtras = @('agent-azure', 'agent-gcp')
+    $agentExtras = @('agent-servicebus', 'agent-pubsub')
     $spec = $Package.Trim()
-    $help = "pass -Package 'maintenance-bridge[agent-azure]==X.Y.Z' -IndexUrl https://<your index>/simple, or " +
-        "-Package 'maintenance-bridge[agent-azure] @ https://<host>/maintenance_bridge-X.Y.Z-py3-none-any.whl' " +
-        '-PackageSha256 <the wheel''s SHA-256> ([agent-gcp] on GCE)'
+    $help = "pass -Package 'maintenance-bridge[agent-servicebus]==X.Y.Z' -IndexUrl https://<your index>/simple, or " +
+        "-Package 'maintenance-bridge[agent-servicebus] @ https://<host>/maintenance_bridge-X.Y.Z-py3-none-any.whl' " +
+        '-PackageSha256 <the wheel''s SHA-256> ([agent-pubsub] on GCE)'
     if ($spec -match '^[A-Za-z][A-Za-z0-9+.-]*://') {
         $name = 'maintenance-bridge'; $extras = ''; $rest = "@ $spec"
     } elseif ($spec -match '^([A-Za-z0-9._-]+)\s*(\[([^\]]*)\])?\s*(.*)$') {
@@ -291,7 +291,7 @@ function Resolve-AgentPackage {
         throw "-Package $spec is not a requirement this installer takes; $help"
     }
     if ($name -ne 'maintenance-bridge') { throw "-Package names '$name', not maintenance-bridge; $help" }
-    # Only the agent's extras: [azure] and [gcp] bring the function apps' SDKs, which a VM never runs.
+    # Only the agent's extras: [functions-azure] and [functions-gcp] bring the function apps' SDKs, which a VM never runs.
     $kept = @()
     foreach ($extra in ($extras -split ',')) {
         $extra = $extra.Trim().ToLowerInvariant() -replace '[_.]', '-'

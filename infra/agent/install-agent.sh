@@ -15,10 +15,10 @@ Usage: install-agent.sh [--unit FILE] [--package SPEC] [--force] [--no-check] [-
 
 Installs the maintenance-bridge agent as the systemd service mbridge-agent:
   1. reads /etc/mbridge/install.env, which must name one exact package, either
-       MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==0.1.0     (or [agent-gcp])
+       MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.1.0     (or [agent-pubsub])
        PIP_INDEX_URL=https://pypi.example.internal/simple         (the index that serves it)
      or a wheel and its SHA-256, which pip checks:
-       MBRIDGE_PACKAGE=maintenance-bridge[agent-azure] @ https://host/maintenance_bridge-0.1.0-py3-none-any.whl
+       MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus] @ https://host/maintenance_bridge-0.1.0-py3-none-any.whl
        MBRIDGE_PACKAGE_SHA256=<64 hex digits>                     (or #sha256=<hex> after the URL)
      and refuses anything else (PIP_* lines there are passed to pip);
   2. finds python3 >= 3.9 with venv, installing it with apt-get, dnf, yum or zypper if missing;
@@ -154,16 +154,16 @@ stamp_changed() {
 # on the day of the boot, and the public index holds no package of this project: the first boot
 # would fail, or install someone else's package of the same name, as root. The hash is checked by
 # pip itself (the #sha256= fragment of a direct reference), before anything is unpacked.
-AGENT_EXTRAS="agent-azure agent-gcp"
+AGENT_EXTRAS="agent-servicebus agent-pubsub"
 
 refuse_package() {
   printf 'mbridge-install: ERROR: %s\n' "$1" >&2
   cat >&2 <<EOF
 mbridge-install: set one exact package in $INSTALL_ENV, either a pinned version and its index:
-mbridge-install:     MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==X.Y.Z    ([agent-gcp] on GCE)
+mbridge-install:     MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==X.Y.Z    ([agent-pubsub] on GCE)
 mbridge-install:     PIP_INDEX_URL=https://<your index>/simple
 mbridge-install: or a wheel URL and its SHA-256, which pip checks:
-mbridge-install:     MBRIDGE_PACKAGE=maintenance-bridge[agent-azure] @ https://<host>/maintenance_bridge-X.Y.Z-py3-none-any.whl
+mbridge-install:     MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus] @ https://<host>/maintenance_bridge-X.Y.Z-py3-none-any.whl
 mbridge-install:     MBRIDGE_PACKAGE_SHA256=<sha256sum of the wheel>      (or #sha256=<hex> at the end of the URL)
 EOF
   exit 1
@@ -184,7 +184,7 @@ resolve_package() {
     refuse_package "MBRIDGE_PACKAGE=$spec is not a requirement this installer takes"
   fi
   [ "$name" = maintenance-bridge ] || refuse_package "MBRIDGE_PACKAGE names '$name', not maintenance-bridge"
-  # Only the agent's extras: [azure] and [gcp] bring the function apps' SDKs, which a VM never runs.
+  # Only the agent's extras: [functions-azure] and [functions-gcp] bring the function apps' SDKs, which a VM never runs.
   for extra in ${extras//,/ }; do
     extra="${extra,,}"
     extra="${extra//[_.]/-}"

@@ -23,7 +23,7 @@ from mbridge.demo.pubsub_bus import COMMANDS_TOPIC, PROJECT
 
 FUNCTION_TARGET = "on_maintenance_event"
 FUNCTION_STARTUP_TIMEOUT = 60.0
-GCP_EXTRA_HINT = "install the Google extras: pip install -e '.[gcp]' (from the repository root)"
+GCP_EXTRA_HINT = "install the Google extras: pip install -e '.[functions-gcp]' (from the repository root)"
 
 
 def policy_document(policy: Policy) -> str:

@@ -96,7 +96,7 @@ CHECK = BICEP_DIR / "modules" / "check.bicep"
 # The agent package a deployment with the example scale set must be given (no default: the installer
 # takes only a pinned one); assumed unless a test sets agentPackage itself.
 EXAMPLE_AGENT_PACKAGE = (
-    "maintenance-bridge[agent-azure] @ https://example.blob.core.windows.net/agent/"
+    "maintenance-bridge[agent-servicebus] @ https://example.blob.core.windows.net/agent/"
     "maintenance_bridge-0.1.0-py3-none-any.whl#sha256=" + "0" * 64
 )
 

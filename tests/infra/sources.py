@@ -72,8 +72,8 @@ def assert_agent_package_is_pinned(variable: Mapping[str, Any], extra: str) -> N
         f"maintenance-bridge[{extra}] @ file:///opt/wheels/maintenance_bridge-0.1.0-py3-none-any.whl#sha256={'0' * 64}"
     )
     refused = [
-        "maintenance-bridge[azure]",  # the old default: unpinned, and the function apps' extra
-        "maintenance-bridge[gcp]",
+        "maintenance-bridge[functions-azure]",  # unpinned, and the function apps' extra
+        "maintenance-bridge[functions-gcp]",
         f"maintenance-bridge[{extra}]",
         f"maintenance-bridge[{extra}]==0.1.0",  # pinned, but needs PIP_INDEX_URL, which one line cannot carry
         f"maintenance-bridge[{extra}] @ {wheel}",  # no hash

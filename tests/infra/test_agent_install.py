@@ -341,7 +341,7 @@ def test_rendered_cloud_init_writes_the_real_files_within_azure_custom_data_limi
     contents = {
         "/etc/mbridge/agent.env": (EXAMPLES / "azure-servicebus.env").read_bytes(),
         "/etc/mbridge/install.env": (
-            b"MBRIDGE_PACKAGE=maintenance-bridge[agent-azure] @ https://example.blob.core.windows.net/agent/"
+            b"MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus] @ https://example.blob.core.windows.net/agent/"
             b"maintenance_bridge-0.1.0-py3-none-any.whl\nMBRIDGE_PACKAGE_SHA256=" + b"0" * 64 + b"\n"
         ),
         "/etc/systemd/system/mbridge-agent.service": UNIT.read_bytes(),
@@ -390,7 +390,7 @@ FUNCTION_APP_LIBRARIES = (
     "functions-framework",
     "cloudevents",
 )
-AGENT_EXTRAS = ("agent-azure", "agent-gcp")
+AGENT_EXTRAS = ("agent-servicebus", "agent-pubsub")
 
 
 def installer_agent_extras() -> set[str]:
@@ -409,15 +409,15 @@ def test_the_agent_extras_hold_the_bus_clients_and_no_function_app_library() -> 
         assert requirements, name
         for requirement in requirements:
             assert not requirement.startswith(FUNCTION_APP_LIBRARIES), f"[{name}] pulls in {requirement}"
-    assert {"azure-servicebus", "azure-identity"} <= {r.split(">")[0] for r in extras["agent-azure"]}
-    assert {"google-cloud-pubsub"} <= {r.split(">")[0] for r in extras["agent-gcp"]}
+    assert {"azure-servicebus", "azure-identity"} <= {r.split(">")[0] for r in extras["agent-servicebus"]}
+    assert {"google-cloud-pubsub"} <= {r.split(">")[0] for r in extras["agent-pubsub"]}
 
 
 @pytest.mark.parametrize(
     "path", [INSTALLER, CLOUD_INIT, GCE_STARTUP, AGENT_INSTALL / "README.md"], ids=lambda p: p.name
 )
 def test_the_installation_files_name_only_the_agent_extras(path: Path) -> None:
-    # [azure] and [gcp] are the function apps' extras: a VM following these files never gets them
+    # [functions-azure] and [functions-gcp] are the function apps' extras: a VM following these files never gets them
     assert not re.search(r"maintenance-bridge\[(azure|gcp)\]", path.read_text(encoding="utf-8"))
 
 
@@ -592,23 +592,23 @@ def test_installer_without_agent_settings_says_so(sandbox: Sandbox) -> None:
 SHA256_A = "a" * 64
 # install.env contents the installer refuses before it changes anything, with what it says.
 REFUSED_PACKAGES = {
-    "a bare name": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]\n", "is not pinned"),
-    "a range": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]>=0.1\n", "is not pinned to one version"),
-    "a wildcard": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==0.*\n", "does not pin one version"),
-    "a pin without its index": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==0.1.0\n", "PIP_INDEX_URL is not set"),
+    "a bare name": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]\n", "is not pinned"),
+    "a range": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]>=0.1\n", "is not pinned to one version"),
+    "a wildcard": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.*\n", "does not pin one version"),
+    "a pin without its index": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.1.0\n", "PIP_INDEX_URL is not set"),
     "a pin from PyPI": (
-        "MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==0.1.0\nPIP_INDEX_URL=https://pypi.org/simple\n",
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.1.0\nPIP_INDEX_URL=https://pypi.org/simple\n",
         "PIP_INDEX_URL is PyPI",
     ),
     "a pin with a second index": (
-        "MBRIDGE_PACKAGE=maintenance-bridge[agent-gcp]==0.1.0\nPIP_INDEX_URL=https://pypi.example.internal/simple\n"
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-pubsub]==0.1.0\nPIP_INDEX_URL=https://pypi.example.internal/simple\n"
         "PIP_EXTRA_INDEX_URL=https://mirror.example.internal/simple\n",
         "PIP_EXTRA_INDEX_URL is set",
     ),
-    "the function apps' extra": ("MBRIDGE_PACKAGE=maintenance-bridge[azure]==0.1.0\n", "extra [azure]"),
+    "the function apps' extra": ("MBRIDGE_PACKAGE=maintenance-bridge[functions-azure]==0.1.0\n", "extra [functions-azure]"),
     "another package": ("MBRIDGE_PACKAGE=maintenance-bridges==0.1.0\n", "not maintenance-bridge"),
     "a wheel URL without its hash": (
-        "MBRIDGE_PACKAGE=maintenance-bridge[agent-azure] @ https://example.com/maintenance_bridge-0.1.0-py3-none-any.whl\n",
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus] @ https://example.com/maintenance_bridge-0.1.0-py3-none-any.whl\n",
         "has no SHA-256",
     ),
     "two different hashes": (
@@ -635,7 +635,7 @@ def test_installer_refuses_a_package_that_is_not_pinned_and_says_what_to_set(
     assert result.returncode == 1
     assert reason in result.stderr
     for setting in (
-        "MBRIDGE_PACKAGE=maintenance-bridge[agent-azure]==X.Y.Z",
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==X.Y.Z",
         "PIP_INDEX_URL=",
         "MBRIDGE_PACKAGE_SHA256=",
     ):
@@ -867,7 +867,7 @@ STUB_INSTALLER = '#!/bin/sh\necho "installed under $MBRIDGE_INSTALL_ROOT" > "$MB
 
 # One attribute carries no index setting: the wheel URL with its hash.
 GCE_PACKAGE = (
-    "maintenance-bridge[agent-gcp] @ https://storage.googleapis.com/my-bucket/maintenance_bridge-0.1.0-py3-none-any.whl"
+    "maintenance-bridge[agent-pubsub] @ https://storage.googleapis.com/my-bucket/maintenance_bridge-0.1.0-py3-none-any.whl"
     "#sha256=" + "0" * 64
 )
 

@@ -489,7 +489,7 @@ def test_drainer_assignments_exist_only_with_a_load_balancer() -> None:
 
 def test_the_agent_package_is_a_wheel_with_its_hash_and_required_with_the_example() -> None:
     # GIVEN agent_package; THEN it has no default and takes only a wheel URL with its sha256
-    assert_agent_package_is_pinned(terraform_variables(parsed())["agent_package"], "agent-azure")
+    assert_agent_package_is_pinned(terraform_variables(parsed())["agent_package"], "agent-servicebus")
     # AND the example scale set refuses to be planned without one
     conditions = {
         condition["condition"]: condition["error_message"]
@@ -564,7 +564,7 @@ def test_filling_the_placeholders_leaves_valid_cloud_init_within_the_custom_data
     # the keys it writes (values as long as real ones) and the default package
     text = (AGENT_INSTALL / "cloud-init.yaml").read_text(encoding="utf-8")
     environment = "".join(f"{name}={'x' * 64}\n" for name in local("agent_environment"))
-    package = "maintenance-bridge[agent-azure] @ https://example.blob.core.windows.net/agent/" + "x" * 120
+    package = "maintenance-bridge[agent-servicebus] @ https://example.blob.core.windows.net/agent/" + "x" * 120
     fills = {
         "@@AGENT_ENV_B64@@": environment.encode(),
         "@@INSTALL_ENV_B64@@": f"MBRIDGE_PACKAGE={package}\n".encode(),

@@ -854,7 +854,7 @@ def test_vms_run_the_agent_from_the_infra_agent_files() -> None:
 
 def test_the_agent_package_is_a_wheel_with_its_hash_and_required_with_vms() -> None:
     # GIVEN agent_package; THEN it has no default and takes only a wheel URL with its sha256
-    assert_agent_package_is_pinned(terraform_variables(root())["agent_package"], "agent-gcp")
+    assert_agent_package_is_pinned(terraform_variables(root())["agent_package"], "agent-pubsub")
     # AND the VMs refuse to be planned without one
     [precondition] = resource(VM)["lifecycle"][0]["precondition"]
     assert precondition["condition"] == '${var.agent_package != ""}'

@@ -71,7 +71,7 @@ def declared(app: App) -> dict[str, str]:
 
 def pyproject_requirements(cloud: str) -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return as_map([Requirement(line) for line in [*project["dependencies"], *project["optional-dependencies"][cloud]]])
+    return as_map([Requirement(line) for line in [*project["dependencies"], *project["optional-dependencies"][f"functions-{cloud}"]]])
 
 
 @dataclass(frozen=True)

@@ -314,7 +314,7 @@ variable "example_vnet_cidr" {
 }
 
 variable "agent_package" {
-  description = "The agent the example scale set installs (MBRIDGE_PACKAGE): maintenance-bridge[agent-azure] @ <URL of the wheel>#sha256=<its 64 hex digits>, which pip checks itself (infra/agent/README.md). Required with deploy_example_scale_set; no default, as no index publishes the package."
+  description = "The agent the example scale set installs (MBRIDGE_PACKAGE): maintenance-bridge[agent-servicebus] @ <URL of the wheel>#sha256=<its 64 hex digits>, which pip checks itself (infra/agent/README.md). Required with deploy_example_scale_set; no default, as no index publishes the package."
   type        = string
   default     = ""
 
@@ -322,7 +322,7 @@ variable "agent_package" {
     # The one form of infra/agent/install-agent.sh that needs no index: a cloud-init environment
     # file carries one line, so the pinned-version form (which needs PIP_INDEX_URL too) cannot be
     # passed here. A value the installer would refuse at the VMs' first boot fails the plan instead.
-    condition     = var.agent_package == "" || can(regex("^maintenance-bridge\\[agent-azure\\] @ (https|http|file)://[^\\s#]+\\.whl#sha256=[0-9A-Fa-f]{64}$", var.agent_package))
-    error_message = "agent_package must be maintenance-bridge[agent-azure] @ <https://, http:// or file:// URL of the wheel, ending .whl>#sha256=<its 64 hex digits> (infra/agent/README.md): the installer takes no unpinned package."
+    condition     = var.agent_package == "" || can(regex("^maintenance-bridge\\[agent-servicebus\\] @ (https|http|file)://[^\\s#]+\\.whl#sha256=[0-9A-Fa-f]{64}$", var.agent_package))
+    error_message = "agent_package must be maintenance-bridge[agent-servicebus] @ <https://, http:// or file:// URL of the wheel, ending .whl>#sha256=<its 64 hex digits> (infra/agent/README.md): the installer takes no unpinned package."
   }
 }

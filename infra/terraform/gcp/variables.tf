@@ -337,7 +337,7 @@ variable "instance_group_name" {
 }
 
 variable "agent_package" {
-  description = "The agent the example VMs install (metadata mbridge-package): maintenance-bridge[agent-gcp] @ <URL of the wheel>#sha256=<its 64 hex digits>, which pip checks itself (infra/agent/README.md). Required with vm_names; no default, as no index publishes the package."
+  description = "The agent the example VMs install (metadata mbridge-package): maintenance-bridge[agent-pubsub] @ <URL of the wheel>#sha256=<its 64 hex digits>, which pip checks itself (infra/agent/README.md). Required with vm_names; no default, as no index publishes the package."
   type        = string
   default     = ""
 
@@ -345,8 +345,8 @@ variable "agent_package" {
     # The one form of infra/agent/install-agent.sh that needs no index: one metadata value cannot
     # also carry PIP_INDEX_URL. A value the installer would refuse at the VMs' first boot fails the
     # plan instead.
-    condition     = var.agent_package == "" || can(regex("^maintenance-bridge\\[agent-gcp\\] @ (https|http|file)://[^\\s#]+\\.whl#sha256=[0-9A-Fa-f]{64}$", var.agent_package))
-    error_message = "agent_package must be maintenance-bridge[agent-gcp] @ <https://, http:// or file:// URL of the wheel, ending .whl>#sha256=<its 64 hex digits> (infra/agent/README.md): the installer takes no unpinned package."
+    condition     = var.agent_package == "" || can(regex("^maintenance-bridge\\[agent-pubsub\\] @ (https|http|file)://[^\\s#]+\\.whl#sha256=[0-9A-Fa-f]{64}$", var.agent_package))
+    error_message = "agent_package must be maintenance-bridge[agent-pubsub] @ <https://, http:// or file:// URL of the wheel, ending .whl>#sha256=<its 64 hex digits> (infra/agent/README.md): the installer takes no unpinned package."
   }
 }
 

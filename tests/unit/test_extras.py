@@ -1,0 +1,69 @@
+"""The extras: a VM installs its bus client only, the function apps their cloud's SDKs, the demo
+what it imports (tests/e2e/test_demo.py runs the demo under tests/e2e/import_guard.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+IMPORT_GUARD = ROOT / "tests" / "e2e" / "import_guard.py"
+FUNCTION_ONLY = {
+    "azure-functions",
+    "azure-mgmt-network",
+    "azure-mgmt-compute",
+    "azure-data-tables",
+    "google-cloud-compute",
+    "google-cloud-firestore",
+    "functions-framework",
+}
+
+
+def extras() -> dict[str, set[str]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return {
+        name: {canonicalize_name(Requirement(line).name) for line in lines}
+        for name, lines in project["optional-dependencies"].items()
+    }
+
+
+def test_the_extras_are_split_by_side() -> None:
+    found = extras()
+    # GIVEN the VM side: one bus client each, nothing of the function apps
+    assert found["agent-servicebus"] == {"azure-servicebus", "azure-identity"}
+    assert found["agent-pubsub"] == {"google-cloud-pubsub"}
+    # AND the function side: each cloud's SDKs
+    assert {"azure-functions", "azure-mgmt-network", "azure-data-tables"} <= found["functions-azure"]
+    assert {"google-cloud-compute", "google-cloud-firestore", "functions-framework"} <= found["functions-gcp"]
+    # AND the demo: no cloud SDK at all
+    assert not (found["demo"] & (FUNCTION_ONLY | found["agent-servicebus"] | found["agent-pubsub"]))
+    # AND the old names are gone
+    assert not {"azure", "gcp", "agent-azure", "agent-gcp"} & set(found)
+
+
+def test_the_guard_refuses_what_the_extras_do_not_bring() -> None:
+    # GIVEN the Pub/Sub transport, imported with only the demo extra's packages allowed
+    refused = subprocess.run(
+        [sys.executable, str(IMPORT_GUARD), "demo", "wire.transports.pubsub.client"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    # THEN the import fails, naming the distribution
+    assert refused.returncode != 0
+    assert "comes from google-cloud-pubsub, which the extras given do not bring" in refused.stderr
+    # AND with the VM's Pub/Sub extra it imports
+    allowed = subprocess.run(
+        [sys.executable, str(IMPORT_GUARD), "agent-pubsub", "wire.transports.pubsub.client"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert allowed.returncode == 0, allowed.stderr
