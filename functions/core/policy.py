@@ -91,15 +91,18 @@ _SCALARS: dict[str, tuple[type, ...]] = {
 }
 
 
-def load_policy(text: str | bytes | None) -> Policy:
+def load_policy(text: str | bytes | None, source: str | None = None) -> Policy:
     """Parse a policy document (JSON, or YAML when PyYAML is installed); empty → the default.
 
+    `source`, a file name, decides the format by its suffix (.json, .yaml, .yml); without one, text
+    that starts like JSON is reported as JSON when it parses as neither.
+
     Raises:
-        PolicyError: naming the key that is wrong.
+        PolicyError: naming the key that is wrong, or where the document stops parsing.
     """
     if text is None or not str(text if isinstance(text, str) else text.decode()).strip():
         return DEFAULT_POLICY
-    document = _parse(text)
+    document = _parse(text, source)
     if not isinstance(document, dict):
         raise PolicyError("a policy is a JSON/YAML object of settings; see docs/policy.md")
     return policy_from_mapping(document)
@@ -186,15 +189,37 @@ def _window(raw: Any) -> tuple[int, int] | None:
     return (raw[0], raw[1])
 
 
-def _parse(text: str | bytes) -> Any:
+def _parse(text: str | bytes, source: str | None = None) -> Any:
+    what = f"the policy {source}" if source else "the policy"
+    suffix = source.rsplit(".", 1)[-1].lower() if source and "." in source else ""
+    as_text = text if isinstance(text, str) else text.decode("utf-8", errors="replace")
+    # Text that starts like JSON and parses as neither was meant as JSON (a truncated file, say):
+    # report JSON's error and position, not YAML's.
+    looks_like_json = suffix == "json" or (not suffix and as_text.lstrip()[:1] in ("{", "["))
+    if suffix not in ("yaml", "yml"):
+        try:
+            return json.loads(text)
+        except ValueError as json_error:
+            if suffix == "json":
+                raise PolicyError(f"{what} is not valid JSON: {json_error}") from None
+            if looks_like_json:
+                try:
+                    return _parse_yaml(text, what)
+                except PolicyError:
+                    raise PolicyError(f"{what} is not valid JSON: {json_error}") from None
+            return _parse_yaml(text, what, json_error)
+    return _parse_yaml(text, what)
+
+
+def _parse_yaml(text: str | bytes, what: str, json_error: ValueError | None = None) -> Any:
     try:
-        return json.loads(text)
-    except ValueError as json_error:
-        try:
-            import yaml
-        except ImportError:
-            raise PolicyError(f"the policy is not JSON ({json_error}); for YAML install PyYAML") from None
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise PolicyError(f"the policy is neither JSON nor YAML: {exc}") from exc
+        import yaml
+    except ImportError:
+        if json_error is not None:
+            raise PolicyError(f"{what} is not JSON ({json_error}); for YAML install PyYAML") from None
+        raise PolicyError(f"{what} is YAML: install PyYAML to read it") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        kind = "neither JSON nor YAML" if json_error is not None else "not valid YAML"
+        raise PolicyError(f"{what} is {kind}: {exc}") from exc

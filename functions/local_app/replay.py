@@ -49,12 +49,21 @@ class _Discard:
         return None
 
 
-def replay(lines: Iterable[str], policy_text: str | None, out: TextIO, err: TextIO) -> int:
-    policy = load_policy(policy_text)
+# Exit status when not one line was an envelope: the wrong file (a log, an empty file) must not
+# pass for a replay in which the policy did nothing.
+NOTHING_REPLAYED = 2
+
+
+def replay(
+    lines: Iterable[str], policy_text: str | None, out: TextIO, err: TextIO, policy_source: str | None = None
+) -> int:
+    """Replay `lines`; 0, or NOTHING_REPLAYED when none of them was an envelope."""
+    policy = load_policy(policy_text, policy_source)
     store = SqliteStore(":memory:")
     deps = Deps(
         store=store, balancer=_EveryVmBalancer(), sender=_Discard(), audit=store, policy=policy, verifier=ReporterName()
     )
+    envelopes = 0
     for number, line in _numbered(lines):
         body = line.encode("utf-8")
         try:
@@ -62,11 +71,12 @@ def replay(lines: Iterable[str], policy_text: str | None, out: TextIO, err: Text
         except MalformedEnvelopeError as exc:
             print(f"line {number}: skipped, not an envelope: {exc}", file=err)
             continue
+        envelopes += 1
         outcome = process(body, deps, when)
         for taken in outcome.actions:
             out.write(json.dumps(_line(when, taken)) + "\n")
     store.close()
-    return 0
+    return 0 if envelopes else NOTHING_REPLAYED
 
 
 def _line(when: Any, taken: Any) -> dict[str, Any]:
@@ -97,13 +107,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         policy_text = Path(args.policy).read_text(encoding="utf-8") if args.policy else None
-        if args.events == "-":
-            return replay(sys.stdin, policy_text, sys.stdout, sys.stderr)
-        with open(args.events, encoding="utf-8") as events:
-            return replay(events, policy_text, sys.stdout, sys.stderr)
     except (OSError, UnicodeDecodeError) as exc:
-        print(f"mbridge replay: cannot read the input: {exc}", file=sys.stderr)
+        print(f"mbridge replay: cannot read the policy file {args.policy}: {_reason(exc)}", file=sys.stderr)
+        return 2
+    source = "standard input" if args.events == "-" else args.events
+    try:
+        if args.events == "-":
+            status = replay(sys.stdin, policy_text, sys.stdout, sys.stderr, args.policy)
+        else:
+            with open(args.events, encoding="utf-8") as events:
+                status = replay(events, policy_text, sys.stdout, sys.stderr, args.policy)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"mbridge replay: cannot read the events file {source}: {_reason(exc)}", file=sys.stderr)
         return 2
     except PolicyError as exc:
         print(f"mbridge replay: {exc}", file=sys.stderr)
         return 2
+    if status == NOTHING_REPLAYED:
+        print(
+            f"mbridge replay: no line of {source} is an envelope; give the agent's jsonl output (--transport jsonl)",
+            file=sys.stderr,
+        )
+    return status
+
+
+def _reason(exc: Exception) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -283,13 +283,30 @@ def test_document_must_be_an_object(text: str) -> None:
         load_policy(text)
 
 
-@pytest.mark.parametrize("text", ['{"dry_run": true', "dry_run: [true\n", "a: b: c\n"])
-def test_unreadable_document_is_refused(text: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # text that starts like JSON gets JSON's error, with its position, not YAML's
+        ('{"dry_run": true', "is not valid JSON: Expecting ',' delimiter: line 1 column 17"),
+        ("dry_run: [true\n", "neither JSON nor YAML"),
+        ("a: b: c\n", "neither JSON nor YAML"),
+    ],
+)
+def test_unreadable_document_is_refused(text: str, message: str) -> None:
     # GIVEN text that is neither valid JSON nor valid YAML
     # WHEN it is loaded
     # THEN it is refused as such
-    with pytest.raises(PolicyError, match="neither JSON nor YAML"):
+    with pytest.raises(PolicyError, match=re.escape(message)):
         load_policy(text)
+
+
+def test_a_file_name_decides_the_format() -> None:
+    # GIVEN YAML text in a file named .json, and JSON-looking text in a .yaml file
+    with pytest.raises(PolicyError, match=r"the policy p\.json is not valid JSON"):
+        load_policy("drain_period_seconds: 10\n", "p.json")
+    assert load_policy('{"drain_period_seconds": 11}', "p.yaml").drain_period_seconds == 11
+    with pytest.raises(PolicyError, match=r"the policy p\.yml is not valid YAML"):
+        load_policy("a: b: c\n", "p.yml")
 
 
 POLICY_DOC = Path(__file__).resolve().parents[3] / "docs" / "policy.md"

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from functions.core.policy import PolicyError, load_policy
 from functions.local_app.replay import replay
 from tests.fixtures import FIXTURES
 
@@ -132,3 +133,60 @@ def test_cli_exit_codes() -> None:
     assert len(ok.stdout.splitlines()) == 4
     assert missing.returncode == 2
     assert "cannot read" in missing.stderr
+
+
+def replay_cli(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mbridge.cli", "replay", *arguments],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_input_without_a_single_envelope_is_an_error(tmp_path: Path) -> None:
+    # GIVEN a file with lines, none of them an envelope (the wrong file, or the agent's log)
+    events = tmp_path / "agent.log"
+    events.write_text('{"level": "info", "message": "agent running"}\nnot json\n', encoding="utf-8")
+    # WHEN it is replayed THEN nothing is pretended: exit 2, saying so and naming the file
+    finished = replay_cli(tmp_path, "--events", str(events))
+    assert finished.returncode == 2
+    assert finished.stdout == ""
+    assert f"mbridge replay: no line of {events} is an envelope" in finished.stderr
+    # AND an empty file too
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    assert replay_cli(tmp_path, "--events", str(empty)).returncode == 2
+
+
+def test_a_missing_policy_file_is_named_as_the_policy(tmp_path: Path) -> None:
+    finished = replay_cli(
+        tmp_path, "--events", str(RECORDINGS / "user-reboot.jsonl"), "--policy", str(tmp_path / "policy.json")
+    )
+    assert finished.returncode == 2
+    assert f"mbridge replay: cannot read the policy file {tmp_path / 'policy.json'}" in finished.stderr
+    assert "the input" not in finished.stderr
+
+
+def test_a_missing_events_file_is_named_as_the_events(tmp_path: Path) -> None:
+    finished = replay_cli(tmp_path, "--events", str(tmp_path / "events.jsonl"))
+    assert finished.returncode == 2
+    assert f"mbridge replay: cannot read the events file {tmp_path / 'events.jsonl'}" in finished.stderr
+
+
+def test_a_truncated_json_policy_gets_a_json_error(tmp_path: Path) -> None:
+    # GIVEN a JSON policy cut short (as an editor or a copy may leave it)
+    policy = tmp_path / "policy.json"
+    policy.write_text('{"drain_period_seconds": 10,\n "approve_platform_events": ', encoding="utf-8")
+    # WHEN it is used THEN the error is JSON's, with its position, not a YAML parser's
+    finished = replay_cli(tmp_path, "--events", str(RECORDINGS / "user-reboot.jsonl"), "--policy", str(policy))
+    assert finished.returncode == 2
+    assert "is not valid JSON" in finished.stderr
+    assert "line 2" in finished.stderr
+    assert "yaml" not in finished.stderr.lower()
+
+
+def test_a_json_looking_policy_of_any_name_gets_a_json_error() -> None:
+    # GIVEN JSON text cut short, from a setting rather than a file (no name to go by)
+    with pytest.raises(PolicyError, match="is not valid JSON"):
+        load_policy('{"drain_period_seconds": 10,')
+    # AND YAML flow style, which is not JSON, still loads
+    assert load_policy("{drain_period_seconds: 12}").drain_period_seconds == 12
