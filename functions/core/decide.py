@@ -91,11 +91,25 @@ def decide(event: MaintenanceEvent, policy: Policy, now: datetime) -> Decision:
         return Decision("4-user", "user-initiated: drain, then approve at once", (*_drain(event), Approve(target)))
     if not policy.approve_platform_events:
         return Decision("5-platform", "platform event: drain; platform approvals are off", _drain(event))
+    execute_at = approval_time(event, policy, drained_at=now)
     return Decision(
         "5-platform",
-        f"platform {event.kind.value}: drain, approve after the {policy.drain_period_seconds:g} s drain period",
-        (*_drain(event), Approve(target, execute_at=approval_time(event, policy, drained_at=now))),
+        f"platform {event.kind.value}: drain, {_when_approved(execute_at, policy, now)}",
+        (*_drain(event), Approve(target, execute_at=execute_at)),
     )
+
+
+def _when_approved(execute_at: datetime, policy: Policy, now: datetime) -> str:
+    """When a platform event is approved and why, as it was computed: the reason is printed next to
+    the approval, so it must say "at once" when NotBefore cut the drain period to nothing."""
+    period = f"{policy.drain_period_seconds:g} s drain period"
+    if execute_at >= now + timedelta(seconds=policy.drain_period_seconds):
+        return f"approve after the {period}"
+    margin = f"NotBefore less the {policy.not_before_margin_seconds:g} s margin"
+    if execute_at <= now:
+        return f"approve at once: the {period} would pass {margin}"
+    waited = (execute_at - now).total_seconds()
+    return f"approve {waited:g} s after the drain: capped by {margin} (the {period} would pass it)"
 
 
 def _unreadable(event: MaintenanceEvent) -> Decision:

@@ -1,15 +1,31 @@
 """How the demo shows what happened: a live line per stage, a summary table, the checks, and a
-self-contained HTML page (table + SVG chart, no scripts, no external files)."""
+self-contained HTML page (table + SVG chart, no scripts, no external files).
+
+The chart has one row per VM of each flow, a time axis with ticks, and a marker per stage. The
+first stages of a flow come milliseconds apart (detected, published, decided, drained) on an
+axis of seconds, so a marker is never drawn over another: markers too close to their neighbour
+are moved right along the row, in time order, each joined by a leader to a tick at its true time.
+This keeps every row one line high and the stages in reading order; stacking close markers in
+lanes would do the same with rows three or four lanes high, and segments between successive
+marks would be less than a pixel wide for stages a few milliseconds apart.
+
+The chart is drawn twice, for a wide and a narrow screen (a CSS media query shows one): both
+scale to the page's width (viewBox), and text stays legible down to a 420 px wide window.
+"""
 
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TextIO
 
 from mbridge.demo.play import Result, Verdict
 from mbridge.demo.timeline import STAGES, EventTimeline
+from wire.version import version
 
 COLOURS = {
     "detected": "#4e79a7",
@@ -67,6 +83,19 @@ def write_html(result: Result, path: str, title: str, notes: Sequence[str]) -> N
         page.write(render_html(result, title, notes))
 
 
+# The two drawings of the chart: (name, viewBox width, font size, marker radius). The narrow one
+# is shown below NARROW_SCREEN_PX; at a 420 px window its text is drawn at about 12 px high.
+WIDE = ("wide", 1000.0, 13.0, 6.0)
+NARROW = ("narrow", 440.0, 14.0, 5.5)
+NARROW_SCREEN_PX = 640
+
+
+def run_date(result: Result) -> datetime:
+    """When the run began: its first injection, else now (a run that injected nothing)."""
+    injected = [t.injected_at for t in result.timelines if t.injected_at is not None]
+    return min(injected) if injected else datetime.now(timezone.utc)
+
+
 def render_html(result: Result, title: str, notes: Sequence[str]) -> str:
     rows = "".join(
         "<tr><th>{}</th>{}<td>{}</td></tr>".format(
@@ -80,21 +109,40 @@ def render_html(result: Result, title: str, notes: Sequence[str]) -> str:
     status = "passed" if result.passed else "FAILED"
     head = "".join(f"<th>{stage}</th>" for stage in STAGES)
     notes_html = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
+    legend = "".join(
+        f'<li><span class="swatch" style="background:{COLOURS[stage]}"></span>{stage}</li>' for stage in STAGES
+    )
+    date = run_date(result).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    charts = "".join(_svg_chart(layout(result.timelines, *drawing)) for drawing in (WIDE, NARROW))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; margin: 1em 0; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; }}
 th:first-child {{ text-align: left; }}
 .ok {{ color: #2e7d32; }} .fail {{ color: #c62828; font-weight: bold; }}
+.meta {{ color: #555; }}
+.scroll {{ overflow-x: auto; }}
+.chart {{ display: block; width: 100%; height: auto; max-width: 1000px; }}
+.chart.narrow {{ display: none; }}
+.legend {{ list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 4px 16px; }}
+.swatch {{ display: inline-block; width: 11px; height: 11px; border-radius: 50%; margin-right: 5px; }}
+@media (max-width: {NARROW_SCREEN_PX}px) {{
+  body {{ margin: 0.75em; }}
+  .chart.wide {{ display: none; }}
+  .chart.narrow {{ display: block; }}
+}}
 </style></head><body>
 <h1>{html.escape(title)}: {status}</h1>
+<p class="meta">run of {date}; maintenance-bridge {html.escape(version())}</p>
 <p>{sum(v.failure is None for v in result.verdicts)}/{len(result.verdicts)} expectations held;
-the flows took {result.seconds:.1f} s. Times are milliseconds from the moment each maintenance was
-injected into the metadata simulator.</p>
-{_svg_chart(result.timelines)}
-<table><tr><th>flow</th>{head}<th>end</th></tr>{rows}</table>
+the flows took {result.seconds:.1f} s. Times are from the moment each maintenance was
+injected into the metadata simulator; each row is one VM of a flow.</p>
+<ul class="legend">{legend}</ul>
+{charts}
+<div class="scroll"><table><tr><th>flow</th>{head}<th>end</th></tr>{rows}</table></div>
 <h2>Expectations</h2><ul>{checks}</ul>
 <ul>{notes_html}</ul>
 </body></html>
@@ -110,33 +158,165 @@ def _check_item(verdict: Verdict) -> str:
     )
 
 
-def _svg_chart(timelines: Sequence[EventTimeline]) -> str:
-    """One lane per flow, a dot per stage at its elapsed time, a bar from injection to the last."""
-    label_width, lane, width = 150, 34, 900
-    longest = max((ms for t in timelines for s in STAGES if (ms := t.elapsed_ms(s)) is not None), default=1.0)
-    scale = (width - label_width - 20) / max(longest, 1.0)
-    height = lane * len(timelines) + 60
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">']
-    for index, timeline in enumerate(timelines):
-        y = 20 + index * lane + lane / 2
-        parts.append(f'<text x="4" y="{y + 4:.0f}" font-size="12">{html.escape(timeline.key)}</text>')
-        points = [(s, ms) for s in STAGES if (ms := timeline.elapsed_ms(s)) is not None]
-        if points:
-            end = label_width + max(ms for _, ms in points) * scale
+@dataclass(frozen=True)
+class ChartRow:
+    """One row of the chart: a VM's part of a flow (vm None: a flow no VM's own witness marked)."""
+
+    flow: str
+    vm: str | None
+    marks: tuple[tuple[str, float], ...]  # (stage, ms since injection), in time order
+    ended_as: str | None
+
+    @property
+    def label(self) -> str:
+        name = self.flow if self.vm is None else f"{self.flow} · {self.vm}"
+        if not self.marks:
+            return f"{name}: no stage reached"
+        return f"{name}: {self.ended_as}" if self.ended_as else name
+
+
+def chart_rows(timelines: Sequence[EventTimeline]) -> list[ChartRow]:
+    """One row per VM whose own witnesses marked a stage of the flow, in VM order; a flow with none
+    (forged reports only) still gets a row, so every flow of the table is on the chart."""
+    rows: list[ChartRow] = []
+    for timeline in timelines:
+        vms: list[str | None] = [*sorted(timeline.vm_stages)] or [None]
+        for vm in vms:
+            if vm is None:
+                seen = [(s, timeline.elapsed_ms(s)) for s in STAGES]
+            else:
+                seen = [(s, timeline.vm_elapsed_ms(vm, s)) for s in STAGES]
+            marks = sorted(((s, ms) for s, ms in seen if ms is not None), key=lambda mark: mark[1])
+            rows.append(ChartRow(timeline.key, vm, tuple(marks), timeline.ended_as))
+    return rows
+
+
+@dataclass(frozen=True)
+class Marker:
+    row: int
+    stage: str
+    ms: float
+    true_x: float  # where its time is on the axis
+    x: float  # where it is drawn: true_x, or moved right off a neighbour
+    y: float
+    r: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    x: float
+    label: str
+
+
+@dataclass(frozen=True)
+class ChartLayout:
+    name: str
+    width: float
+    height: float
+    font: float
+    left: float
+    right: float
+    axis_y: float
+    rows: tuple[tuple[ChartRow, float, float], ...]  # (row, label baseline, track y)
+    ticks: tuple[Tick, ...]
+    markers: tuple[Marker, ...]
+
+
+def layout(timelines: Sequence[EventTimeline], name: str, width: float, font: float, r: float) -> ChartLayout:
+    """Where everything goes on a chart `width` units wide: pure, so its geometry can be tested."""
+    rows = chart_rows(timelines)
+    left, right = r + 2, width - r - 2
+    longest = max((ms for row in rows for _, ms in row.marks), default=0.0)
+    step = _tick_step(longest, max(2, int((right - left) // 90)))
+    end = max(step, math.ceil(longest / step) * step)
+    scale = (right - left) / end
+    axis_y = font + 10
+    ticks = tuple(Tick(left + value * scale, _tick_label(value, step)) for value in _tick_values(end, step))
+    placed: list[tuple[ChartRow, float, float]] = []
+    markers: list[Marker] = []
+    y = axis_y + 8
+    for index, row in enumerate(rows):
+        label_y, track_y = y + font, y + font + r + 6
+        placed.append((row, label_y, track_y))
+        true = [left + ms * scale for _, ms in row.marks]
+        for (stage, ms), true_x, x in zip(row.marks, true, _spread(true, 2 * r + 2, left, right)):
+            markers.append(Marker(index, stage, ms, true_x, x, track_y, r))
+        y = track_y + r + 8
+    return ChartLayout(name, width, y + 4, font, left, right, axis_y, tuple(placed), ticks, tuple(markers))
+
+
+def _spread(xs: Sequence[float], gap: float, left: float, right: float) -> list[float]:
+    """Positions for markers at `xs` (ascending): as close to their own as can be, each at least
+    `gap` from the one before, all within [left, right]. Right first, then back from the right end."""
+    out: list[float] = []
+    for x in xs:
+        out.append(max(x, left, out[-1] + gap) if out else max(x, left))
+    for index in range(len(out) - 1, -1, -1):
+        limit = right if index == len(out) - 1 else out[index + 1] - gap
+        out[index] = min(out[index], limit)
+    return out
+
+
+def _tick_step(span_ms: float, most: int) -> float:
+    """The smallest of 1, 2 or 5 times a power of ten (ms) that gives at most `most` intervals over `span_ms`."""
+    raw = max(span_ms, 1.0) / most
+    power = 10.0 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+
+
+def _tick_values(end: float, step: float) -> list[float]:
+    return [index * step for index in range(round(end / step) + 1)]
+
+
+def _tick_label(value: float, step: float) -> str:
+    return f"{value / 1000:g} s" if step >= 100 else f"{value:g} ms"
+
+
+def _svg_chart(chart: ChartLayout) -> str:
+    font, w, h = chart.font, chart.width, chart.height
+    parts = [
+        f'<svg class="chart {chart.name}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w:g} {h:.0f}" '
+        f'width="100%" preserveAspectRatio="xMinYMin meet" role="img" '
+        f'aria-label="time from injection to each stage, one row per VM of each flow" font-size="{font:g}">'
+    ]
+    for tick in chart.ticks:
+        anchor = "start" if tick is chart.ticks[0] else "end" if tick is chart.ticks[-1] else "middle"
+        parts.append(
+            f'<line class="grid" x1="{tick.x:.1f}" y1="{chart.axis_y:.0f}" x2="{tick.x:.1f}" y2="{h - 4:.0f}" '
+            f'stroke="#e4e4e4"/>'
+            f'<text class="tick" x="{tick.x:.1f}" y="{chart.axis_y - 4:.0f}" text-anchor="{anchor}" '
+            f'fill="#555">{tick.label}</text>'
+        )
+    parts.append(
+        f'<line x1="{chart.left:.1f}" y1="{chart.axis_y:.0f}" x2="{chart.right:.1f}" y2="{chart.axis_y:.0f}" '
+        f'stroke="#888"/>'
+    )
+    for index, (row, label_y, track_y) in enumerate(chart.rows):
+        parts.append(f'<text class="row" x="{chart.left:.1f}" y="{label_y:.0f}">{html.escape(row.label)}</text>')
+        mine = [m for m in chart.markers if m.row == index]
+        if mine:
+            last = max(max(m.x, m.true_x) for m in mine)
             parts.append(
-                f'<line x1="{label_width}" y1="{y:.0f}" x2="{end:.1f}" y2="{y:.0f}" stroke="#bbb" stroke-width="2"/>'
+                f'<line x1="{chart.left:.1f}" y1="{track_y:.1f}" x2="{last:.1f}" y2="{track_y:.1f}" '
+                f'stroke="#bbb" stroke-width="2"/>'
             )
-        for stage, ms in points:
-            x = label_width + ms * scale
+        for marker in mine:
+            bottom = track_y + marker.r + 3
             parts.append(
-                f'<circle cx="{x:.1f}" cy="{y:.0f}" r="6" fill="{COLOURS[stage]}">'
-                f"<title>{html.escape(timeline.key)}: {stage} at {ms:,.0f} ms</title></circle>"
+                f'<line x1="{marker.true_x:.1f}" y1="{bottom:.1f}" x2="{marker.true_x:.1f}" y2="{bottom - 3:.1f}" '
+                f'stroke="{COLOURS[marker.stage]}" stroke-width="1.5"/>'
             )
-    legend_y = height - 20
-    for index, stage in enumerate(STAGES):
-        x = label_width + index * 90
-        parts.append(f'<circle cx="{x}" cy="{legend_y}" r="5" fill="{COLOURS[stage]}"/>')
-        parts.append(f'<text x="{x + 9}" y="{legend_y + 4}" font-size="11">{stage}</text>')
-    parts.append(f'<text x="{width - 140}" y="14" font-size="11">0 … {longest:,.0f} ms</text>')
+            if abs(marker.x - marker.true_x) > 0.5:
+                parts.append(
+                    f'<line x1="{marker.true_x:.1f}" y1="{bottom - 3:.1f}" x2="{marker.x:.1f}" y2="{track_y:.1f}" '
+                    f'stroke="{COLOURS[marker.stage]}" stroke-width="1"/>'
+                )
+        for marker in mine:
+            who = row.flow if row.vm is None else f"{row.flow}, {row.vm}"
+            parts.append(
+                f'<circle class="marker" data-row="{index}" data-stage="{marker.stage}" cx="{marker.x:.1f}" '
+                f'cy="{track_y:.1f}" r="{marker.r:g}" fill="{COLOURS[marker.stage]}" stroke="#fff" stroke-width="1">'
+                f"<title>{html.escape(who)}: {marker.stage} at {marker.ms:,.0f} ms</title></circle>"
+            )
     parts.append("</svg>")
     return "".join(parts)

@@ -10,13 +10,16 @@ Elapsed times count from the moment the demo injected the maintenance into the s
 An envelope whose proof does not name the VM it claims to come from (a forgery the demo makes
 to show the functions refusing it) marks no stage: it is noted as `forged`, and the functions'
 audit records of what they refused (`unverified`, `not-self`) as `refused`.
+
+Each stage is also kept per VM (`vm_stages`): an event of two VMs is drained, approved and
+restored once for each, and the report draws one row per VM.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Optional
 
 from functions.core.ports import AuditRecord
@@ -63,6 +66,7 @@ class EventTimeline:
     command_results: list[tuple[str, str, str]] = field(default_factory=list)  # vm, result, reason
     forged: list[str] = field(default_factory=list)  # "<status> claimed by <vm>, proven by <vm>"
     refusals: list[tuple[str, str]] = field(default_factory=list)  # audit kind (unverified | not-self), reason
+    vm_stages: dict[str, dict[str, datetime]] = field(default_factory=dict)  # VM -> its own first sightings
 
     def matches(self, event: MaintenanceEvent) -> bool:
         if event.cloud is not self.cloud:
@@ -79,10 +83,25 @@ class EventTimeline:
         return [approval for approval in self.approvals if approval.outcome == "accepted"]
 
     def elapsed_ms(self, stage: str) -> float | None:
-        at = self.stages.get(stage)
+        return self._since_injection(self.stages.get(stage))
+
+    def vm_elapsed_ms(self, vm: str, stage: str) -> float | None:
+        """When `vm`'s own part of the event reached `stage` (its report, its drain, its approval)."""
+        return self._since_injection(self.vm_stages.get(vm, {}).get(stage))
+
+    def _since_injection(self, at: datetime | None) -> float | None:
         if at is None or self.injected_at is None:
             return None
-        return (at - self.injected_at).total_seconds() * 1000.0
+        # The witnesses' times are written with millisecond precision, rounded down (RFC 3339 text:
+        # envelopes, audit records, the simulator's approval log), while the injection is read off
+        # the clock with microseconds: a change seen 0.4 ms after its injection would read as -0.6 ms.
+        # Counting from the injection's own millisecond compares like with like.
+        injected = self.injected_at - timedelta(microseconds=self.injected_at.microsecond % 1000)
+        # A stage cannot come before the injection that caused it; a witness with a clock of its
+        # own can still put it there: the simulator stamps approvals with its launch wall time plus
+        # monotonic time, which drifts from the system clock as NTP slews it. Such a reading is
+        # shown as 0 ms rather than as a negative duration.
+        return max(0.0, (at - injected).total_seconds() * 1000.0)
 
 
 # Called with (timeline, stage, detail) the first time a stage is seen.
@@ -90,6 +109,8 @@ StageListener = Callable[[EventTimeline, str, str], None]
 # The VM a message's proof names, or None when it has no valid proof (the demo's own check).
 SenderOf = Callable[[bytes], Optional[str]]
 REFUSED = ("unverified", "not-self")
+# The simulator's outcomes of a StartRequests POST that count as that VM's approval taken.
+OWN_PART_APPROVED = ("accepted", "waiting-for-others")
 
 
 class Observer:
@@ -125,15 +146,17 @@ class Observer:
         if timeline.event_id is None:
             timeline.event_id = event.event_id
         timeline.reporters.add(event.reporter)
+        # A VM's own report marks its row; a VM reporting an event of others only the event's stages.
+        own = event.reporter if event.reporter in event.resources else None
         if event.status in (EventStatus.SCHEDULED, EventStatus.STARTED):
-            self._mark(timeline, "detected", envelope.time, f"{event.status.value}, by {event.reporter}")
-            self._mark(timeline, "published", published_at, f"envelope {envelope.id[:12]}")
+            self._mark(timeline, "detected", envelope.time, f"{event.status.value}, by {event.reporter}", vm=own)
+            self._mark(timeline, "published", published_at, f"envelope {envelope.id[:12]}", vm=own)
         if event.status is EventStatus.STARTED:
-            self._mark(timeline, "started", envelope.time, f"seen by {event.reporter}")
+            self._mark(timeline, "started", envelope.time, f"seen by {event.reporter}", vm=own)
         elif event.status in (EventStatus.COMPLETED, EventStatus.CANCELED):
             if timeline.ended_as is None:
                 timeline.ended_as = event.status.value
-            self._mark(timeline, "completed", envelope.time, f"{event.status.value}, seen by {event.reporter}")
+            self._mark(timeline, "completed", envelope.time, f"{event.status.value}, seen by {event.reporter}", vm=own)
 
     def audit(self, record: AuditRecord) -> None:
         timeline = next((t for t in self.timelines if t.owns(record.event_id)), None)
@@ -144,19 +167,18 @@ class Observer:
             self._mark(timeline, "refused", record.time, record.reason, again=True)
         elif record.kind == "decision":
             timeline.rules.append(record.rule)
-            self._mark(timeline, "decided", record.time, f"rule {record.rule}: {record.reason}")
+            self._mark(timeline, "decided", record.time, f"rule {record.rule}: {record.reason}", vm=record.vm)
         elif record.kind == "command-result":
             timeline.command_results.append((record.vm, record.action, record.reason))
         elif record.kind == "action" and record.action == "drain":
             timeline.drained.append(record.vm)
-            self._mark(timeline, "drained", record.time, record.vm, again=True)
+            self._mark(timeline, "drained", record.time, record.vm, again=True, vm=record.vm)
         elif record.kind == "action" and record.action == "approve":
             timeline.approve_commands.append(SentApproval(record.vm, record.at))
-            when = "at once" if record.at is None else f"to be POSTed at {record.at:%H:%M:%S.%f}"[:-3]
-            self._on_stage(timeline, "approval sent", f"to {record.vm}, {when}")
+            self._on_stage(timeline, "approval sent", f"to {record.vm}, {_when_sent(timeline, record)}")
         elif record.kind == "action" and record.action == "restore":
             timeline.restored.append(record.vm)
-            self._mark(timeline, "restored", record.time, record.vm, again=True)
+            self._mark(timeline, "restored", record.time, record.vm, again=True, vm=record.vm)
 
     def approval(self, entry: Mapping[str, Any]) -> None:
         ids = [str(event_id) for event_id in entry.get("event_ids") or []]
@@ -165,12 +187,37 @@ class Observer:
                 when = parse_rfc3339(str(entry["time"]))
                 approval = ImdsApproval(str(entry["vm"]), str(entry["outcome"]), when)
                 timeline.approvals.append(approval)
+                if approval.outcome in OWN_PART_APPROVED:
+                    # IMDS took this VM's approval; an event of a shared host starts once all of them did.
+                    timeline.vm_stages.setdefault(approval.vm, {}).setdefault("approved", when)
                 if approval.outcome == "accepted":
                     self._mark(timeline, "approved", when, f"IMDS accepted the POST of {approval.vm}")
 
-    def _mark(self, timeline: EventTimeline, stage: str, when: datetime, detail: str, again: bool = False) -> None:
+    def _mark(
+        self,
+        timeline: EventTimeline,
+        stage: str,
+        when: datetime,
+        detail: str,
+        again: bool = False,
+        vm: str | None = None,
+    ) -> None:
+        if vm is not None:
+            timeline.vm_stages.setdefault(vm, {}).setdefault(stage, when)
         if stage not in timeline.stages:
             timeline.stages[stage] = when
             self._on_stage(timeline, stage, detail)
         elif again:
             self._on_stage(timeline, stage, detail)
+
+
+def _when_sent(timeline: EventTimeline, record: AuditRecord) -> str:
+    """When the approval will be POSTed, from the command itself (`execute_at`), counted from the
+    VM's drain: the decision's reason, printed with `decided`, says why; this says what was sent."""
+    if record.at is None:
+        return "at once"
+    posted = f"{record.at:%H:%M:%S.%f}"[:-3]
+    drained = timeline.vm_stages.get(record.vm, {}).get("drained") or timeline.stages.get("drained")
+    if drained is None:
+        return f"to be POSTed at {posted}"
+    return f"to be POSTed at {posted}, {(record.at - drained).total_seconds():.1f} s after the drain"

@@ -836,3 +836,32 @@ def test_an_unreadable_field_that_does_not_change_the_decision_keeps_the_rule() 
     # A Reboot whose EventSource could not be read is a platform Reboot: drained, approved after the period.
     decision = decide(azure_event(kind=K.REBOOT, event_source=None, unreadable=("EventSource",)), DEFAULT_POLICY, NOW)
     assert decision.rule == "5-platform"
+
+
+@pytest.mark.parametrize(
+    ("not_before", "executes_at", "reason"),
+    [
+        (at(900), at(30), "platform reboot: drain, approve after the 30 s drain period"),
+        (None, at(30), "platform reboot: drain, approve after the 30 s drain period"),
+        (
+            at(20),
+            at(15),
+            "platform reboot: drain, approve 15 s after the drain: capped by NotBefore less the 5 s margin "
+            "(the 30 s drain period would pass it)",
+        ),
+        (
+            at(3),
+            NOW,
+            "platform reboot: drain, approve at once: the 30 s drain period would pass NotBefore less the 5 s margin",
+        ),
+    ],
+)
+def test_a_platform_reason_says_when_the_approval_really_goes(
+    not_before: datetime | None, executes_at: datetime, reason: str
+) -> None:
+    # GIVEN a platform Reboot whose NotBefore may come before the drain period is over
+    decision = decide(azure_event(kind=K.REBOOT, not_before=not_before), DEFAULT_POLICY, NOW)
+
+    # THEN the reason printed and audited next to the approval says when it is POSTed, and why
+    assert decision.actions[-1] == Approve("WestNO_0", executes_at)
+    assert decision.reason == reason
