@@ -119,7 +119,8 @@ bench-quick: venv
 PYTHON39 ?= python3.9
 compat39:
 	$(PYTHON39) -m venv .venv39
-	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography asn1crypto google-auth
+	.venv39/bin/python -m pip install --quiet pytest pytest-timeout requests jsonschema pyyaml cryptography asn1crypto google-auth \
+		prometheus-client
 	# the project itself, without its dependencies, so that its version is read as on a VM
 	.venv39/bin/python -m pip install --quiet --no-deps -e .
 	.venv39/bin/python -m pytest -p no:cacheprovider tests/unit tests/contract/simulator tests/contract/agent \

@@ -1,18 +1,37 @@
-"""The agent's settings: command-line flags that default to MBRIDGE_* environment variables,
-validated once at start (a bad setting stops the agent with a message saying what to set).
+"""The agent's settings: SETTINGS is the one definition of each (flag, MBRIDGE_* variable, config
+file key, what it takes, default, meaning); agent.settings_spec derives the parser, the reading of
+every source and the reference in docs/operations.md from it. Values are validated once at start:
+a bad one stops the agent with one line saying what to set, and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.health import DEFAULT_PORT
+from agent.hooks import DEFAULT_TIMEOUT as DEFAULT_HOOK_TIMEOUT
+from agent.hooks import HookCommandError
+from agent.hooks import parse_command as parse_hook_command
+from agent.settings_spec import (
+    Boolean,
+    Choice,
+    Listen,
+    Number,
+    Origin,
+    PathKind,
+    Setting,
+    Text,
+    Url,
+    add_arguments,
+    resolve,
+)
+from agent.settings_spec import ConfigError as ConfigError  # re-exported: its callers import it from here
 from agent.sources.azure.client import API_VERSION, API_VERSIONS
-from wire.errors import PermanentError
 from wire.identity import DEFAULT_AUDIENCE
 from wire.model import DEFAULT_HARMLESS_FREEZE_SECONDS, Cloud
 from wire.transports.factory import DEFAULT_COMMANDS_TOPIC
@@ -23,10 +42,6 @@ FORWARD = ("own", "all")
 DEFAULT_METADATA_URL = {Cloud.AZURE: "http://169.254.169.254", Cloud.GCE: "http://metadata.google.internal"}
 # Azure IMDS allows 5 requests/s per VM; the poller alone must stay well under it.
 MIN_POLL_INTERVAL = 0.25
-
-
-class ConfigError(PermanentError):
-    """A setting is missing or invalid; the message names the flag and its variable."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,12 @@ class AgentSettings:
     forward: str = "own"
     # A Freeze this short leaves /readyz ready: the functions' policy harmless_freeze_seconds.
     harmless_freeze_seconds: int = DEFAULT_HARMLESS_FREEZE_SECONDS
+    log_level: str = "INFO"
+    # A command run on each change of this VM's maintenance (agent/hooks.py), as given; None: none.
+    hook_command: str | None = None
+    hook_timeout: float = DEFAULT_HOOK_TIMEOUT
+    # The config file the settings were read with, if any (--check names it).
+    config_file: Path | None = None
 
 
 def default_state_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -72,238 +93,344 @@ def default_state_dir(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(base) / "mbridge"
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_DEFAULT_STATE_DIR = "`/var/lib/mbridge` (root), else `$XDG_STATE_HOME/mbridge`"
+
+# The one definition of every setting of `mbridge agent` (the transport group is shared with
+# `mbridge approve`). Order: the order of `--help` and of the reference.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("cloud", "MBRIDGE_CLOUD", "which metadata service to watch (required)", Choice([c.value for c in Cloud])),
+    Setting(
+        "metadata_url",
+        "MBRIDGE_METADATA_URL",
+        "base URL of the metadata service, e.g. a simulator's http://127.0.0.1:PORT; the documented paths are appended",
+        Url(),
+        default_doc="`http://169.254.169.254` (azure), `http://metadata.google.internal` (gce)",
+    ),
+    Setting(
+        "vm_name",
+        "MBRIDGE_VM_NAME",
+        "this VM's name, exactly as Azure prints it in Resources",
+        Text("NAME"),
+        default_doc="from the metadata service",
+    ),
+    Setting(
+        "state_dir",
+        "MBRIDGE_STATE_DIR",
+        "outbox, source state and command ledger",
+        PathKind(),
+        default_doc=_DEFAULT_STATE_DIR,
+    ),
+    Setting(
+        "poll_interval",
+        "MBRIDGE_POLL_INTERVAL",
+        "Azure poll interval in seconds",
+        Number(
+            MIN_POLL_INTERVAL,
+            unit="seconds",
+            why="Azure IMDS allows 5 requests/s per VM, shared with every other IMDS user on it",
+        ),
+        default="1",
+    ),
+    Setting(
+        "api_version",
+        "MBRIDGE_API_VERSION",
+        "Azure Scheduled Events api-version; older versions leave out fields (EventSource before 2019-08-01, "
+        "Description before 2019-04-01, DurationInSeconds before 2020-07-01), which the agent reads as absent; "
+        "e.g. 2019-08-01 where the local docs stop there (Azure China)",
+        Choice(API_VERSIONS),
+        default=API_VERSION,
+    ),
+    Setting(
+        "listen",
+        "MBRIDGE_LISTEN",
+        "address of /healthz, /readyz and /metrics",
+        Listen(),
+        default=f"127.0.0.1:{DEFAULT_PORT}",
+    ),
+    Setting(
+        "dry_run",
+        "MBRIDGE_DRY_RUN",
+        'never POST approvals; log and answer "dry run: would have approved"',
+        Boolean(),
+        default="false",
+    ),
+    Setting(
+        "verify_key",
+        "MBRIDGE_VERIFY_KEY",
+        "Ed25519 public key (PEM, base64 or a file): only commands signed with its private key are executed; "
+        "required with every transport but jsonl",
+        Text("KEY"),
+    ),
+    Setting(
+        "insecure_unsigned_commands",
+        "MBRIDGE_INSECURE_UNSIGNED_COMMANDS",
+        "start on a bus without a verify key and execute unsigned commands: anyone who can send to the bus could "
+        "then approve this VM's events (docs/security.md)",
+        Boolean(),
+        default="false",
+    ),
+    Setting(
+        "identity_proof",
+        "MBRIDGE_IDENTITY_PROOF",
+        "attach proof of this VM's identity from its metadata service to every message; none only for functions "
+        "with trust: reporter-name",
+        Choice(IDENTITY_PROOFS),
+        default="cloud",
+    ),
+    Setting(
+        "identity_audience",
+        "MBRIDGE_IDENTITY_AUDIENCE",
+        "GCE: the audience of identity tokens, to which each message's digest is added (the functions' "
+        "MBRIDGE_TRUST_AUDIENCE)",
+        Text("AUDIENCE", spaces=False),
+        default=DEFAULT_AUDIENCE,
+    ),
+    Setting(
+        "forward",
+        "MBRIDGE_FORWARD",
+        "publish only the events whose Resources name this VM (own: only those can move anything), or every one",
+        Choice(FORWARD),
+        default="own",
+    ),
+    Setting(
+        "harmless_freeze_seconds",
+        "MBRIDGE_HARMLESS_FREEZE_SECONDS",
+        "a Freeze at most this long leaves /readyz ready; keep it equal to the functions' policy "
+        "harmless_freeze_seconds",
+        Number(0, integer=True, unit="seconds"),
+        default=str(DEFAULT_HARMLESS_FREEZE_SECONDS),
+    ),
+    Setting(
+        "hook_command",
+        "MBRIDGE_HOOK_COMMAND",
+        "a command run on each change of this VM's maintenance, with the event in MBRIDGE_EVENT_* variables "
+        "(docs/operations.md#notifications); split like a shell would, run without one",
+        Text("COMMAND"),
+    ),
+    Setting(
+        "hook_timeout",
+        "MBRIDGE_HOOK_TIMEOUT",
+        "seconds a hook run may take before its process group is killed",
+        Number(1, unit="seconds"),
+        default=f"{DEFAULT_HOOK_TIMEOUT:g}",
+    ),
+    Setting(
+        "transport",
+        "MBRIDGE_TRANSPORT",
+        "where events go and commands come from (docs/transports.md)",
+        Choice(TRANSPORTS),
+        default="jsonl",
+        group="transport",
+    ),
+    Setting(
+        "jsonl_path",
+        "MBRIDGE_JSONL_PATH",
+        "jsonl: the file to append to (fsync'd per line), - for stdout",
+        PathKind(),
+        default="-",
+        group="transport",
+    ),
+    Setting(
+        "bus_path",
+        "MBRIDGE_BUS_PATH",
+        "local: the embedded SQLite bus",
+        PathKind(),
+        default_doc="`<state-dir>/bus.db`",
+        group="transport",
+    ),
+    Setting(
+        "servicebus_namespace",
+        "MBRIDGE_SERVICEBUS_NAMESPACE",
+        "Service Bus namespace FQDN, reached with the VM's managed identity",
+        Text("FQDN", spaces=False),
+        group="transport",
+    ),
+    Setting(
+        "servicebus_connection_string",
+        "MBRIDGE_SERVICEBUS_CONNECTION_STRING",
+        "Service Bus connection string instead of a managed identity",
+        Text("CONNECTION_STRING"),
+        group="transport",
+        secret=True,
+    ),
+    Setting(
+        "servicebus_topic",
+        "MBRIDGE_SERVICEBUS_TOPIC",
+        "Service Bus topic of the events",
+        Text("TOPIC", spaces=False),
+        default="maintenance-events",
+        group="transport",
+    ),
+    Setting(
+        "servicebus_commands_queue",
+        "MBRIDGE_SERVICEBUS_COMMANDS_QUEUE",
+        "session-enabled queue of the commands",
+        Text("QUEUE", spaces=False),
+        default="maintenance-commands",
+        group="transport",
+    ),
+    Setting(
+        "servicebus_commands_subscription",
+        "MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION",
+        "this VM's own subscription of the commands topic: receive commands there instead of from the queue "
+        "(the isolated mode)",
+        Text("SUBSCRIPTION", spaces=False),
+        group="transport",
+    ),
+    Setting(
+        "servicebus_commands_topic",
+        "MBRIDGE_SERVICEBUS_COMMANDS_TOPIC",
+        "commands topic of the isolated mode; mbridge approve sends to it when set",
+        Text("TOPIC", spaces=False),
+        default_doc=f"`{DEFAULT_COMMANDS_TOPIC}` with a subscription",
+        group="transport",
+    ),
+    Setting(
+        "pubsub_project",
+        "MBRIDGE_PUBSUB_PROJECT",
+        "Google Cloud project of the Pub/Sub topics",
+        Text("PROJECT", spaces=False),
+        group="transport",
+    ),
+    Setting(
+        "pubsub_topic",
+        "MBRIDGE_PUBSUB_TOPIC",
+        "Pub/Sub topic of the events",
+        Text("TOPIC", spaces=False),
+        default="maintenance-events",
+        group="transport",
+    ),
+    Setting(
+        "pubsub_commands_subscription",
+        "MBRIDGE_PUBSUB_COMMANDS_SUBSCRIPTION",
+        "this VM's subscription of the commands topic",
+        Text("SUBSCRIPTION", spaces=False),
+        default_doc="`maintenance-commands-<vm name>`",
+        group="transport",
+    ),
+    Setting(
+        "log_level",
+        "MBRIDGE_LOG_LEVEL",
+        "JSON log lines on stderr from this level up",
+        Choice(LOG_LEVELS, upper=True),
+        default="INFO",
+        group="logging",
+    ),
+    Setting(
+        "config",
+        "MBRIDGE_CONFIG",
+        "a TOML file of settings, keyed by the flags without their dashes (poll-interval = 2)",
+        PathKind(),
+        group="config",
+        in_file=False,
+    ),
+)
+SETTING = {setting.name: setting for setting in SETTINGS}
+TRANSPORT_SETTINGS = tuple(s for s in SETTINGS if s.group == "transport")
+
+
 def env(name: str, default: str | None = None) -> str | None:
+    """A variable of the commands that are not the agent's (audit, approve's own flags); "" is unset."""
     value = os.environ.get(name)
     return value if value not in (None, "") else default
 
 
-def env_flag(name: str) -> bool:
-    return (env(name) or "").lower() in ("1", "true", "yes", "on")
-
-
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     """The bus options shared by `mbridge agent` and `mbridge approve` (docs/contracts.md#transport-options)."""
-    group = parser.add_argument_group("transport")
-    group.add_argument(
-        "--transport",
-        choices=TRANSPORTS,
-        default=env("MBRIDGE_TRANSPORT", "jsonl"),
-        help="where events go and commands come from [MBRIDGE_TRANSPORT, default jsonl]",
-    )
-    group.add_argument(
-        "--jsonl-path",
-        default=env("MBRIDGE_JSONL_PATH", "-"),
-        help="jsonl: file to append to, - for stdout [MBRIDGE_JSONL_PATH]",
-    )
-    group.add_argument(
-        "--bus-path", default=env("MBRIDGE_BUS_PATH"), help="local: bus file [MBRIDGE_BUS_PATH, <state-dir>/bus.db]"
-    )
-    group.add_argument(
-        "--servicebus-namespace",
-        default=env("MBRIDGE_SERVICEBUS_NAMESPACE"),
-        help="Service Bus FQDN, managed identity [MBRIDGE_SERVICEBUS_NAMESPACE]",
-    )
-    group.add_argument(
-        "--servicebus-connection-string",
-        default=env("MBRIDGE_SERVICEBUS_CONNECTION_STRING"),
-        help="Service Bus connection string instead of managed identity [MBRIDGE_SERVICEBUS_CONNECTION_STRING]",
-    )
-    group.add_argument(
-        "--servicebus-topic",
-        default=env("MBRIDGE_SERVICEBUS_TOPIC", "maintenance-events"),
-        help="[MBRIDGE_SERVICEBUS_TOPIC]",
-    )
-    group.add_argument(
-        "--servicebus-commands-queue",
-        default=env("MBRIDGE_SERVICEBUS_COMMANDS_QUEUE", "maintenance-commands"),
-        help="session-enabled queue [MBRIDGE_SERVICEBUS_COMMANDS_QUEUE]",
-    )
-    group.add_argument(
-        "--servicebus-commands-subscription",
-        default=env("MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION"),
-        help="this VM's own subscription of the commands topic: receive commands there instead of from the "
-        "queue (the isolated mode) [MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION]",
-    )
-    group.add_argument(
-        "--servicebus-commands-topic",
-        default=env("MBRIDGE_SERVICEBUS_COMMANDS_TOPIC"),
-        help="commands topic of the isolated mode; mbridge approve sends to it when set "
-        f"[MBRIDGE_SERVICEBUS_COMMANDS_TOPIC, default {DEFAULT_COMMANDS_TOPIC} with a subscription]",
-    )
-    group.add_argument("--pubsub-project", default=env("MBRIDGE_PUBSUB_PROJECT"), help="[MBRIDGE_PUBSUB_PROJECT]")
-    group.add_argument(
-        "--pubsub-topic", default=env("MBRIDGE_PUBSUB_TOPIC", "maintenance-events"), help="[MBRIDGE_PUBSUB_TOPIC]"
-    )
-    group.add_argument(
-        "--pubsub-commands-subscription",
-        default=env("MBRIDGE_PUBSUB_COMMANDS_SUBSCRIPTION"),
-        help="[MBRIDGE_PUBSUB_COMMANDS_SUBSCRIPTION, default maintenance-commands-<vm name>]",
-    )
+    add_arguments(parser.add_argument_group("transport"), TRANSPORT_SETTINGS, os.environ)
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """--config FILE: the agent's TOML file, which `mbridge approve` reads its bus from too."""
+    add_arguments(parser, [SETTING["config"]], os.environ)
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser, [s for s in SETTINGS if s.group in ("agent", "logging", "config")], os.environ)
     parser.add_argument(
-        "--cloud",
-        choices=[c.value for c in Cloud],
-        default=env("MBRIDGE_CLOUD"),
-        help="which metadata service to watch [MBRIDGE_CLOUD] (required)",
-    )
-    parser.add_argument(
-        "--metadata-url",
-        default=env("MBRIDGE_METADATA_URL"),
-        help="base URL of the metadata service, e.g. a simulator's http://127.0.0.1:PORT "
-        "[MBRIDGE_METADATA_URL, default http://169.254.169.254 or http://metadata.google.internal]",
-    )
-    parser.add_argument(
-        "--vm-name", default=env("MBRIDGE_VM_NAME"), help="this VM's name [MBRIDGE_VM_NAME, default: from metadata]"
-    )
-    parser.add_argument(
-        "--state-dir",
-        default=env("MBRIDGE_STATE_DIR"),
-        help="outbox, state and command ledger [MBRIDGE_STATE_DIR, default /var/lib/mbridge for root, "
-        "else $XDG_STATE_HOME/mbridge]",
-    )
-    parser.add_argument(
-        "--poll-interval",
-        type=float,
-        # A string default goes through `type` too: a bad MBRIDGE_POLL_INTERVAL is a usage error.
-        default=env("MBRIDGE_POLL_INTERVAL", "1.0"),
-        help="Azure poll interval in seconds [MBRIDGE_POLL_INTERVAL, default 1]",
-    )
-    parser.add_argument(
-        "--api-version",
-        default=env("MBRIDGE_API_VERSION", API_VERSION),
-        help=f"Azure Scheduled Events api-version, one of {', '.join(API_VERSIONS)} "
-        f"[MBRIDGE_API_VERSION, default {API_VERSION}]",
-    )
-    parser.add_argument(
-        "--listen",
-        default=env("MBRIDGE_LISTEN", f"127.0.0.1:{DEFAULT_PORT}"),
-        help=f"host:port for /healthz /readyz /metrics, or 'off' [MBRIDGE_LISTEN, default 127.0.0.1:{DEFAULT_PORT}]",
-    )
-    parser.add_argument(
-        "--dry-run",
+        "--check",
         action="store_true",
-        default=env_flag("MBRIDGE_DRY_RUN"),
-        help="never POST approvals to IMDS; log what would be done [MBRIDGE_DRY_RUN]",
-    )
-    parser.add_argument(
-        "--verify-key",
-        default=env("MBRIDGE_VERIFY_KEY"),
-        help="Ed25519 public key (PEM, base64 or a file): commands must be signed with its private key "
-        "[MBRIDGE_VERIFY_KEY]",
-    )
-    parser.add_argument(
-        "--insecure-unsigned-commands",
-        action="store_true",
-        default=env_flag("MBRIDGE_INSECURE_UNSIGNED_COMMANDS"),
-        help="accept unsigned commands from the bus (anyone who can send to it could approve this VM's "
-        "events); without it, every transport but jsonl needs --verify-key [MBRIDGE_INSECURE_UNSIGNED_COMMANDS]",
-    )
-    parser.add_argument(
-        "--identity-proof",
-        choices=IDENTITY_PROOFS,
-        default=env("MBRIDGE_IDENTITY_PROOF", "cloud"),
-        help="attach proof of this VM's identity from the metadata service to every message (Azure attested "
-        "document, GCE identity token), or none [MBRIDGE_IDENTITY_PROOF, default cloud]",
-    )
-    parser.add_argument(
-        "--identity-audience",
-        default=env("MBRIDGE_IDENTITY_AUDIENCE", DEFAULT_AUDIENCE),
-        help="GCE: the audience identity tokens are asked for (the functions' MBRIDGE_TRUST_AUDIENCE), to which "
-        f"the message's digest is added [MBRIDGE_IDENTITY_AUDIENCE, default {DEFAULT_AUDIENCE}]",
-    )
-    parser.add_argument(
-        "--forward",
-        choices=FORWARD,
-        default=env("MBRIDGE_FORWARD", "own"),
-        help="publish only the events whose Resources name this VM (own: only those can move anything), "
-        "or every event this VM sees [MBRIDGE_FORWARD, default own]",
-    )
-    parser.add_argument(
-        "--harmless-freeze-seconds",
-        type=int,
-        default=env("MBRIDGE_HARMLESS_FREEZE_SECONDS", str(DEFAULT_HARMLESS_FREEZE_SECONDS)),
-        help="a Freeze at most this long leaves /readyz ready; keep it equal to the functions' policy "
-        f"harmless_freeze_seconds [MBRIDGE_HARMLESS_FREEZE_SECONDS, default {DEFAULT_HARMLESS_FREEZE_SECONDS}]",
-    )
-    parser.add_argument(
-        "--check", action="store_true", help="diagnose metadata access, own name and bus auth, then exit 0 or 1"
+        help="run every start-up check (configuration, verify key, state directory, listen address, transport "
+        "SDK, metadata, this VM's name, proof of identity, bus access), then exit 0 all ok, 1 problems, "
+        "2 configuration error",
     )
     add_transport_arguments(parser)
 
 
-def parse_listen(text: str | None) -> tuple[str, int] | None:
-    if text is None or text.lower() in ("", "off", "none"):
-        return None
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"--listen {text!r}: expected HOST:PORT (port 0 = any free port) or 'off' [MBRIDGE_LISTEN]")
-    return (host.strip("[]") or "127.0.0.1", int(port))
+def resolve_settings(
+    names: Iterable[str],
+    args: argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+    defaults: Mapping[str, str | None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Origin | None], Path | None]:
+    """Values of the named settings from args, the environment, the config file and the defaults."""
+    return resolve(SETTINGS, names, args, os.environ if environ is None else environ, defaults)
 
 
-def settings_from_args(args: argparse.Namespace) -> AgentSettings:
-    if not args.cloud:
-        raise ConfigError("--cloud azure|gce is required [MBRIDGE_CLOUD]")
-    cloud = Cloud(args.cloud)
-    if args.poll_interval < MIN_POLL_INTERVAL:
-        raise ConfigError(
-            f"--poll-interval {args.poll_interval:g} is below {MIN_POLL_INTERVAL:g} s: Azure IMDS allows 5 requests/s "
-            "per VM, shared with every other IMDS user on it [MBRIDGE_POLL_INTERVAL]"
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> AgentSettings:
+    """Every setting from its sources, each checked, then the checks across settings."""
+    wanted = [s.name for s in SETTINGS if s.in_file]
+    values, _, config_file = resolve_settings(wanted, args, environ)
+    v: Any = values  # one value per setting name, each of its kind's type
+    if v["cloud"] is None:
+        raise SETTING["cloud"].error("not set", "set azure or gce")
+    cloud = Cloud(v["cloud"])
+    transport = v["transport"]
+    if transport == "servicebus" and not (v["servicebus_namespace"] or v["servicebus_connection_string"]):
+        raise SETTING["servicebus_namespace"].error(
+            "--transport servicebus needs a namespace (managed identity) or a connection string",
+            "set it, or --servicebus-connection-string (MBRIDGE_SERVICEBUS_CONNECTION_STRING)",
         )
-    if args.api_version not in API_VERSIONS:
-        raise ConfigError(
-            f"--api-version {args.api_version!r} is not a Scheduled Events version the Azure docs list: "
-            f"use one of {', '.join(API_VERSIONS)} (default {API_VERSION}) [MBRIDGE_API_VERSION]"
+    if transport == "servicebus" and v["servicebus_commands_topic"] and not v["servicebus_commands_subscription"]:
+        raise SETTING["servicebus_commands_subscription"].error(
+            "the agent receives from its own subscription of the commands topic, and none is set",
+            "set --servicebus-commands-subscription (MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION) too",
         )
-    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
-    if args.transport == "servicebus" and not (args.servicebus_namespace or args.servicebus_connection_string):
-        raise ConfigError(
-            "--transport servicebus needs --servicebus-namespace FQDN (managed identity) "
-            "or --servicebus-connection-string [MBRIDGE_SERVICEBUS_NAMESPACE / MBRIDGE_SERVICEBUS_CONNECTION_STRING]"
+    if transport != "jsonl" and not v["verify_key"] and not v["insecure_unsigned_commands"]:
+        raise SETTING["verify_key"].error(
+            f"--transport {transport} takes commands from a bus that others can send to, and no key is set",
+            "give the functions' public key so that only signed commands are executed, or accept unsigned ones "
+            "knowingly with --insecure-unsigned-commands (MBRIDGE_INSECURE_UNSIGNED_COMMANDS) (docs/security.md)",
         )
-    if args.transport == "servicebus" and args.servicebus_commands_topic and not args.servicebus_commands_subscription:
-        raise ConfigError(
-            "--servicebus-commands-topic: the agent receives from its own subscription of the commands topic; "
-            "set --servicebus-commands-subscription too [MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION]"
-        )
-    if args.transport != "jsonl" and not args.verify_key and not args.insecure_unsigned_commands:
-        raise ConfigError(
-            f"--transport {args.transport} takes commands from a bus that others can send to: "
-            "give the functions' public key with --verify-key [MBRIDGE_VERIFY_KEY] so that only signed commands "
-            "are executed, or accept unsigned ones knowingly with --insecure-unsigned-commands "
-            "[MBRIDGE_INSECURE_UNSIGNED_COMMANDS] (docs/security.md)"
-        )
-    if args.harmless_freeze_seconds < 0:
-        raise ConfigError("--harmless-freeze-seconds must be >= 0 [MBRIDGE_HARMLESS_FREEZE_SECONDS]")
-    if not args.identity_audience or any(c.isspace() for c in args.identity_audience):
-        raise ConfigError("--identity-audience must be a non-empty string without spaces [MBRIDGE_IDENTITY_AUDIENCE]")
-    if args.transport == "pubsub" and not args.pubsub_project:
-        raise ConfigError("--transport pubsub needs --pubsub-project [MBRIDGE_PUBSUB_PROJECT]")
+    if transport == "pubsub" and not v["pubsub_project"]:
+        raise SETTING["pubsub_project"].error("--transport pubsub needs a project", "set the project of the topics")
+    if v["hook_command"] is not None:
+        try:
+            parse_hook_command(v["hook_command"])
+        except HookCommandError as exc:
+            raise SETTING["hook_command"].error(
+                str(exc), "give a program or an executable script, and its arguments"
+            ) from None
+    state_dir = Path(v["state_dir"]) if v["state_dir"] else default_state_dir()
     return AgentSettings(
         cloud=cloud,
-        metadata_url=(args.metadata_url or DEFAULT_METADATA_URL[cloud]).rstrip("/"),
-        vm_name=args.vm_name,
-        transport=args.transport,
-        jsonl_path=args.jsonl_path,
+        metadata_url=v["metadata_url"] or DEFAULT_METADATA_URL[cloud],
+        vm_name=v["vm_name"],
+        transport=transport,
+        jsonl_path=v["jsonl_path"],
         state_dir=state_dir,
-        bus_path=Path(args.bus_path) if args.bus_path else state_dir / "bus.db",
-        poll_interval=args.poll_interval,
-        listen=parse_listen(args.listen),
-        dry_run=args.dry_run,
-        verify_key=args.verify_key,
-        servicebus_namespace=args.servicebus_namespace,
-        servicebus_connection_string=args.servicebus_connection_string,
-        servicebus_topic=args.servicebus_topic,
-        servicebus_commands_queue=args.servicebus_commands_queue,
-        pubsub_project=args.pubsub_project,
-        pubsub_topic=args.pubsub_topic,
-        pubsub_commands_subscription=args.pubsub_commands_subscription,
-        api_version=args.api_version,
-        servicebus_commands_subscription=args.servicebus_commands_subscription,
-        servicebus_commands_topic=args.servicebus_commands_topic,
-        identity_proof=args.identity_proof,
-        identity_audience=args.identity_audience,
-        forward=args.forward,
-        harmless_freeze_seconds=args.harmless_freeze_seconds,
+        bus_path=Path(v["bus_path"]) if v["bus_path"] else state_dir / "bus.db",
+        poll_interval=v["poll_interval"],
+        listen=v["listen"],
+        dry_run=v["dry_run"],
+        verify_key=v["verify_key"],
+        servicebus_namespace=v["servicebus_namespace"],
+        servicebus_connection_string=v["servicebus_connection_string"],
+        servicebus_topic=v["servicebus_topic"],
+        servicebus_commands_queue=v["servicebus_commands_queue"],
+        pubsub_project=v["pubsub_project"],
+        pubsub_topic=v["pubsub_topic"],
+        pubsub_commands_subscription=v["pubsub_commands_subscription"],
+        api_version=v["api_version"],
+        servicebus_commands_subscription=v["servicebus_commands_subscription"],
+        servicebus_commands_topic=v["servicebus_commands_topic"],
+        identity_proof=v["identity_proof"],
+        identity_audience=v["identity_audience"],
+        forward=v["forward"],
+        harmless_freeze_seconds=v["harmless_freeze_seconds"],
+        log_level=v["log_level"],
+        hook_command=v["hook_command"],
+        hook_timeout=v["hook_timeout"],
+        config_file=config_file,
     )

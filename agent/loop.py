@@ -19,8 +19,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from agent import logs
 from agent.health import Metrics, Readiness
 from agent.messages import event_message, names_this_vm, result_message, with_message_id
 from agent.proofs import NoProof, ProofUnavailableError, Prover
@@ -29,8 +30,12 @@ from agent.state import AgentState
 from agent.state_files import StateUnavailableError
 from agent.timing import Backoff, Clock
 from wire.errors import MalformedDocumentError, RetryableError
-from wire.model import Cloud, CommandResult
+from wire.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
 from wire.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
+from wire.version import version
+
+if TYPE_CHECKING:  # the hook runner is imported only by agents that have a hook
+    from agent.hooks import HookRunner
 
 LOGGER = logging.getLogger("mbridge.agent")
 KEEP_PUBLISHED_SECONDS = 24 * 3600
@@ -40,6 +45,15 @@ PRUNE_EVERY_SECONDS = 600.0
 # refuse (trust: attested) is still better late than a report never sent.
 PROOF_WAIT_SECONDS = 10.0
 PROOF_RETRY_SECONDS = 0.5
+# The events of this VM that are scheduled or started, saved with the source state (in the same
+# transaction) so `mbridge_maintenance_pending` survives a restart in the middle of a maintenance.
+PENDING_STATE = "maintenance_pending"
+# At most this many series of `mbridge_maintenance_pending`: a VM has a handful of events at a
+# time, and a metadata service gone wrong must not grow the scrape without bound.
+MAX_PENDING_SERIES = 32
+ENDED = frozenset({EventStatus.COMPLETED, EventStatus.CANCELED})
+# How long a stopping agent lets hooks of changes it has just seen start (each keeps its own timeout).
+HOOK_SETTLE_SECONDS = 2.0
 
 
 class CommandHandler(Protocol):
@@ -62,6 +76,7 @@ Watcher = Callable[[threading.Event], None]
 @dataclass
 class Liveness:
     last_good_poll: float | None = None  # monotonic
+    last_good_poll_at: float | None = None  # Unix time, for mbridge_last_good_poll_timestamp_seconds
 
 
 class Agent:
@@ -82,6 +97,7 @@ class Agent:
         prover: Prover | None = None,
         proof_wait_seconds: float = PROOF_WAIT_SECONDS,
         forward_all: bool = False,
+        hooks: HookRunner | None = None,
     ) -> None:
         self.cloud = cloud
         self.vm_name = vm_name
@@ -96,6 +112,7 @@ class Agent:
         self._flush_seconds = flush_seconds
         self._prover = prover or NoProof()
         self._forward_all = forward_all
+        self._hooks = hooks
         self._proof_wait_seconds = proof_wait_seconds
         self._unproven_since: tuple[int, float] | None = None  # (outbox seq, monotonic) of the first miss
         self.last_proof_error = ""  # for --check and the logs; "" while proofs come
@@ -107,7 +124,21 @@ class Agent:
         self._stop_publisher = threading.Event()
         self._threads: list[threading.Thread] = []
         self.liveness = Liveness()
+        self._pending = _load_pending(state.load(PENDING_STATE))
         self._readiness.set_pending_impact(self._tracker.impact_pending())
+        self._register_metrics()
+
+    def _register_metrics(self) -> None:
+        """The gauges read from the agent's own state when /metrics is scraped."""
+        self._metrics.info(
+            "mbridge_build_info", version=version(), cloud=self.cloud.value, transport=self._transport.name
+        )
+        self._metrics.gauge("mbridge_last_good_poll_timestamp_seconds", lambda: self.liveness.last_good_poll_at)
+        self._metrics.gauges("mbridge_maintenance_pending", self.pending_maintenance)
+
+    def pending_maintenance(self) -> list[tuple[dict[str, str], float]]:
+        """One series per event of this VM not completed or canceled yet: (event_id, kind, status) → 1."""
+        return [(dict(labels), 1.0) for labels in self._pending.values()]
 
     # ---- wiring for watchers
 
@@ -125,6 +156,7 @@ class Agent:
             self._metrics.inc("mbridge_errors_total", kind=kind)
         else:
             self.liveness.last_good_poll = self._clock.monotonic()
+            self.liveness.last_good_poll_at = self._clock.now().timestamp()
 
     # ---- running
 
@@ -135,7 +167,13 @@ class Agent:
             self._start(functools.partial(watcher, self._stop_sources), f"watcher-{index}")
         if self._commands is not None and self._transport.commands is not None:
             self._start(self._command_loop, "commands")
-        LOGGER.info("agent %s running (%s, transport %s)", self.vm_name, self.cloud.value, self._transport.name)
+        LOGGER.info(
+            "agent %s running (%s, transport %s)",
+            self.vm_name,
+            self.cloud.value,
+            self._transport.name,
+            extra=logs.fields(vm=self.vm_name, cloud=self.cloud.value),
+        )
         while not stop.is_set():
             try:
                 observation = self._observations.get(timeout=0.2)
@@ -179,8 +217,20 @@ class Agent:
         if len(forwarded) < len(applied.events):
             self._metrics.inc("mbridge_events_not_forwarded_total", len(applied.events) - len(forwarded))
         messages = [(event_message(e, observation.observed_at), observation.observed_at.timestamp()) for e in forwarded]
-        self._state.record(messages, {self._tracker.state_name: applied.state_json})
+        envelope_ids = {id(event): message.envelope_id for event, (message, _) in zip(forwarded, messages)}
+        pending = _next_pending(self._pending, applied.events)
+        states: dict[str, Any] = {self._tracker.state_name: applied.state_json}
+        if pending != self._pending:
+            states[PENDING_STATE] = sorted(pending.values(), key=lambda labels: labels["event_id"])
+        self._state.record(messages, states)
         self._tracker.commit(applied)
+        self._pending = pending  # replaced whole: /metrics reads it from the server's thread
+        if self._hooks is not None:
+            # After the commit: a change whose state write failed is seen again, and would run twice.
+            # So a hook runs at most once per change (a crash right here loses its run).
+            for event in applied.events:
+                if names_this_vm(event):
+                    self._hooks.notify(event)
         self._metrics.observe("mbridge_detection_lag_seconds", observation.lag_bound)
         for event in applied.events:
             LOGGER.info(
@@ -189,6 +239,8 @@ class Agent:
                 event.event_id,
                 event.status.value,
                 "concerns this VM" if event.concerns_reporter else "another VM",
+                # envelope_id only for the events published (--forward own leaves others out)
+                extra=logs.event_fields(event, envelope_id=envelope_ids.get(id(event))),
             )
             for name in event.unreadable:
                 # Forwarded all the same; the count tells an operator that this release reads less
@@ -210,6 +262,9 @@ class Agent:
         self._stop_publisher.set()
         for thread in self._threads:
             thread.join(timeout=2.0)
+        if self._hooks is not None:
+            # A change seen just before stopping gets a moment to run its hook; a running one keeps its timeout.
+            self._hooks.close(timeout=HOOK_SETTLE_SECONDS)
 
     def _start(self, target: Callable[[], Any], name: str) -> None:
         thread = threading.Thread(target=self._guarded, args=(target, name), name=name, daemon=True)
@@ -266,7 +321,9 @@ class Agent:
                 delay = self._publish_backoff.next_delay()
                 kind = "publish_config" if isinstance(exc, TransportConfigError) else "publish"
                 self._metrics.inc("mbridge_errors_total", kind=kind)
-                LOGGER.warning("publishing failed (%s), retrying in %.1f s: %s", kind, delay, exc)
+                LOGGER.warning(
+                    "publishing failed (%s), retrying in %.1f s: %s", kind, delay, exc, extra=_message_fields(message)
+                )
                 self._stop_publisher.wait(delay)
                 continue
             now = self._clock.now().timestamp()
@@ -274,6 +331,7 @@ class Agent:
             self._publish_backoff.reset()
             self._metrics.inc("mbridge_events_published_total", type=pending.message.attributes.get("type", ""))
             self._metrics.observe("mbridge_publish_lag_seconds", max(0.0, now - pending.observed_at))
+            LOGGER.info("published envelope %s", message.envelope_id, extra=_message_fields(message))
 
     def _proven(self, seq: int, message: OutboundMessage) -> OutboundMessage | None:
         """The message with this VM's proof of identity; without one once the proof was missing for
@@ -286,7 +344,7 @@ class Agent:
             if self._unproven_since is None or self._unproven_since[0] != seq:
                 self._unproven_since = (seq, now)
                 self._metrics.inc("mbridge_errors_total", kind="identity_proof")
-                LOGGER.warning("no proof of identity for message %d yet: %s", seq, exc)
+                LOGGER.warning("no proof of identity for message %d yet: %s", seq, exc, extra=_message_fields(message))
             self.last_proof_error = str(exc)
             if now - self._unproven_since[1] < self._proof_wait_seconds:
                 return None
@@ -298,6 +356,7 @@ class Agent:
                 "(trust: attested) will audit it as unverified and not act on it",
                 seq,
                 self._proof_wait_seconds,
+                extra=_message_fields(message),
             )
             return message
         self._unproven_since = None
@@ -365,6 +424,63 @@ class Agent:
         self._state.record(messages)
         if self._commands is not None:
             self._commands.mark_reported(results)
-        for result in results:
+        for result, (message, _) in zip(results, messages):
             self._metrics.inc("mbridge_commands_total", result=result.result)
-            LOGGER.info("command %s %s: %s", result.command_id, result.result, result.reason)
+            LOGGER.info(
+                "command %s %s: %s",
+                result.command_id,
+                result.result,
+                result.reason,
+                extra=logs.fields(
+                    command_id=result.command_id,
+                    event_id=result.event_id,
+                    vm=result.target,
+                    cloud=self.cloud.value,
+                    result=result.result,
+                    envelope_id=message.envelope_id,
+                ),
+            )
+
+
+def _next_pending(pending: dict[str, dict[str, str]], events: Sequence[MaintenanceEvent]) -> dict[str, dict[str, str]]:
+    """The open events of this VM after `events`: added or updated while scheduled or started,
+    removed once completed or canceled. Events of other VMs are left out (`--forward all` would
+    otherwise add a series per VM of the availability set)."""
+    after = dict(pending)
+    for event in events:
+        if not event.concerns_reporter:
+            continue
+        if event.status in ENDED:
+            after.pop(event.event_id, None)
+        elif event.event_id in after or len(after) < MAX_PENDING_SERIES:
+            after[event.event_id] = {"event_id": event.event_id, "kind": event.kind.value, "status": event.status.value}
+        else:
+            LOGGER.warning(
+                "more than %d open events for this VM: %s is left out of mbridge_maintenance_pending",
+                MAX_PENDING_SERIES,
+                event.event_id,
+                extra=logs.event_fields(event),
+            )
+    return after
+
+
+def _load_pending(saved: Any) -> dict[str, dict[str, str]]:
+    """The open events saved by the last run; nothing from a state that does not read as such."""
+    pending: dict[str, dict[str, str]] = {}
+    if not isinstance(saved, list):
+        return pending
+    for item in saved[:MAX_PENDING_SERIES]:
+        if isinstance(item, dict) and all(isinstance(item.get(key), str) for key in ("event_id", "kind", "status")):
+            pending[item["event_id"]] = {key: item[key] for key in ("event_id", "kind", "status")}
+    return pending
+
+
+def _message_fields(message: OutboundMessage) -> dict[str, object]:
+    """The fields of a message on its way to the bus, from the attributes it carries."""
+    attributes = message.attributes
+    return logs.fields(
+        envelope_id=message.envelope_id,
+        event_id=attributes.get("event_id"),
+        vm=attributes.get("vm"),
+        cloud=attributes.get("cloud"),
+    )

@@ -1,32 +1,36 @@
-"""`mbridge agent`: build the agent from its settings, run it, or diagnose its environment."""
+"""`mbridge agent`: build the agent from its settings and run it (`--check` is agent/check.py)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
 import threading
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from agent import logs
-from agent.config import AgentSettings, ConfigError, add_agent_arguments, env, settings_from_args
+from agent.config import SETTING, AgentSettings, ConfigError, add_agent_arguments, settings_from_args
 from agent.health import HealthServer, Metrics, Readiness
+from agent.health.catalog import agent_metrics
 from agent.loop import Agent
-from agent.proofs import NoProof, ProofUnavailableError, Prover
+from agent.proofs import NoProof, Prover
 from agent.sources.base import Source
 from agent.sources.http import MetadataUnavailableError
 from agent.sources.registry import open_source
-from agent.state import SCHEMA as AGENT_SCHEMA
 from agent.state import AgentState
-from agent.state_files import StateUnavailableError, state_dir_problems
+from agent.state_files import StateUnavailableError
 from agent.timing import Clock, SystemClock
 from wire.errors import BridgeError
-from wire.transports.base import AgentTransport, TransportConfigError, TransportUnavailableError
+from wire.transports.base import AgentTransport
+from wire.version import version
 
-if TYPE_CHECKING:  # imported lazily at run time: only agents with a command channel need it
+if TYPE_CHECKING:  # imported lazily at run time: only agents with a command channel, or a hook, need them
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     from agent.commands import CommandProcessor
+    from agent.hooks import HookRunner
 
 LOGGER = logging.getLogger("mbridge.agent")
 READINESS_STATE = "readiness"
@@ -35,16 +39,22 @@ LEDGER_DB = "commands.db"  # the command ledger
 
 T = TypeVar("T")
 
+# Exit codes (docs/operations.md#configuration): the installer reads 2 as "fix the configuration"
+# and stops there, anything else as worth starting the agent anyway (it retries on its own).
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_CONFIG = 2
+
+# The module each bus's transport imports, what it needs, and the extra that installs it.
+TRANSPORT_SDKS = {
+    "servicebus": ("wire.transports.servicebus", "the Azure Service Bus SDK", "agent-servicebus"),
+    "pubsub": ("wire.transports.pubsub", "the Google Cloud Pub/Sub library", "agent-pubsub"),
+}
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_arguments(parser)
-    parser.add_argument(
-        "--log-level",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        type=str.upper,
-        default=env("MBRIDGE_LOG_LEVEL", "INFO"),
-        help="[MBRIDGE_LOG_LEVEL, default INFO]",
-    )
+    parser.add_argument("--version", action="version", version=f"mbridge {version()}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,21 +62,27 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    logs.configure(args.log_level)
     try:
         settings = settings_from_args(args)
+        logs.configure(settings.log_level)
+        if args.check:
+            from agent.check import check  # only --check loads the diagnosis
+
+            return check(settings, out=sys.stdout)
+        # What the start would meet only later, after a wait on the metadata service: found now,
+        # it is one line and exit 2 rather than a failure minutes into the start.
+        load_verify_key(settings)
+        import_transport(settings.transport)
     except ConfigError as exc:
         print(f"mbridge agent: {exc}", file=sys.stderr)
-        return 2
-    if args.check:
-        return check(settings, out=sys.stdout)
+        return EXIT_CONFIG
     try:
         return run_agent(settings, stop)
     except BridgeError as exc:
         LOGGER.error("cannot start: %s", exc)
         # A setting that cannot work (a state directory, a port) exits 2 like a bad flag: the
         # installers read 2 as "fix the configuration", anything else as worth retrying.
-        return 2 if isinstance(exc, ConfigError) else 1
+        return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_PROBLEM
 
 
 def resolve_vm_name(settings: AgentSettings, source: Source, stop: threading.Event) -> str:
@@ -76,8 +92,39 @@ def resolve_vm_name(settings: AgentSettings, source: Source, stop: threading.Eve
     return _retry(source.own_name, stop, "this VM's name")
 
 
+def import_transport(transport: str) -> str:
+    """Import the chosen bus's module as the transport does, and say what it needed. Raises
+    ConfigError when its SDK is missing: an install without the bus's extra never starts."""
+    if transport not in TRANSPORT_SDKS:
+        return f"transport {transport}: needs no SDK"
+    module, needs, extra = TRANSPORT_SDKS[transport]
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise SETTING["transport"].error(
+            f"{transport!r} needs {needs}, which cannot be imported ({exc})",
+            f"install maintenance-bridge[{extra}] (infra/agent/install-agent.sh does), or choose another transport",
+        ) from None
+    return f"transport {transport}: {needs} is importable"
+
+
+def load_verify_key(settings: AgentSettings) -> Ed25519PublicKey | None:
+    """The key commands must be signed with, None without one; ConfigError when it does not load."""
+    if not settings.verify_key:
+        return None
+    from wire.signing import load_public_key
+
+    try:
+        return load_public_key(settings.verify_key)
+    except BridgeError as exc:
+        raise SETTING["verify_key"].error(
+            str(exc), "give the functions' Ed25519 public key: PEM, base64, or the path of a file holding one"
+        ) from None
+
+
 def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
     """The chosen transport; cloud SDKs are imported only here, only when chosen."""
+    import_transport(settings.transport)
     if settings.transport == "jsonl":
         from wire.transports.jsonl import JsonlTransport
 
@@ -100,12 +147,19 @@ def run_agent(
     """Run until `stop` is set. `transport` replaces the one the settings name (for embedding
     the agent, e.g. in the demo, or wrapping it in tests)."""
     clock = clock or SystemClock()
-    # The state first: an unusable state directory is a configuration error, best found at once.
+    # The state first: an unusable state directory is a configuration error, best found at once
+    # (and said in one line, the only one).
     state = _retry(lambda: AgentState(settings.state_dir / AGENT_DB), stop, "the agent state", StateUnavailableError)
+    # The release as a field of the start-up line: a log store can then say which VMs run which.
+    LOGGER.info(
+        "mbridge agent %s starting",
+        version(),
+        extra=logs.fields(version=version(), cloud=settings.cloud.value, vm=settings.vm_name),
+    )
     source = open_source(settings)
     vm_name = resolve_vm_name(settings, source, stop)
     transport = transport or build_transport(settings, vm_name)
-    metrics = _metrics()
+    metrics = agent_metrics()
     readiness = _readiness(state, follows_commands=transport.commands is not None)
     tracker = source.tracker(vm_name, state, stop, _retry)
     commands = _command_processor(settings, source, vm_name, readiness, clock, stop) if transport.commands else None
@@ -124,6 +178,7 @@ def run_agent(
         flush_seconds=settings.flush_seconds,
         prover=build_prover(settings, source, clock),
         forward_all=settings.forward == "all",
+        hooks=_hooks(settings, metrics),
     )
     agent.attach_watchers(source.watchers(agent, clock))
     metrics.gauge("mbridge_outbox_depth", lambda: float(state.depth()))
@@ -170,40 +225,13 @@ def _retry(
             delay = min(delay * 2, 30.0)
 
 
-def _metrics() -> Metrics:
-    metrics = Metrics()
-    metrics.describe("mbridge_polls_total", "counter", "Metadata reads by result (changed, unchanged, error).")
-    metrics.describe("mbridge_errors_total", "counter", "Errors by kind.")
-    metrics.describe(
-        "mbridge_unreadable_fields_total",
-        "counter",
-        "Envelopes forwarded with a field of the cloud's entry this release could not read, by field.",
-    )
-    metrics.describe("mbridge_events_published_total", "counter", "Envelopes the bus accepted, by type.")
-    metrics.describe(
-        "mbridge_unproven_messages_total",
-        "counter",
-        "Messages published without a proof of this VM's identity (the metadata service gave none in time).",
-    )
-    metrics.describe(
-        "mbridge_events_not_forwarded_total",
-        "counter",
-        "Events of other VMs seen in the metadata and not published (--forward own).",
-    )
-    metrics.describe("mbridge_commands_total", "counter", "Commands answered, by result.")
-    metrics.describe("mbridge_outbox_depth", "gauge", "Envelopes waiting for the bus.")
-    metrics.describe(
-        "mbridge_seconds_since_last_good_poll", "gauge", "Seconds since the metadata service last answered."
-    )
-    metrics.describe(
-        "mbridge_detection_lag_seconds",
-        "histogram",
-        "Upper bound of how long a change was visible in the metadata service before the agent saw it.",
-    )
-    metrics.describe(
-        "mbridge_publish_lag_seconds", "histogram", "From observing a change to the bus accepting its envelope."
-    )
-    return metrics
+def _hooks(settings: AgentSettings, metrics: Metrics) -> HookRunner | None:
+    """The hook command's runner, if one is set (the setting was checked when it was read)."""
+    if settings.hook_command is None:
+        return None
+    from agent.hooks import HookRunner, parse_command
+
+    return HookRunner(parse_command(settings.hook_command), settings.hook_timeout, metrics=metrics)
 
 
 def _readiness(state: AgentState, *, follows_commands: bool) -> Readiness:
@@ -230,11 +258,7 @@ def _command_processor(
 ) -> CommandProcessor:
     from agent.commands import CommandLedger, CommandProcessor
 
-    verify_key = None
-    if settings.verify_key:
-        from wire.signing import load_public_key
-
-        verify_key = load_public_key(settings.verify_key)
+    verify_key = load_verify_key(settings)
     return CommandProcessor(
         vm_name=vm_name,
         cloud=settings.cloud,
@@ -265,76 +289,3 @@ def _start_health(settings: AgentSettings, metrics: Metrics, readiness: Readines
     server.start()
     LOGGER.info("health endpoints on %s", server.address)
     return server
-
-
-def check(settings: AgentSettings, out: TextIO) -> int:
-    """Diagnose metadata reachability, this VM's name and bus access; 0 healthy, 1 problems."""
-    problems = 0
-
-    def report(ok: bool, text: str) -> None:
-        nonlocal problems
-        problems += 0 if ok else 1
-        print(f"{'ok     ' if ok else 'PROBLEM'} {text}", file=out)
-
-    source = open_source(settings)
-    try:
-        report(True, source.describe_read())
-    except MetadataUnavailableError as exc:
-        report(
-            False,
-            f"metadata service at {settings.metadata_url}: {exc}. Is this a VM of that cloud, "
-            "and is the link-local address reachable (no proxy, no firewall rule)?",
-        )
-    try:
-        name = source.own_name()
-        note = f" (overridden by --vm-name {settings.vm_name})" if settings.vm_name and settings.vm_name != name else ""
-        report(True, f"this VM's name: {name}{note}")
-    except MetadataUnavailableError as exc:
-        if settings.vm_name:
-            report(True, f"this VM's name: {settings.vm_name} (from --vm-name; metadata did not say: {exc})")
-        else:
-            report(False, f"this VM's name: {exc}; pass --vm-name NAME to set it")
-    _check_proof(settings, source, report)
-    vm_name = settings.vm_name or "unknown-vm"
-    try:
-        transport = build_transport(settings, vm_name)
-        try:
-            report(True, transport.check())
-        finally:
-            transport.close()
-    except (TransportConfigError, TransportUnavailableError, ConfigError) as exc:
-        report(False, f"transport {settings.transport}: {exc}")
-    _check_state_dir(settings.state_dir, report)
-    source.close()
-    print("healthy" if problems == 0 else f"{problems} problem(s)", file=out)
-    return 0 if problems == 0 else 1
-
-
-def _check_proof(settings: AgentSettings, source: Source, report: Callable[[bool, str], None]) -> None:
-    """Ask the metadata service for a proof of identity as the publisher will."""
-    if settings.identity_proof == "none":
-        report(True, "proof of identity: off (--identity-proof none); functions must use trust: reporter-name")
-        return
-    probe = b'{"specversion":"1.0","id":"check"}'
-    try:
-        proven = build_prover(settings, source, SystemClock()).prove(probe)
-    except ProofUnavailableError as exc:
-        report(
-            False,
-            f"proof of identity: {exc}. Messages will go without one, and functions with trust: attested "
-            "will not act on them",
-        )
-        return
-    what = source.proof_name
-    report(True, f"proof of identity: the metadata service gives an {what} ({len(proven) - len(probe)} bytes)")
-
-
-def _check_state_dir(state_dir: Path, report: Callable[[bool, str], None]) -> None:
-    """Write a database in the state directory for real, and look at the agent's own files there."""
-    from agent.commands import SCHEMA as LEDGER_SCHEMA
-
-    problems = state_dir_problems(state_dir, {AGENT_DB: AGENT_SCHEMA, LEDGER_DB: LEDGER_SCHEMA})
-    for problem in problems:
-        report(False, problem)
-    if not problems:
-        report(True, f"state directory {state_dir}: the agent can write its databases there")

@@ -4,6 +4,8 @@ See docs/contracts.md#results. The command goes on the commands channel, address
 re-checks everything against a fresh Scheduled Events document and answers with a result envelope
 on the events channel. Exit codes: 0 accepted, 1 rejected (the reason is printed), 2 no answer
 (nothing came within `--wait`, the command could not be sent, or no results reader is configured).
+2 is also a configuration error found before anything is sent (mbridge.approve_cli): the same code
+as a usage error of the command line, told apart by its one line `mbridge approve: <setting> (...)`.
 `--no-wait` (wait=None) prints the command_id and returns 0 once the bus accepted the command.
 
 A result counts only when its proof of identity is the target VM's (`verifier`): any VM may publish
@@ -34,6 +36,9 @@ LOGGER = logging.getLogger("mbridge.commands")
 EXIT_ACCEPTED = 0
 EXIT_REJECTED = 1
 EXIT_NO_ANSWER = 2
+# A setting approve cannot use (no bus, a bad value): nothing was sent. The code of argparse's own
+# usage errors and of the agent's configuration errors, so that 2 before sending means "fix the call".
+EXIT_CONFIG = 2
 # One read waits at most this long, so the overall deadline is kept even with a slow bus.
 READ_SLICE_SECONDS = 5.0
 

@@ -1,14 +1,31 @@
-"""Flags of `mbridge approve` and the transport it talks through; the logic is mbridge.approve."""
+"""Flags of `mbridge approve` and the transport it talks through; the logic is mbridge.approve.
+
+The bus settings are the agent's (agent.config.SETTINGS, transport group): the same flags, MBRIDGE_*
+variables and config file (--config / MBRIDGE_CONFIG), read and checked the same way. Unlike the
+agent, approve has no default transport: jsonl has no command channel, and guessing a bus would
+only end in "no answer". A setting it cannot use is one line, `mbridge approve: <setting> (...): ...`,
+and exit 2 before anything is sent (mbridge.approve.EXIT_CONFIG).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
-from agent.config import ConfigError, add_transport_arguments, default_state_dir, env
+from agent.config import (
+    SETTING,
+    TRANSPORT_SETTINGS,
+    ConfigError,
+    add_config_argument,
+    add_transport_arguments,
+    default_state_dir,
+    env,
+    resolve_settings,
+)
 from agent.timing import SystemClock
-from mbridge.approve import EXIT_NO_ANSWER, run_approve
+from mbridge.approve import EXIT_CONFIG, EXIT_NO_ANSWER, run_approve
 from wire.errors import BridgeError
 from wire.identity import IdentityVerifier
 from wire.model import Cloud
@@ -21,8 +38,9 @@ DEFAULT_WAIT = 30.0
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--event-id", required=True, help="the Azure EventId to approve")
     parser.add_argument("--target", required=True, help="the VM whose agent POSTs the approval")
+    # Read like the agent's --cloud (flag, MBRIDGE_CLOUD, config file), checked when run.
     parser.add_argument(
-        "--cloud", choices=[c.value for c in Cloud], default=env("MBRIDGE_CLOUD", "azure"), help="[MBRIDGE_CLOUD]"
+        "--cloud", default=None, metavar="{azure,gce}", help="the target VM's cloud [MBRIDGE_CLOUD, default azure]"
     )
     waiting = parser.add_mutually_exclusive_group()
     waiting.add_argument(
@@ -30,7 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_WAIT,
         help=f"seconds to wait for the agent's answer (default {DEFAULT_WAIT:g}); exit 0 accepted, 1 rejected, "
-        "2 no answer",
+        "2 no answer (or a configuration error, before anything is sent)",
     )
     waiting.add_argument("--no-wait", action="store_true", help="return once the bus accepted the command")
     parser.add_argument(
@@ -69,11 +87,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="Service Bus subscription / Pub/Sub subscription on the events topic to read answers from "
         f"[MBRIDGE_RESULTS_SUBSCRIPTION, default {DEFAULT_RESULTS_SUBSCRIPTION}]",
     )
+    add_config_argument(parser)
     add_transport_arguments(parser)
+
+
+# What approve reads of the agent's settings, and the defaults it has instead of the agent's.
+RESOLVED = ("cloud", *(setting.name for setting in TRANSPORT_SETTINGS))
+DEFAULTS = {"cloud": Cloud.AZURE.value, "transport": None}
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the cloud and bus settings taken from their sources and checked; ConfigError
+    when a value is wrong or no bus with a command channel is set."""
+    values, origins, _ = resolve_settings(RESOLVED, args, defaults=DEFAULTS)
+    transport = SETTING["transport"]
+    origin = origins["transport"]
+    if origin is None:
+        raise transport.error(
+            "not set: mbridge approve sends the command through the agents' bus",
+            "set local, servicebus or pubsub, as the agents have it (a flag, the variable or the agent's --config)",
+        )
+    if values["transport"] == "jsonl":
+        raise transport.error(f"{origin.describe()} has no command channel", "use local, servicebus or pubsub")
+    resolved: dict[str, Any] = {**vars(args), **values}
+    return argparse.Namespace(**resolved)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        args = resolve(args)
         verifier = build_verifier(args) if not args.no_wait else None
         operator = build_operator(args)
         signing_key = None
@@ -81,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
             from wire.signing import load_private_key
 
             signing_key = load_private_key(args.signing_key)
-    except BridgeError as exc:
+    except (ConfigError, TransportConfigError) as exc:
+        print(f"mbridge approve: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except BridgeError as exc:  # e.g. the bus could not be reached: nothing was sent
         print(f"mbridge approve: {exc}", file=sys.stderr)
         return EXIT_NO_ANSWER
     try:
@@ -137,8 +182,6 @@ def _azure_verifier(args: argparse.Namespace) -> IdentityVerifier:
 
 def build_operator(args: argparse.Namespace) -> Operator:
     """The sender + results reader for the chosen transport."""
-    if args.transport == "jsonl":
-        raise TransportConfigError("the jsonl transport has no command channel: use local, servicebus or pubsub")
     if args.transport == "local":
         from wire.transports.local import LocalBus, LocalOperator
 

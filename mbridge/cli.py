@@ -9,6 +9,8 @@ import importlib
 import sys
 from typing import NamedTuple
 
+from wire.version import version
+
 
 class Command(NamedTuple):
     module: str  # has configure(parser) and run(args) -> exit code
@@ -33,7 +35,8 @@ COMMANDS = {
         "mbridge.approve_cli",
         "ask a VM's agent to approve an Azure scheduled event, and wait for its answer",
         "Send an approve command to one VM through the bus. The agent re-checks the event against IMDS "
-        "before POSTing. Exit 0 accepted, 1 rejected (reason printed), 2 no answer.",
+        "before POSTing. Exit 0 accepted, 1 rejected (reason printed), 2 no answer or a configuration error "
+        "(one line naming the setting; nothing was sent).",
     ),
     "demo": Command(
         "mbridge.demo.cli",
@@ -58,6 +61,8 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
         prog="mbridge",
         description="Forward cloud VM maintenance notices to a bus, and rehearse them locally.",
     )
+    # wire.version reads only the installed distribution's metadata: `--version` stays as light as `--help`.
+    parser.add_argument("--version", action="version", version=f"mbridge {version()}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     subcommands.required = True
     for name, command in COMMANDS.items():

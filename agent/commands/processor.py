@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Callable
 
+from agent import logs
 from agent.commands.execution import CommandExecutor
 from agent.commands.ledger import CommandLedger, EntryState, LedgerEntry
 from agent.commands.ports import Approver, CommandRetryableError, Readiness
 from agent.commands.results import expired_reason, rejected
 from agent.timing import Clock
-from wire.commands import MalformedCommandError, ReceivedCommand, decode_command, load_command_object
+from wire.commands import Command, MalformedCommandError, ReceivedCommand, decode_command, load_command_object
 from wire.model import Cloud, CommandResult
 from wire.timefmt import format_rfc3339
 
@@ -96,7 +97,7 @@ class CommandProcessor:
                 return None
             refusal = self._signature_refusal(received)
             if refusal is not None:
-                LOGGER.warning("refused command %s: %s", command.command_id, refusal)
+                LOGGER.warning("refused command %s: %s", command.command_id, refusal, extra=_fields(command))
                 return rejected(command, refusal)
             return self._admit(received)
 
@@ -106,7 +107,12 @@ class CommandProcessor:
             self._ignore("(malformed)", other)
             return None
         command_id = "malformed-" + hashlib.sha256(body).hexdigest()[:16]
-        LOGGER.warning("rejected malformed command %s: %s", command_id, exc)
+        LOGGER.warning(
+            "rejected malformed command %s: %s",
+            command_id,
+            exc,
+            extra=logs.fields(command_id=command_id, vm=self._vm_name),
+        )
         return CommandResult(
             command_id=command_id,
             accepted=False,
@@ -116,7 +122,13 @@ class CommandProcessor:
         )
 
     def _ignore(self, command_id: str, target: str) -> None:
-        LOGGER.info("ignored command %s: it is addressed to %s, not to this VM (%s)", command_id, target, self._vm_name)
+        LOGGER.info(
+            "ignored command %s: it is addressed to %s, not to this VM (%s)",
+            command_id,
+            target,
+            self._vm_name,
+            extra=logs.fields(command_id=command_id, vm=self._vm_name),
+        )
         self._on_ignored(IGNORED_OTHER_TARGET)
 
     def _signature_refusal(self, received: ReceivedCommand) -> str | None:
@@ -151,6 +163,7 @@ class CommandProcessor:
                 command.command_id,
                 command.event_id,
                 format_rfc3339(command.execute_at),
+                extra=_fields(command),
             )
             return None
         return self._execute(received)
@@ -159,10 +172,18 @@ class CommandProcessor:
         command = received.command
         if entry.digest != received.digest:
             # Not stored: the entry under this id belongs to the command that came first.
-            LOGGER.warning("rejected command %s: its id was used before by a different command", command.command_id)
+            LOGGER.warning(
+                "rejected command %s: its id was used before by a different command",
+                command.command_id,
+                extra=_fields(command),
+            )
             return rejected(command, "command_id reused with different content")
         if entry.result is not None:
-            LOGGER.info("command %s was seen before; answering with the stored result", command.command_id)
+            LOGGER.info(
+                "command %s was seen before; answering with the stored result",
+                command.command_id,
+                extra=_fields(command),
+            )
             return entry.result
         if entry.state is EntryState.HELD:
             return None
@@ -189,7 +210,11 @@ class CommandProcessor:
                     retry_at = min(now + RETRY_DELAY, received.command.expires_at)
                     self._ledger.hold(received, retry_at)
                     LOGGER.warning(
-                        "command %s will be tried again at %s: %s", entry.command_id, format_rfc3339(retry_at), exc
+                        "command %s will be tried again at %s: %s",
+                        entry.command_id,
+                        format_rfc3339(retry_at),
+                        exc,
+                        extra=_fields(received.command),
                     )
             return results
 
@@ -225,12 +250,24 @@ class CommandProcessor:
             command.event_id,
             result.result,
             result.reason,
+            extra=_fields(command, result=result.result),
         )
         return self._finish(received, result)
 
     def _finish(self, received: ReceivedCommand, result: CommandResult) -> CommandResult:
         self._ledger.finish(received, result)
         return result
+
+
+def _fields(command: Command, **more: object) -> dict[str, object]:
+    """The log fields of a command: the VM it is addressed to and the event it is about."""
+    return logs.fields(
+        command_id=command.command_id,
+        command_type=command.type.value,
+        event_id=command.event_id,
+        vm=command.target,
+        **more,
+    )
 
 
 def _declared_target(body: bytes) -> str | None:

@@ -13,6 +13,7 @@ from typing import Callable
 
 from agent.health.metrics import Metrics
 from agent.health.readiness import Readiness
+from wire.version import version
 
 Answer = tuple[int, bytes, str]  # status, body, content type
 Route = Callable[[str], Answer]
@@ -25,7 +26,8 @@ def router(metrics: Metrics, readiness: Readiness, liveness: Callable[[], Mappin
         if path == "/metrics":
             return 200, metrics.render().encode(), METRICS_CONTENT_TYPE
         if path == "/healthz":
-            report = dict(liveness())
+            # The release with every answer: a fleet's probes then say which VMs run which.
+            report = {**liveness(), "version": version()}
             return json_answer(200 if report.get("healthy") else 503, report)
         if path == "/readyz":
             ready, reason = readiness.status()

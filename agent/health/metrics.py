@@ -2,15 +2,44 @@
 format when /metrics is scraped.
 
 Kept apart from the server: every part of the agent records into it, only the server reads it.
+Names follow the Prometheus conventions: base units in the name (`_seconds`, `_bytes`), `_total`
+for counters, `_info` for a constant 1 whose labels carry the information (docs/operations.md#metrics).
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Callable
 
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# Every kind `mbridge_errors_total` counts. Each has a series at 0 from the start: an alert on
+# `increase(mbridge_errors_total[5m]) > 0` (or rate()) cannot see the first error of a series
+# that did not exist before it.
+ERROR_KINDS = (
+    # reading the metadata service (agent.sources.http.MetadataUnavailableError.kind)
+    "rate_limited",
+    "server_error",
+    "client_error",
+    "timeout",
+    "connection",
+    "redirect",
+    "malformed",
+    # the agent's own work (agent.loop)
+    "state",
+    "publish",
+    "publish_config",
+    "identity_proof",
+    "commands",
+    "command_retry",
+    "command_crash",
+    "crash",
+)
+
+# A labelled gauge is read as (labels, value) pairs when /metrics is scraped.
+Series = Iterable[tuple[Mapping[str, str], float]]
 
 
 class Histogram:
@@ -36,6 +65,7 @@ class Metrics:
         self._counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._histograms: dict[str, Histogram] = {}
         self._gauges: dict[str, Callable[[], float | None]] = {}
+        self._families: dict[str, Callable[[], Series]] = {}
         self._help: dict[str, tuple[str, str]] = {}
 
     def describe(self, name: str, kind: str, text: str) -> None:
@@ -54,6 +84,16 @@ class Metrics:
         """A value read when /metrics is scraped (None: not known yet, not exported)."""
         self._gauges[name] = read
 
+    def gauges(self, name: str, read: Callable[[], Series]) -> None:
+        """A gauge with labels, read when /metrics is scraped: one series per (labels, value)
+        pair; a series not read any more is gone from the next scrape."""
+        self._families[name] = read
+
+    def info(self, name: str, **labels: str) -> None:
+        """A constant 1 whose labels tell something about this process (`*_info`)."""
+        fixed = ((dict(labels), 1.0),)
+        self._families[name] = lambda: fixed
+
     def value(self, name: str, **labels: str) -> float:
         with self._lock:
             return self._counters.get((name, tuple(sorted(labels.items()))), 0.0)
@@ -63,7 +103,10 @@ class Metrics:
         with self._lock:
             counters = dict(self._counters)
             histograms = {name: (h.buckets, list(h.counts), h.total, h.count) for name, h in self._histograms.items()}
-        names = sorted({name for name, _ in counters} | set(histograms) | set(self._gauges) | set(self._help))
+        families = dict(self._families)
+        names = sorted(
+            {name for name, _ in counters} | set(histograms) | set(self._gauges) | set(families) | set(self._help)
+        )
         for name in names:
             kind, text = self._help.get(name, ("untyped", name))
             lines.append(f"# HELP {name} {text}")
@@ -82,7 +125,21 @@ class Metrics:
                 reading = self._gauges[name]()
                 if reading is not None:
                     lines.append(f"{name} {_number(reading)}")
+            if name in families:
+                series = sorted((tuple(sorted(labels.items())), value) for labels, value in families[name]())
+                lines.extend(f"{name}{_labels(labels)} {_number(value)}" for labels, value in series)
         return "\n".join(lines) + "\n"
+
+
+def resident_memory_bytes() -> float | None:
+    """This process's resident set size from /proc/self/statm (Linux); None elsewhere, where
+    `process_resident_memory_bytes` is then not exported."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return float(resident_pages * os.sysconf("SC_PAGE_SIZE"))
 
 
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:

@@ -18,8 +18,9 @@ from datetime import datetime, timezone
 
 import azure.functions as func
 
-from functions.azure_app import settings
+from functions.azure_app import logs, settings
 from functions.azure_app.wiring import DepsProvider, from_environment
+from functions.core.log_fields import event_fields, fields
 from functions.core.process import Deps, Outcome, process
 from wire.bounds import bounded
 from wire.errors import PermanentError, RetryableError
@@ -43,6 +44,7 @@ DEPS = DepsProvider(from_environment(os.environ))
     cardinality="one",
 )
 def maintenance_events(msg: func.ServiceBusMessage) -> None:
+    logs.configure()  # structured messages for Azure Monitor (functions.azure_app.logs)
     now = datetime.now(timezone.utc)
     handle_message(msg.get_body(), DEPS.get(), now, enqueued_at(msg, now))
 
@@ -81,5 +83,13 @@ def handle_message(body: bytes, deps: Deps, now: datetime, accepted_at: datetime
         )
         raise
     actions = ", ".join(f"{taken.action} {taken.vm}" for taken in outcome.actions) or "no action"
-    LOGGER.info("envelope %s: %s; %s", outcome.envelope_id[:16], outcome.result, bounded(actions))
+    # The event as its first action names it (an outcome without actions names none).
+    about = event_fields(outcome.actions[0].event) if outcome.actions else {}
+    LOGGER.info(
+        "envelope %s: %s; %s",
+        outcome.envelope_id[:16],
+        outcome.result,
+        bounded(actions),
+        extra={**about, **fields(envelope_id=outcome.envelope_id, result=outcome.result.value)},
+    )
     return outcome

@@ -17,6 +17,7 @@ from asn1crypto import x509 as asn1_x509
 from cryptography import x509
 
 from functions.core.policy import TRUST_ATTESTED, Policy, load_policy
+from functions.notify import WebhookConfig, WebhookConfigError, webhook_config
 from functions.trust.azure_attested import DEFAULT_SIGNER_NAMES, AttestationError, load_certificates
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from wire.errors import PermanentError
@@ -51,6 +52,10 @@ TRUST_ROOTS = "MBRIDGE_TRUST_ROOTS"
 TRUST_INTERMEDIATES = "MBRIDGE_TRUST_INTERMEDIATES"
 TRUST_SIGNER_NAMES = "MBRIDGE_TRUST_SIGNER_NAMES"
 TRUST_SUBSCRIPTIONS = "MBRIDGE_TRUST_SUBSCRIPTIONS"
+# Notices to people (docs/operations.md, "Notifications"): the URL is a secret, like the signing key.
+WEBHOOK_URL = "MBRIDGE_WEBHOOK_URL"
+WEBHOOK_TEMPLATE = "MBRIDGE_WEBHOOK_TEMPLATE"
+WEBHOOK_ACTIONS = "MBRIDGE_WEBHOOK_ACTIONS"
 
 DEFAULT_COMMANDS_QUEUE = "maintenance-commands"
 DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
@@ -121,6 +126,8 @@ class Settings:
     trust_intermediates: tuple[x509.Certificate, ...] = field(default=(), repr=False)
     trust_signer_names: tuple[str, ...] = DEFAULT_SIGNER_NAMES
     trust_subscriptions: tuple[str, ...] = ()
+    # Where notices of decisions and actions are posted; None: nowhere. (Its URL is kept out of repr.)
+    webhook: WebhookConfig | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -175,6 +182,7 @@ class Settings:
             trust_intermediates=_certificates(TRUST_INTERMEDIATES, env.optional(TRUST_INTERMEDIATES)),
             trust_signer_names=_signer_names(env.optional(TRUST_SIGNER_NAMES)),
             trust_subscriptions=_subscriptions(env.optional(TRUST_SUBSCRIPTIONS), load_balancer, needed=attested),
+            webhook=_webhook(env),
         )
 
 
@@ -383,6 +391,21 @@ def _policy(text: str | None) -> Policy:
 # App Service leaves a Key Vault reference's own text in the setting when it cannot resolve it
 # (no access to the secret, wrong identity, vault unreachable); name that, not a key format.
 _KEY_VAULT_REFERENCE = "@Microsoft.KeyVault("
+
+
+def _webhook(env: _Env) -> WebhookConfig | None:
+    url = env.optional(WEBHOOK_URL)
+    if url is not None and url.startswith(_KEY_VAULT_REFERENCE):
+        raise SettingsError(
+            f"{WEBHOOK_URL}: the Key Vault reference was not resolved; give the identity named by the app's "
+            "keyVaultReferenceIdentity 'Key Vault Secrets User' on the secret, check that the secret exists and "
+            "is enabled, and restart the app"
+        )
+    try:
+        return webhook_config(url, env.optional(WEBHOOK_TEMPLATE), env.optional(WEBHOOK_ACTIONS))
+    except WebhookConfigError as exc:
+        # The message names the setting and never quotes the URL's path (it holds the webhook's key).
+        raise SettingsError(str(exc)) from None
 
 
 def _signing_key(text: str | None) -> Ed25519PrivateKey | None:

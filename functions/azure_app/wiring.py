@@ -25,6 +25,7 @@ from functions.core.balancers import CompositeBalancer, ReadinessBalancer
 from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import CommandSender, LoadBalancer
 from functions.core.process import ClaimWait, Deps
+from functions.notify import notifying_audit
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, VmDirectory
 from wire.commands import Command
@@ -61,7 +62,8 @@ def build_deps(settings: Settings, *, credential: TokenCredential | None = None)
         store=TableStateStore(_table(service, settings.state_table)),
         balancer=_balancer(settings, credential, sender, signer),
         sender=sender,
-        audit=TableAuditLog(_table(service, settings.audit_table)),
+        # Notices (MBRIDGE_WEBHOOK_URL) go out from their own thread once a record is written.
+        audit=notifying_audit(TableAuditLog(_table(service, settings.audit_table)), settings.webhook, cloud="azure"),
         policy=settings.policy,
         signer=signer,
         # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.

@@ -124,10 +124,10 @@ def approve(run: Invocation, action: Approve, decision: Decision) -> None:
     # A retry re-sends the very bytes of the first attempt (see Memory.remember).
     command = decode_command(run.store.remember(f"command:{command_id}", encode_command(built))).command
     if run.policy.dry_run:
-        run.note(ActionName.APPROVE, action.target, decision, "dry run: not sent")
+        run.note(ActionName.APPROVE, action.target, decision, "dry run: not sent", command_id=command_id)
         return
     run.deps.sender.send(command)
-    run.note(ActionName.APPROVE, action.target, decision, at=command.execute_at)
+    run.note(ActionName.APPROVE, action.target, decision, at=command.execute_at, command_id=command_id)
 
 
 def perform(run: Invocation, action: PerformMaintenance, decision: Decision) -> None:

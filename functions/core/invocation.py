@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -10,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from functions.core.decide import Decision
+from functions.core.log_fields import event_fields
 from functions.core.policy import Policy
 from functions.core.ports import (
     ActionName,
@@ -33,6 +35,8 @@ from wire.model import MaintenanceEvent
 # function timeout must exceed this plus `ClaimWait.longest` plus the slowest run of actions
 # (host.json functionTimeout is 10 minutes; the Cloud Function's timeout 540 s).
 CLAIM_LEASE = timedelta(minutes=5)
+
+LOGGER = logging.getLogger("mbridge.functions")
 
 
 @dataclass(frozen=True)
@@ -124,10 +128,31 @@ class Invocation:
         self.deps.audit.append(event_record(self.now, kind, self.envelope, self.event, **fields))
 
     def note(
-        self, action: ActionName, vm: str, decision: Decision, reason: str = "", at: datetime | None = None
+        self,
+        action: ActionName,
+        vm: str,
+        decision: Decision,
+        reason: str = "",
+        at: datetime | None = None,
+        command_id: str = "",
     ) -> None:
-        """One action taken (or, for `wait` and `none`, not taken): into the outcome and the audit log."""
+        """One action taken (or, for `wait` and `none`, not taken): into the outcome, the audit log
+        and one log line whose fields name the event, the VM and, for an approval, its command."""
         reason = bounded(reason or decision.reason)  # the outcome is logged by the apps
+        LOGGER.log(
+            logging.WARNING if action is ActionName.RESTORE_FAILED else logging.INFO,
+            "%s %s: %s",
+            action.value,
+            bounded(vm, 200),
+            reason,
+            extra={
+                **event_fields(self.event, envelope_id=self.envelope.id, command_id=command_id),
+                # the VM acted on (an event's own part may list several, a wait names them all)
+                "vm": bounded(vm),
+                "action": action.value,
+                "rule": decision.rule,
+            },
+        )
         self.outcome.actions.append(Taken(action, bounded(vm), at, reason, self.event))
         # Stamped when the action was taken, not when the step arrived: after a slow load balancer the
         # audit log must show when each VM really left its pool (the drain period counts from then).

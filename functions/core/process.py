@@ -62,6 +62,7 @@ from functions.core.invocation import (
 )
 from functions.core.keys import claim_key, own_part
 from functions.core.lifecycle import act
+from functions.core.log_fields import event_fields, fields
 from functions.core.policy import TRUST_REPORTER_NAME
 from functions.core.ports import ActionName, AuditKind, AuditRecord, Claim, Result, StateStore
 from wire.bounds import bounded
@@ -100,7 +101,13 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     if refusal is not None:
         result, reason = refusal
         deps.audit.append(event_record(now, result, envelope, reported, action=ActionName.NONE, reason=reason))
-        LOGGER.warning("%s report %s not acted on: %s", result, envelope.id[:16], bounded(reason))
+        LOGGER.warning(
+            "%s report %s not acted on: %s",
+            result,
+            envelope.id[:16],
+            bounded(reason),
+            extra=event_fields(reported, envelope_id=envelope.id, result=result.value),
+        )
         return Outcome(envelope.id, result)
     assert isinstance(identity, Identity)
     event = own_part(reported, identity.vm)
@@ -111,6 +118,11 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     if claim is Claim.DONE:
         deps.audit.append(
             event_record(now, AuditKind.DUPLICATE, envelope, event, action=ActionName.NONE, reason="already processed")
+        )
+        LOGGER.info(
+            "duplicate report %s: already processed",
+            envelope.id[:16],
+            extra=event_fields(event, envelope_id=envelope.id, result=Result.DUPLICATE.value),
         )
         return Outcome(envelope.id, Result.DUPLICATE)
     if claim is Claim.BUSY:
@@ -196,6 +208,21 @@ def _audit_result(
     else:
         refusal = None
     kind = Result.COMMAND_RESULT if refusal is None else Result.UNVERIFIED
+    LOGGER.log(
+        logging.INFO if refusal is None else logging.WARNING,
+        "command %s %s by %s%s",
+        bounded(result.command_id, 100),
+        result.result,
+        bounded(result.target, 100),
+        "" if refusal is None else f", not taken as its answer: {bounded(refusal)}",
+        extra=fields(
+            command_id=result.command_id,
+            event_id=result.event_id,
+            vm=result.target,
+            envelope_id=envelope.id,
+            result=result.result,
+        ),
+    )
     deps.audit.append(
         AuditRecord(
             time=now,

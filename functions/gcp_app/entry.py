@@ -35,6 +35,7 @@ from typing import Any
 import functions_framework
 from cloudevents.http import CloudEvent
 
+from functions.core.notify import NotifyingAuditLog
 from functions.core.process import Deps, Outcome, process
 from functions.gcp_app import wiring
 from wire.bounds import bounded
@@ -46,6 +47,9 @@ LOG = logging.getLogger("mbridge.gcp.entry")
 MESSAGE_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
 # The actions of an outcome listed in its log line's payload; the others are counted.
 LOGGED_ACTIONS = 20
+# How long a request waits, after its action, for its webhook notices to go out (a notice gives up
+# within 8 s; a request makes at most a few): past this the rest wait for the next request.
+NOTICE_SETTLE_SECONDS = 10.0
 
 
 class UndecodableEventError(Exception):
@@ -132,6 +136,11 @@ def handle_message(
         )
         raise
     _log_outcome(outcome, context)
+    if isinstance(deps.audit, NotifyingAuditLog):
+        # Cloud Functions gives an instance CPU only while it serves a request: notices still queued
+        # when this one returns would wait for the next. The action is done; only the answer waits,
+        # and no longer than the webhook's own bound.
+        deps.audit.settle(NOTICE_SETTLE_SECONDS)
     return outcome
 
 

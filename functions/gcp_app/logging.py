@@ -9,6 +9,10 @@ Callers attach labels and payload through `extra`:
 
     LOG.info("processed", extra={"labels": {"event_id": ...}, "payload": {"actions": [...]}})
 
+The structured fields of functions.core.log_fields (`event_id`, `vm`, `command_id`, … passed as
+`extra`, as the function core does) become both top-level keys of the line (`jsonPayload.event_id`,
+as in the agent's lines) and labels (`labels.event_id`, indexed).
+
 An exception's traceback goes into `message`, where Error Reporting finds it.
 """
 
@@ -22,6 +26,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from functions.core.log_fields import record_fields
 from wire.bounds import bounded
 
 ROOT_LOGGER = "mbridge"
@@ -60,6 +65,9 @@ def structured(record: logging.LogRecord) -> dict[str, Any]:
     payload = getattr(record, "payload", None)
     if isinstance(payload, Mapping):
         entry.update(payload)
+    structured_fields = record_fields(record)
+    entry.update(structured_fields)
+    labels.update({key: str(value) for key, value in structured_fields.items() if key not in labels})
     entry.update(
         {
             "severity": severity(record.levelno),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, load_policy
+from functions.notify import WebhookConfig, WebhookConfigError, webhook_config
 from functions.trust.gce_token import GOOGLE_CERTS_URL
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from wire.errors import PermanentError
@@ -37,6 +38,10 @@ ENV_TRUST_FILE = "MBRIDGE_TRUST_FILE"
 ENV_TRUST_AUDIENCE = "MBRIDGE_TRUST_AUDIENCE"
 ENV_TRUST_PROJECTS = "MBRIDGE_TRUST_PROJECTS"
 ENV_TRUST_CERTS_URL = "MBRIDGE_TRUST_CERTS_URL"
+# Notices to people (docs/operations.md, "Notifications"): the URL is a secret, like the signing key.
+ENV_WEBHOOK_URL = "MBRIDGE_WEBHOOK_URL"
+ENV_WEBHOOK_TEMPLATE = "MBRIDGE_WEBHOOK_TEMPLATE"
+ENV_WEBHOOK_ACTIONS = "MBRIDGE_WEBHOOK_ACTIONS"
 
 DEFAULT_DATABASE = "(default)"
 DEFAULT_PREFIX = "mbridge_"
@@ -93,6 +98,8 @@ class Settings:
     trust_audience: str = DEFAULT_AUDIENCE
     trust_projects: tuple[str, ...] = ()
     trust_certs_url: str = DEFAULT_CERTS_URL
+    # Where notices of decisions and actions are posted; None: nowhere. (Its URL is kept out of repr.)
+    webhook: WebhookConfig | None = None
 
     @property
     def trusted_projects(self) -> tuple[str, ...]:
@@ -146,6 +153,7 @@ class Settings:
             trust_audience=_audience(get(ENV_TRUST_AUDIENCE)),
             trust_projects=_projects(get(ENV_TRUST_PROJECTS)),
             trust_certs_url=_certs_url(get(ENV_TRUST_CERTS_URL)),
+            webhook=_webhook(get(ENV_WEBHOOK_URL), get(ENV_WEBHOOK_TEMPLATE), get(ENV_WEBHOOK_ACTIONS)),
         )
 
 
@@ -243,6 +251,14 @@ def _certs_url(text: str) -> str:
             "local stand-in on localhost)"
         )
     return text
+
+
+def _webhook(url: str, template: str, actions: str) -> WebhookConfig | None:
+    try:
+        return webhook_config(url or None, template or None, actions or None)
+    except WebhookConfigError as exc:
+        # The message names the variable and never quotes the URL's path (it holds the webhook's key).
+        raise SettingsError(str(exc)) from None
 
 
 def _policy(text: str | None) -> Policy:

@@ -30,6 +30,8 @@ from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
 from functions.gcp_app.firestore_audit import FirestoreAuditLog
 from functions.gcp_app.firestore_store import FirestoreStateStore
 from functions.gcp_app.settings import ENV_TRUST_FILE, Settings, SettingsError
+from functions.notify import notifying_audit
+from functions.notify.webhook import where
 from functions.trust.gce_token import GoogleCerts
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from functions.trust.verifiers import CloudVerifier, GceTokenVerifier
@@ -103,7 +105,8 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         store=FirestoreStateStore(firestore_client, **names),
         balancer=CompositeBalancer(parts),
         sender=sender,
-        audit=FirestoreAuditLog(firestore_client, **names),
+        # Notices (MBRIDGE_WEBHOOK_URL) go out from their own thread once a record is written.
+        audit=notifying_audit(FirestoreAuditLog(firestore_client, **names), settings.webhook, cloud="gce"),
         policy=settings.policy,
         maintenance=maintenance,
         signer=signer,
@@ -166,13 +169,14 @@ def deps() -> Deps:
             _built = build_deps(settings)
             LOG.info(
                 "wired: project %s, Firestore database %s, commands topic %s, instance groups %s, readiness %s, "
-                "trust %s",
+                "trust %s, webhook %s",
                 settings.project,
                 settings.firestore_database,
                 settings.commands_topic,
                 ", ".join(map(str, settings.instance_groups)) or "none",
                 "on" if settings.readiness_drain else "off",
                 _trust_summary(settings),
+                _webhook_summary(settings),
             )
         return _built
 
@@ -183,6 +187,14 @@ def _trust_summary(settings: Settings) -> str:
     if settings.trust_file is not None:
         return f"the trust file {settings.trust_file}"
     return f"identity tokens for {settings.trust_audience} of projects {', '.join(settings.trusted_projects)}"
+
+
+def _webhook_summary(settings: Settings) -> str:
+    webhook = settings.webhook
+    if webhook is None:
+        return "none"
+    # Scheme and host only: the rest of the URL is the webhook's key.
+    return f"{where(webhook.url)} for {', '.join(sorted(webhook.notice_filter.names))}"
 
 
 @contextmanager

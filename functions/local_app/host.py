@@ -24,6 +24,7 @@ from functions.core.ports import LoadBalancer
 from functions.core.process import Deps, Outcome, process
 from functions.local_app.commands import LocalCommandSender
 from functions.local_app.store import DeadLetter, SqliteStore
+from functions.notify import WebhookConfig, notifying_audit
 from wire.bounds import bounded
 from wire.commands import Command
 from wire.errors import PermanentError, RetryableError
@@ -46,14 +47,17 @@ class LocalFunctionHost:
         on_outcome: Callable[[Outcome], None] = lambda outcome: None,
         verifier: IdentityVerifier | None = None,
         signer: Callable[[Command], Command] | None = None,
+        webhook: WebhookConfig | None = None,
     ) -> None:
         self._bus = bus
         self._store = store
         self._clock = clock
         self._on_outcome = on_outcome
         sender = LocalCommandSender(bus)
+        # With a webhook, the records it names are also posted there (docs/operations.md, "Notifications").
+        audit = notifying_audit(store, webhook)
         self.deps = Deps(
-            store=store, balancer=balancer, sender=sender, audit=store, policy=policy, verifier=verifier, signer=signer
+            store=store, balancer=balancer, sender=sender, audit=audit, policy=policy, verifier=verifier, signer=signer
         )
 
     def step(self, limit: int = 100) -> int:

@@ -595,7 +595,10 @@ REFUSED_PACKAGES = {
     "a bare name": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]\n", "is not pinned"),
     "a range": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]>=0.1\n", "is not pinned to one version"),
     "a wildcard": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.*\n", "does not pin one version"),
-    "a pin without its index": ("MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.1.0\n", "PIP_INDEX_URL is not set"),
+    "a pin without its index": (
+        "MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.1.0\n",
+        "PIP_INDEX_URL is not set",
+    ),
     "a pin from PyPI": (
         "MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.1.0\nPIP_INDEX_URL=https://pypi.org/simple\n",
         "PIP_INDEX_URL is PyPI",
@@ -605,7 +608,10 @@ REFUSED_PACKAGES = {
         "PIP_EXTRA_INDEX_URL=https://mirror.example.internal/simple\n",
         "PIP_EXTRA_INDEX_URL is set",
     ),
-    "the function apps' extra": ("MBRIDGE_PACKAGE=maintenance-bridge[functions-azure]==0.1.0\n", "extra [functions-azure]"),
+    "the function apps' extra": (
+        "MBRIDGE_PACKAGE=maintenance-bridge[functions-azure]==0.1.0\n",
+        "extra [functions-azure]",
+    ),
     "another package": ("MBRIDGE_PACKAGE=maintenance-bridges==0.1.0\n", "not maintenance-bridge"),
     "a wheel URL without its hash": (
         "MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus] @ https://example.com/maintenance_bridge-0.1.0-py3-none-any.whl\n",
@@ -793,7 +799,7 @@ def test_installer_installs_checks_starts_and_reruns_idempotently(
     refused = sandbox.run(INSTALLER)
     # THEN the installer says so and does not (re)start an agent that cannot run
     assert refused.returncode == 1
-    assert "--cloud azure|gce is required" in refused.stderr
+    assert "mbridge agent: cloud (--cloud / MBRIDGE_CLOUD / config key cloud): not set" in refused.stderr
     assert "configuration error" in refused.stderr
     assert sandbox.systemctl() == []
 

@@ -69,9 +69,15 @@ def declared(app: App) -> dict[str, str]:
     return as_map([Requirement(line) for line in requirement_lines(app.source.read_text(encoding="utf-8"))])
 
 
+# The function apps' runtime: a dependency only older Pythons take (the agent's tomli) is not theirs.
+APPS_PYTHON = {"python_version": "3.11", "python_full_version": "3.11.0"}
+
+
 def pyproject_requirements(cloud: str) -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return as_map([Requirement(line) for line in [*project["dependencies"], *project["optional-dependencies"][f"functions-{cloud}"]]])
+    lines = [*project["dependencies"], *project["optional-dependencies"][f"functions-{cloud}"]]
+    requirements = [Requirement(line) for line in lines]
+    return as_map([r for r in requirements if r.marker is None or r.marker.evaluate(APPS_PYTHON)])
 
 
 @dataclass(frozen=True)

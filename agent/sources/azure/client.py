@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
+from agent import logs
 from agent.sources.azure.document import ScheduledEventsDocument, parse_scheduled_events
 from agent.sources.http import MetadataHttp, MetadataUnavailableError
 from agent.timing import Backoff, Clock, RateLimiter
 from wire.errors import MalformedDocumentError, PermanentError
+from wire.model import Cloud
 
 LOGGER = logging.getLogger("mbridge.azure")
 
@@ -189,7 +191,13 @@ class AzurePoller:
             except MetadataUnavailableError as exc:
                 delay = self._backoff.next_delay()
                 self._on_poll("error", exc.kind)
-                LOGGER.warning("scheduled events poll failed (%s), retrying in %.1f s: %s", exc.kind, delay, exc)
+                LOGGER.warning(
+                    "scheduled events poll failed (%s), retrying in %.1f s: %s",
+                    exc.kind,
+                    delay,
+                    exc,
+                    extra=logs.fields(cloud=Cloud.AZURE.value),
+                )
                 stop.wait(delay)
                 continue
             # At a fixed rate: a poll starts one interval after the last one started, so the request's

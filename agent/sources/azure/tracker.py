@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from agent import logs
 from agent.sources.azure.client import AzureObservation
 from agent.sources.azure.diff import AzureState, azure_state_from_json, azure_state_to_json, diff_azure
 from agent.sources.azure.document import AzureEventStatus, ScheduledEventsDocument
 from agent.sources.tracking import Applied, Approvals, Observation, none_approved
-from wire.model import DEFAULT_HARMLESS_FREEZE_SECONDS, EventKind
+from wire.model import DEFAULT_HARMLESS_FREEZE_SECONDS, Cloud, EventKind
 
 LOGGER = logging.getLogger("mbridge.agent")
 
@@ -46,18 +47,23 @@ class AzureTracker:
     def _report_oddities(self, document: ScheduledEventsDocument) -> None:
         """Log each entry left out and each field that could not be read once, with the reason: the
         document is read again every time it changes, and the log must not repeat itself."""
-        notes = list(document.skipped)
+        # (note, the event it is about, when it has an id)
+        notes: list[tuple[str, str | None]] = [(skipped, None) for skipped in document.skipped]
         for event in document.events:
             notes.extend(
-                f"event {event.event_id[:80]}: {name} could not be read ({why}); forwarded without it"
+                (f"event {event.event_id[:80]}: {name} could not be read ({why}); forwarded without it", event.event_id)
                 for name, why in event.unreadable.items()
             )
         if len(self._reported_oddities) > MAX_REMEMBERED_ODDITIES:
             self._reported_oddities.clear()  # bounded: a churning document must not grow memory
-        for note in notes:
+        for note, event_id in notes:
             if note not in self._reported_oddities:
                 self._reported_oddities.add(note)
-                LOGGER.warning("scheduled events: %s", note)
+                LOGGER.warning(
+                    "scheduled events: %s",
+                    note,
+                    extra=logs.fields(event_id=event_id, cloud=Cloud.AZURE.value, vm=self.reporter),
+                )
 
     def commit(self, applied: Applied[Any]) -> None:
         self.state = applied.state

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
+from agent import logs
 from agent.sources.gce.values import (
     MAINTENANCE_EVENT_KEY,
     PREEMPTED_KEY,
@@ -36,6 +37,7 @@ from agent.sources.gce.values import (
 from agent.sources.http import MetadataHttp, MetadataUnavailableError
 from agent.timing import Backoff, Clock
 from wire.errors import MalformedDocumentError
+from wire.model import Cloud
 
 LOGGER = logging.getLogger("mbridge.gce")
 
@@ -201,7 +203,14 @@ class GceKeyWatcher:
             except MetadataUnavailableError as exc:
                 delay = self.delay_after_failure()
                 self._on_poll("error", exc.kind)
-                LOGGER.warning("reading %s failed (%s), retrying in %.1f s: %s", self.key, exc.kind, delay, exc)
+                LOGGER.warning(
+                    "reading %s failed (%s), retrying in %.1f s: %s",
+                    self.key,
+                    exc.kind,
+                    delay,
+                    exc,
+                    extra=logs.fields(cloud=Cloud.GCE.value),
+                )
                 stop.wait(delay)
                 continue
             if wait and observation is None:

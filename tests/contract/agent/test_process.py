@@ -199,7 +199,7 @@ def test_check_reports_healthy_against_the_simulator(tmp_path: Path) -> None:
         done = subprocess.run(
             [sys.executable, "-m", "mbridge.cli", "agent", "--check", "--cloud", "azure", "--metadata-url",
              sim.base_urls[0], "--transport", "local", "--state-dir", str(tmp_path),
-             "--verify-key", generate_keypair()[1].decode()],
+             "--verify-key", generate_keypair()[1].decode(), "--listen", "127.0.0.1:0"],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

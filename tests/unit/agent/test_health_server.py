@@ -21,6 +21,7 @@ import pytest
 
 from agent.health import HealthServer, Metrics, Readiness
 from tests.peers import require_peer
+from wire.version import version
 
 SLOW_LORIS_SOCKETS = 1000
 # The figures docs/agent.md promises: a request's line and headers within 5 s, at most
@@ -257,7 +258,8 @@ def test_bodies_are_those_the_endpoints_always_had(port: int, metrics: Metrics, 
 
     # THEN /readyz is 503 with the reason, and the rest answer as they always did
     assert (readyz[0], json.loads(readyz[2])) == (503, {"ready": False, "reason": "drain command c-1"})
-    assert json.loads(healthz[2]) == {"healthy": True, "threads": {"poller": True}}
+    # ... with the release added to /healthz (wire.version), as a probe of the fleet reads it
+    assert json.loads(healthz[2]) == {"healthy": True, "threads": {"poller": True}, "version": version()}
     assert scraped[2].decode() == metrics.render()
     assert json.loads(missing[2]) == {"error": "not found; try /healthz, /readyz or /metrics"}
 
