@@ -114,6 +114,16 @@ param functionInstanceMemoryMB int = 2048
 param policy string = ''
 
 @secure()
+@description('Where the functions post a notice of each decision and action (MBRIDGE_WEBHOOK_URL, docs/operations.md#notifications); empty for none. It holds the webhook\'s key: give a Key Vault reference, @Microsoft.KeyVault(SecretUri=...), to a secret the function identity may read (output functionIdentityPrincipalId), or the https URL itself, which then sits in the app settings.')
+param webhookUrl string = ''
+
+@description('The JSON body of each notice, with ${placeholders} (MBRIDGE_WEBHOOK_TEMPLATE); empty for the default, which Slack and Teams incoming webhooks take.')
+param webhookTemplate string = ''
+
+@description('Which audit records are posted, comma-separated (MBRIDGE_WEBHOOK_ACTIONS); empty for the default (decisions, actions and refusals).')
+param webhookActions string = ''
+
+@secure()
 @description('The Ed25519 private key that signs commands (MBRIDGE_SIGNING_KEY): unencrypted PKCS#8 PEM, or the raw 32-byte key as base64 (docs/deploy.md, "Signing keys"). Stored as a secret of a Key Vault of this deployment, which the function identity alone may read; the app setting refers to it. Required unless signingKeySecretUri is given: agents run no unsigned command.')
 param signingKey string = ''
 
@@ -306,6 +316,9 @@ module functionApp 'modules/functionapp.bicep' = {
     loadBalancerName: drainLoadBalancerName
     loadBalancerNicResourceGroup: drainEnabled ? drainNicResourceGroupName : ''
     policy: policy
+    webhookUrl: webhookUrl
+    webhookTemplate: webhookTemplate
+    webhookActions: webhookActions
     // A Key Vault reference, to this deployment's secret or to yours, which the platform resolves
     // with the function identity.
     signingKey: '@Microsoft.KeyVault(SecretUri=${empty(signingKeySecretUri) ? signingVault.outputs.secretUri : signingKeySecretUri})'

@@ -28,7 +28,6 @@ from tests.infra import terraform_azure_facts
 from tests.infra.azure_facts import AzureFacts
 from tests.infra.sources import (
     AGENT_INSTALL,
-    REPO_ROOT,
     TERRAFORM_AZURE,
     assert_agent_package_is_pinned,
     load_terraform,
@@ -126,12 +125,11 @@ def facts() -> AzureFacts:
     return terraform_azure_facts.read()
 
 
-def names_read_from_environment(directory: Path) -> set[str]:
-    """Environment variable names the agent reads: env("NAME"...) in its sources."""
-    names: set[str] = set()
-    for path in directory.rglob("*.py"):
-        names.update(re.findall(r"""\benv\(\s*["']([A-Z][A-Z0-9_]+)["']""", path.read_text(encoding="utf-8")))
-    return names
+def names_read_from_environment() -> set[str]:
+    """Environment variable names the agent reads: those of its settings' one definition."""
+    from agent.config import SETTINGS
+
+    return {setting.env for setting in SETTINGS}
 
 
 # ---------------------------------------------------------------- module conventions
@@ -587,7 +585,7 @@ def test_filling_the_placeholders_leaves_valid_cloud_init_within_the_custom_data
 def test_agent_environment_holds_only_what_the_agent_reads() -> None:
     # GIVEN the agent's environment file and the variables the agent reads
     environment = local("agent_environment")
-    read_by_agent = names_read_from_environment(REPO_ROOT / "agent")
+    read_by_agent = names_read_from_environment()
     # THEN every MBRIDGE_* name is one the agent reads (AZURE_CLIENT_ID is azure-identity's)
     assert set(environment) - {"AZURE_CLIENT_ID"} <= read_by_agent, sorted(set(environment) - read_by_agent)
     assert environment["MBRIDGE_TRANSPORT"] == "servicebus"
@@ -700,3 +698,23 @@ def test_the_root_calls_the_vm_module_for_each_vm_in_topic_mode_only() -> None:
     assert call["events_topic_id"] == ref("azurerm_servicebus_topic.events.id")
     assert (call["vm_name"], call["principal_id"]) == ("${each.key}", "${each.value}")
     assert local("commands_via_topic") == '${var.commands_mode == "topic"}'
+
+
+def test_the_webhook_url_is_sensitive_and_takes_a_key_vault_reference() -> None:
+    # GIVEN the webhook variables THEN the URL (it holds the webhook's key) is sensitive, and
+    # takes an https URL or a Key Vault reference, nothing else
+    variables = terraform_variables(parsed())
+    url = variables["webhook_url"]
+    assert url["sensitive"] is True
+    assert url["default"] == ""
+    condition = url["validation"][0]["condition"]
+    assert 'startswith(var.webhook_url, "https://")' in condition
+    assert 'startswith(var.webhook_url, "@Microsoft.KeyVault(")' in condition
+    # AND all three reach the app's settings as given (empty: none, and the defaults)
+    settings = local("function_app_settings")
+    for name, variable in (
+        (app_settings.WEBHOOK_URL, "webhook_url"),
+        (app_settings.WEBHOOK_TEMPLATE, "webhook_template"),
+        (app_settings.WEBHOOK_ACTIONS, "webhook_actions"),
+    ):
+        assert settings[name] == ref(f"var.{variable}")

@@ -334,7 +334,16 @@ def deployed_environment() -> set[str]:
     names = set(local("function_environment"))
     names |= set(re.findall(r"\b(MBRIDGE_[A-Z_]+)\s*=", local("function_policy_environment")))
     names.add(block(service, "secret_environment_variables")["key"])
+    # and the secret mounted only when given (the webhook URL), a dynamic block
+    for dynamic in service.get("dynamic", []):
+        for content in unquoted_keys(dynamic).get("secret_environment_variables", {}).get("content", []):
+            names.add(content["key"])
     return names
+
+
+def unquoted_keys(mapping: dict[str, Any]) -> dict[str, Any]:
+    """A block's keys as written, without the quotes python-hcl2 keeps on some of them."""
+    return {key.strip('"'): value for key, value in mapping.items()}
 
 
 def test_deployed_settings_are_the_ones_the_function_reads() -> None:
@@ -364,7 +373,10 @@ def test_reports_are_trusted_from_the_project_with_the_agents_audience() -> None
 def test_signing_key_is_always_mounted_from_secret_manager() -> None:
     # GIVEN the function's secret environment variable
     service = block(resource(FUNCTION), "service_config")
-    assert not service.get("dynamic")  # not conditional: every command is signed
+    # not conditional: every command is signed (the one dynamic secret is the optional webhook URL)
+    for dynamic in service.get("dynamic", []):
+        for content in unquoted_keys(dynamic).get("secret_environment_variables", {}).get("content", []):
+            assert content["key"] != settings.ENV_SIGNING_KEY
     secret = block(service, "secret_environment_variables")
     assert secret["key"] == settings.ENV_SIGNING_KEY
     assert (secret["secret"], secret["version"]) == (
@@ -966,3 +978,18 @@ def test_outputs_are_described_and_cover_what_operators_need() -> None:
         "${{for name, subscription in module.vm_commands : name => subscription.subscription_name}}"
     )
     assert "subscription_name" in terraform_outputs(module())
+
+
+def test_the_webhook_url_comes_from_a_secret_only_its_function_reads() -> None:
+    # GIVEN no webhook secret (the default) THEN no notices and no grant
+    assert default("webhook_url_secret_id") is None
+    grant = resource("google_secret_manager_secret_iam_member.webhook_url")
+    assert grant["count"] == "${var.webhook_url_secret_id == null ? 0 : 1}"
+    # AND given one, the function's runtime account alone may read it
+    assert grant["role"] == "roles/secretmanager.secretAccessor"
+    assert grant["member"] == "serviceAccount:${google_service_account.function.email}"
+    # AND the URL is never a plain variable: the template and the filter are, the URL is not
+    environment = local("function_environment")
+    assert settings.ENV_WEBHOOK_URL not in environment
+    assert environment[settings.ENV_WEBHOOK_TEMPLATE] == ref("var.webhook_template")
+    assert environment[settings.ENV_WEBHOOK_ACTIONS] == ref("var.webhook_actions")

@@ -77,6 +77,16 @@ param loadBalancerNicResourceGroup string
 param policy string
 
 @secure()
+@description('MBRIDGE_WEBHOOK_URL: where notices of decisions and actions are posted (docs/operations.md#notifications); empty for none. An https URL or a Key Vault reference.')
+param webhookUrl string
+
+@description('MBRIDGE_WEBHOOK_TEMPLATE: the JSON body of each notice; empty for the default.')
+param webhookTemplate string
+
+@description('MBRIDGE_WEBHOOK_ACTIONS: which audit records are posted; empty for the default.')
+param webhookActions string
+
+@secure()
 @minLength(1)
 @description('MBRIDGE_SIGNING_KEY: the Ed25519 private key that signs commands, or a Key Vault reference to it (@Microsoft.KeyVault(SecretUri=...)). Required: the agents run signed commands only.')
 param signingKey string
@@ -138,6 +148,10 @@ var appSettings = [
   { name: 'MBRIDGE_LB_NIC_RESOURCE_GROUP', value: loadBalancerNicResourceGroup }
   { name: 'MBRIDGE_READINESS_DRAIN', value: 'true' }
   { name: 'MBRIDGE_POLICY', value: policy }
+  // Notices of decisions and actions; empty: none.
+  { name: 'MBRIDGE_WEBHOOK_URL', value: webhookUrl }
+  { name: 'MBRIDGE_WEBHOOK_TEMPLATE', value: webhookTemplate }
+  { name: 'MBRIDGE_WEBHOOK_ACTIONS', value: webhookActions }
   // Every command is signed with it; the agents verify with its public key. A Key Vault
   // reference is resolved by the platform with keyVaultReferenceIdentity (the identity needs
   // "Key Vault Secrets User" on that secret, granted where the vault lives).

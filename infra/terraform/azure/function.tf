@@ -60,6 +60,10 @@ locals {
     "MBRIDGE_LB_NIC_RESOURCE_GROUP" = local.drain_enabled ? local.drain_nic_resource_group : ""
     "MBRIDGE_READINESS_DRAIN"       = var.readiness_drain ? "true" : "false"
     "MBRIDGE_POLICY"                = var.policy
+    # Notices of decisions and actions (docs/operations.md#notifications); empty: none.
+    "MBRIDGE_WEBHOOK_URL"      = var.webhook_url
+    "MBRIDGE_WEBHOOK_TEMPLATE" = var.webhook_template
+    "MBRIDGE_WEBHOOK_ACTIONS"  = var.webhook_actions
     # Every command is signed with the generated key, read from its Key Vault secret (signing.tf);
     # the agents hold its public key.
     "MBRIDGE_SIGNING_KEY" = local.signing_key_reference

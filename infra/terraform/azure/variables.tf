@@ -139,6 +139,29 @@ variable "policy" {
   default     = ""
 }
 
+variable "webhook_url" {
+  description = "MBRIDGE_WEBHOOK_URL: where the functions post a notice of each decision and action (docs/operations.md#notifications); empty for none. It holds the webhook's key: give a Key Vault reference, @Microsoft.KeyVault(SecretUri=...), to a secret the function identity may read (output function_identity_principal_id), or the https URL itself, which then sits in the app settings and the state."
+  type        = string
+  default     = ""
+  sensitive   = true
+  validation {
+    condition     = var.webhook_url == "" || startswith(var.webhook_url, "https://") || startswith(var.webhook_url, "@Microsoft.KeyVault(")
+    error_message = "webhook_url must be empty, an https:// URL, or a Key Vault reference @Microsoft.KeyVault(SecretUri=...)."
+  }
+}
+
+variable "webhook_template" {
+  description = "MBRIDGE_WEBHOOK_TEMPLATE: the JSON body of each notice, with $${placeholders} (docs/operations.md#notifications); empty for the default, {\"text\": \"$${summary}\"}, which Slack and Teams incoming webhooks take."
+  type        = string
+  default     = ""
+}
+
+variable "webhook_actions" {
+  description = "MBRIDGE_WEBHOOK_ACTIONS: which audit records are posted, comma-separated (docs/operations.md#notifications); empty for the default (decisions, actions and refusals)."
+  type        = string
+  default     = ""
+}
+
 variable "readiness_drain" {
   description = "MBRIDGE_READINESS_DRAIN: also drain through the agents' /readyz (drain/restore commands), for health-probe based load balancing."
   type        = bool

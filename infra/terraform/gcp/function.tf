@@ -46,6 +46,10 @@ locals {
     # runs only and never deployed.
     MBRIDGE_TRUST_PROJECTS = join(",", local.trust_projects)
     MBRIDGE_TRUST_AUDIENCE = var.identity_audience
+    # Notices of decisions and actions (docs/operations.md#notifications): empty, the defaults;
+    # the URL itself comes from its secret, below.
+    MBRIDGE_WEBHOOK_TEMPLATE = var.webhook_template
+    MBRIDGE_WEBHOOK_ACTIONS  = var.webhook_actions
   }
   # Where Cloud Functions keeps the sources of the region's functions (docs: "Build process overview").
   functions_sources_bucket = "gcf-v2-sources-${data.google_project.this.number}-${var.region}"
@@ -185,12 +189,24 @@ resource "google_cloudfunctions2_function" "events" {
       secret     = local.signing_key_secret_id
       version    = local.signing_key_secret_version
     }
+
+    # The webhook URL, when one is given: it holds the webhook's key.
+    dynamic "secret_environment_variables" {
+      for_each = var.webhook_url_secret_id == null ? [] : [var.webhook_url_secret_id]
+      content {
+        key        = "MBRIDGE_WEBHOOK_URL"
+        project_id = var.project_id
+        secret     = secret_environment_variables.value
+        version    = "latest"
+      }
+    }
   }
 
   depends_on = [
     google_project_service.apis,
     # The deployment checks that the runtime service account can read the secret it mounts.
     google_secret_manager_secret_iam_member.signing_key,
+    google_secret_manager_secret_iam_member.webhook_url,
     # The build runs as the build account: its roles must be in place before the first build.
     google_project_iam_member.build_log_writer,
     google_artifact_registry_repository_iam_member.build_writer,

@@ -133,6 +133,15 @@ resource "google_secret_manager_secret_iam_member" "signing_key" {
   member    = "serviceAccount:${google_service_account.function.email}"
 }
 
+# The webhook URL of your own secret (webhook_url_secret_id), mounted as MBRIDGE_WEBHOOK_URL.
+resource "google_secret_manager_secret_iam_member" "webhook_url" {
+  count     = var.webhook_url_secret_id == null ? 0 : 1
+  project   = var.project_id
+  secret_id = var.webhook_url_secret_id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.function.email}"
+}
+
 # No roles/logging.logWriter: a gen2 function is a Cloud Run service, whose stdout and stderr
 # Cloud Logging collects without any role on the runtime account (the function logs JSON lines
 # to stdout, functions/gcp_app/logging.py).

@@ -224,6 +224,29 @@ variable "signing_key_secret_id" {
   }
 }
 
+variable "webhook_url_secret_id" {
+  description = "A Secret Manager secret of your own (id in this project) holding the webhook URL the function posts a notice of each decision and action to (MBRIDGE_WEBHOOK_URL, docs/operations.md#notifications); the URL holds the webhook's key, so it is never a plain variable. null: no notices. The function's runtime account gets secretAccessor on it."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.webhook_url_secret_id == null || can(regex("^[A-Za-z0-9_-]{1,255}$", var.webhook_url_secret_id))
+    error_message = "webhook_url_secret_id must be a secret id (letters, digits, '_' or '-'), not a full resource path."
+  }
+}
+
+variable "webhook_template" {
+  description = "MBRIDGE_WEBHOOK_TEMPLATE: the JSON body of each notice, with $${placeholders} (docs/operations.md#notifications); empty for the default, {\"text\": \"$${summary}\"}, which Slack and Teams incoming webhooks take."
+  type        = string
+  default     = ""
+}
+
+variable "webhook_actions" {
+  description = "MBRIDGE_WEBHOOK_ACTIONS: which audit records are posted, comma-separated (docs/operations.md#notifications); empty for the default (decisions, actions and refusals)."
+  type        = string
+  default     = ""
+}
+
 variable "signing_key_secret_version" {
   description = "Version of signing_key_secret_id the function mounts: a number, or latest (picked up by new instances). A generated key's version is pinned."
   type        = string
