@@ -22,7 +22,6 @@ from functions.azure_app.settings import SettingsError as AzureSettingsError
 from functions.core.notify import DEFAULT_FILTER, Notice, NotifyingAuditLog
 from functions.core.policy import Policy
 from functions.core.process import Deps, process
-from functions.gcp_app.entry import NOTICE_SETTLE_SECONDS, handle_message
 from functions.gcp_app.settings import Settings as GcpSettings
 from functions.gcp_app.settings import SettingsError as GcpSettingsError
 from functions.local_app.host import LocalFunctionHost
@@ -390,33 +389,3 @@ def test_an_unresolved_key_vault_reference_is_named_on_azure() -> None:
     reference = "@Microsoft.KeyVault(SecretUri=https://v.vault.azure.net/secrets/webhook/)"
     with pytest.raises(AzureSettingsError, match="MBRIDGE_WEBHOOK_URL: the Key Vault reference was not resolved"):
         AzureSettings.from_env({**AZURE_MINIMAL, "MBRIDGE_WEBHOOK_URL": reference})
-
-
-def test_the_gcp_entry_answers_once_its_notices_are_out(receiver: Receiver) -> None:
-    # GIVEN Cloud Functions, which gives an instance CPU only while it serves a request: notices
-    # still queued when the request returns would wait for the next one
-    receiver.answers = [503, 200, 200, 200]
-    store = SqliteStore(":memory:")
-    app = wired(store, receiver.url, QUICK)
-    # WHEN the GCP entry handles a Reboot
-    outcome = handle_message(encode(envelope_for_event(reboot(EventStatus.SCHEDULED), NOW)), app.deps, NOW)
-    # THEN by the time it returns every notice went out (one after a retry), the approval first
-    assert outcome.result == "processed"
-    assert [command.target for command in app.sent.commands] == ["web-0"]
-    assert app.notifier.counts()["sent"] == 3
-    assert receiver.count() == 4
-    store.close()
-
-
-def test_the_gcp_entry_waits_for_notices_within_the_webhooks_bound_only(receiver: Receiver) -> None:
-    # GIVEN a webhook that never answers
-    receiver.answers = ["hang"] * 20
-    store = SqliteStore(":memory:")
-    app = wired(store, receiver.url, QUICK)
-    # WHEN the GCP entry handles a Reboot THEN it answers within the bound, the approval sent
-    start = time.monotonic()
-    handle_message(encode(envelope_for_event(reboot(EventStatus.SCHEDULED), NOW)), app.deps, NOW)
-    assert time.monotonic() - start < NOTICE_SETTLE_SECONDS + 1
-    assert len(app.sent.commands) == 1
-    app.notifier.close()
-    store.close()
