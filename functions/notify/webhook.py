@@ -128,6 +128,8 @@ class WebhookClient:
                     headers={"Content-Type": "application/json"},
                     timeout=(timeout, timeout),
                     allow_redirects=False,
+                    # The status is the answer: the body is never read, however large or slow.
+                    stream=True,
                 )
             except requests.Timeout:
                 detail = f"no answer within {timeout:.1f} s"

@@ -55,6 +55,8 @@ class Receiver:
     requests: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Announce a body of a gigabyte and send none of it (until the test ends).
+    huge_body: bool = False
 
     @property
     def url(self) -> str:
@@ -87,6 +89,12 @@ def receiver() -> Iterator[Receiver]:
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
+            if peer.huge_body:
+                self.send_header("Content-Length", str(10**9))
+                self.end_headers()
+                self.wfile.flush()
+                peer.release.wait(30)
+                return
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"ok")
@@ -389,3 +397,16 @@ def test_an_unresolved_key_vault_reference_is_named_on_azure() -> None:
     reference = "@Microsoft.KeyVault(SecretUri=https://v.vault.azure.net/secrets/webhook/)"
     with pytest.raises(AzureSettingsError, match="MBRIDGE_WEBHOOK_URL: the Key Vault reference was not resolved"):
         AzureSettings.from_env({**AZURE_MINIMAL, "MBRIDGE_WEBHOOK_URL": reference})
+
+
+def test_the_answers_body_is_never_read(receiver: Receiver) -> None:
+    # GIVEN a receiver that accepts, announcing a body of a gigabyte it never sends
+    receiver.answers = [(200, {"X-Body": "huge"})]
+    receiver.huge_body = True
+    client = WebhookClient(receiver.url, QUICK)
+    # WHEN a notice is posted THEN the status is enough: it is sent, without waiting for the body
+    start = time.monotonic()
+    delivery = client.post(b'{"text": "hello"}')
+    assert delivery.sent, delivery.detail
+    assert time.monotonic() - start < QUICK.try_seconds
+    client.close()
