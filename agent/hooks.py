@@ -21,14 +21,13 @@ import shlex
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
+from wire.background import DropOldestWorker, DropReason
 from wire.envelope import event_to_data
 from wire.model import MaintenanceEvent
 from wire.timefmt import format_rfc3339
@@ -41,6 +40,10 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_CAPACITY = 16
 # What of a hook's output (stdout and stderr together) is logged: its end, where errors are.
 OUTPUT_TAIL_BYTES = 2048
+_OUTPUT_CHUNK_BYTES = 64 * 1024
+# How long the end of a hook's output is waited for once it ended: a process it left running (`cmd &`)
+# keeps the output open, and is read on (so that it never blocks on a full pipe) but not waited for.
+OUTPUT_GRACE_SECONDS = 0.5
 # MBRIDGE_EVENT_JSON stays under the kernel's limit on one environment string (128 KiB on Linux):
 # past this, the cloud's raw entry is left out of it.
 MAX_EVENT_JSON_CHARS = 64 * 1024
@@ -152,30 +155,18 @@ class HookRunner:
     ) -> None:
         self._argv = list(argv)
         self._timeout = timeout
-        self._capacity = capacity
         self._metrics = metrics
         base = os.environ if environ is None else environ
         self._environ = {name: value for name, value in base.items() if not name.startswith(_AGENT_PREFIX)}
-        self._queue: deque[MaintenanceEvent] = deque()
-        self._lock = threading.Condition()
-        self._busy = False
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._worker: DropOldestWorker[MaintenanceEvent] = DropOldestWorker(
+            self._run_and_record, capacity=capacity, on_drop=self._drop, name="hooks"
+        )
+        self._lock = threading.Lock()
         self._counts = dict.fromkeys((*RESULTS, "dropped"), 0)
 
     def notify(self, event: MaintenanceEvent) -> None:
         """Run the hook for this change of this VM's maintenance, soon; returns at once."""
-        with self._lock:
-            if self._closed:
-                self._drop(event, "the agent is stopping")
-                return
-            if len(self._queue) >= self._capacity:
-                self._drop(self._queue.popleft(), f"{self._capacity} changes were waiting")
-            self._queue.append(event)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="hooks", daemon=True)
-                self._thread.start()
-            self._lock.notify_all()
+        self._worker.put(event)
 
     def counts(self) -> dict[str, int]:
         """Runs by result (ok, failed, timeout, error), and changes dropped."""
@@ -184,80 +175,56 @@ class HookRunner:
 
     def settle(self, timeout: float) -> bool:
         """Wait until no change is waiting or running; False when `timeout` ran out first."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._queue or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-        return True
+        return self._worker.settle(timeout)
 
     def close(self, timeout: float = 0.0) -> None:
         """Take no more changes; give those waiting up to `timeout` seconds, then stop the worker
         (a hook still running is left to its own timeout)."""
-        self.settle(timeout)
-        with self._lock:
-            self._closed = True
-            for event in self._queue:
-                self._drop(event, "the agent is stopping")
-            self._queue.clear()
-            self._lock.notify_all()
+        self._worker.close(timeout)
 
-    def _drop(self, event: MaintenanceEvent, why: str) -> None:
-        self._counts["dropped"] += 1
+    def _drop(self, event: MaintenanceEvent, reason: DropReason) -> None:
+        why = f"{self._worker.capacity} changes were waiting" if reason == "full" else "the agent is stopping"
+        with self._lock:
+            self._counts["dropped"] += 1
         if self._metrics is not None:
             self._metrics.inc(METRIC_DROPPED)
         LOGGER.warning("hook not run for %s %s %s: %s", event.kind.value, event.event_id, event.status.value, why)
 
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                while not self._queue and not self._closed:
-                    self._lock.wait()
-                if not self._queue:
-                    return
-                event = self._queue.popleft()
-                self._busy = True
-            try:
-                try:
-                    run = self.run(event)
-                except Exception:  # the worker must outlive any one run
-                    LOGGER.exception("the hook for %s could not be run", event.event_id)
-                    run = HookRun(event.event_id, event.status.value, "error", None, 0.0, "")
-                self._record(run)
-            finally:
-                # Only now: `settle` returns once the run is counted and logged.
-                with self._lock:
-                    self._busy = False
-                    self._lock.notify_all()
+    def _run_and_record(self, event: MaintenanceEvent) -> None:
+        try:
+            run = self.run(event)
+        except Exception:  # still a run: counted and logged as an error, like one that could not start
+            LOGGER.exception("the hook for %s could not be run", event.event_id)
+            run = HookRun(event.event_id, event.status.value, "error", None, 0.0, "")
+        self._record(run)
 
     def run(self, event: MaintenanceEvent) -> HookRun:
         """Run the hook for one change, now, on this thread, and return how it went."""
         environment = {**self._environ, **event_environment(event)}
         start = time.monotonic()
-        with tempfile.TemporaryFile() as output:
-            try:
-                process = subprocess.Popen(  # noqa: S603 - argv from the operator's own setting, no shell
-                    self._argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
-                    env=environment,
-                    close_fds=True,
-                    **_own_group(),
-                )
-            except OSError as error:
-                return HookRun(event.event_id, event.status.value, "error", None, 0.0, str(error))
-            try:
-                code: int | None = process.wait(timeout=self._timeout)
-                result = "ok" if code == 0 else "failed"
-            except subprocess.TimeoutExpired:
-                _kill_group(process)
-                process.wait()
-                code, result = None, "timeout"
-            seconds = time.monotonic() - start
-            return HookRun(event.event_id, event.status.value, result, code, seconds, _tail(output))
+        try:
+            process = subprocess.Popen(  # noqa: S603 - argv from the operator's own setting, no shell
+                self._argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                close_fds=True,
+                **_own_group(),
+            )
+        except OSError as error:
+            return HookRun(event.event_id, event.status.value, "error", None, 0.0, str(error))
+        assert process.stdout is not None  # stdout=PIPE
+        output = _OutputTail(process.stdout)
+        try:
+            code: int | None = process.wait(timeout=self._timeout)
+            result = "ok" if code == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            process.wait()
+            code, result = None, "timeout"
+        seconds = time.monotonic() - start
+        return HookRun(event.event_id, event.status.value, result, code, seconds, output.text(OUTPUT_GRACE_SECONDS))
 
     def _record(self, run: HookRun) -> None:
         with self._lock:
@@ -299,8 +266,30 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def _tail(output: IO[bytes]) -> str:
-    output.seek(0, os.SEEK_END)
-    size = output.tell()
-    output.seek(max(0, size - OUTPUT_TAIL_BYTES))
-    return output.read().decode("utf-8", errors="replace").strip()
+class _OutputTail:
+    """Reads the hook's output to its end on a thread of its own, keeping only its last
+    OUTPUT_TAIL_BYTES: a hook that prints without end for its whole timeout costs that much memory,
+    not a file that grows with it. (A pipe the hook fills would stop it: it is read all along.)"""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self._pipe = pipe
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, name="hook-output", daemon=True)
+        self._thread.start()
+
+    def text(self, wait: float) -> str:
+        """What was read of the end, once the output ended or after `wait` seconds."""
+        self._thread.join(wait)
+        with self._lock:
+            return bytes(self._tail).decode("utf-8", errors="replace").strip()
+
+    def _read(self) -> None:
+        with self._pipe:
+            while True:
+                chunk = os.read(self._pipe.fileno(), _OUTPUT_CHUNK_BYTES)
+                if not chunk:
+                    return
+                with self._lock:
+                    self._tail += chunk
+                    del self._tail[:-OUTPUT_TAIL_BYTES]

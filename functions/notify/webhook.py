@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 import requests
 
 from functions.core.notify import Notice
+from wire.background import DropOldestWorker, DropReason
 
 LOGGER = logging.getLogger("mbridge.functions.notify")
 
@@ -181,41 +181,21 @@ def _retry_after(value: str | None) -> float | None:
 class WebhookNotifier:
     """The Notifier port on a webhook: a queue of at most `capacity` notices and one worker thread.
 
-    The worker starts with the first notice. A full queue drops its oldest notice (counted as
-    `dropped`): the newest say most about now. The thread is a daemon: a process that exits does
-    not wait for it; `settle` waits for what is queued, for a while.
+    The worker (wire.background.DropOldestWorker) starts with the first notice. A full queue drops
+    its oldest notice (counted as `dropped`): the newest say most about now. The thread is a daemon:
+    a process that exits does not wait for it; `settle` waits for what is queued, for a while.
     """
 
     def __init__(self, client: WebhookClient, capacity: int = DEFAULT_CAPACITY) -> None:
         self._client = client
-        self._capacity = capacity
-        self._queue: deque[Notice] = deque()
-        self._busy = False
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Condition()
+        self._worker: DropOldestWorker[Notice] = DropOldestWorker(
+            self._send, capacity=capacity, on_drop=self._drop, name="mbridge-webhook"
+        )
+        self._lock = threading.Lock()
         self._counts = {"sent": 0, "failed": 0, "dropped": 0, "retried": 0}
 
     def notify(self, notice: Notice) -> None:
-        with self._lock:
-            if self._closed:
-                self._counts["dropped"] += 1
-                return
-            if len(self._queue) >= self._capacity:
-                dropped = self._queue.popleft()
-                self._counts["dropped"] += 1
-                LOGGER.warning(
-                    "webhook queue full (%d): dropped the notice of %s %s for event %s",
-                    self._capacity,
-                    dropped.kind,
-                    dropped.action,
-                    dropped.event_id,
-                )
-            self._queue.append(notice)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="mbridge-webhook", daemon=True)
-                self._thread.start()
-            self._lock.notify_all()
+        self._worker.put(notice)
 
     def counts(self) -> dict[str, int]:
         """Notices sent, failed (tries or time used up, or an answer not worth retrying), dropped
@@ -225,41 +205,29 @@ class WebhookNotifier:
 
     def settle(self, timeout: float) -> bool:
         """Wait until every queued notice was posted (or given up on); False when `timeout` ran out first."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._queue or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-        return True
+        return self._worker.settle(timeout)
 
     def close(self, timeout: float = 0.0) -> None:
-        """Stop taking notices; give those queued up to `timeout` to go out, then stop the worker."""
-        self.settle(timeout)
-        with self._lock:
-            self._closed = True
-            self._lock.notify_all()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout=max(timeout, 0.1))
+        """Stop taking notices; give those queued up to `timeout` to go out, then drop (and count)
+        those still waiting and stop the worker."""
+        self._worker.close(timeout)
         self._client.close()
 
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                while not self._queue and not self._closed:
-                    self._lock.wait()
-                if not self._queue:
-                    return  # closed, nothing left
-                notice = self._queue.popleft()
-                self._busy = True
-            try:
-                self._send(notice)
-            finally:
-                with self._lock:
-                    self._busy = False
-                    self._lock.notify_all()
+    def _drop(self, notice: Notice, reason: DropReason) -> None:
+        with self._lock:
+            self._counts["dropped"] += 1
+        if reason == "full":
+            LOGGER.warning(
+                "webhook queue full (%d): dropped the notice of %s %s for event %s",
+                self._worker.capacity,
+                notice.kind,
+                notice.action,
+                notice.event_id,
+            )
+        else:
+            LOGGER.warning(
+                "webhook closed: dropped the notice of %s %s for event %s", notice.kind, notice.action, notice.event_id
+            )
 
     def _send(self, notice: Notice) -> None:
         try:

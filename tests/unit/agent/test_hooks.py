@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from agent.health.metrics import Metrics
-from agent.hooks import HookCommandError, HookRunner, parse_command
+from agent.hooks import OUTPUT_TAIL_BYTES, HookCommandError, HookRunner, _OutputTail, parse_command
 from tests.factories import azure_event
 from tests.waiting import wait_until
 from wire.envelope import event_to_data
@@ -226,3 +227,54 @@ def test_a_program_on_path_is_found() -> None:
     argv = parse_command("env -0")
     assert Path(argv[0]).name == "env"
     assert argv[1:] == ["-0"]
+
+
+def test_a_hook_that_prints_without_end_keeps_only_the_end_of_its_output(tmp_path: Path) -> None:
+    # GIVEN a hook that prints as fast as it can until it is killed, and says where its output goes
+    where = tmp_path / "stdout-kind"
+    path = script(
+        tmp_path,
+        "flood.py",
+        "import stat\n"
+        f"open({str(where)!r}, 'w').write('file' if stat.S_ISREG(os.fstat(1).st_mode) else 'not a file')\n"
+        "while True:\n    sys.stdout.write('x' * 65536)",
+    )
+    # WHEN it runs past its timeout
+    run = HookRunner(parse_command(str(path)), timeout=1.0).run(reboot())
+    # THEN it was killed at the timeout, and of all it printed only the end was kept
+    assert run.result == "timeout"
+    assert 0 < len(run.output) <= OUTPUT_TAIL_BYTES
+    assert set(run.output) == {"x"}
+    # AND its output never went to a file (which would have grown for the whole timeout)
+    assert where.read_text(encoding="utf-8") == "not a file"
+
+
+def test_a_process_the_hook_leaves_running_is_not_waited_for(tmp_path: Path) -> None:
+    # GIVEN a hook that starts a process in the background, which keeps the hook's output open, and exits
+    pid_file = tmp_path / "pid"
+    path = script(
+        tmp_path,
+        "daemon.py",
+        "import subprocess\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('started the daemon', flush=True)",
+    )
+    try:
+        # WHEN it runs
+        start = time.monotonic()
+        run = HookRunner(parse_command(str(path)), timeout=30.0).run(reboot())
+        # THEN its run ends with it (not with what it left running), with what it printed
+        assert time.monotonic() - start < 10.0
+        assert (run.result, run.output) == ("ok", "started the daemon")
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text(encoding="utf-8")), signal.SIGKILL)
+
+
+def test_the_output_tail_keeps_the_last_bytes_of_what_was_written() -> None:
+    read_end, write_end = os.pipe()
+    tail = _OutputTail(os.fdopen(read_end, "rb"))
+    with os.fdopen(write_end, "wb") as pipe:
+        pipe.write(b"a" * (1024 * 1024) + b"\xc3\xa9END")
+    assert tail.text(10.0) == "a" * (OUTPUT_TAIL_BYTES - 5) + "\u00e9END"
