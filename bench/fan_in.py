@@ -33,6 +33,8 @@ a shared-host one (`"approval": "all"`): it starts once every VM in Resources ap
   same way. approvals = approve commands sent; drains = VMs taken out of the pool; not-self =
   reporters whose report was refused as `not-self`; invocations = calls of `process`; settle =
   from the first delivery until the last one was acknowledged.
+- The same fan-in on Azurite and the Firestore emulator, each reporter's three steps, with the
+  drain latency of each VM in Resources and the store's round trips: bench/fan_in_stores.py.
 """
 
 from __future__ import annotations
@@ -521,4 +523,7 @@ def synthetic_figures(context: BenchContext) -> list[Figure]:
 
 
 def run(context: BenchContext) -> list[Figure]:
-    return [*agents_figures(context), *synthetic_figures(context)]
+    # The same fan-in on the cloud stores' emulators (imported here: it builds on this module).
+    from bench import fan_in_stores
+
+    return [*agents_figures(context), *synthetic_figures(context), *fan_in_stores.run(context)]

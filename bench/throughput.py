@@ -12,13 +12,17 @@ record of the pool would only grow). Envelopes are handed to `process` one at a 
 thread, so the figure is the core's own cost per envelope with that store. The load balancer and
 the command channel are in-memory fakes (bench/functions_fakes.py): only the core and the store
 are measured. Envelopes are built before the clock starts.
+
+On Azurite and the Firestore emulator, the timed envelopes' requests to the store are counted
+where they leave the client, per step of the core (bench/store_counting.py): round trips and
+writes per envelope, which with the rate say what one round trip costs there.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +32,7 @@ from bench.functions_events import completion, envelope_body, new_event_id, rebo
 from bench.functions_fakes import MemoryPool, MemorySender
 from bench.peers import PeerUnavailableError, environment, start_azurite_tables, start_firestore_emulator
 from bench.results import Figure, at_least
+from bench.store_counting import CountingAudit, CountingStore, RoundTrips, counting_firestore, table_hook
 from functions.core.policy import Policy
 from functions.core.ports import AuditLog, StateStore
 from functions.core.process import Deps, process
@@ -68,30 +73,39 @@ class Measured:
         return self.envelopes / self.seconds
 
 
-def measure(store: StateStore, audit: AuditLog, seconds: float, prefix: str) -> Measured:
+def measure(
+    store: StateStore, audit: AuditLog, seconds: float, prefix: str, counter: RoundTrips | None = None
+) -> Measured:
     """Process the workload until `seconds` of processing time have passed (events still open then
-    are left open: the store is thrown away)."""
+    are left open: the store is thrown away). With a `counter`, the store's requests of the timed
+    envelopes are counted per step (the client must report them to it: bench/store_counting.py)."""
     pool, sender = MemoryPool(), MemorySender()
+    if counter is not None:
+        store, audit = CountingStore(store, counter), CountingAudit(audit, counter)
     deps = Deps(store=store, balancer=pool, sender=sender, audit=audit, policy=Policy(), verifier=ReporterName())
     rounds = workload(prefix)
     results: list[str] = []
 
-    def handle(body: bytes) -> None:
-        results.append(process(body, deps, datetime.now(timezone.utc)).result)
+    def handle(body: bytes, kind: str) -> None:
+        counting: AbstractContextManager[None] = nullcontext() if counter is None else counter.envelope(kind)
+        with counting:
+            results.append(process(body, deps, datetime.now(timezone.utc)).result)
 
     # Before the clock: the first OPEN_EVENTS events are opened (which also warms connections and
     # tables), so every timed scheduled envelope comes with the completion of an earlier event.
     opening, pending = next(rounds)
     for body in opening:
-        handle(body)
+        handle(body, "scheduled")
     results.clear()
+    if counter is not None:
+        counter.reset()
     elapsed, scheduled, completed = 0.0, 0, 0
     while elapsed < seconds:
         new, ends = next(rounds)  # built outside the clock
         for body, end in zip(new, pending):
             start = time.perf_counter()
-            handle(body)
-            handle(end)
+            handle(body, "scheduled")
+            handle(end, "completed")
             elapsed += time.perf_counter() - start
             scheduled += 1
             completed += 1
@@ -135,6 +149,39 @@ def figure(name: str, measured: Measured, store: str, target: float | None = Non
         note,
         measured.envelopes,
     )
+
+
+def round_trip_figures(name: str, measured: Measured, counter: RoundTrips, requests: str) -> list[Figure]:
+    """Round trips and writes per envelope of the timed run, with where they go per step."""
+    trips, writes = counter.per_envelope()
+    steps = (
+        f"per scheduled envelope: {counter.breakdown('scheduled')}; per completed envelope: "
+        f"{counter.breakdown('completed')} (w: writes)"
+    )
+    how = (
+        f"{requests} to the store counted where they leave the client (bench/store_counting.py), over the "
+        f"{measured.envelopes} timed envelopes of {name}"
+    )
+    per_trip = 1e3 / measured.rate / trips if trips else 0.0
+    return [
+        Figure(
+            f"{name}.round_trips",
+            trips,
+            "round trips/envelope",
+            None,
+            f"{how}; ~{per_trip:.2f} ms per round trip at {measured.rate:.1f} envelopes/s; {steps}",
+            measured.envelopes,
+        ),
+        Figure(f"{name}.writes", writes, "writes/envelope", None, f"{how}; {steps}", measured.envelopes),
+    ]
+
+
+def not_measured(name: str, reason: str) -> list[Figure]:
+    return [
+        Figure(name, None, "events/s", note=reason),
+        Figure(f"{name}.round_trips", None, "round trips/envelope", note=reason),
+        Figure(f"{name}.writes", None, "writes/envelope", note=reason),
+    ]
 
 
 class TunedSqliteStore(SqliteStore):
@@ -198,7 +245,7 @@ def sqlite_figures(context: BenchContext, seconds: float) -> list[Figure]:
     return [main, extra]
 
 
-def azurite_figure(context: BenchContext, seconds: float) -> Figure:
+def azurite_figures(context: BenchContext, seconds: float) -> list[Figure]:
     from azure.data.tables import TableServiceClient
 
     from functions.azure_app.tables import TableAuditLog, TableStateStore
@@ -207,22 +254,27 @@ def azurite_figure(context: BenchContext, seconds: float) -> Figure:
         try:
             peer, connection = start_azurite_tables(context.dir("throughput-azurite"))
         except PeerUnavailableError as exc:
-            return Figure("throughput.azurite", None, "events/s", note=str(exc))
+            return not_measured("throughput.azurite", str(exc))
         stack.callback(peer.stop)
-        service = TableServiceClient.from_connection_string(connection)
+        counter = RoundTrips()
+        service = TableServiceClient.from_connection_string(connection, raw_response_hook=table_hook(counter))
         stack.callback(service.close)
         state = service.create_table_if_not_exists("mbridgestate")
         audit = service.create_table_if_not_exists("mbridgeaudit")
-        measured = measure(TableStateStore(state), TableAuditLog(audit), seconds, "azurite")
-    return figure("throughput.azurite", measured, "Table Storage on Azurite 3.35 (TableStateStore, TableAuditLog)")
+        measured = measure(TableStateStore(state), TableAuditLog(audit), seconds, "azurite", counter)
+    store = "Table Storage on Azurite 3.35 (TableStateStore, TableAuditLog)"
+    return [
+        figure("throughput.azurite", measured, store),
+        *round_trip_figures("throughput.azurite", measured, counter, "HTTP requests"),
+    ]
 
 
-def firestore_figure(context: BenchContext, seconds: float) -> Figure:
+def firestore_figures(context: BenchContext, seconds: float) -> list[Figure]:
     with ExitStack() as stack:
         try:
             peer = start_firestore_emulator(context.dir("throughput-firestore"))
         except PeerUnavailableError as exc:
-            return Figure("throughput.firestore", None, "events/s", note=str(exc))
+            return not_measured("throughput.firestore", str(exc))
         stack.callback(peer.stop)
         stack.enter_context(environment("FIRESTORE_EMULATOR_HOST", peer.host))
         from google.cloud import firestore
@@ -230,12 +282,17 @@ def firestore_figure(context: BenchContext, seconds: float) -> Figure:
         from functions.gcp_app.firestore_audit import FirestoreAuditLog
         from functions.gcp_app.firestore_store import FirestoreStateStore
 
-        client = firestore.Client(project=FIRESTORE_PROJECT)
+        counter = RoundTrips()
+        client = counting_firestore(firestore.Client(project=FIRESTORE_PROJECT), counter)
         stack.callback(client.close)
-        measured = measure(FirestoreStateStore(client), FirestoreAuditLog(client), seconds, "firestore")
-    return figure("throughput.firestore", measured, "Firestore emulator (FirestoreStateStore, FirestoreAuditLog)")
+        measured = measure(FirestoreStateStore(client), FirestoreAuditLog(client), seconds, "firestore", counter)
+    store = "Firestore emulator (FirestoreStateStore, FirestoreAuditLog)"
+    return [
+        figure("throughput.firestore", measured, store),
+        *round_trip_figures("throughput.firestore", measured, counter, "RPCs"),
+    ]
 
 
 def run(context: BenchContext) -> list[Figure]:
     seconds = 2.0 if context.quick else 20.0
-    return [*sqlite_figures(context, seconds), azurite_figure(context, seconds), firestore_figure(context, seconds)]
+    return [*sqlite_figures(context, seconds), *azurite_figures(context, seconds), *firestore_figures(context, seconds)]

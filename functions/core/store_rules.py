@@ -6,9 +6,28 @@ result atomically its own way (SQLite transaction, Table Storage ETag, Firestore
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 
 from functions.core.ports import Claim, Parked
+
+# Read-then-conditional-write attempts on a pool's one budget record (Table entity, Firestore
+# document) before giving up to a redelivery. A failed write means another invocation's went
+# through, and every VM of a large event writes that record once (its own report joins the
+# event's reservation): as many conflicts in a row as invocations running at once are to be
+# expected. Giving up sends the report to the back of the bus's queue, behind every other report.
+BUDGET_ATTEMPTS = 16
+
+
+def budget_backoff(attempt: int) -> float:
+    """Seconds to wait before attempt `attempt + 1` on a budget record another invocation just wrote.
+
+    A few milliseconds, about one round trip, growing with the attempts: the jitter keeps racing
+    invocations from colliding again in step, and a longer wait only delays the report (the record
+    is free again as soon as the winner's write is done).
+    """
+    return random.uniform(0.001, 0.005) * (attempt + 1)
+
 
 # The states of a claim, as every store writes them.
 IN_PROGRESS = "in-progress"

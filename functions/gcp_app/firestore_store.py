@@ -23,11 +23,13 @@ admits an event; when one more event would not fit, it waits for a slot as for a
 alone always fits). An envelope waiting for the budget is at most 256 KiB (`MAX_ENVELOPE_BYTES`),
 a remembered value a command or an event's end, and audit records cut their texts.
 
-Every method is atomic on its own: single-document writes (`create`, `delete`) are atomic in
-Firestore, and every read-modify-write runs in a transaction (`@firestore.transactional`),
-which Firestore retries when another invocation wrote the same document meanwhile. The whole
-budget of a pool is one document, so two events racing for its last slot are serialised by that
-document and never both admitted.
+Every method is atomic on its own: single-document writes (`create`, `update`, `delete`) are
+atomic in Firestore, and every read-modify-write is a read followed by a write conditional on the
+document being as it was read (`create` when it was absent, else its update time as a
+precondition), applied again to what is there when another invocation wrote it meanwhile. The
+whole budget of a pool is one document, so two events racing for its last slot are serialised by
+that document and never both admitted. Round trips: a claim is one `create` (a duplicate: two);
+completing it one `update`; a budget change a read and a write (no write when nothing changes).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
 
@@ -43,6 +46,7 @@ from google.api_core import exceptions as api_errors
 from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
+from functions.core import store_rules
 from functions.core.ports import Claim, JsonObject, Parked
 from functions.core.store_rules import DONE, IN_PROGRESS, admits, claim_found, in_line, joined
 from wire.errors import BridgeError, PermanentError, RetryableError
@@ -71,6 +75,9 @@ _RETRYABLE = (
     api_errors.RetryError,  # the library's own retries ran out of time
     auth_errors.TransportError,  # the metadata server could not be reached for a token
 )
+# What a conditional write raises when the document changed since it was read: its update time no
+# longer matches (FailedPrecondition), it was created (AlreadyExists) or deleted (NotFound) meanwhile.
+_CHANGED_MEANWHILE = (api_errors.FailedPrecondition, api_errors.AlreadyExists, api_errors.NotFound)
 _CREDENTIALS = (api_errors.Unauthenticated, auth_errors.DefaultCredentialsError, auth_errors.RefreshError)
 
 
@@ -136,78 +143,33 @@ def plain_utc(moment: datetime) -> datetime:
     )
 
 
-# ---------------------------------------------------------------- transactions
-# Module-level functions: `firestore.transactional` re-runs the whole function when the commit
-# is aborted by a concurrent writer, so each must read everything it decides on through `transaction`.
+# ---------------------------------------------------------------- budget rules
 
 
-@firestore.transactional
-def _take_over_claim(
-    transaction: firestore.Transaction, ref: firestore.DocumentReference, fields: JsonObject, now: datetime
-) -> Claim:
-    snapshot = ref.get(transaction=transaction)
-    current = (snapshot.to_dict() or {}) if snapshot.exists else {}
-    lease_until = current.get("lease_until")
-    found = claim_found(current.get("state"), lease_until.timestamp() if lease_until else None, now.timestamp())
-    if found is Claim.CLAIMED:
-        transaction.set(ref, fields)
-    return found
-
-
-@firestore.transactional
-def _complete_claim(transaction: firestore.Transaction, ref: firestore.DocumentReference, now: datetime) -> None:
-    if ref.get(transaction=transaction).exists:
-        transaction.update(ref, {"state": DONE, "updated_at": now, "expire_at": now + CLAIM_RETENTION})
-
-
-@firestore.transactional
-def _abandon_claim(transaction: firestore.Transaction, ref: firestore.DocumentReference, now: datetime) -> None:
-    snapshot = ref.get(transaction=transaction)
-    if snapshot.exists and (snapshot.to_dict() or {}).get("state") != DONE:
-        transaction.update(ref, {"lease_until": now, "updated_at": now})
-
-
-@firestore.transactional
-def _reserve(
-    transaction: firestore.Transaction,
-    ref: firestore.DocumentReference,
-    pool: str,
-    event_key: str,
-    vms: Sequence[str],
-    limit: int | None,
-) -> bool:
-    snapshot = ref.get(transaction=transaction)
-    reservations: list[JsonObject] = list((snapshot.to_dict() or {}).get("reservations", [])) if snapshot.exists else []
-    for entry in reservations:
+def _admitted(
+    reservations: list[JsonObject], pool: str, event_key: str, vms: Sequence[str], limit: int | None
+) -> tuple[bool, list[JsonObject] | None]:
+    """Whether the pool admits the event, and its reservations to write (None: nothing to write)."""
+    for index, entry in enumerate(reservations):
         if entry["event_key"] == event_key:
             # Admitted already: another VM of the event joins it (each VM's own report drains it).
             grown = joined(entry["vms"], vms)
-            if grown != entry["vms"]:
-                entry["vms"] = grown
-                transaction.set(ref, {"pool": pool, "reservations": reservations})
-            return True
+            if grown == entry["vms"]:
+                return True, None
+            return True, [*reservations[:index], {**entry, "vms": grown}, *reservations[index + 1 :]]
     if not admits((entry["vms"] for entry in reservations), vms, limit):
-        return False
+        return False, None
     admitted = [*reservations, {"event_key": event_key, "vms": list(vms)}]
     if reservations and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
         # The pool's document is full: the event waits for a slot as for a budget.
         LOGGER.warning("the reservations of pool %s fill their document: %s waits for a slot", pool, event_key)
-        return False
-    transaction.set(ref, {"pool": pool, "reservations": admitted})
-    return True
+        return False, None
+    return True, admitted
 
 
-@firestore.transactional
-def _release(transaction: firestore.Transaction, ref: firestore.DocumentReference, event_key: str) -> None:
-    snapshot = ref.get(transaction=transaction)
-    if not snapshot.exists:
-        return
-    document = snapshot.to_dict() or {}
-    kept = [entry for entry in document.get("reservations", []) if entry["event_key"] != event_key]
-    if kept:
-        transaction.set(ref, {**document, "reservations": kept})
-    else:
-        transaction.delete(ref)
+# ---------------------------------------------------------------- transactions
+# Module-level functions: `firestore.transactional` re-runs the whole function when the commit
+# is aborted by a concurrent writer, so each must read everything it decides on through `transaction`.
 
 
 @firestore.transactional
@@ -221,15 +183,6 @@ def _forget_earlier_drain(transaction: firestore.Transaction, ref: firestore.Doc
         transaction.update(ref, {"vms": vms})
     else:
         transaction.delete(ref)
-
-
-@firestore.transactional
-def _park(transaction: firestore.Transaction, ref: firestore.DocumentReference, fields: JsonObject) -> None:
-    if ref.get(transaction=transaction).exists:
-        # A later step of a waiting event replaces its envelope but keeps its place in line.
-        transaction.update(ref, {"envelope": fields["envelope"]})
-    else:
-        transaction.set(ref, fields)
 
 
 # ---------------------------------------------------------------- the ports
@@ -262,29 +215,97 @@ class FirestoreStateStore:
                 return Claim.CLAIMED
             except api_errors.AlreadyExists:
                 pass
-            claim: Claim = _take_over_claim(self._client.transaction(), ref, fields, now)
-            return claim
+            # A duplicate finds the claim done or busy in one read. Only a lease that ran out is
+            # taken over, by a write that fails if anyone wrote the claim since that read.
+            snapshot = ref.get()
+            current = (snapshot.to_dict() or {}) if snapshot.exists else {}
+            lease_until = current.get("lease_until")
+            found = claim_found(current.get("state"), lease_until.timestamp() if lease_until else None, now.timestamp())
+            if found is not Claim.CLAIMED:
+                return found
+            try:
+                if snapshot.exists:
+                    ref.update(fields, option=self._client.write_option(last_update_time=snapshot.update_time))
+                else:
+                    ref.create(fields)
+            except _CHANGED_MEANWHILE:
+                return Claim.BUSY  # another invocation took it over first
+            return Claim.CLAIMED
 
     def complete(self, key: str, now: datetime) -> None:
+        fields = {"state": DONE, "updated_at": now, "expire_at": now + CLAIM_RETENTION}
         with self._errors("complete the claim of envelope " + key):
-            _complete_claim(self._client.transaction(), self._claims.document(doc_id(key)), now)
+            try:
+                # `update` writes only an existing document: one round trip, no transaction.
+                self._claims.document(doc_id(key)).update(fields)
+            except api_errors.NotFound:
+                LOGGER.warning("completing envelope %s that was never claimed; nothing recorded", key)
 
     def abandon(self, key: str, now: datetime) -> None:
+        ref = self._claims.document(doc_id(key))
         with self._errors("abandon the claim of envelope " + key):
-            _abandon_claim(self._client.transaction(), self._claims.document(doc_id(key)), now)
+            snapshot = ref.get()
+            if not snapshot.exists or (snapshot.to_dict() or {}).get("state") == DONE:
+                return
+            try:
+                option = self._client.write_option(last_update_time=snapshot.update_time)
+                ref.update({"lease_until": now, "updated_at": now}, option=option)
+            except _CHANGED_MEANWHILE:
+                return  # someone else moved on with it: nothing to give back
 
     # ---- budget
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
-        with self._errors(f"reserve budget in pool {pool}"):
-            admitted: bool = _reserve(
-                self._client.transaction(), self._pools.document(doc_id(pool)), pool, event_key, vms, limit
-            )
-            return admitted
+        def admit(reservations: list[JsonObject]) -> tuple[bool, list[JsonObject] | None]:
+            return _admitted(reservations, pool, event_key, vms, limit)
+
+        return self._update_budget(pool, admit, f"reserve budget in pool {pool}")
 
     def release(self, pool: str, event_key: str) -> None:
-        with self._errors(f"release budget in pool {pool}"):
-            _release(self._client.transaction(), self._pools.document(doc_id(pool)), event_key)
+        def drop(reservations: list[JsonObject]) -> tuple[bool, list[JsonObject] | None]:
+            kept = [entry for entry in reservations if entry["event_key"] != event_key]
+            return True, (None if len(kept) == len(reservations) else kept)
+
+        self._update_budget(pool, drop, f"release budget in pool {pool}")
+
+    def _update_budget(
+        self,
+        pool: str,
+        change: Callable[[list[JsonObject]], tuple[bool, list[JsonObject] | None]],
+        action: str,
+    ) -> bool:
+        """Read the pool's document, apply `change`, write what it returns (None: nothing).
+
+        The write is conditional on the document being as it was read (its update time, or its
+        absence), so two invocations can never both take the last slot: the loser's write fails
+        and the change is applied again to what the winner left. Unlike a transaction, this holds
+        no lock on the document while the invocation decides: one pool's document is what every
+        VM of a large event writes, and the emulator's locks made them queue behind each other.
+        """
+        ref = self._pools.document(doc_id(pool))
+        with self._errors(action):
+            for attempt in range(store_rules.BUDGET_ATTEMPTS):
+                snapshot = ref.get()
+                document = (snapshot.to_dict() or {}) if snapshot.exists else {}
+                answer, reservations = change(list(document.get("reservations", [])))
+                if reservations is None:
+                    return answer
+                try:
+                    if not snapshot.exists:
+                        ref.create({"pool": pool, "reservations": reservations})
+                        return answer
+                    option = self._client.write_option(last_update_time=snapshot.update_time)
+                    if reservations:
+                        ref.update({"pool": pool, "reservations": reservations}, option=option)
+                    else:
+                        ref.delete(option=option)
+                    return answer
+                except _CHANGED_MEANWHILE:
+                    # Someone wrote the pool between our read and write: read it again shortly.
+                    time.sleep(store_rules.budget_backoff(attempt))
+        raise FirestoreUnavailableError(
+            f"the budget of pool {pool!r} changed under {store_rules.BUDGET_ATTEMPTS} attempts to {action}; retry later"
+        )
 
     # ---- drains
 
@@ -307,9 +328,14 @@ class FirestoreStateStore:
         return {vm: json.loads(memento) for vm, memento in {**earlier, **recorded}.items()}
 
     def forget_drain(self, event_key: str, vm: str) -> None:
+        earlier = self._drains.document(doc_id(event_key))
         with self._errors(f"forget the drain of {vm}"):
             self._drains.document(doc_id(event_key, vm)).delete()
-            _forget_earlier_drain(self._client.transaction(), self._drains.document(doc_id(event_key)), vm)
+            # The transaction only where an earlier version's document still names the VM: a plain
+            # read finds out in one round trip, where the transaction takes three.
+            snapshot = earlier.get()
+            if snapshot.exists and vm in (snapshot.to_dict() or {}).get("vms", {}):
+                _forget_earlier_drain(self._client.transaction(), earlier, vm)
 
     # ---- remembered values and waits
 
@@ -331,9 +357,21 @@ class FirestoreStateStore:
         return None if stored is None else bytes(stored)
 
     def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
+        ref = self._parked.document(doc_id(pool, event_key))
         fields = {"pool": pool, "event_key": event_key, "envelope": envelope, "parked_at": now}
         with self._errors(f"park {event_key} in pool {pool}"):
-            _park(self._client.transaction(), self._parked.document(doc_id(pool, event_key)), fields)
+            while True:
+                try:
+                    ref.create(fields)
+                    return
+                except api_errors.AlreadyExists:
+                    pass
+                try:
+                    # A later step of a waiting event replaces its envelope but keeps its place in line.
+                    ref.update({"envelope": envelope})
+                    return
+                except api_errors.NotFound:
+                    continue  # unparked in between: it waits again, from now
 
     def parked(self, pool: str) -> Sequence[Parked]:
         # An equality filter only (served by the automatic single-field index); the few waiting

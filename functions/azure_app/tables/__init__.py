@@ -49,7 +49,8 @@ from functions.azure_app.tables.errors import (
     TableValueTooLargeError,
     table_errors,
 )
-from functions.azure_app.tables.state_store import BUDGET_ATTEMPTS, TableStateStore
+from functions.azure_app.tables.state_store import TableStateStore
+from functions.core.store_rules import BUDGET_ATTEMPTS
 
 __all__ = [
     "BUDGET_ATTEMPTS",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -30,12 +29,18 @@ from functions.azure_app.tables.entities import (
 )
 from functions.azure_app.tables.errors import TableStorageUnavailableError, table_errors
 from functions.core.ports import Claim, JsonObject, Parked
-from functions.core.store_rules import DONE, IN_PROGRESS, admits, claim_found, in_line, joined
+from functions.core.store_rules import (
+    BUDGET_ATTEMPTS,
+    DONE,
+    IN_PROGRESS,
+    admits,
+    budget_backoff,
+    claim_found,
+    in_line,
+    joined,
+)
 
 LOGGER = logging.getLogger("mbridge.functions.azure.tables")
-
-# Read-modify-write attempts on one budget entity before giving up to a redelivery.
-BUDGET_ATTEMPTS = 8
 
 _CLAIMS, _BUDGET, _REMEMBERED = "claims", "budget", "remembered"
 
@@ -173,9 +178,8 @@ class TableStateStore:
                         self._replace(entity, current)
                     return True
                 except (ResourceExistsError, ResourceModifiedError):
-                    # Someone wrote the pool between our read and write; back off a little, with
-                    # jitter so that racing invocations do not collide again in step.
-                    self._sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+                    # Someone wrote the pool between our read and write: read it again shortly.
+                    self._sleep(budget_backoff(attempt))
         raise TableStorageUnavailableError(
             f"the budget of pool {pool!r} changed under {self._attempts} attempts to {action}; retry later"
         )
