@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.health import DEFAULT_PORT
-from agent.hooks import DEFAULT_TIMEOUT as DEFAULT_HOOK_TIMEOUT
-from agent.hooks import HookCommandError
-from agent.hooks import parse_command as parse_hook_command
+from agent.hook_command import DEFAULT_TIMEOUT as DEFAULT_HOOK_TIMEOUT
+from agent.hook_command import HookCommandError
+from agent.hook_command import parse_command as parse_hook_command
 from agent.settings_spec import (
     Boolean,
     Choice,

@@ -17,8 +17,6 @@ import contextlib
 import json
 import logging
 import os
-import shlex
-import shutil
 import signal
 import subprocess
 import threading
@@ -27,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
+from agent.hook_command import DEFAULT_TIMEOUT
 from wire.background import DropOldestWorker, DropReason
 from wire.envelope import event_to_data
 from wire.model import MaintenanceEvent
@@ -34,7 +33,6 @@ from wire.timefmt import format_rfc3339
 
 LOGGER = logging.getLogger("mbridge.agent.hooks")
 
-DEFAULT_TIMEOUT = 30.0
 # Changes waiting for the worker: a VM sees a handful per event, so this is only reached when
 # hooks hang; the oldest waiting change is then dropped, and counted.
 DEFAULT_CAPACITY = 16
@@ -56,10 +54,6 @@ METRIC_DURATION = "mbridge_hook_duration_seconds"
 RESULTS = ("ok", "failed", "timeout", "error")
 
 
-class HookCommandError(ValueError):
-    """The hook command cannot be run: empty, badly quoted, or not an executable file."""
-
-
 class HookMetrics(Protocol):
     """What the runner records into (agent.health.metrics.Metrics has both)."""
 
@@ -78,28 +72,6 @@ class HookRun:
     exit_code: int | None
     seconds: float
     output: str  # the end of what it printed
-
-
-def parse_command(text: str) -> list[str]:
-    """The hook's argv: `text` split as a shell would (no expansion), its program found on PATH
-    or given as a path to an executable file.
-
-    Raises:
-        HookCommandError: empty, unbalanced quotes, or a program that is not an executable file.
-    """
-    try:
-        argv = shlex.split(text, posix=os.name != "nt")
-    except ValueError as error:
-        raise HookCommandError(f"the hook command cannot be split into words ({error})") from None
-    if not argv:
-        raise HookCommandError("the hook command is empty")
-    program = shutil.which(argv[0])
-    if program is None:
-        raise HookCommandError(
-            f"{argv[0]!r} is not an executable file (nor one on PATH); give a program or a script with a #! line "
-            "and the execute bit"
-        )
-    return [program, *argv[1:]]
 
 
 def event_environment(event: MaintenanceEvent) -> dict[str, str]:

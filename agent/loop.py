@@ -28,6 +28,7 @@ from agent.proofs import NoProof, ProofUnavailableError, Prover
 from agent.sources.tracking import Observation, Tracker
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError
+from agent.stopping import StopFlag
 from agent.timing import Backoff, Clock
 from wire.errors import MalformedDocumentError, RetryableError
 from wire.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
@@ -54,6 +55,13 @@ MAX_PENDING_SERIES = 32
 ENDED = frozenset({EventStatus.COMPLETED, EventStatus.CANCELED})
 # How long a stopping agent lets hooks of changes it has just seen start (each keeps its own timeout).
 HOOK_SETTLE_SECONDS = 2.0
+# The longest the command loop waits for a command in one call when none is held. Nothing polls
+# meanwhile: the transports block until a command arrives (the local bus's doorbell, Pub/Sub's
+# streaming pull, Service Bus's receive) and a stop interrupts the wait, so this only bounds how
+# long an unexpected silence of a transport goes unnoticed.
+COMMAND_IDLE_WAIT_SECONDS = 60.0
+# How long a stopping agent waits for the observations it had already received to be recorded.
+RECORD_SETTLE_SECONDS = 2.0
 
 
 class CommandHandler(Protocol):
@@ -119,7 +127,8 @@ class Agent:
         # Capped at 5 s: once the bus is back, the backlog goes out within seconds. One agent per VM
         # retrying every few seconds costs a broker nothing.
         self._publish_backoff = publish_backoff or Backoff(initial=0.5, maximum=5.0)
-        self._observations: queue.Queue[Observation] = queue.Queue()
+        # None is the stop's marker: the recorder records what came before it, then ends.
+        self._observations: queue.Queue[Observation | None] = queue.Queue()
         self._stop_sources = threading.Event()
         self._stop_publisher = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -160,9 +169,13 @@ class Agent:
 
     # ---- running
 
-    def run(self, stop: threading.Event) -> None:
-        """Run until `stop` is set; then flush the outbox (bounded) and return."""
+    def run(self, stop: StopFlag) -> None:
+        """Run until `stop` is set; then flush the outbox (bounded) and return.
+
+        Every worker blocks until it has something to do; this thread only waits for the stop.
+        """
         self._start(self._publish_loop, "publisher")
+        self._start(self._record_loop, "recorder")
         for index, watcher in enumerate(self._watchers):
             self._start(functools.partial(watcher, self._stop_sources), f"watcher-{index}")
         if self._commands is not None and self._transport.commands is not None:
@@ -174,15 +187,18 @@ class Agent:
             self._transport.name,
             extra=logs.fields(vm=self.vm_name, cloud=self.cloud.value),
         )
-        while not stop.is_set():
-            try:
-                observation = self._observations.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            self._handle_until_recorded(observation, stop)
+        stop.wait()
         self.shutdown()
 
-    def _handle_until_recorded(self, observation: Observation, stop: threading.Event) -> None:
+    def _record_loop(self) -> None:
+        """Record each observation the watchers made, in the order they made them."""
+        while True:
+            observation = self._observations.get()
+            if observation is None:
+                return
+            self._handle_until_recorded(observation, self._stop_sources)
+
+    def _handle_until_recorded(self, observation: Observation, stop: StopFlag) -> None:
         """Handle `observation`, again and again while its state cannot be written (a full disk).
 
         A watcher reports a change once, so dropping it would lose it; the observations after it
@@ -198,7 +214,7 @@ class Agent:
                 if self._wait_for_room(exc, backoff, stop, "cannot record a metadata change yet"):
                     return
 
-    def _wait_for_room(self, exc: StateUnavailableError, backoff: Backoff, stop: threading.Event, what: str) -> bool:
+    def _wait_for_room(self, exc: StateUnavailableError, backoff: Backoff, stop: StopFlag, what: str) -> bool:
         """Count and log a state write that failed for now, then wait for the retry; True when stopping."""
         delay = backoff.next_delay()
         self._metrics.inc("mbridge_errors_total", kind="state")
@@ -249,8 +265,14 @@ class Agent:
         self._readiness.set_pending_impact(self._tracker.impact_pending())
 
     def shutdown(self) -> None:
-        """Stop watching, then give the publisher up to `flush_seconds` to empty the outbox."""
+        """Stop watching, record what was seen, then give the publisher up to `flush_seconds` to
+        empty the outbox."""
         self._stop_sources.set()
+        self._observations.put(None)
+        receiver = self._transport.commands
+        if receiver is not None:
+            receiver.interrupt()
+        self._join("recorder", RECORD_SETTLE_SECONDS)
         deadline = time.monotonic() + self._flush_seconds
         while self._state.depth() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -260,11 +282,17 @@ class Agent:
                 "stopping with %d envelope(s) still in the outbox; they are published on the next start", left
             )
         self._stop_publisher.set()
+        self._state.interrupt_waits()
         for thread in self._threads:
             thread.join(timeout=2.0)
         if self._hooks is not None:
             # A change seen just before stopping gets a moment to run its hook; a running one keeps its timeout.
             self._hooks.close(timeout=HOOK_SETTLE_SECONDS)
+
+    def _join(self, name: str, timeout: float) -> None:
+        for thread in self._threads:
+            if thread.name == name:
+                thread.join(timeout)
 
     def _start(self, target: Callable[[], Any], name: str) -> None:
         thread = threading.Thread(target=self._guarded, args=(target, name), name=name, daemon=True)
@@ -304,9 +332,11 @@ class Agent:
                 # Published rows are kept a day for inspection, then forgotten.
                 self._state.prune(published_before=self._clock.now().timestamp() - KEEP_PUBLISHED_SECONDS)
                 next_prune = self._clock.monotonic() + PRUNE_EVERY_SECONDS
+            recorded = self._state.generation()
             pending = self._state.next_pending()
             if pending is None:
-                self._state.wait_for_pending(0.2)
+                # Until a row is recorded, the next prune is due, or the agent stops.
+                self._state.wait_for_record(recorded, max(0.0, next_prune - self._clock.monotonic()))
                 continue
             message = self._proven(pending.seq, pending.message)
             if message is None:
@@ -410,11 +440,12 @@ class Agent:
                 command.settle()
 
     def _command_wait(self) -> float:
+        """Until the next held command is due, at most COMMAND_IDLE_WAIT_SECONDS."""
         assert self._commands is not None
         due = self._commands.next_due_at()
         if due is None:
-            return 1.0
-        return max(0.0, min(1.0, (due - self._clock.now()).total_seconds()))
+            return COMMAND_IDLE_WAIT_SECONDS
+        return max(0.0, min(COMMAND_IDLE_WAIT_SECONDS, (due - self._clock.now()).total_seconds()))
 
     def _record_results(self, results: Sequence[CommandResult]) -> None:
         if not results:

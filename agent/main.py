@@ -7,7 +7,6 @@ import importlib
 import logging
 import signal
 import sys
-import threading
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from agent import logs
@@ -21,6 +20,7 @@ from agent.sources.http import MetadataUnavailableError
 from agent.sources.registry import open_source
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError
+from agent.stopping import StopFlag, StopSignal
 from agent.timing import Clock, SystemClock
 from wire.errors import BridgeError
 from wire.transports.base import AgentTransport
@@ -45,6 +45,10 @@ EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_CONFIG = 2
 
+# How long the child that checks the verification key at start may take (a cold start of the
+# interpreter and cryptography on a small VM takes about a second).
+VERIFY_KEY_CHECK_TIMEOUT = 60.0
+
 # The module each bus's transport imports, what it needs, and the extra that installs it.
 TRANSPORT_SDKS = {
     "servicebus": ("wire.transports.servicebus", "the Azure Service Bus SDK", "agent-servicebus"),
@@ -59,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Handlers first: a SIGTERM during start-up must still end in a clean exit.
-    stop = threading.Event()
+    stop = StopSignal()  # a signal handler may set it while the main thread waits on it
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             return check(settings, out=sys.stdout)
         # What the start would meet only later, after a wait on the metadata service: found now,
         # it is one line and exit 2 rather than a failure minutes into the start.
-        load_verify_key(settings)
+        check_verify_key(settings)
         import_transport(settings.transport)
     except ConfigError as exc:
         print(f"mbridge agent: {exc}", file=sys.stderr)
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_PROBLEM
 
 
-def resolve_vm_name(settings: AgentSettings, source: Source, stop: threading.Event) -> str:
+def resolve_vm_name(settings: AgentSettings, source: Source, stop: StopFlag) -> str:
     """--vm-name, else the name the metadata service reports (retried: IMDS may be slow at boot)."""
     if settings.vm_name:
         return settings.vm_name
@@ -122,6 +126,40 @@ def load_verify_key(settings: AgentSettings) -> Ed25519PublicKey | None:
         ) from None
 
 
+def check_verify_key(settings: AgentSettings) -> None:
+    """Load the verification key once, in a short-lived child process: a key that does not load
+    stops the agent now (exit 2), while this process loads `cryptography` (8 MB resident, see
+    docs/performance.md) only when the first command comes. Loaded here if no child can start.
+
+    Raises:
+        ConfigError: the key does not load; the message is the loader's.
+    """
+    if not settings.verify_key:
+        return
+    import subprocess
+
+    try:
+        child = subprocess.run(
+            [sys.executable, "-m", "agent.verify_key_check"],
+            input=settings.verify_key.encode("utf-8"),
+            capture_output=True,
+            timeout=VERIFY_KEY_CHECK_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        load_verify_key(settings)
+        return
+    if child.returncode == 0:
+        return
+    message = child.stderr.decode("utf-8", "replace").strip().splitlines()
+    if child.returncode != EXIT_CONFIG or not message:
+        load_verify_key(settings)  # the child failed for a reason of its own: load it here instead
+        return
+    raise SETTING["verify_key"].error(
+        message[-1], "give the functions' Ed25519 public key: PEM, base64, or the path of a file holding one"
+    )
+
+
 def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
     """The chosen transport; cloud SDKs are imported only here, only when chosen."""
     import_transport(settings.transport)
@@ -140,7 +178,7 @@ def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
 
 def run_agent(
     settings: AgentSettings,
-    stop: threading.Event,
+    stop: StopFlag,
     clock: Clock | None = None,
     transport: AgentTransport | None = None,
 ) -> int:
@@ -208,7 +246,7 @@ def build_prover(settings: AgentSettings, source: Source, clock: Clock) -> Prove
 
 def _retry(
     read: Callable[[], T],
-    stop: threading.Event,
+    stop: StopFlag,
     what: str,
     transient: type[BridgeError] = MetadataUnavailableError,
 ) -> T:
@@ -229,7 +267,8 @@ def _hooks(settings: AgentSettings, metrics: Metrics) -> HookRunner | None:
     """The hook command's runner, if one is set (the setting was checked when it was read)."""
     if settings.hook_command is None:
         return None
-    from agent.hooks import HookRunner, parse_command
+    from agent.hook_command import parse_command
+    from agent.hooks import HookRunner
 
     return HookRunner(parse_command(settings.hook_command), settings.hook_timeout, metrics=metrics)
 
@@ -254,11 +293,15 @@ def _command_processor(
     vm_name: str,
     readiness: Readiness,
     clock: Clock,
-    stop: threading.Event,
+    stop: StopFlag,
 ) -> CommandProcessor:
     from agent.commands import CommandLedger, CommandProcessor
 
-    verify_key = load_verify_key(settings)
+    def verify_key() -> Ed25519PublicKey:
+        key = load_verify_key(settings)
+        assert key is not None  # only called when a key is set
+        return key
+
     return CommandProcessor(
         vm_name=vm_name,
         cloud=settings.cloud,
@@ -267,7 +310,7 @@ def _command_processor(
         ),
         readiness=readiness,
         approver=source.approver(),
-        verify_key=verify_key,
+        verify_key=verify_key if settings.verify_key else None,
         dry_run=settings.dry_run,
         clock=clock,
     )

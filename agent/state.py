@@ -67,6 +67,10 @@ class AgentState:
         self._lock = threading.Lock()
         self._db = open_database(path, schema=SCHEMA)
         self._changed = threading.Condition(self._lock)
+        # Counts the records that added rows (and the interruptions): the publisher reads it before
+        # it looks for a row, and waits only while it is unchanged, so a row recorded between its
+        # look and its wait is never slept through.
+        self._generation = 0
 
     def load(self, name: str) -> Any | None:
         """The JSON value last saved under `name`, or None."""
@@ -91,6 +95,7 @@ class AgentState:
             with writing(self.path):
                 self._write_together(rows, states or {})
             if rows:
+                self._generation += 1
                 self._changed.notify_all()
         return len(rows)
 
@@ -129,10 +134,22 @@ class AgentState:
         message = OutboundMessage(envelope_id=envelope_id, body=bytes(body), key=key, attributes=json.loads(attributes))
         return PendingMessage(seq=seq, message=message, observed_at=observed_at, attempts=attempts)
 
-    def wait_for_pending(self, timeout: float) -> None:
-        """Block until a row is recorded or `timeout` passes (the publisher's idle wait)."""
+    def generation(self) -> int:
+        """A number that changes whenever rows are recorded (or waits are interrupted)."""
+        with self._lock:
+            return self._generation
+
+    def wait_for_record(self, after: int, timeout: float | None) -> None:
+        """Block until `generation()` differs from `after` or `timeout` passes (the publisher's idle
+        wait: no timer while nothing is recorded)."""
         with self._changed:
-            self._changed.wait(timeout)
+            self._changed.wait_for(lambda: self._generation != after, timeout)
+
+    def interrupt_waits(self) -> None:
+        """Wake `wait_for_record` callers now (the agent is stopping)."""
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
 
     def mark_published(self, seq: int, at: float) -> None:
         with self._lock, writing(self.path):

@@ -77,6 +77,10 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in arguments if not a.startswith("-")), None)
+    if chosen == "agent":
+        from agent.lean import leave_out_unused_modules
+
+        leave_out_unused_modules()  # before the agent's modules import requests
     args = build_parser(chosen).parse_args(arguments)
     exit_code: int = args.run(args)
     return exit_code

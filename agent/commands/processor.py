@@ -50,13 +50,15 @@ class CommandProcessor:
         ledger: CommandLedger,
         readiness: Readiness,
         approver: Approver | None,
-        verify_key: Ed25519PublicKey | None,
+        verify_key: Ed25519PublicKey | Callable[[], Ed25519PublicKey] | None,
         dry_run: bool,
         clock: Clock,
         on_ignored: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._vm_name = vm_name
         self._ledger = ledger
+        # The key, or how to load it when the first command comes (the agent then loads cryptography
+        # only once it has a command to check: agent/main.py checked at start that the key loads).
         self._verify_key = verify_key
         self._dry_run = dry_run
         self._clock = clock
@@ -141,6 +143,8 @@ class CommandProcessor:
             )
         from wire.signing import BadSignatureError, verify
 
+        if callable(self._verify_key):
+            self._verify_key = self._verify_key()
         try:
             verify(received.canonical, received.command.signature, self._verify_key)
         except BadSignatureError as exc:

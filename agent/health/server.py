@@ -7,6 +7,7 @@ place in a bounded table (ConnectionLimits; docs/agent.md, "Health and metrics")
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import selectors
@@ -46,6 +47,7 @@ class ConnectionLimits:
 DEFAULT_LIMITS = ConnectionLimits()
 
 ACCEPT_RETRY_SECONDS = 1.0  # after accept() fails for want of descriptors
+LOOP_RETRY_SECONDS = 1.0  # after a pass of the loop failed unexpectedly
 _END_OF_HEAD = re.compile(rb"\r?\n\r?\n")
 _LISTENER = "listener"
 _WAKEUP = "wakeup"
@@ -102,7 +104,8 @@ class HealthServer:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        self._wakeup_writer.send(b"\0")
+        with contextlib.suppress(OSError):  # the loop ended already and closed its sockets
+            self._wakeup_writer.send(b"\0")
         if self._thread.ident is None:
             self._close_everything()
         else:
@@ -111,15 +114,24 @@ class HealthServer:
     def _serve(self) -> None:
         try:
             while not self._stopping.is_set():
-                events = self._selector.select(self._seconds_to_next_deadline())
-                # clients before the listener: a connection accepted on the previous pass is
-                # read before a new batch of accepts could push it out of the table
-                for key, _ in sorted(events, key=lambda event: event[0].data == _LISTENER):
-                    self._dispatch_safely(key.data)
-                self._drop_overdue()
-                self._resume_accepting_when_due()
+                try:
+                    self._serve_once()
+                except Exception:
+                    # The endpoints are what the probes and the alerts read: a fault in one pass must
+                    # not end them for the agent's lifetime.
+                    LOGGER.exception("the health server's loop failed; carrying on in %.0f s", LOOP_RETRY_SECONDS)
+                    self._stopping.wait(LOOP_RETRY_SECONDS)
         finally:
             self._close_everything()
+
+    def _serve_once(self) -> None:
+        events = self._selector.select(self._seconds_to_next_deadline())
+        # clients before the listener: a connection accepted on the previous pass is
+        # read before a new batch of accepts could push it out of the table
+        for key, _ in sorted(events, key=lambda event: event[0].data == _LISTENER):
+            self._dispatch_safely(key.data)
+        self._drop_overdue()
+        self._resume_accepting_when_due()
 
     def _seconds_to_next_deadline(self) -> float | None:
         deadlines = [connection.deadline for connection in self._connections.values()]

@@ -7,10 +7,10 @@ turns readings into events, how the VM proves its identity, and who POSTs approv
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 from agent.sources.tracking import Tracker
+from agent.stopping import StopFlag
 
 if TYPE_CHECKING:
     from agent.commands import Approver
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 # Reads what start-up needs, retrying while the metadata service is not there yet (agent/main.py).
-Retry = Callable[[Callable[[], T], threading.Event, str], T]
+Retry = Callable[[Callable[[], T], StopFlag, str], T]
 
 
 class Source(Protocol):
@@ -39,7 +39,7 @@ class Source(Protocol):
         """
         ...
 
-    def tracker(self, vm_name: str, state: AgentState, stop: threading.Event, retry: Retry[str]) -> Tracker: ...
+    def tracker(self, vm_name: str, state: AgentState, stop: StopFlag, retry: Retry[str]) -> Tracker: ...
 
     def watchers(self, agent: Agent, clock: Clock) -> list[Watcher]: ...
 

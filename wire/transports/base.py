@@ -87,6 +87,11 @@ class CommandReceiver(Protocol):
         """
         ...
 
+    def interrupt(self) -> None:
+        """Make a `receive_commands` waiting in another thread return now (the agent is stopping).
+        A transport whose SDK cannot cut a wait short lets it run out (its wait is bounded)."""
+        ...
+
 
 class CommandSender(Protocol):
     """What `mbridge approve` and the functions use to address an agent."""

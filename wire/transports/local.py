@@ -5,11 +5,20 @@ It behaves like the cloud buses where it matters: events are deduplicated on the
 message id (Service Bus duplicate detection on MessageId: see `OutboundMessage.bus_id`),
 commands are addressed to one VM and stay until settled (a session queue), and readers keep
 their own position.
+
+SQLite cannot notify another process, so a waiting command receiver does not poll the file: it
+listens on a loopback UDP port of its own, written in the bus (`doorbells`), and whoever queues
+a command for its VM sends that port an empty datagram once the command is committed. The
+receiver then reads the file. A datagram carries nothing but "look now": one from anyone else
+costs one query, and one lost costs at most the receiver's wait (the agent waits a minute).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
+import socket
 import sqlite3
 import threading
 import time
@@ -51,6 +60,11 @@ CREATE TABLE IF NOT EXISTS positions (
     reader   TEXT PRIMARY KEY,
     position INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS doorbells (
+    target TEXT NOT NULL,
+    port   INTEGER NOT NULL,
+    PRIMARY KEY (target, port)
+) WITHOUT ROWID;
 """
 
 # A bus file of an earlier version deduplicated events on their envelope id: its events move to
@@ -64,8 +78,10 @@ MIGRATE_EVENTS = (
     "DROP TABLE events_by_envelope",
 )
 
-# How often a waiting reader looks again: SQLite has no notifications across processes.
+# How often a waiting reader of events or results looks again (the operator's and the host's side;
+# the agent's command receiver waits on its doorbell instead).
 POLL_SECONDS = 0.05
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,7 @@ class LocalBus:
         self.path = path
         self._clock = clock
         self._lock = threading.Lock()
+        self._ringer: socket.socket | None = None  # made when the first command is sent
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), timeout=30, check_same_thread=False, isolation_level=None)
@@ -155,7 +172,30 @@ class LocalBus:
             "INSERT OR IGNORE INTO commands (command_id, target, body, attributes, sent_at) VALUES (?, ?, ?, ?, ?)",
             (message.envelope_id, message.key, message.body, _attributes(message), self._clock()),
         )
-        return cursor.rowcount == 1
+        queued = cursor.rowcount == 1
+        if queued:
+            self._ring(message.key)
+        return queued
+
+    def hang_doorbell(self, target: str, port: int) -> None:
+        """Have senders of commands for `target` ring `port` on the loopback address."""
+        self._execute("INSERT OR IGNORE INTO doorbells (target, port) VALUES (?, ?)", (target, port))
+
+    def take_down_doorbell(self, target: str, port: int) -> None:
+        self._execute("DELETE FROM doorbells WHERE target = ? AND port = ?", (target, port))
+
+    def _ring(self, target: str) -> None:
+        """Wake the receivers of `target`, after the command is committed. Best effort: a receiver
+        that misses the ring finds the command when its wait ends."""
+        ports = [row[0] for row in self._execute("SELECT port FROM doorbells WHERE target = ?", (target,))]
+        with self._lock:
+            if self._ringer is None:
+                self._ringer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                self._ringer.setblocking(False)
+            for port in ports:
+                # OSError: a receiver gone since (its port closed), or a full buffer (a ring is already waiting)
+                with contextlib.suppress(OSError):
+                    self._ringer.sendto(b"", (LOOPBACK, port))
 
     def open_commands(self, target: str, limit: int = 10) -> list[tuple[int, bytes, Mapping[str, str]]]:
         rows = self._execute(
@@ -170,6 +210,8 @@ class LocalBus:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            if self._ringer is not None:
+                self._ringer.close()
 
     def _execute(self, sql: str, params: Sequence[object]) -> sqlite3.Cursor:
         try:
@@ -179,33 +221,79 @@ class LocalBus:
             raise TransportUnavailableError(f"local bus {self.path}: {exc}") from exc
 
 
+def _drain(doorbell: socket.socket) -> None:
+    """Empty the doorbell's queue of rings; they all mean the same: look now."""
+    while True:
+        try:
+            doorbell.recv(16)
+        except OSError:  # BlockingIOError: nothing more waiting
+            return
+
+
 def _attributes(message: OutboundMessage) -> str:
     return json.dumps(dict(message.attributes), sort_keys=True)
 
 
 class LocalCommandReceiver:
-    def __init__(self, bus: LocalBus, vm_name: str, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, bus: LocalBus, vm_name: str) -> None:
         self._bus = bus
         self._vm_name = vm_name
-        self._sleep = sleep
         # A command handed out but not yet settled is not handed out again by this receiver.
         self._in_flight: set[int] = set()
         self._lock = threading.Lock()
+        self._doorbell: socket.socket | None = None  # hung at the first wait
+        self._interrupted = False  # for good: the agent is stopping
 
     def receive_commands(self, max_wait: float) -> Sequence[InboundCommand]:
         deadline = time.monotonic() + max_wait
+        doorbell = self._hang_doorbell()
         while True:
+            _drain(doorbell)  # before the query: a ring after it is for a command the query may miss
             with self._lock:
                 fresh = [row for row in self._bus.open_commands(self._vm_name) if row[0] not in self._in_flight]
                 self._in_flight.update(row[0] for row in fresh)
-            if fresh or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if fresh or left <= 0 or self._interrupted:
                 return [
                     InboundCommand(
                         body=body, attributes=attributes, settle=self._settler(seq), abandon=self._abandoner(seq)
                     )
                     for seq, body, attributes in fresh
                 ]
-            self._sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            select.select([doorbell], [], [], left)
+
+    def interrupt(self) -> None:
+        """Make a waiting `receive_commands` return now, and every later one at once (stopping)."""
+        with self._lock:
+            self._interrupted = True
+            doorbell = self._doorbell
+        if doorbell is not None:
+            with contextlib.suppress(OSError):
+                doorbell.sendto(b"", doorbell.getsockname())
+
+    def close(self) -> None:
+        with self._lock:
+            doorbell, self._doorbell = self._doorbell, None
+        if doorbell is not None:
+            # The bus may be gone already; a ring to a closed port is dropped anyway.
+            with contextlib.suppress(TransportUnavailableError):
+                self._bus.take_down_doorbell(self._vm_name, doorbell.getsockname()[1])
+            doorbell.close()
+
+    def _hang_doorbell(self) -> socket.socket:
+        with self._lock:
+            if self._doorbell is not None:
+                return self._doorbell
+            doorbell = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                doorbell.bind((LOOPBACK, 0))
+                doorbell.setblocking(False)
+                self._bus.hang_doorbell(self._vm_name, doorbell.getsockname()[1])
+            except (OSError, TransportUnavailableError) as exc:
+                doorbell.close()
+                raise TransportUnavailableError(f"cannot listen for commands on the loopback address: {exc}") from exc
+            self._doorbell = doorbell
+            return doorbell
 
     def _abandoner(self, seq: int) -> Callable[[], None]:
         def abandon() -> None:
@@ -247,6 +335,7 @@ class LocalTransport:
         return f"local bus at {self.bus.path}: {self.bus.last_event_seq()} events so far"
 
     def close(self) -> None:
+        self._commands.close()
         self.bus.close()
 
 

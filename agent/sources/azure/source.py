@@ -3,7 +3,6 @@ and StartRequests POSTs as approvals."""
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from agent.config import AgentSettings
@@ -13,6 +12,7 @@ from agent.sources.azure.tracker import AzureTracker
 from agent.sources.base import Retry
 from agent.sources.tracking import Tracker
 from agent.state import AgentState
+from agent.stopping import StopFlag
 from agent.timing import Clock
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class AzureSource:
         document = self._client.fetch_document(first_call=True)
         return f"Azure Scheduled Events at {self._client.base_url}: incarnation {document.incarnation}"
 
-    def tracker(self, vm_name: str, state: AgentState, stop: threading.Event, retry: Retry[str]) -> Tracker:
+    def tracker(self, vm_name: str, state: AgentState, stop: StopFlag, retry: Retry[str]) -> Tracker:
         saved = state.load(AzureTracker.state_name)
         return AzureTracker(vm_name, saved, self._settings.harmless_freeze_seconds)
 

@@ -3,7 +3,6 @@ and no in-VM approval (instances.performMaintenance is the functions' call)."""
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from agent.config import AgentSettings
@@ -14,6 +13,7 @@ from agent.sources.gce.diff import GCE_KEYS, GceIdentity
 from agent.sources.gce.tracker import GceTracker
 from agent.sources.tracking import Tracker
 from agent.state import AgentState
+from agent.stopping import StopFlag
 from agent.timing import Clock
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class GceSource:
         reading = self._client.read("maintenance-event")
         return f"GCE maintenance-event at {self._client.base_url}: {reading.value}"
 
-    def tracker(self, vm_name: str, state: AgentState, stop: threading.Event, retry: Retry[str]) -> Tracker:
+    def tracker(self, vm_name: str, state: AgentState, stop: StopFlag, retry: Retry[str]) -> Tracker:
         instance_id = retry(self._client.instance_id, stop, "the instance id")
         return GceTracker(GceIdentity(instance_id=instance_id, reporter=vm_name), state.load(GceTracker.state_name))
 

@@ -299,3 +299,29 @@ def test_idle_connections_cost_no_cpu(port: int) -> None:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_a_pass_of_the_loop_that_fails_is_logged_and_the_endpoints_carry_on(
+    metrics: Metrics, readiness: Readiness, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = HealthServer(
+        "127.0.0.1", 0, metrics=metrics, readiness=readiness, liveness=lambda: {"healthy": True, "threads": {}}
+    )
+    failed = threading.Event()
+
+    def fails_once() -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("a fault in one pass")
+
+    server._drop_overdue = fails_once  # type: ignore[method-assign]  # the fault, in the loop's own step
+    server.start()
+    try:
+        port = int(server.address.rsplit(":", 1)[1])
+        status, _, _, _ = get(port, "/healthz", timeout=5.0)  # this request's pass fails after answering
+        assert failed.wait(5.0)
+        status, _, _, _ = get(port, "/healthz", timeout=5.0)
+        assert status == 200
+        assert "the health server's loop failed" in caplog.text
+    finally:
+        server.stop()

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from agent.health.metrics import Metrics
-from agent.hooks import OUTPUT_TAIL_BYTES, HookCommandError, HookRunner, _OutputTail, parse_command
+from agent.hook_command import HookCommandError, parse_command
+from agent.hooks import OUTPUT_TAIL_BYTES, HookRunner, _OutputTail
 from tests.factories import azure_event
 from tests.waiting import wait_until
 from wire.envelope import event_to_data

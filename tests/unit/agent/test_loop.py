@@ -32,12 +32,16 @@ from wire.transports.base import InboundCommand, OutboundMessage
 @dataclass
 class FakeReceiver:
     queued: list[InboundCommand] = field(default_factory=list)
+    interrupted: threading.Event = field(default_factory=threading.Event)
 
     def receive_commands(self, max_wait: float) -> Sequence[InboundCommand]:
         taken, self.queued = self.queued, []
         if not taken:
-            threading.Event().wait(min(max_wait, 0.05))
+            self.interrupted.wait(min(max_wait, 0.05))
         return taken
+
+    def interrupt(self) -> None:
+        self.interrupted.set()
 
 
 @dataclass

@@ -20,6 +20,9 @@ MAX_COMMANDS_PER_PULL = 10
 # for its deadline. The next one goes out no sooner than this after the last began: at most five
 # pulls a second when idle, at most this much added to a command's way.
 MIN_EMPTY_PULL_SECONDS = 0.2
+# The longest one pull is held, whatever the agent asks: the library cannot cut a pull short, so this
+# bounds how long a stopping agent's command thread may linger.
+MAX_PULL_WAIT_SECONDS = 20.0
 
 
 class PubSubCommandReceiver(CommandReceiver):
@@ -36,6 +39,7 @@ class PubSubCommandReceiver(CommandReceiver):
         )
 
     def receive_commands(self, max_wait: float) -> Sequence[InboundCommand]:
+        max_wait = min(max_wait, MAX_PULL_WAIT_SECONDS)
         subscriber = self._clients.subscriber(self.resource)
         commands: list[InboundCommand] = []
         foreign: list[str] = []
@@ -57,6 +61,9 @@ class PubSubCommandReceiver(CommandReceiver):
             commands.append(self._command(subscriber, received, attributes))
         self._drop(subscriber, foreign)
         return commands
+
+    def interrupt(self) -> None:
+        """Nothing to do: a pull cannot be cut short; it ends within MAX_PULL_WAIT_SECONDS."""
 
     def _command(self, subscriber: SubscriberLike, received: Any, attributes: dict[str, str]) -> InboundCommand:
         ack_id: str = received.ack_id

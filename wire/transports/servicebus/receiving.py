@@ -26,6 +26,10 @@ from wire.transports.servicebus.settings import ServiceBusSettings
 LOG = logging.getLogger("mbridge.transport.servicebus")
 
 MAX_COMMANDS_PER_RECEIVE = 10
+# The longest one receive waits, whatever the agent asks: the SDK cannot cut a wait short, so this
+# bounds how long a stopping agent's command thread may linger, and a session lock (renewed before
+# each receive for the wait ahead) never has to outlast more than this.
+MAX_RECEIVE_WAIT_SECONDS = 20.0
 # Renew the session lock when less than this (plus the coming wait) is left. Messages of a session
 # are locked by the session lock, so it must outlive the wait and the agent's handling of a command.
 SESSION_RENEW_MARGIN = timedelta(seconds=15)
@@ -83,6 +87,7 @@ class CommandReceiving(CommandReceiver):
         pass
 
     def receive_commands(self, max_wait: float) -> Sequence[InboundCommand]:
+        max_wait = min(max_wait, MAX_RECEIVE_WAIT_SECONDS)
         with self._lock:
             receiver = self._receiver.get()
             try:
@@ -94,6 +99,9 @@ class CommandReceiving(CommandReceiver):
                     raise
                 raise mapped from error
         return [self._command(receiver, message) for message in messages]
+
+    def interrupt(self) -> None:
+        """Nothing to do: the SDK's wait cannot be cut short; it ends within MAX_RECEIVE_WAIT_SECONDS."""
 
     def open(self) -> None:
         """Attach the receiver: performs the Listen authorisation (and, on a session, takes this
