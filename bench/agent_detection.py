@@ -40,9 +40,18 @@ AGENT_VM = "bench-agent"
 REFERENCE_VM = "bench-reference"
 GCE_VM = "bench-gce"
 AZURE_POLL_INTERVAL = 1.0
-# Gaps between Azure changes: at least a poll period (interval + the request) so each change is
-# seen by a poll of its own, spread over a whole period so the change falls at a random phase.
-AZURE_GAP = (AZURE_POLL_INTERVAL + 0.05, 2 * AZURE_POLL_INTERVAL + 0.05)
+# The fast detection modes measured beside the default: the shortest interval the agent accepts
+# (IMDS allows 5 requests a second) and one between.
+FAST_POLL_INTERVALS = (0.5, 0.25)
+
+
+def azure_gap(interval: float) -> tuple[float, float]:
+    """Gaps between Azure changes: at least a poll period (interval + the request) so each change is
+    seen by a poll of its own, spread over a whole period so the change falls at a random phase."""
+    return (interval + 0.05, 2 * interval + 0.05)
+
+
+AZURE_GAP = azure_gap(AZURE_POLL_INTERVAL)
 # GCE long-polls answer at once; the gap only has to let the watcher re-read the key directly
 # (or the simulator would skip the next warning) and start its next long-poll.
 GCE_GAP = (0.1, 0.3)
@@ -236,6 +245,8 @@ class AzureRun:
     agent: Watcher
     reference: Watcher
     agent_threads: dict[str, float]  # the agent's CPU seconds by thread over the run
+    seconds: float  # how long the measured window lasted
+    interval: float  # the agent's poll interval
     notes: list[str] = field(default_factory=list)
 
 
@@ -245,16 +256,17 @@ class GceRun:
     agent: Watcher
 
 
-# By the bench run's work directory: one Azure run per bench run, or the error that ended it.
-_AZURE_RUNS: dict[str, AzureRun | Exception] = {}
+# By the bench run's work directory and poll interval: one Azure run each per bench run, or the error
+# that ended it.
+_AZURE_RUNS: dict[tuple[str, float], AzureRun | Exception] = {}
 
 
-def azure_run(context: BenchContext) -> AzureRun:
-    """The shared Azure run of this bench run, made on first use; a failed run is not tried twice."""
-    key = str(context.workdir)
+def azure_run(context: BenchContext, interval: float = AZURE_POLL_INTERVAL) -> AzureRun:
+    """The shared Azure run of this bench run at `interval`, made on first use; a failed run is not tried twice."""
+    key = (str(context.workdir), interval)
     if key not in _AZURE_RUNS:
         try:
-            _AZURE_RUNS[key] = _run_azure(context, context.samples(20, 201))
+            _AZURE_RUNS[key] = _run_azure(context, context.samples(20, 201), interval)
         except Exception as error:
             _AZURE_RUNS[key] = error
             raise
@@ -264,8 +276,8 @@ def azure_run(context: BenchContext) -> AzureRun:
     return run
 
 
-def _run_azure(context: BenchContext, changes_wanted: int) -> AzureRun:
-    directory = context.dir("detection-azure")
+def _run_azure(context: BenchContext, changes_wanted: int, interval: float) -> AzureRun:
+    directory = context.dir(f"detection-azure-{interval:g}")
     rng = random.Random(SEED)
     sim = Simulator(cloud="azure", vm_names=[AGENT_VM, REFERENCE_VM], speed=1.0).start()
     sim.trust()  # the simulator makes its signing keys when first asked; a real metadata service has them
@@ -278,7 +290,7 @@ def _run_azure(context: BenchContext, changes_wanted: int) -> AzureRun:
         agent_url, reference_url = sim.base_urls
         agent = start_agent(
             "agent",
-            AgentOptions(cloud="azure", metadata_url=agent_url, vm_name=AGENT_VM, poll_interval=AZURE_POLL_INTERVAL),
+            AgentOptions(cloud="azure", metadata_url=agent_url, vm_name=AGENT_VM, poll_interval=interval),
             directory,
         )
         reference = start_reference(reference_url, reference_out)
@@ -293,7 +305,8 @@ def _run_azure(context: BenchContext, changes_wanted: int) -> AzureRun:
         cpu_before = (cpu(agent.pid), cpu(reference.pid))
         threads_before = thread_cpu(agent.pid)
         polls_before = (driver.traffic(AGENT_VM), driver.traffic(REFERENCE_VM))
-        changes = _azure_changes(driver, rng, changes_wanted)
+        began = time.monotonic()
+        changes = _azure_changes(driver, rng, changes_wanted, azure_gap(interval))
         bus = LocalBus(agent.state_dir / "bus.db")
         try:
             arrivals = _wait_for_arrivals(bus, "azure", changes, agent)
@@ -301,6 +314,7 @@ def _run_azure(context: BenchContext, changes_wanted: int) -> AzureRun:
             bus.close()
         time.sleep(AZURE_POLL_INTERVAL + 0.1)  # the reference poller's last sighting
         cpu_after = (cpu(agent.pid), cpu(reference.pid))
+        seconds = time.monotonic() - began
         agent_threads = thread_shares(agent.pid, threads_before, thread_cpu(agent.pid), AGENT_THREADS)
         polls_after = (driver.traffic(AGENT_VM), driver.traffic(REFERENCE_VM))
     finally:
@@ -327,17 +341,21 @@ def _run_azure(context: BenchContext, changes_wanted: int) -> AzureRun:
             reference_latencies, len(reference_missed), polls_after[1] - polls_before[1], cpu_before[1], cpu_after[1]
         ),
         agent_threads=agent_threads,
+        seconds=seconds,
+        interval=interval,
         notes=notes,
     )
 
 
-def _azure_changes(driver: SimulatorDriver, rng: random.Random, count: int) -> list[Change]:
+def _azure_changes(
+    driver: SimulatorDriver, rng: random.Random, count: int, gap: tuple[float, float] = AZURE_GAP
+) -> list[Change]:
     """Events through their lifecycle, one change per gap: added, Started, removed, the next event ..."""
     changes: list[Change] = []
     event_id: str | None = None
     steps = ("add", "start", "complete")
-    for index, gap in enumerate(random_gaps(rng, count, *AZURE_GAP)):
-        time.sleep(gap)
+    for index, wait in enumerate(random_gaps(rng, count, *gap)):
+        time.sleep(wait)
         change, event_id = azure_change(driver, steps[index % 3], event_id, [AGENT_VM, REFERENCE_VM])
         changes.append(change)
     return changes

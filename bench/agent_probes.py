@@ -29,14 +29,19 @@ TRANSPORT_MODULES: Mapping[str, tuple[str, ...]] = {
     "pubsub": ("wire.transports.pubsub", "agent.commands"),
     "servicebus": ("wire.transports.servicebus", "agent.commands"),
 }
-# The two biggest libraries every agent loads: HTTP to the metadata service, and the health endpoints.
-HTTP_MODULES = ("requests", "http.server")
-# Then the cryptography library: the Azure proof of identity signs each message with an Ed25519 key,
-# and an agent with a --verify-key checks the commands' Ed25519 signatures.
+# What every agent loads, in the order the agent loads it: its state (SQLite), then HTTP to the metadata
+# service (requests, with urllib3 and ssl).
+STATE_MODULES = ("sqlite3",)
+HTTP_MODULES = ("requests",)
+# The cryptography library, loaded at the first message of an Azure agent (the proof of identity signs
+# each message with an Ed25519 key) or the first command of an agent with a --verify-key: an idle agent
+# has not loaded it, and this step says what it adds once it has.
 CRYPTO_MODULES = ("cryptography.hazmat.primitives.asymmetric.ed25519", "cryptography.hazmat.primitives.serialization")
 
 _IMPORT_RSS = """
 import importlib, json, sys
+from agent.lean import leave_out_unused_modules
+leave_out_unused_modules()  # as `mbridge agent` does first
 def rss():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
@@ -63,30 +68,44 @@ print(json.dumps(took))
 """
 
 
+# The steps of the import table, in the order of the probe's groups.
+IMPORT_STEPS = ("interpreter", "sqlite3", "requests", "agent", "cryptography")
+
+
 @dataclass(frozen=True)
 class ImportRss:
-    interpreter_mb: float  # a bare interpreter
-    http_mb: float  # after requests and http.server
-    agent_mb: float  # after everything the agent imports for the transport
-    crypto_mb: float | None = None  # after cryptography's Ed25519, imported after requests and http.server
+    """Resident MB after each step: a bare interpreter, then each group of imports added to it."""
+
+    after: dict[str, float]
+
+    def cost(self, step: str) -> float:
+        """What `step` added (MB); the interpreter's own size for the first."""
+        index = IMPORT_STEPS.index(step)
+        return self.after[step] - (self.after[IMPORT_STEPS[index - 1]] if index else 0.0)
+
+    @property
+    def idle_mb(self) -> float:
+        """Everything an idle agent of the transport has imported (cryptography not yet)."""
+        return self.after["agent"]
 
     def describe(self) -> str:
-        crypto = (
-            ""
-            if self.crypto_mb is None
-            else f"; cryptography's Ed25519, for the proofs of identity and the commands' signatures, "
-            f"{self.crypto_mb - self.http_mb:.1f} MB more"
-        )
         return (
-            f"an interpreter that only imports the agent's modules for this transport has {self.agent_mb:.1f} MB "
-            f"resident (bare interpreter {self.interpreter_mb:.1f} MB; requests and http.server, for the metadata "
-            f"service and the health endpoints, add {self.http_mb - self.interpreter_mb:.1f} MB{crypto})"
+            f"an interpreter that only imports what this transport's agent imports has {self.idle_mb:.1f} MB "
+            f"resident: the bare interpreter {self.cost('interpreter'):.1f}, sqlite3 {self.cost('sqlite3'):.1f}, "
+            f"requests with urllib3 and ssl {self.cost('requests'):.1f}, the agent's modules and the transport's "
+            f"{self.cost('agent'):.1f}; cryptography's Ed25519, loaded at the first command or the first message, "
+            f"adds {self.cost('cryptography'):.1f} MB"
         )
 
 
 def start_import_rss(transport: str) -> subprocess.Popen[str]:
     """Start the import probe for `transport` (collect it with `import_rss`)."""
-    groups = [list(HTTP_MODULES), list(CRYPTO_MODULES), [*AGENT_MODULES, *TRANSPORT_MODULES[transport]]]
+    groups = [
+        list(STATE_MODULES),
+        list(HTTP_MODULES),
+        [*AGENT_MODULES, *TRANSPORT_MODULES[transport]],
+        list(CRYPTO_MODULES),
+    ]
     return _start(_IMPORT_RSS, [json.dumps(groups)], {})
 
 
@@ -95,8 +114,9 @@ def import_rss(probe: subprocess.Popen[str]) -> ImportRss | None:
     if output is None:
         return None
     steps = parse_import_steps(output)
-    crypto = steps[2] if len(steps) > 3 else None
-    return ImportRss(interpreter_mb=steps[0], http_mb=steps[1], agent_mb=steps[-1], crypto_mb=crypto)
+    if len(steps) != len(IMPORT_STEPS):
+        return None
+    return ImportRss(dict(zip(IMPORT_STEPS, steps)))
 
 
 def parse_import_steps(output: str) -> list[float]:

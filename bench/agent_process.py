@@ -23,9 +23,9 @@ from bench.results import ROOT
 from wire.signing import generate_keypair
 
 # The agent's Python threads after its main thread, in the order it starts them (agent/main.py starts
-# the health server, then Agent.run the publisher, the watcher and the command loop): how the CPU
-# breakdown names them, since Python threads carry no name of their own in /proc.
-AGENT_THREADS = ("health", "publisher", "watcher", "commands")
+# the health server, then Agent.run the publisher, the recorder, the watcher and the command loop): how
+# the CPU breakdown names them, since Python threads carry no name of their own in /proc.
+AGENT_THREADS = ("health", "publisher", "recorder", "watcher", "commands")
 
 STOP_TIMEOUT = 15.0  # the agent flushes its outbox for up to 10 s on SIGTERM
 LOG_TAIL_LINES = 15

@@ -128,9 +128,8 @@ def run(context: BenchContext) -> list[Figure]:
             "ms/poll",
             None,
             f"our agent (transport local) over the same window, {ours.polls} polls; /proc/<pid>/stat: {ours.cpu_ticks} "
-            f"ticks; {describe_threads(per_poll, ours.cpu_ms_per_poll or 0.0)}; all but the watcher's share is "
-            "time-based (idle wake-ups, the local bus asked for commands every 50 ms), so it shrinks per poll "
-            "as polls come faster",
+            f"ticks; {describe_threads(per_poll, ours.cpu_ms_per_poll or 0.0)}; the window holds the changes, so "
+            "the agent's publishing (the outbox written with fsync, the proof of identity, the bus) is in it too",
             ours.polls,
         )
     )

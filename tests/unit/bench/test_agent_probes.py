@@ -19,17 +19,14 @@ def test_import_steps_need_the_interpreter_and_two_groups() -> None:
         parse_import_steps(json.dumps([["interpreter", 10.5]]))
 
 
-def test_import_rss_describes_the_libraries_share() -> None:
-    text = ImportRss(interpreter_mb=10.8, http_mb=27.8, agent_mb=31.6).describe()
-    assert "31.6 MB" in text
-    assert "bare interpreter 10.8 MB" in text
-    assert "add 17.0 MB" in text
-
-
-def test_import_rss_names_the_cryptography_share_when_it_was_measured() -> None:
-    text = ImportRss(interpreter_mb=10.8, http_mb=27.8, agent_mb=39.3, crypto_mb=34.5).describe()
-    assert "39.3 MB" in text
-    assert (
-        "add 17.0 MB; cryptography's Ed25519, for the proofs of identity and the commands' signatures, 6.7 MB more"
-        in text
-    )
+def test_import_rss_gives_what_each_step_added_and_the_idle_total() -> None:
+    after = {"interpreter": 10.8, "sqlite3": 11.6, "requests": 26.0, "agent": 29.5, "cryptography": 37.9}
+    imports = ImportRss(after)
+    assert imports.cost("interpreter") == pytest.approx(10.8)
+    assert imports.cost("requests") == pytest.approx(14.4)
+    assert imports.cost("cryptography") == pytest.approx(8.4)
+    assert imports.idle_mb == pytest.approx(29.5)  # cryptography is not loaded before the first use
+    text = imports.describe()
+    assert "has 29.5 MB resident" in text
+    assert "requests with urllib3 and ssl 14.4" in text
+    assert "adds 8.4 MB" in text
