@@ -1,11 +1,11 @@
 """What the agent's process leaves out of memory before it imports anything else.
 
-`requests` (the metadata client, and the Azure and Google SDKs' HTTP) imports a character-set
-detector when it is installed, `charset_normalizer` (or `chardet`): 2.6 MB of compiled tables
-resident in every agent (docs/performance.md, the import table). It serves only
-`Response.text` on a body that declares no charset; the agent reads bodies as bytes and parses
-JSON itself (wire/jsontext.py), and IMDS and the metadata server declare their charset anyway.
-requests supports running without a detector: it then decodes such a body as UTF-8.
+`requests` (the HTTP of the Azure and Google SDKs behind the bus transports, and of anything
+else that imports it) imports a character-set detector when it is installed, `charset_normalizer`
+(or `chardet`): 2.6 MB of compiled tables resident in every agent that loads requests
+(docs/performance.md, the import table). It serves only `Response.text` on a body that declares
+no charset, which the SDKs' JSON and the token endpoints do declare. requests supports running
+without a detector: it then decodes such a body as UTF-8.
 
 So `mbridge agent` marks both modules as absent (a None in sys.modules makes an import of them
 raise ImportError, which requests catches) before requests is first imported. Only the agent's

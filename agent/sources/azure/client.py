@@ -42,6 +42,17 @@ INSTANCE_API_VERSION = "2021-02-01"
 HEADERS = {"Metadata": "true"}
 # IMDS allows 5 requests/s per VM, shared with other IMDS users on it: keep a margin.
 REQUESTS_PER_SECOND = 4
+# Polling faster than twice a second, the polls alone take up to 4 of those: the agent then allows
+# itself IMDS's whole 5, so that an approval or a proof never waits for a poll's slot to free.
+FAST_POLL_INTERVAL = 0.5
+FAST_REQUESTS_PER_SECOND = 5
+
+
+def requests_per_second(poll_interval: float) -> int:
+    """How many IMDS requests the agent allows itself in any second at `poll_interval`."""
+    return FAST_REQUESTS_PER_SECOND if poll_interval < FAST_POLL_INTERVAL else REQUESTS_PER_SECOND
+
+
 # "You should expect a delayed response in your first call of up to two minutes."
 FIRST_CALL_TIMEOUT = (2.0, 130.0)
 # IMDS throttles per second, and the shortest notice is 30 s (Preempt): backing off longer than
@@ -74,8 +85,10 @@ class AzureImdsClient:
         self._params = {"api-version": api_version}
 
     @classmethod
-    def for_base_url(cls, base_url: str, api_version: str = API_VERSION) -> AzureImdsClient:
-        return cls(MetadataHttp(base_url, HEADERS, limiter=RateLimiter(REQUESTS_PER_SECOND)), api_version)
+    def for_base_url(
+        cls, base_url: str, api_version: str = API_VERSION, per_second: int = REQUESTS_PER_SECOND
+    ) -> AzureImdsClient:
+        return cls(MetadataHttp(base_url, HEADERS, limiter=RateLimiter(per_second)), api_version)
 
     @property
     def base_url(self) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from agent.config import AgentSettings
 from agent.proofs import AzureAttestedProver, Prover
-from agent.sources.azure.client import AzureImdsClient, AzurePoller
+from agent.sources.azure.client import AzureImdsClient, AzurePoller, requests_per_second
 from agent.sources.azure.tracker import AzureTracker
 from agent.sources.base import Retry
 from agent.sources.tracking import Tracker
@@ -25,7 +25,9 @@ class AzureSource:
 
     def __init__(self, settings: AgentSettings) -> None:
         self._settings = settings
-        self._client = AzureImdsClient.for_base_url(settings.metadata_url, settings.api_version)
+        self._client = AzureImdsClient.for_base_url(
+            settings.metadata_url, settings.api_version, requests_per_second(settings.poll_interval)
+        )
 
     def own_name(self) -> str:
         return self._client.own_name()

@@ -43,3 +43,11 @@ def test_no_window_of_a_second_holds_more_than_the_limit_under_a_flood() -> None
 def test_a_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="positive whole number"):
         RateLimiter(0)
+
+
+def test_fast_polling_leaves_a_slot_a_second_for_approvals_and_proofs() -> None:
+    from agent.sources.azure.client import requests_per_second
+
+    assert requests_per_second(1.0) == 4  # the default keeps a margin under IMDS's 5 for other users
+    assert requests_per_second(0.5) == 4  # two polls a second leave room in 4
+    assert requests_per_second(0.25) == 5  # four polls a second: the fifth is the agent's other requests'
