@@ -105,7 +105,7 @@ locks: $(LOCKS_VENV)/.installed
 	$(PIP_COMPILE) --output-file=requirements.txt requirements/azure.in
 	$(PIP_COMPILE) --output-file=requirements/gcp.txt requirements/gcp.in
 
-# The figures of docs/performance.md (about 13 minutes on 2 cores), or a quick pass (under 3 minutes).
+# The figures of docs/performance.md (about 25 minutes on 2 cores), or a quick pass (about 4 minutes).
 # Azurite comes from npm, as in CI; without it its throughput figure is reported as missing.
 bench: venv
 	$(BIN)/python -m bench --out bench/results/full.json

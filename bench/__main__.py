@@ -47,7 +47,7 @@ def run_section(name: str, context: BenchContext) -> SectionResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer samples: the whole run under 3 minutes")
+    parser.add_argument("--quick", action="store_true", help="fewer samples: the whole run in about 4 minutes")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json", help="the JSON file")
     parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="run only these sections")
     args = parser.parse_args(argv)

@@ -247,6 +247,8 @@ class AzureRun:
     agent_threads: dict[str, float]  # the agent's CPU seconds by thread over the run
     seconds: float  # how long the measured window lasted
     interval: float  # the agent's poll interval
+    idle_seconds: float  # the window before the changes, nothing changing: polls alone
+    idle_cpu: tuple[float, float]  # CPU seconds of (the agent, the reference) over it
     notes: list[str] = field(default_factory=list)
 
 
@@ -302,6 +304,9 @@ def _run_azure(context: BenchContext, changes_wanted: int, interval: float) -> A
         if running.poll() is not None:
             output = reference_out.read_text(encoding="utf-8", errors="replace")[-2000:]
             raise RuntimeError(f"the reference poller exited with {running.returncode}:\n{output}")
+        idle_before, idle_began = (cpu(agent.pid), cpu(reference.pid)), time.monotonic()
+        time.sleep(context.samples(10, 60))
+        idle_after, idle_seconds = (cpu(agent.pid), cpu(reference.pid)), time.monotonic() - idle_began
         cpu_before = (cpu(agent.pid), cpu(reference.pid))
         threads_before = thread_cpu(agent.pid)
         polls_before = (driver.traffic(AGENT_VM), driver.traffic(REFERENCE_VM))
@@ -343,6 +348,11 @@ def _run_azure(context: BenchContext, changes_wanted: int, interval: float) -> A
         agent_threads=agent_threads,
         seconds=seconds,
         interval=interval,
+        idle_seconds=idle_seconds,
+        idle_cpu=(
+            idle_after[0].seconds - idle_before[0].seconds,
+            idle_after[1].seconds - idle_before[1].seconds,
+        ),
         notes=notes,
     )
 

@@ -30,9 +30,10 @@ TRANSPORT_MODULES: Mapping[str, tuple[str, ...]] = {
     "servicebus": ("wire.transports.servicebus", "agent.commands"),
 }
 # What every agent loads, in the order the agent loads it: its state (SQLite), then HTTP to the metadata
-# service (requests, with urllib3 and ssl).
+# service (the standard library's http.client, which loads ssl and email). A bus's SDK brings its own
+# HTTP (requests, urllib3) with the transport's step.
 STATE_MODULES = ("sqlite3",)
-HTTP_MODULES = ("requests",)
+HTTP_MODULES = ("http.client",)
 # The cryptography library, loaded at the first message of an Azure agent (the proof of identity signs
 # each message with an Ed25519 key) or the first command of an agent with a --verify-key: an idle agent
 # has not loaded it, and this step says what it adds once it has.
@@ -69,7 +70,7 @@ print(json.dumps(took))
 
 
 # The steps of the import table, in the order of the probe's groups.
-IMPORT_STEPS = ("interpreter", "sqlite3", "requests", "agent", "cryptography")
+IMPORT_STEPS = ("interpreter", "sqlite3", "http", "agent", "cryptography")
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class ImportRss:
         return (
             f"an interpreter that only imports what this transport's agent imports has {self.idle_mb:.1f} MB "
             f"resident: the bare interpreter {self.cost('interpreter'):.1f}, sqlite3 {self.cost('sqlite3'):.1f}, "
-            f"requests with urllib3 and ssl {self.cost('requests'):.1f}, the agent's modules and the transport's "
+            f"http.client with ssl {self.cost('http'):.1f}, the agent's modules and the transport's "
             f"{self.cost('agent'):.1f}; cryptography's Ed25519, loaded at the first command or the first message, "
             f"adds {self.cost('cryptography'):.1f} MB"
         )

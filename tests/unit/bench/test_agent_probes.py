@@ -20,13 +20,13 @@ def test_import_steps_need_the_interpreter_and_two_groups() -> None:
 
 
 def test_import_rss_gives_what_each_step_added_and_the_idle_total() -> None:
-    after = {"interpreter": 10.8, "sqlite3": 11.6, "requests": 26.0, "agent": 29.5, "cryptography": 37.9}
+    after = {"interpreter": 10.8, "sqlite3": 11.6, "http": 26.0, "agent": 29.5, "cryptography": 37.9}
     imports = ImportRss(after)
     assert imports.cost("interpreter") == pytest.approx(10.8)
-    assert imports.cost("requests") == pytest.approx(14.4)
+    assert imports.cost("http") == pytest.approx(14.4)
     assert imports.cost("cryptography") == pytest.approx(8.4)
     assert imports.idle_mb == pytest.approx(29.5)  # cryptography is not loaded before the first use
     text = imports.describe()
     assert "has 29.5 MB resident" in text
-    assert "requests with urllib3 and ssl 14.4" in text
+    assert "http.client with ssl 14.4" in text
     assert "adds 8.4 MB" in text
