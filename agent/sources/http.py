@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -117,7 +118,7 @@ class MetadataHttp:
         connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
         try:
             response = self._connections.exchange(method, target, body, headers, connect, read)
-        except TimeoutError as exc:  # socket.timeout: connecting or waiting for the answer
+        except (TimeoutError, socket.timeout) as exc:  # connecting or waiting for the answer (3.9: not one class)
             raise MetadataUnavailableError("timeout", f"{method} {path}: no answer in time ({exc})") from exc
         except (OSError, http.client.HTTPException) as exc:
             raise MetadataUnavailableError(
