@@ -4,7 +4,6 @@ before anything is sent."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,6 @@ from wire.transports.local import LocalBus
 
 EVENT_ID = "5DD55B64-45AD-49D3-BBC9-F57D4EA97BD7"
 APPROVE = ["approve", "--event-id", EVENT_ID, "--target", "vm-0", "--insecure-unverified-results", "--no-wait"]
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("MBRIDGE_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
 
 
 def approve(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

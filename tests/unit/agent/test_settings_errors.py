@@ -4,7 +4,6 @@ which the installer reads as "fix the configuration" (infra/agent/install-agent.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -44,15 +43,6 @@ COMMAND_LINE_IDS = [f"{key}={value}" for key, value in COMMAND_LINE_BAD_VALUES]
 
 def env_name(key: str) -> str:
     return "MBRIDGE_" + key.upper().replace("-", "_")
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No MBRIDGE_* variable but those the test sets: the machine's own must not leak in."""
-    for name in list(os.environ):
-        if name.startswith("MBRIDGE_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
 
 
 def agent(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

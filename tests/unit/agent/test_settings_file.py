@@ -3,21 +3,12 @@ setting win: flag, then environment, then config file, then the built-in default
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from agent.config import SETTINGS, AgentSettings, ConfigError, settings_from_args
 from mbridge.cli import build_parser, main
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("MBRIDGE_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
 
 
 def settings(*argv: str) -> AgentSettings:
