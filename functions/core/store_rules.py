@@ -13,9 +13,9 @@ from functions.core.ports import Claim, Parked
 
 # Read-then-conditional-write attempts on a pool's one budget record (Table entity, Firestore
 # document) before giving up to a redelivery. A failed write means another invocation's went
-# through, and every VM of a large event writes that record once (its own report joins the
-# event's reservation): as many conflicts in a row as invocations running at once are to be
-# expected. Giving up sends the report to the back of the bus's queue, behind every other report.
+# through: events admitted and released in the same pool at once. (A VM joining an admitted
+# event writes a record of its own, and meets no other.) Giving up sends the report to the back
+# of the bus's queue, behind every other report.
 BUDGET_ATTEMPTS = 16
 
 

@@ -5,7 +5,8 @@ Collections (each name starts with a prefix, `mbridge_` by default, so that two 
 can share one database):
 
     claims/{h(key)}            key, state (in-progress | done), lease_until, updated_at, expire_at
-    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms}]   one document per pool
+    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms, token}]   one document per pool
+      joins/{h(event_key, vm)} event_key, vm, token: a VM that joined an admitted event
     drains/{h(event_key, vm)}  event_key, vm, memento (JSON text)       one document per drained VM
     remembered/{h(key)}        key, value (bytes): command bytes, event ends
     parked/{h(pool, key)}      pool, event_key, envelope (bytes), parked_at
@@ -18,10 +19,19 @@ as fields for people reading the console.
 Sizes: a document holds at most 1 MiB. A drain is a document of its own, as an event's VMs and
 their mementos together may be more than that (1,000 VMs in many backend pools); earlier versions
 kept an event's drains in one document, `drains/{h(event_key)}` with a map `vms`, which is still
-read and forgotten from. A pool's reservations stay in one document, for the transaction that
+read and forgotten from. A pool's reservations stay in one document, whose conditional write
 admits an event; when one more event would not fit, it waits for a slot as for a budget (an event
-alone always fits). An envelope waiting for the budget is at most 256 KiB (`MAX_ENVELOPE_BYTES`),
-a remembered value a command or an event's end, and audit records cut their texts.
+alone always fits).
+
+Every VM of an admitted event joins its reservation with its own report, all at about the same
+time: each join is a document of its own under the pool's (one write that meets no other), and
+the pool's document is read again after it, so a join of an event that let its slot go meanwhile
+is taken back and the event admitted afresh. Admitting another event counts the joins of the
+reservations it finds; a join counts only with the token of the admission it joined, so one a
+crash left behind after its event's release never counts for a later admission.
+
+An envelope waiting for the budget is at most 256 KiB (`MAX_ENVELOPE_BYTES`), a remembered value
+a command or an event's end, and audit records cut their texts.
 
 Every method is atomic on its own: single-document writes (`create`, `update`, `delete`) are
 atomic in Firestore, and every read-modify-write is a read followed by a write conditional on the
@@ -29,7 +39,9 @@ document being as it was read (`create` when it was absent, else its update time
 precondition), applied again to what is there when another invocation wrote it meanwhile. The
 whole budget of a pool is one document, so two events racing for its last slot are serialised by
 that document and never both admitted. Round trips: a claim is one `create` (a duplicate: two);
-completing it one `update`; a budget change a read and a write (no write when nothing changes).
+completing it one `update`; admitting an event a read and a write, plus a query of the joins
+when the pool holds other events; a join two reads and a write; a release a read, a write and a
+query of its joins (and one batch to delete them).
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
 
@@ -62,6 +75,8 @@ CLAIM_RETENTION = timedelta(days=30)
 # The most a pool's reservations take as JSON (which counts more than Firestore does: quotes,
 # commas), below the 1 MiB of a document: room for its name and other fields.
 RESERVATIONS_BYTES = 900 * 1024
+# The most writes one batch commit takes.
+_BATCH_WRITES = 500
 
 _RETRYABLE = (
     api_errors.Aborted,  # transaction contention the library's own attempts did not resolve
@@ -143,28 +158,26 @@ def plain_utc(moment: datetime) -> datetime:
     )
 
 
-# ---------------------------------------------------------------- budget rules
+# ---------------------------------------------------------------- budget documents
 
 
-def _admitted(
-    reservations: list[JsonObject], pool: str, event_key: str, vms: Sequence[str], limit: int | None
-) -> tuple[bool, list[JsonObject] | None]:
-    """Whether the pool admits the event, and its reservations to write (None: nothing to write)."""
-    for index, entry in enumerate(reservations):
-        if entry["event_key"] == event_key:
-            # Admitted already: another VM of the event joins it (each VM's own report drains it).
-            grown = joined(entry["vms"], vms)
-            if grown == entry["vms"]:
-                return True, None
-            return True, [*reservations[:index], {**entry, "vms": grown}, *reservations[index + 1 :]]
-    if not admits((entry["vms"] for entry in reservations), vms, limit):
-        return False, None
-    admitted = [*reservations, {"event_key": event_key, "vms": list(vms)}]
-    if reservations and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
-        # The pool's document is full: the event waits for a slot as for a budget.
-        LOGGER.warning("the reservations of pool %s fill their document: %s waits for a slot", pool, event_key)
-        return False, None
-    return True, admitted
+def _entries(snapshot: firestore.DocumentSnapshot[firestore.DocumentReference]) -> list[JsonObject]:
+    """A pool's reservations as read: [{event_key, vms, token}], in the order they were admitted.
+    Entries written before tokens have none: their token is ""."""
+    return list((snapshot.to_dict() or {}).get("reservations", [])) if snapshot.exists else []
+
+
+def _entry(entries: Sequence[JsonObject], event_key: str) -> JsonObject | None:
+    return next((entry for entry in entries if entry["event_key"] == event_key), None)
+
+
+def _read_budget(
+    ref: firestore.DocumentReference, event_key: str
+) -> tuple[firestore.DocumentSnapshot[firestore.DocumentReference], list[JsonObject], JsonObject | None]:
+    """The pool's document as read now, its reservations, and the event's among them (None: not admitted)."""
+    snapshot = ref.get()
+    entries = _entries(snapshot)
+    return snapshot, entries, _entry(entries, event_key)
 
 
 # ---------------------------------------------------------------- transactions
@@ -256,56 +269,118 @@ class FirestoreStateStore:
     # ---- budget
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
-        def admit(reservations: list[JsonObject]) -> tuple[bool, list[JsonObject] | None]:
-            return _admitted(reservations, pool, event_key, vms, limit)
-
-        return self._update_budget(pool, admit, f"reserve budget in pool {pool}")
+        ref = self._pools.document(doc_id(pool))
+        with self._errors(f"reserve budget in pool {pool}"):
+            for attempt in range(store_rules.BUDGET_ATTEMPTS):
+                snapshot, entries, held = _read_budget(ref, event_key)
+                if held is not None:
+                    if self._join(ref, held, vms):
+                        return True
+                    continue  # the event let its slot go meanwhile: admit it afresh
+                counted = [entry["vms"] for entry in entries]
+                if limit is not None and entries:
+                    counted = self._with_joins(ref, entries)
+                if not admits(counted, vms, limit):
+                    return False
+                admitted = [*entries, {"event_key": event_key, "vms": list(vms), "token": uuid.uuid4().hex}]
+                if entries and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
+                    # The pool's document is full: the event waits for a slot as for a budget.
+                    LOGGER.warning("the reservations of pool %s fill their document: %s waits", pool, event_key)
+                    return False
+                if self._write_budget(ref, snapshot, pool, admitted):
+                    return True
+                time.sleep(store_rules.budget_backoff(attempt))
+        raise FirestoreUnavailableError(
+            f"the budget of pool {pool!r} changed under {store_rules.BUDGET_ATTEMPTS} attempts to reserve a slot; "
+            "retry later"
+        )
 
     def release(self, pool: str, event_key: str) -> None:
-        def drop(reservations: list[JsonObject]) -> tuple[bool, list[JsonObject] | None]:
-            kept = [entry for entry in reservations if entry["event_key"] != event_key]
-            return True, (None if len(kept) == len(reservations) else kept)
-
-        self._update_budget(pool, drop, f"release budget in pool {pool}")
-
-    def _update_budget(
-        self,
-        pool: str,
-        change: Callable[[list[JsonObject]], tuple[bool, list[JsonObject] | None]],
-        action: str,
-    ) -> bool:
-        """Read the pool's document, apply `change`, write what it returns (None: nothing).
-
-        The write is conditional on the document being as it was read (its update time, or its
-        absence), so two invocations can never both take the last slot: the loser's write fails
-        and the change is applied again to what the winner left. Unlike a transaction, this holds
-        no lock on the document while the invocation decides: one pool's document is what every
-        VM of a large event writes, and the emulator's locks made them queue behind each other.
-        """
         ref = self._pools.document(doc_id(pool))
-        with self._errors(action):
+        with self._errors(f"release budget in pool {pool}"):
             for attempt in range(store_rules.BUDGET_ATTEMPTS):
-                snapshot = ref.get()
-                document = (snapshot.to_dict() or {}) if snapshot.exists else {}
-                answer, reservations = change(list(document.get("reservations", [])))
-                if reservations is None:
-                    return answer
-                try:
-                    if not snapshot.exists:
-                        ref.create({"pool": pool, "reservations": reservations})
-                        return answer
-                    option = self._client.write_option(last_update_time=snapshot.update_time)
-                    if reservations:
-                        ref.update({"pool": pool, "reservations": reservations}, option=option)
-                    else:
-                        ref.delete(option=option)
-                    return answer
-                except _CHANGED_MEANWHILE:
-                    # Someone wrote the pool between our read and write: read it again shortly.
-                    time.sleep(store_rules.budget_backoff(attempt))
-        raise FirestoreUnavailableError(
-            f"the budget of pool {pool!r} changed under {store_rules.BUDGET_ATTEMPTS} attempts to {action}; retry later"
-        )
+                snapshot, entries, held = _read_budget(ref, event_key)
+                if held is None:
+                    return
+                if self._write_budget(ref, snapshot, pool, [entry for entry in entries if entry is not held]):
+                    break
+                time.sleep(store_rules.budget_backoff(attempt))
+            else:
+                raise FirestoreUnavailableError(
+                    f"the budget of pool {pool!r} changed under {store_rules.BUDGET_ATTEMPTS} attempts to release "
+                    "a slot; retry later"
+                )
+            # Its joins only now: until the reservation is gone they count. (A redelivered release
+            # that finds the reservation gone leaves any join a crash left: it counts for nothing,
+            # as its reservation's token is no pool's any more.)
+            query = ref.collection("joins").where(filter=firestore.FieldFilter("event_key", "==", event_key))
+            batch = self._client.batch()
+            for join in query.stream():
+                if (join.to_dict() or {}).get("token", "") == held.get("token", ""):
+                    batch.delete(join.reference)
+                if len(batch) == _BATCH_WRITES:
+                    batch.commit()
+                    batch = self._client.batch()
+            if len(batch):
+                batch.commit()
+
+    def _write_budget(
+        self,
+        ref: firestore.DocumentReference,
+        read: firestore.DocumentSnapshot[firestore.DocumentReference],
+        pool: str,
+        entries: list[JsonObject],
+    ) -> bool:
+        """Write the pool's reservations on condition that its document is as `read` (its update
+        time, or its absence), so two invocations can never both take the last slot; False when
+        another wrote it meanwhile, and the caller reads it again. Unlike a transaction, this holds
+        no lock on the document while the invocation decides: the emulator's locks made the
+        invocations of a large event queue behind each other."""
+        try:
+            if not read.exists:
+                ref.create({"pool": pool, "reservations": entries})
+                return True
+            option = self._client.write_option(last_update_time=read.update_time)
+            if entries:
+                ref.update({"pool": pool, "reservations": entries}, option=option)
+            else:
+                ref.delete(option=option)
+            return True
+        except _CHANGED_MEANWHILE:
+            return False
+
+    def _join(self, ref: firestore.DocumentReference, held: JsonObject, vms: Sequence[str]) -> bool:
+        """Count `vms` with the event's reservation `held`, each in a document of its own (the VMs
+        of a large event join at about the same time, and would conflict on the pool's one
+        document): `joins/{h(event_key, vm)}` under the pool's document.
+
+        False when the reservation was let go before the joins were written (read again after
+        them): they are taken back, and the caller admits the event afresh, as when it came first.
+        """
+        event_key, token = held["event_key"], held.get("token", "")
+        new = [vm for vm in vms if vm not in held["vms"]]
+        if not new:
+            return True
+        joins = [ref.collection("joins").document(doc_id(event_key, vm)) for vm in new]
+        for join, vm in zip(joins, new):
+            join.set({"event_key": event_key, "vm": vm, "token": token})
+        now = _entry(_entries(ref.get()), event_key)
+        if now is not None and now.get("token", "") == token:
+            return True
+        for join in joins:
+            join.delete()
+        return False
+
+    def _with_joins(self, ref: firestore.DocumentReference, entries: Sequence[JsonObject]) -> list[list[str]]:
+        """The VMs of each reservation, with those that joined it since it was admitted."""
+        held = {entry["event_key"]: list(entry["vms"]) for entry in entries}
+        tokens = {entry["event_key"]: entry.get("token", "") for entry in entries}
+        for snapshot in ref.collection("joins").stream():
+            join = snapshot.to_dict() or {}
+            # A join of a reservation let go (another token) counts for nothing.
+            if join.get("event_key") in held and join.get("token", "") == tokens[join["event_key"]]:
+                held[join["event_key"]] = joined(held[join["event_key"]], [join["vm"]])
+        return list(held.values())
 
     # ---- drains
 

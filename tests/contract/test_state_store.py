@@ -199,6 +199,20 @@ def test_another_vm_of_an_admitted_event_joins_its_reservation_and_counts(backen
     assert backend.store.reserve("web", "azure:b", ["web-2"], 2)
 
 
+def test_the_vms_that_joined_an_event_are_forgotten_when_it_lets_its_slot_go(backend: Backend) -> None:
+    # GIVEN event A admitted for web-0 in a pool of budget 2, joined by web-1, then released
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2)
+    assert backend.store.reserve("web", "azure:a", ["web-1"], 2)
+    backend.store.release("web", "azure:a")
+
+    # WHEN A is admitted again for web-0 (a later maintenance with the same id), and B asks for one VM
+    again = backend.store.reserve("web", "azure:a", ["web-0"], 2)
+    other = backend.store.reserve("web", "azure:b", ["web-2"], 2)
+
+    # THEN both go: web-1's join ended with A's first reservation, it is not counted again
+    assert (again, other) == (True, True)
+
+
 def test_release_frees_the_slot_and_pools_are_separate(backend: Backend) -> None:
     # GIVEN a full pool of budget 1, and another pool
     assert backend.store.reserve("web", "azure:a", ["web-0"], 1)

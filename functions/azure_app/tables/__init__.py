@@ -8,7 +8,9 @@ The state table (default `mbridgestate`) keeps each concern in its own partition
 concern                PartitionKey                RowKey          properties
 =====================  ==========================  ==============  ==========================================
 idempotency claims     ``claims``                  envelope id     state, lease_until, updated_at (epoch s)
-budget of a pool       ``budget``                  pool            reservations: JSON {event key: [VMs]}
+budget of a pool       ``budget``                  pool            reservations: JSON {event key: [VMs]},
+                                                                   tokens: JSON {event key: token}
+VMs joining an event   ``joins:<pool>``            [event, VM]     event_key, vm, token
 drains of an event     ``drain:<event key>``       VM              vm, memento (JSON)
 remembered values      ``remembered``              key             value (binary): command bytes, event ends
 waits for the budget   ``parked:<pool>``           event key       event_key, envelope (binary), parked_at
@@ -18,6 +20,15 @@ Atomicity comes from ETags, never from locks: a claim is created once (409 on a 
 taken over only with If-Match on the expired lease; a pool's reservations live in ONE entity
 updated read-modify-write with If-Match, so two invocations can never both take the last slot
 (the loser's write fails with 412, it re-reads and sees the pool full).
+
+Every VM of an admitted event joins its reservation with its own report, all at about the same
+time: each join is an entity of its own (its RowKey the JSON pair [event key, VM], escaped), one
+upsert that meets no other, and the pool's entity is read again after it, so a join of an event
+that let its slot go meanwhile is deleted and the event admitted afresh. Admitting another event
+counts the joins of the reservations it finds (one query of the pool's joins partition); a join
+counts only with the token of the admission it joined, so one a crash left behind after its
+event's release never counts for a later admission. A release deletes its joins after the
+reservation.
 
 The audit table (default `mbridgeaudit`): PartitionKey = VM name, RowKey = inverted write time
 in nanoseconds + a uuid, so a partition lists a VM's records newest first (the portal and

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -116,73 +118,110 @@ class TableStateStore:
     # ---- budget
 
     def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
-        def admit(reservations: dict[str, list[str]]) -> bool | None:
-            if event_key in reservations:
-                # Admitted already: another VM of the event joins it (each VM's own report drains it).
-                held = reservations[event_key]
-                grown = joined(held, vms)
-                if grown == held:
-                    return True  # nothing to write
-                if not fits_in_an_entity(json.dumps({**reservations, event_key: grown})):
-                    # Admitted with its event, but the pool's one entity cannot count it too.
-                    LOGGER.warning("the reservations of pool %s fill their entity: %s is not counted", pool, vms)
+        row = escape_key(pool)
+        with self._errors("reserve a budget slot"):
+            for attempt in range(self._attempts):
+                budget = _Budget.read(self._table, row)
+                if event_key in budget.reservations:
+                    if self._join(pool, row, event_key, budget, vms):
+                        return True
+                    continue  # the event let its slot go meanwhile: admit it afresh
+                counted = budget.reservations
+                if limit is not None and counted:
+                    counted = self._with_joins(pool, budget)
+                if not admits(counted.values(), vms, limit):
+                    return False
+                admitted = budget.admitting(event_key, vms)
+                if len(admitted.reservations) > 1 and not fits_in_an_entity(json.dumps(admitted.reservations)):
+                    # The pool's one entity is full: the event waits for a slot as for a budget (an
+                    # event alone always fits: at most 1,000 VMs of 80 characters).
+                    LOGGER.warning("the reservations of pool %s fill their entity: %s waits", pool, event_key)
+                    return False
+                if self._write_budget(row, admitted, budget):
                     return True
-                reservations[event_key] = grown
-                return None
-            if not admits(reservations.values(), vms, limit):
-                return False
-            if reservations and not fits_in_an_entity(json.dumps({**reservations, event_key: list(vms)})):
-                # The pool's one entity is full: the event waits for a slot as for a budget (an
-                # event alone always fits: at most 1,000 VMs of 80 characters).
-                LOGGER.warning("the reservations of pool %s fill their entity: %s waits for a slot", pool, event_key)
-                return False
-            reservations[event_key] = list(vms)
-            return None  # changed: write it
-
-        return self._update_budget(pool, admit, "reserve a budget slot")
+                self._sleep(budget_backoff(attempt))
+        raise TableStorageUnavailableError(
+            f"the budget of pool {pool!r} changed under {self._attempts} attempts to reserve a slot; retry later"
+        )
 
     def release(self, pool: str, event_key: str) -> None:
-        def drop(reservations: dict[str, list[str]]) -> bool | None:
-            if reservations.pop(event_key, None) is None:
-                return True  # nothing to write
-            return None
-
-        self._update_budget(pool, drop, "release a budget slot")
-
-    def _update_budget(self, pool: str, change: Callable[[dict[str, list[str]]], bool | None], action: str) -> bool:
-        """Read the pool's reservations, apply `change`, write them back if it returned None.
-
-        The write carries the ETag of the read: a concurrent writer makes it fail (412), and the
-        change is applied again to what that writer left.
-        """
         row = escape_key(pool)
-        with self._errors(action):
+        with self._errors("release a budget slot"):
             for attempt in range(self._attempts):
-                try:
-                    current: TableEntity | None = self._table.get_entity(_BUDGET, row)
-                except ResourceNotFoundError:
-                    current = None
-                reservations: dict[str, list[str]] = json.loads(text_of(current, "reservations")) if current else {}
-                answer = change(reservations)
-                if answer is not None:
-                    return answer
-                entity = {
-                    "PartitionKey": _BUDGET,
-                    "RowKey": row,
-                    **text_properties("reservations", json.dumps(reservations)),
-                }
-                try:
-                    if current is None:
-                        self._table.create_entity(entity)
-                    else:
-                        self._replace(entity, current)
-                    return True
-                except (ResourceExistsError, ResourceModifiedError):
-                    # Someone wrote the pool between our read and write: read it again shortly.
-                    self._sleep(budget_backoff(attempt))
-        raise TableStorageUnavailableError(
-            f"the budget of pool {pool!r} changed under {self._attempts} attempts to {action}; retry later"
+                budget = _Budget.read(self._table, row)
+                if event_key not in budget.reservations:
+                    return
+                token = budget.tokens.get(event_key, "")
+                if self._write_budget(row, budget.releasing(event_key), budget):
+                    break
+                self._sleep(budget_backoff(attempt))
+            else:
+                raise TableStorageUnavailableError(
+                    f"the budget of pool {pool!r} changed under {self._attempts} attempts to release a slot; "
+                    "retry later"
+                )
+            # Its joins only now: until the reservation is gone they count. (A redelivered release
+            # that finds the reservation gone leaves any join a crash left here: it counts for
+            # nothing, as its reservation's token is no pool's any more.)
+            self._forget_joins(pool, event_key, token)
+
+    def _write_budget(self, row: str, new: _Budget, read: _Budget) -> bool:
+        """Write the pool's reservations if its entity is still as `read`; False when another
+        invocation wrote it meanwhile (412, or 409 for a create): the caller reads it again."""
+        try:
+            if read.etag is None:
+                self._table.create_entity(new.entity(row))
+            elif new.reservations:
+                self._table.update_entity(
+                    new.entity(row),
+                    mode=UpdateMode.REPLACE,
+                    etag=read.etag,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+            else:
+                self._table.delete_entity(_BUDGET, row, etag=read.etag, match_condition=MatchConditions.IfNotModified)
+            return True
+        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
+            return False
+
+    def _join(self, pool: str, row: str, event_key: str, budget: _Budget, vms: Sequence[str]) -> bool:
+        """Count `vms` with the event's reservation, each in an entity of its own: the VMs of a
+        large event join at about the same time, and would conflict on the pool's one entity.
+
+        False when the reservation was let go before the joins were written (read again after
+        them): they are taken back, and the caller admits the event afresh, as when it came first.
+        """
+        token = budget.tokens.get(event_key, "")
+        new = [vm for vm in vms if vm not in budget.reservations[event_key]]
+        if not new:
+            return True
+        for vm in new:
+            self._table.upsert_entity(_join_entity(pool, event_key, vm, token), mode=UpdateMode.REPLACE)
+        after = _Budget.read(self._table, row)
+        if event_key in after.reservations and after.tokens.get(event_key, "") == token:
+            return True
+        for vm in new:
+            self._table.delete_entity(_joins_partition(pool), _join_row(event_key, vm))
+        return False
+
+    def _with_joins(self, pool: str, budget: _Budget) -> dict[str, list[str]]:
+        """The pool's reservations with the VMs that joined each since it was admitted."""
+        held = {key: list(vms) for key, vms in budget.reservations.items()}
+        for join in self._partition(_joins_partition(pool)):
+            key = join["event_key"]
+            # A join of a reservation let go (another token) counts for nothing.
+            if key in held and join.get("token", "") == budget.tokens.get(key, ""):
+                held[key] = joined(held[key], [join["vm"]])
+        return held
+
+    def _forget_joins(self, pool: str, event_key: str, token: str) -> None:
+        joins = self._table.query_entities(
+            "PartitionKey eq @pk and event_key eq @event and token eq @token",
+            parameters={"pk": _joins_partition(pool), "event": event_key, "token": token},
+            select=["PartitionKey", "RowKey"],
         )
+        for join in joins:
+            self._table.delete_entity(join["PartitionKey"], join["RowKey"])
 
     # ---- drains
 
@@ -275,3 +314,58 @@ def _drain_partition(event_key: str) -> str:
 
 def _parked_partition(pool: str) -> str:
     return f"parked:{escape_key(pool)}"
+
+
+def _joins_partition(pool: str) -> str:
+    return f"joins:{escape_key(pool)}"
+
+
+def _join_row(event_key: str, vm: str) -> str:
+    return escape_key(json.dumps([event_key, vm]))
+
+
+def _join_entity(pool: str, event_key: str, vm: str, token: str) -> dict[str, Any]:
+    return {
+        "PartitionKey": _joins_partition(pool),
+        "RowKey": _join_row(event_key, vm),
+        "event_key": event_key,
+        "vm": vm,
+        "token": token,
+    }
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """A pool's budget entity as read: event key → the VMs it was admitted with, and the token of
+    each admission (which its joins carry, so a join of an admission let go never counts for a later
+    one of the same event). Entities written before tokens have none: their token is ""."""
+
+    reservations: dict[str, list[str]]
+    tokens: dict[str, str]
+    etag: str | None  # None: no entity
+
+    @classmethod
+    def read(cls, table: TableClient, row: str) -> _Budget:
+        try:
+            entity = table.get_entity(_BUDGET, row)
+        except ResourceNotFoundError:
+            return cls({}, {}, None)
+        tokens = json.loads(entity["tokens"]) if entity.get("tokens") else {}
+        return cls(json.loads(text_of(entity, "reservations")), tokens, entity.metadata["etag"])
+
+    def admitting(self, event_key: str, vms: Sequence[str]) -> _Budget:
+        tokens = {**self.tokens, event_key: uuid.uuid4().hex}
+        return _Budget({**self.reservations, event_key: list(vms)}, tokens, self.etag)
+
+    def releasing(self, event_key: str) -> _Budget:
+        reservations = {key: vms for key, vms in self.reservations.items() if key != event_key}
+        tokens = {key: token for key, token in self.tokens.items() if key in reservations}
+        return _Budget(reservations, tokens, self.etag)
+
+    def entity(self, row: str) -> dict[str, Any]:
+        return {
+            "PartitionKey": _BUDGET,
+            "RowKey": row,
+            **text_properties("reservations", json.dumps(self.reservations)),
+            "tokens": json.dumps(self.tokens),
+        }
