@@ -35,7 +35,17 @@ from bench.agent_detection import start_reference, stop_reference
 from bench.agent_probes import ImportRss, empty_pull, import_rss, start_empty_pull, start_import_rss
 from bench.agent_process import AGENT_THREADS, AgentOptions, AgentProcess, describe_threads, start_agent, stop_all
 from bench.context import BenchContext
-from bench.proc import CLOCK_TICKS, CpuReading, ProcessGoneError, ThreadCpu, cpu, rss_mb, thread_cpu, thread_shares
+from bench.proc import (
+    CLOCK_TICKS,
+    CpuReading,
+    ProcessGoneError,
+    ThreadCpu,
+    cpu,
+    rss_mb,
+    rss_parts_mb,
+    thread_cpu,
+    thread_shares,
+)
 from bench.results import Figure, at_most
 from mbridge.demo.emulators import PUBSUB, EmulatorMissingError, PeerProcess, launch_emulator, log_tail
 from simulator import Simulator
@@ -53,7 +63,9 @@ PROBE_VM = "footprint-probe"  # its own commands subscription, for the empty-pul
 # How long one command pull of an idle agent waits (agent/loop.py asks for a minute, the Pub/Sub receiver
 # holds a pull at most wire/transports/pubsub/receiving.py MAX_PULL_WAIT_SECONDS).
 COMMAND_WAIT = 20.0
-PROBE_PULLS = 5
+# Each may be held for the whole wait (the emulator holds an empty pull to its deadline): their sum
+# stays within bench/agent_probes.py PROBE_TIMEOUT.
+PROBE_PULLS = 2
 EMULATOR_TIMEOUT = 60.0
 # A namespace nobody serves: the SDK's development-emulator form speaks plain AMQP to
 # localhost:5672, where nothing listens, so every connection attempt is refused at once.
@@ -99,6 +111,7 @@ class Measured:
     cpu_seconds: float = 0.0
     cpu_ticks: int = 0
     rss_samples: list[float] = field(default_factory=list)
+    rss_parts: dict[str, float] = field(default_factory=dict)  # at the last sample: RssAnon, RssFile, RssShmem
     next_rss_at: float = 0.0
     done: bool = False
 
@@ -249,6 +262,7 @@ def _step(item: Measured, polls_now: int) -> None:
         if polls_now - item.polls_start >= item.polls_wanted:
             end, threads_end = cpu(item.agent.pid), thread_cpu(item.agent.pid)
             item.rss_samples.append(rss_mb(item.agent.pid))
+            item.rss_parts = rss_parts_mb(item.agent.pid)
             item.polls = polls_now - item.polls_start
             item.cpu_seconds = end.seconds - item.cpu_start.seconds
             item.cpu_ticks = end.ticks - item.cpu_start.ticks
@@ -291,7 +305,9 @@ def _figures(
     ]
     rss_notes = [
         f"{context_note}; max VmRSS of {len(item.rss_samples)} samples over the measured polls "
-        f"(first {item.rss_samples[0]:.1f}, last {item.rss_samples[-1]:.1f} MB)",
+        f"(first {item.rss_samples[0]:.1f}, last {item.rss_samples[-1]:.1f} MB"
+        + "".join(f"; {name} {mb:.1f}" for name, mb in item.rss_parts.items())
+        + ")",
         imports.describe() if imports is not None else "the import probe failed",
     ]
     ratio = cpu_ms / sample_ms if sample_ms else None
@@ -320,7 +336,7 @@ def _cpu_causes(transport: str, cpu_ms: float, jsonl_cpu_ms: float | None, pull_
         causes.append(
             f"an empty command pull with the command loop's {COMMAND_WAIT:g} s wait came back after a median of "
             f"{median:.0f} ms from the emulator ({PROBE_PULLS} pulls), so the idle command loop pulls about "
-            f"{1000 / max(median, 1):.0f} times a second"
+            f"{60_000 / max(median, 1):.1f} times a minute"
         )
     return causes
 

@@ -70,6 +70,18 @@ def parse_vm_rss_kib(status_text: str) -> int:
     raise ValueError("no VmRSS line in /proc/<pid>/status (a kernel thread, or a process that is exiting)")
 
 
+def parse_rss_parts_kib(status_text: str) -> dict[str, int]:
+    """RssAnon, RssFile and RssShmem (KiB) from the text of /proc/<pid>/status: what of VmRSS is the
+    process's own memory, and what is mapped from files (shared libraries: how much of them is
+    resident depends on the page cache, not on the process). Those the kernel does not report are left out."""
+    parts = {}
+    for line in status_text.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("RssAnon", "RssFile", "RssShmem") and value.split() and value.split()[0].isdigit():
+            parts[name] = int(value.split()[0])
+    return parts
+
+
 def process_cpu_clock(pid: int) -> int:
     """The clock id of `pid`'s process-wide CPU clock (what glibc's clock_getcpuclockid returns)."""
     return ((~pid) << 3) | _CPUCLOCK_SCHED
@@ -134,6 +146,11 @@ def thread_shares(
 def rss_mb(pid: int) -> float:
     """`pid`'s resident set size now, in MB (MiB, as VmRSS counts it)."""
     return parse_vm_rss_kib(_read(pid, "status")) / 1024
+
+
+def rss_parts_mb(pid: int) -> dict[str, float]:
+    """`pid`'s RssAnon, RssFile and RssShmem now, in MB (see `parse_rss_parts_kib`)."""
+    return {name: kib / 1024 for name, kib in parse_rss_parts_kib(_read(pid, "status")).items()}
 
 
 def _read(pid: int, name: str) -> str:

@@ -15,11 +15,13 @@ from bench.proc import (
     ProcessGoneError,
     ThreadCpu,
     cpu,
+    parse_rss_parts_kib,
     parse_schedstat_seconds,
     parse_stat_comm,
     parse_stat_ticks,
     parse_vm_rss_kib,
     rss_mb,
+    rss_parts_mb,
     thread_cpu,
     thread_shares,
 )
@@ -48,6 +50,19 @@ def test_stat_ticks_refuse_text_that_is_not_a_stat_line() -> None:
 def test_vm_rss_is_read_from_its_line_in_kib() -> None:
     status = "Name:\tmbridge\nVmPeak:\t  99999 kB\nVmRSS:\t   33280 kB\nRssAnon:\t  20000 kB\n"
     assert parse_vm_rss_kib(status) == 33280
+
+
+def test_the_parts_of_rss_are_read_from_their_lines_in_kib() -> None:
+    status = "VmRSS:\t   33280 kB\nRssAnon:\t  20000 kB\nRssFile:\t  13000 kB\nRssShmem:\t     280 kB\n"
+    assert parse_rss_parts_kib(status) == {"RssAnon": 20000, "RssFile": 13000, "RssShmem": 280}
+    # a kernel without them (before 4.5) reports none
+    assert parse_rss_parts_kib("VmRSS:\t   33280 kB\n") == {}
+
+
+def test_the_parts_of_this_processs_rss_add_up_to_it() -> None:
+    parts = rss_parts_mb(os.getpid())
+    assert set(parts) == {"RssAnon", "RssFile", "RssShmem"}
+    assert abs(sum(parts.values()) - rss_mb(os.getpid())) < 2.0
 
 
 def test_vm_rss_missing_is_an_error() -> None:

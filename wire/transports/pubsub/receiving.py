@@ -16,9 +16,9 @@ from wire.transports.pubsub.settings import PubSubSettings
 LOG = logging.getLogger("mbridge.transport.pubsub")
 
 MAX_COMMANDS_PER_PULL = 10
-# A pull may come back empty at once (the emulator always does; the service may) instead of waiting
-# for its deadline. The next one goes out no sooner than this after the last began: at most five
-# pulls a second when idle, at most this much added to a command's way.
+# A pull may come back empty before its deadline (the service may; the emulator holds it to the
+# deadline). The next one goes out no sooner than this after the last began: at most five pulls a
+# second when idle, at most this much added to a command's way.
 MIN_EMPTY_PULL_SECONDS = 0.2
 # The longest one pull is held, whatever the agent asks: the library cannot cut a pull short, so this
 # bounds how long a stopping agent's command thread may linger.
