@@ -55,7 +55,8 @@ class Backoff:
 
 
 class RateLimiter:
-    """At most `per_second` calls in any window of one second, across threads (a sliding window).
+    """At most `per_second` calls in any window of `window` seconds (one by default), across
+    threads (a sliding window).
 
     Azure IMDS allows 5 requests per second per VM, shared with every other IMDS user on
     that VM; the agent keeps below it with a margin. A window, not even spacing: the calls
@@ -68,10 +69,14 @@ class RateLimiter:
         per_second: int,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        window: float = 1.0,
     ) -> None:
         if per_second < 1:
             raise ValueError("per_second must be a positive whole number")
+        if window < 1.0:
+            raise ValueError("window must be at least a second: it is a limit per second, with a margin")
         self._per_second = per_second
+        self._window = window
         self._monotonic = monotonic
         self._sleep = sleep
         self._granted: deque[float] = deque()  # the moments of the last `per_second` calls
@@ -82,8 +87,8 @@ class RateLimiter:
             now = self._monotonic()
             slot = now
             if len(self._granted) == self._per_second:
-                # The oldest of the last `per_second` calls must be a full second back.
-                slot = max(now, self._granted.popleft() + 1.0)
+                # The oldest of the last `per_second` calls must be a full window back.
+                slot = max(now, self._granted.popleft() + self._window)
             self._granted.append(slot)
         if slot > now:
             self._sleep(slot - now)

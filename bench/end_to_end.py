@@ -244,7 +244,7 @@ def agent_approval_figures(name: str, samples: Sequence[dict[str, float | None]]
         return []
     note = (
         "the agent began the approve command (its ledger) → IMDS accepted the POST: a fresh GET of the document, "
-        "then the POST, both through the agent's IMDS rate limiter (at most 4 in any second)"
+        "then the POST, both through the agent's IMDS rate limiter (at most 4 in any 1.1 s)"
     )
     return [
         Figure(f"end_to_end.{name}.agent_approval.{label}", percentile(spans, fraction), "ms", None, note, len(spans))

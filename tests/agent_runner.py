@@ -59,17 +59,32 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def play_to_the_end(sim: Simulator, settle: float = 0.7) -> None:
+def play_to_the_end(sim: Simulator, settle: float = 0.7, slack: float = 15.0) -> None:
     """Drive a scenario by jumping the simulator's clock from one timeline entry to the next,
     after giving the agent `settle` real seconds to see each state (several polls at 0.25 s).
-    Deterministic and fast, whatever the documented timings."""
+    Deterministic and fast, whatever the documented timings.
+
+    On Azure the clock moves on only once IMDS has also answered two requests since the last jump
+    (the second began after it), waiting up to `slack` more seconds: on a loaded machine a poll can
+    come late, or be refused (429, its requests bunched on their way) and retried after a backoff,
+    and a state the agent never read would be missed by the test, not by the agent. (A GCE agent
+    long-polls: its next answer comes with the next change, so only `settle` applies there.)"""
     while True:
+        answered = _answered(sim)
         time.sleep(settle)
+        deadline = time.monotonic() + slack
+        while sim.cloud.value == "azure" and _answered(sim) < answered + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         state: dict[str, Any] = sim.state()  # also once a deleted VM's port is closed
         if not state["timeline"]:
             return
         due = state["timeline"][0]["at"] - state["clock"]["sim_time"]
         sim.advance_clock(max(due, 0.0) + 0.001)
+
+
+def _answered(sim: Simulator) -> int:
+    """The metadata requests the simulator answered with 200, over all its VMs."""
+    return sum(traffic["by_status"].get("200", 0) for traffic in sim.traffic().values())
 
 
 @dataclass

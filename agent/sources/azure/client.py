@@ -46,6 +46,11 @@ REQUESTS_PER_SECOND = 4
 # itself IMDS's whole 5, so that an approval or a proof never waits for a poll's slot to free.
 FAST_POLL_INTERVAL = 0.5
 FAST_REQUESTS_PER_SECOND = 5
+# IMDS counts the requests of a second as they arrive, the agent as it sends them: at its limit, a
+# window of exactly one second here is one IMDS sees shorter whenever the first request of it took
+# longer on its way than the last, and that request is refused (429, then a backoff of a second or
+# more: a state of the event can go by unseen). The agent's window is longer by this margin.
+IMDS_WINDOW_SECONDS = 1.1
 
 
 def requests_per_second(poll_interval: float) -> int:
@@ -88,7 +93,8 @@ class AzureImdsClient:
     def for_base_url(
         cls, base_url: str, api_version: str = API_VERSION, per_second: int = REQUESTS_PER_SECOND
     ) -> AzureImdsClient:
-        return cls(MetadataHttp(base_url, HEADERS, limiter=RateLimiter(per_second)), api_version)
+        limiter = RateLimiter(per_second, window=IMDS_WINDOW_SECONDS)
+        return cls(MetadataHttp(base_url, HEADERS, limiter=limiter), api_version)
 
     @property
     def base_url(self) -> str:
