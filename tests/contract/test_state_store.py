@@ -21,7 +21,7 @@ from functions.core.policy import Policy, Pool
 from functions.core.ports import Claim, JsonObject
 from functions.core.process import CLAIM_LEASE, Deps, process
 from tests.contract.backends import BACKENDS, NOW, Backend, open_backend, reboot
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.identity import ReporterName
 from wire.model import EventStatus
 
@@ -485,6 +485,7 @@ def test_process_runs_a_whole_lifecycle_with_a_budget_on_this_backend(backend: B
         audit=backend.audit,
         policy=policy,
         verifier=ReporterName(),
+        monotonic=FakeClock().monotonic,
     )
     first, second = reboot(EventStatus.SCHEDULED, "E1", ("web-0",)), reboot(EventStatus.SCHEDULED, "E2", ("web-1",))
 
@@ -511,6 +512,7 @@ def test_process_drains_nothing_for_a_scheduled_step_that_comes_after_its_comple
         audit=backend.audit,
         policy=Policy(),
         verifier=ReporterName(),
+        monotonic=FakeClock().monotonic,
     )
     process(reboot(EventStatus.COMPLETED), deps, NOW)
 

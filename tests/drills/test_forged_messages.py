@@ -40,7 +40,7 @@ from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
 from simulator import Simulator
 from tests.drills.conftest import drill_seed, say
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, TRUST_FILE_FORMAT
 from wire.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
@@ -210,7 +210,9 @@ def run(clouds: Clouds, messages: list[Message]) -> Run:
     effects = Effects()
     store = SqliteStore(":memory:")
     result = Run(effects, store)
-    deps = Deps(store, effects.pool, effects.sender, store, POLICY, verifier=clouds.verifier)
+    deps = Deps(
+        store, effects.pool, effects.sender, store, POLICY, verifier=clouds.verifier, monotonic=FakeClock().monotonic
+    )
     for message in messages:
         now = max(message.accepted_at, datetime.now(timezone.utc))
         before = len(store.query())

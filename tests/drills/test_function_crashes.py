@@ -386,7 +386,15 @@ def run(
     sender.on_send(agents.deliver)
     sender.on_send(crashes.at("after sender.send"), after=True)
     crashing = CrashingStore(store, audit, crashes)
-    deps = Deps(store=crashing, balancer=pool, sender=sender, audit=crashing, policy=policy, verifier=ReporterName())
+    deps = Deps(
+        store=crashing,
+        balancer=pool,
+        sender=sender,
+        audit=crashing,
+        policy=policy,
+        verifier=ReporterName(),
+        monotonic=clock.monotonic,
+    )
     result = Run(pool, agents, crashes, store)
     streams = streams_for(rng, ordered=ordered)
     try:

@@ -59,3 +59,21 @@ def test_a_lasting_failure_stays_until_healed() -> None:
     sender.heal()
     sender.send(command)
     assert sender.commands == [command]
+
+
+def test_every_tests_function_deps_take_the_kits_clock_not_the_machines() -> None:
+    """`Invocation.moment()` adds the invocation's elapsed time, read on `Deps.monotonic`, to its
+    `now`: a test's Deps left on `time.monotonic` computes approval times that depend on how fast
+    the machine ran the drain. Every `Deps(...)` a test builds names its `monotonic`."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    unclocked = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Deps":
+                names = {keyword.arg for keyword in node.keywords}
+                if "monotonic" not in names and None not in names:  # `Deps(**fields)` is checked where fields are
+                    unclocked.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert unclocked == [], f"give these Deps the kit's clock (monotonic=FakeClock().monotonic): {unclocked}"

@@ -32,7 +32,7 @@ from functions.core.process import Deps
 from functions.gcp_app import wiring
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.envelope import encode, envelope_for_event
 from wire.errors import RetryableError
 from wire.identity import ReporterName
@@ -64,7 +64,15 @@ def world() -> Iterator[World]:
     balancer, sender = FakeBalancer({"web-b": ["web-0"]}), RecordingSender()
     # A live migration drains and never restores: a restore here would be a bug of the core.
     balancer.fail("restore", AssertionError("nothing here restores"), times=None)
-    deps = Deps(store=store, balancer=balancer, sender=sender, audit=store, policy=Policy(), verifier=ReporterName())
+    deps = Deps(
+        store=store,
+        balancer=balancer,
+        sender=sender,
+        audit=store,
+        policy=Policy(),
+        verifier=ReporterName(),
+        monotonic=FakeClock().monotonic,
+    )
     with wiring.override(deps):
         yield World(store, balancer, sender)
     store.close()

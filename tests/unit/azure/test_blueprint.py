@@ -37,7 +37,7 @@ from functions.core.ports import CommandSender
 from functions.core.process import CLAIM_LEASE, Deps
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.commands import decode_command
 from wire.envelope import Envelope, encode, envelope_for_event
 from wire.errors import PermanentError, RetryableError
@@ -73,6 +73,7 @@ class App:
             audit=self.store,
             policy=Policy(),
             verifier=ReporterName(),  # the sender is the reporter: trust is tested on its own
+            monotonic=FakeClock().monotonic,
         )
 
     def deliver(self, body: bytes) -> None:
@@ -327,7 +328,15 @@ def test_deps_are_built_once_per_worker_and_a_failed_build_is_tried_again() -> N
         if len(builds) == 1:
             raise RetryableError("Table Storage is not reachable yet")
         store = SqliteStore(":memory:")
-        return Deps(store, FakeBalancer({"web": SET}), RecordingSender(), store, Policy(), verifier=ReporterName())
+        return Deps(
+            store,
+            FakeBalancer({"web": SET}),
+            RecordingSender(),
+            store,
+            Policy(),
+            verifier=ReporterName(),
+            monotonic=FakeClock().monotonic,
+        )
 
     provider = DepsProvider(build)
 

@@ -10,7 +10,7 @@ from functions.core.policy import Policy
 from functions.core.process import Deps, process
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.envelope import encode, envelope_for_event
 from wire.identity import ReporterName
 from wire.model import EventKind, EventStatus, MaintenanceEvent
@@ -51,6 +51,7 @@ def test_a_completion_reads_the_end_of_one_other_drained_vm_not_of_all_of_them()
         audit=store,
         policy=Policy(),
         verifier=ReporterName(),
+        monotonic=FakeClock().monotonic,
     )
     for vm in VMS:
         process(encode(envelope_for_event(reboot(EventStatus.SCHEDULED, vm), NOW)), deps, NOW)

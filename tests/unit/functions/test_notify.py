@@ -206,6 +206,7 @@ def test_a_filter_names_kinds_actions_and_command_answers(world: World) -> None:
             audit=NotifyingAuditLog(world.store, world.notifier, notice_filter=NoticeFilter.parse("approve,rejected")),
             policy=Policy(),
             verifier=ReporterName(),
+            monotonic=FakeClock(NOW).monotonic,
         )
         process(body, deps, NOW)
     # THEN only the rejection was announced besides the approval

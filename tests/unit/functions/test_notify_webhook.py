@@ -28,7 +28,7 @@ from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
 from functions.notify import RetryBounds, WebhookClient, WebhookNotifier, webhook_config
 from tests.factories import azure_event
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from tests.waiting import wait_until
 from wire.envelope import encode, envelope_for_event
 from wire.identity import ReporterName
@@ -247,7 +247,15 @@ def wired(store: SqliteStore, url: str, bounds: RetryBounds) -> Wired:
     pool, sent = FakeBalancer({"web": ("web-0",)}), RecordingSender()
     notifier = WebhookNotifier(WebhookClient(url, bounds))
     audit = NotifyingAuditLog(store, notifier, cloud="azure")
-    deps = Deps(store=store, balancer=pool, sender=sent, audit=audit, policy=Policy(), verifier=ReporterName())
+    deps = Deps(
+        store=store,
+        balancer=pool,
+        sender=sent,
+        audit=audit,
+        policy=Policy(),
+        verifier=ReporterName(),
+        monotonic=FakeClock().monotonic,
+    )
     return Wired(deps, pool, sent, notifier)
 
 

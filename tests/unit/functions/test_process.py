@@ -479,7 +479,7 @@ def test_a_concurrent_delivery_of_the_same_envelope_waits_and_is_a_duplicate(tmp
 
     pool.on("remove", slow_remove, times=1)
     sent = RecordingSender()
-    slow = Deps(store, pool, sent, store, Policy(), verifier=ReporterName())
+    slow = Deps(store, pool, sent, store, Policy(), verifier=ReporterName(), monotonic=FakeClock().monotonic)
     body = encode(envelope_for_event(reboot(EventStatus.SCHEDULED), NOW))
 
     def now() -> datetime:
@@ -490,7 +490,9 @@ def test_a_concurrent_delivery_of_the_same_envelope_waits_and_is_a_duplicate(tmp
 
     # WHEN the same envelope arrives meanwhile at an invocation that may wait
     wait = ClaimWait(now, poll_seconds=0.05)
-    waiting = Deps(store, pool, sent, store, Policy(), claim_wait=wait, verifier=ReporterName())
+    waiting = Deps(
+        store, pool, sent, store, Policy(), claim_wait=wait, verifier=ReporterName(), monotonic=FakeClock().monotonic
+    )
     second = ThreadPoolExecutor(1).submit(process, body, waiting, now())
     threading.Timer(0.3, release.set).start()
 

@@ -21,7 +21,7 @@ from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
 from tests.identity import ProofsOfTest, proven
-from tests.kit import RecordingSender
+from tests.kit import FakeClock, RecordingSender
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.identity import GCE_TOKEN
 from wire.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
@@ -36,9 +36,18 @@ class World:
     pool: LocalPool
     sent: RecordingSender
     policy: Policy = field(default_factory=Policy)
+    clock: FakeClock = field(default_factory=lambda: FakeClock(NOW))  # the invocation's elapsed time
 
     def deps(self) -> Deps:
-        return Deps(self.store, self.pool, self.sent, self.store, self.policy, verifier=ProofsOfTest())
+        return Deps(
+            self.store,
+            self.pool,
+            self.sent,
+            self.store,
+            self.policy,
+            verifier=ProofsOfTest(),
+            monotonic=self.clock.monotonic,
+        )
 
     def deliver(self, body: bytes, at: datetime = NOW) -> Outcome:
         return process(body, self.deps(), at)
@@ -206,14 +215,18 @@ def test_without_a_verifier_nothing_is_trusted_unless_the_policy_says_reporter_n
     body = encode(envelope_for_event(reboot(), NOW))
 
     # GIVEN no verifier: under the default trust (attested), nothing is acted on, and the audit says why
-    outcome = process(body, Deps(world.store, world.pool, world.sent, world.store, Policy()), NOW)
+    outcome = process(
+        body, Deps(world.store, world.pool, world.sent, world.store, Policy(), monotonic=world.clock.monotonic), NOW
+    )
     assert outcome.result == "unverified"
     assert "no identity verifier is configured" in world.audit("unverified")[0]
     assert world.members() == list(SET)
 
     # WHEN the policy takes reporters at their word
     policy = Policy(trust="reporter-name")
-    outcome = process(body, Deps(world.store, world.pool, world.sent, world.store, policy), NOW)
+    outcome = process(
+        body, Deps(world.store, world.pool, world.sent, world.store, policy, monotonic=world.clock.monotonic), NOW
+    )
 
     # THEN the reporter's own VM is moved, and the audit record says on whose word
     assert [(a.action, a.vm) for a in outcome.actions] == [("drain", "web-0"), ("approve", "web-0")]

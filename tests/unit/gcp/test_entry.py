@@ -38,7 +38,7 @@ from functions.gcp_app.settings import GroupRef, Settings, SettingsError
 from functions.local_app.store import SqliteStore
 from functions.trust.verifiers import CloudVerifier
 from tests.factories import azure_event
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.commands import Command, CommandType, decode_command
 from wire.envelope import Envelope, encode, envelope_for_command_result, envelope_for_event
 from wire.errors import PermanentError, RetryableError
@@ -71,7 +71,15 @@ def world() -> Iterator[World]:
     store = SqliteStore(":memory:")
     balancer, sender = FakeBalancer({"web": ["web-0", "web-1", "web-2"]}), RecordingSender()
     # The sender is the reporter: trust is tested on its own.
-    deps = Deps(store=store, balancer=balancer, sender=sender, audit=store, policy=Policy(), verifier=ReporterName())
+    deps = Deps(
+        store=store,
+        balancer=balancer,
+        sender=sender,
+        audit=store,
+        policy=Policy(),
+        verifier=ReporterName(),
+        monotonic=FakeClock().monotonic,
+    )
     with wiring.override(deps):
         yield World(store, balancer, sender, deps)
     store.close()
@@ -583,7 +591,9 @@ def test_deps_are_built_once_from_the_environment(
 
 
 def test_override_replaces_the_deps_inside_the_block_only(world: World) -> None:
-    other = Deps(world.store, world.balancer, world.sender, world.store, Policy(dry_run=True))
+    other = Deps(
+        world.store, world.balancer, world.sender, world.store, Policy(dry_run=True), monotonic=FakeClock().monotonic
+    )
     with wiring.override(other):
         assert wiring.deps() is other
     assert wiring.deps() is world.deps
