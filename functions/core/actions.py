@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, approval_time
 from functions.core.invocation import Invocation
-from functions.core.keys import event_key, subject_key
+from functions.core.keys import ended_key, event_key, own_part, subject_key
 from functions.core.policy import Policy, Pool
 from functions.core.ports import ActionName, JsonObject
 from wire.commands import CommandType, decode_command, encode_command, new_command
 from wire.envelope import encode
+from wire.timefmt import format_rfc3339, parse_rfc3339
 
 # The drain record of a VM: located (memento recorded, removal not yet confirmed) → removed.
 LOCATED = "located"
@@ -58,7 +59,8 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> bool:
         memento: JsonObject = record["memento"]
         if memento:
             run.deps.balancer.remove(vm, memento)
-        store.record_drain(key, vm, {"memento": memento, "state": REMOVED})
+        # When it was out: an approval of an event of several VMs counts its drain period from the last one.
+        store.record_drain(key, vm, {"memento": memento, "state": REMOVED, "drained_at": format_rfc3339(run.moment())})
         run.note(
             ActionName.DRAIN,
             vm,
@@ -97,22 +99,38 @@ def _reserve(run: Invocation, key: str, vms: Sequence[str], records: Mapping[str
 
 
 def approve(run: Invocation, action: Approve, decision: Decision) -> None:
-    """Send the approval of the action's VM, once in effect: a retry re-sends the very same bytes."""
+    """Send the event's approval, once in effect: a retry re-sends the very same bytes.
+
+    An approval starts the Azure event for every VM it names ("Acknowledging an event allows the
+    event to proceed for all Resources in the event, not just the VM that acknowledges the event"),
+    while a report moves only its own VM. So after a drain the approval is held until every VM the
+    event names is out of its pools, each on its own report; the report that finds them all out sends
+    it, to its own agent. A VM whose report never comes holds it for good: Azure then starts the event
+    at its NotBefore, which is what would have happened without this system.
+    """
     event = run.event
-    # One approval per VM of the event: each VM's own report approves its own part.
-    command_id = hashlib.sha256(f"{run.envelope.id}|{action.target}|approve".encode()).hexdigest()[:32]
+    last_out = run.drained_at
+    if run.drained_at is not None and not run.policy.dry_run:
+        still_in, last_out = _all_out(run, run.drained_at)
+        if still_in:
+            reason = f"approval held until {_some(still_in)} out of {'its' if len(still_in) == 1 else 'their'} pools: "
+            reason += "Azure starts the event for every VM it names"
+            run.note(ActionName.NONE, event.reporter, decision, reason)
+            return
+    # One approval per step of the event (its envelope id is the same in every VM's report).
+    command_id = hashlib.sha256(f"{run.envelope.id}|approve".encode()).hexdigest()[:32]
     execute_at = action.execute_at
-    if execute_at is not None and run.drained_at is not None:
+    if execute_at is not None and last_out is not None:
         # The drain period counts from when the VMs were out of their pools, not from when the step
         # arrived: a load balancer that takes longer than the period to answer must not use it up
         # (the approval would go out with the drain, and connections be cut).
-        execute_at = approval_time(event, run.policy, run.drained_at)
+        execute_at = approval_time(event, run.policy, last_out)
     # Issued now, not when the step arrived: the time-to-live (longer than the drain period, the
     # policy checks) runs from here, so a slow drain never makes the command expire before it runs.
     issued_at = run.moment()
     built = new_command(
         CommandType.APPROVE,
-        target=action.target,
+        target=event.reporter if run.drained_at is not None else action.target,
         event_id=event.event_id,
         issued_at=issued_at,
         execute_at=execute_at if execute_at and execute_at > issued_at else None,
@@ -123,11 +141,45 @@ def approve(run: Invocation, action: Approve, decision: Decision) -> None:
         built = run.deps.signer(built)
     # A retry re-sends the very bytes of the first attempt (see Memory.remember).
     command = decode_command(run.store.remember(f"command:{command_id}", encode_command(built))).command
+    if command.target != built.target:
+        # Another VM's report of the step approved it already (or its retry will send it): one
+        # approval starts the event for every VM it names.
+        run.note(ActionName.NONE, event.reporter, decision, f"approved already, through {command.target}'s agent")
+        return
     if run.policy.dry_run:
-        run.note(ActionName.APPROVE, action.target, decision, "dry run: not sent", command_id=command_id)
+        run.note(ActionName.APPROVE, command.target, decision, "dry run: not sent", command_id=command_id)
         return
     run.deps.sender.send(command)
-    run.note(ActionName.APPROVE, action.target, decision, at=command.execute_at, command_id=command_id)
+    run.note(ActionName.APPROVE, command.target, decision, at=command.execute_at, command_id=command_id)
+
+
+def _all_out(run: Invocation, own_drained_at: datetime) -> tuple[list[str], datetime]:
+    """The VMs the event names that are not out of their pools yet (each leaves on its own report)
+    nor done with the event, and when the last of those that are out left (a record of an earlier
+    version has no time: now)."""
+    records = run.store.drains(event_key(run.event))
+    still_in, last_out = [], own_drained_at
+    for vm in run.named:
+        record = records.get(vm)
+        if vm == run.event.reporter:
+            continue  # drained by this very step
+        if record is None or record.get("state") != REMOVED:
+            # A VM whose part already ended (its completion came first: buses reorder) is past it.
+            if run.store.recall(ended_key(own_part(run.event, vm))) is None:
+                still_in.append(vm)
+            continue
+        left = parse_rfc3339(record["drained_at"]) if isinstance(record.get("drained_at"), str) else run.moment()
+        last_out = max(last_out, left)
+    return still_in, last_out
+
+
+def _some(vms: Sequence[str], shown: int = 3) -> str:
+    """A few VMs by name and how many more, with the verb: an event may name a thousand."""
+    if len(vms) == 1:
+        return f"{vms[0]} is"
+    if len(vms) <= shown:
+        return f"{', '.join(vms[:-1])} and {vms[-1]} are"
+    return f"{', '.join(vms[:shown])} and {len(vms) - shown} more are"
 
 
 def perform(run: Invocation, action: PerformMaintenance, decision: Decision) -> None:

@@ -119,6 +119,14 @@ class Invocation:
     def admitting(self, envelope: Envelope, event: MaintenanceEvent) -> Invocation:
         return Invocation(self.deps, self.now, envelope, event, self.outcome)
 
+    @property
+    def named(self) -> tuple[str, ...]:
+        """Every VM the verified report names (`event` is only its own part): an Azure approval
+        starts the event for all of them."""
+        reported = self.envelope.data
+        resources = reported.resources if isinstance(reported, MaintenanceEvent) else ()
+        return resources or (self.event.reporter,)
+
     def moment(self) -> datetime:
         """The present on the caller's clock: the invocation's `now` plus the time it has taken so far."""
         return self.now + timedelta(seconds=max(0.0, self.deps.monotonic() - self.outcome.began))

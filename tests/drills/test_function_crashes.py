@@ -4,7 +4,7 @@ The real `process` runs against the real stores (SQLite; once Firestore's emulat
 counted where they happen: a VM leaving or joining its pool (not calls: a retried removal of a VM
 already out is no effect), and a StartRequests POST at the agent. Approvals travel through each
 VM's real CommandProcessor and ledger to an in-memory IMDS that counts POSTs; it keeps every event
-Scheduled until it is approved, so any second approval would be POSTed and counted.
+Scheduled for every VM, also once approved, so any second approval would be POSTed and counted.
 
 A crash is a `Killed` (a BaseException, tests/kit/crash.py): nothing of the
 invocation runs after it, not even the `except Exception` that gives a claim back. Crash points sit
@@ -84,10 +84,11 @@ AZURE_TYPE = {
     EventKind.TERMINATE: "Terminate",
 }
 # What every schedule must come to: one drain per VM, one restore (the terminated VM is gone), one
-# POST per VM of an approved event (a Started event without notice is never approved).
+# POST per approved event, which starts it for every VM it names (a Started event without notice is
+# never approved).
 EXPECTED_REMOVED = {vm: 1 for vm in VMS if vm != "web-3"}
 EXPECTED_RESTORED = {vm: 1 for vm in VMS if vm not in ("web-3", "web-6")}
-EXPECTED_POSTS = {"E-REBOOT": 2, "E-USER": 1, "E-FREEZE": 1, "E-REDEPLOY": 1, "E-TERMINATE": 1}
+EXPECTED_POSTS = {"E-REBOOT": 1, "E-USER": 1, "E-FREEZE": 1, "E-REDEPLOY": 1, "E-TERMINATE": 1}
 
 
 def reporters(planned: Planned) -> tuple[str, ...]:
@@ -234,12 +235,12 @@ class CrashingStore:
 
 @dataclass
 class Imds:
-    """IMDS for the whole availability set, in memory: every event stays Scheduled for a VM until
-    that VM approved it (Azure waits for every VM of the event), so a second approval would be
-    POSTed (and counted) instead of refused. `posts` counts POSTs per event, of all VMs."""
+    """IMDS for the whole availability set, in memory. One approval starts an event for every VM it
+    names (as Azure documents), but here every event stays Scheduled for every VM, also once
+    approved, so a second approval — by the same VM or another — would be POSTed (and counted)
+    instead of refused. `posts` counts POSTs per event, of all VMs."""
 
     posts: Counter[str] = field(default_factory=Counter)
-    by_vm: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def of(self, vm: str) -> VmImds:
         return VmImds(self, vm)
@@ -257,7 +258,7 @@ class VmImds:
             {
                 "EventId": planned.event_id,
                 "EventType": AZURE_TYPE[planned.kind],
-                "EventStatus": "Started" if self.imds.by_vm[(self.vm, planned.event_id)] else "Scheduled",
+                "EventStatus": "Scheduled",
                 "Resources": list(planned.resources),
                 "NotBefore": "",
                 "EventSource": planned.source.value.title(),
@@ -269,7 +270,6 @@ class VmImds:
 
     def post_approval(self, event_id: str) -> None:
         self.imds.posts[event_id] += 1
-        self.imds.by_vm[(self.vm, event_id)] += 1
 
 
 class Agents:
@@ -305,11 +305,11 @@ class Agents:
         for processor in self._processors.values():
             self.results.extend(processor.run_due())
 
-    def approvals(self) -> dict[tuple[str, str], set[str]]:
-        """Distinct approval command ids sent per (event, target VM)."""
-        found: dict[tuple[str, str], set[str]] = {}
+    def approvals(self) -> dict[str, set[tuple[str, str]]]:
+        """Distinct approval commands (command id, target VM) sent per event."""
+        found: dict[str, set[tuple[str, str]]] = {}
         for event_id, target, command_id, _ in self.sent:
-            found.setdefault((event_id, target), set()).add(command_id)
+            found.setdefault(event_id, set()).add((command_id, target))
         return found
 
     def resent_identically(self) -> bool:
@@ -494,11 +494,11 @@ def test_crashes_and_triple_delivery_out_of_order_with_a_budget_leave_nothing_dr
         chaos = sqlite_run(tmp_path, seed + offset, crash_rate=CRASH_RATE, ordered=False, policy=policy)
         where = f"seed {seed + offset}: {dict(chaos.crashes.hit)}"
         removed, restored, posts = effects_of(chaos)
-        # THEN no VM was drained twice nor restored without a drain, no VM approved an event twice,
+        # THEN no VM was drained twice nor restored without a drain, no event was approved twice,
         # and every approval was one command, re-sent identically
         assert all(count <= 1 for count in removed.values()), where
         assert all(restored.get(vm, 0) <= removed.get(vm, 0) for vm in VMS), where
-        assert all(count <= 1 for count in chaos.agents.imds.by_vm.values()), where
+        assert all(count <= 1 for count in posts.values()), where
         assert "E-HARDWARE" not in posts, where
         assert all(len(ids) == 1 for ids in chaos.agents.approvals().values()), where
         assert chaos.agents.resent_identically(), where

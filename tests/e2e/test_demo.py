@@ -37,8 +37,10 @@ NOT_REACHED = {
     "genuine-reboot": set(),
 }
 
-# (drained, approved, restored) per Azure event, read back from the audit log: each VM of an event
-# is moved by its own report only, so each VM named approves its own part.
+# (drained, approved by one of, restored) per Azure event, read back from the audit log: each VM of
+# an event is moved by its own report only, and the event is approved once (an approval starts it
+# for every VM it names): by the first report of a harmless Freeze, by the report that finds every
+# VM out of its pool otherwise.
 AZURE_ACTIONS = {
     demo_flows.FREEZE_ID: ([], ["web-0", "web-1"], []),
     demo_flows.USER_REBOOT_ID: (["web-2"], ["web-2"], ["web-2"]),
@@ -88,7 +90,9 @@ def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(t
         for event_id, (drains, approvers, restores) in AZURE_ACTIONS.items():
             actions = [(r.action, r.vm) for r in store.query(event_id=event_id) if r.kind == "action"]
             assert sorted(vm for action, vm in actions if action == "drain") == drains, event_id
-            assert sorted(vm for action, vm in actions if action == "approve") == approvers, event_id
+            approved = [vm for action, vm in actions if action == "approve"]
+            assert len(approved) == (1 if approvers else 0), event_id
+            assert set(approved) <= set(approvers), event_id
             assert sorted(vm for action, vm in actions if action == "restore") == restores, event_id
         gce = [(r.action, r.rule) for r in store.query(vm="gce-0") if r.kind == "action"]
         assert gce == [("drain", "6-gce"), ("restore", "1-ended")] * 2

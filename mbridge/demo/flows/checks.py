@@ -60,20 +60,6 @@ def approved_once(by: tuple[str, ...] | None = None) -> Expectation:
     return Expectation(f"approved once{who}", check)
 
 
-def approved_once_by_each(*vms: str) -> Expectation:
-    """Each VM approved its own part once: a report moves only its own VM, and Azure starts an event
-    of a shared host once every VM in it approved (the simulator's "approval": "all")."""
-
-    def check(timeline: EventTimeline, _: Context) -> str | None:
-        counted = [a.vm for a in timeline.approvals if a.outcome in ("accepted", "waiting-for-others")]
-        targets = sorted(command.target for command in timeline.approve_commands)
-        if sorted(counted) != sorted(vms) or targets != sorted(vms):
-            return f"approvals counted by IMDS from {sorted(counted)}, commands sent to {targets}"
-        return None
-
-    return Expectation(f"approved once by each of {', '.join(vms)}", check)
-
-
 def refused(*kinds: str) -> Expectation:
     """The functions refused the forgeries, and their audit log says why (one record each)."""
 
@@ -98,7 +84,9 @@ def approved_at_once() -> Expectation:
 
 def approved_after_drain_period() -> Expectation:
     def check(timeline: EventTimeline, context: Context) -> str | None:
-        drain, approval = timeline.stages.get("drained"), timeline.stages.get("approved")
+        # The drain period runs from the last VM out: an approval starts the event for all of them.
+        drains = [stages["drained"] for stages in timeline.vm_stages.values() if "drained" in stages]
+        drain, approval = max(drains, default=timeline.stages.get("drained")), timeline.stages.get("approved")
         if drain is None or approval is None:
             return f"drained at {drain}, approved at {approval}"
         waited = (approval - drain).total_seconds()

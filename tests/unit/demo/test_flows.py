@@ -80,13 +80,17 @@ CASES: list[tuple[Expectation, EventTimeline, EventTimeline, str]] = [
         "restored at None",
     ),
     (
-        flows.approved_once_by_each("web-0", "web-1"),
+        # an event of two VMs: the drain period runs from the last one out
+        flows.approved_after_drain_period(),
         timeline(
-            approvals=[ImdsApproval("web-0", "waiting-for-others", T0), ImdsApproval("web-1", "accepted", T0)],
-            approve_commands=[SentApproval("web-0", None), SentApproval("web-1", None)],
+            stages=stages(drained=0, approved=5000),
+            vm_stages={"web-0": stages(drained=0), "web-1": stages(drained=2000)},
         ),
-        timeline(approvals=[ACCEPTED], approve_commands=[SentApproval("web-0", None), SentApproval("web-1", None)]),
-        "approvals counted by IMDS from ['web-0']",
+        timeline(
+            stages=stages(drained=0, approved=4000),
+            vm_stages={"web-0": stages(drained=0), "web-1": stages(drained=2000)},
+        ),
+        "approved 2.00 s after the drain",
     ),
     (
         flows.refused("unverified", "not-self"),

@@ -88,14 +88,12 @@ def test_three_reporters_three_redeliveries_each_affected_vm_drained_approved_re
             for _ in range(3):
                 outcomes.append(world.run(reboot(status, reporter=reporter, resources=("web-0", "web-1"))))
 
-    # THEN each VM in Resources was drained once and restored once, on its own report, and each
-    # approved its own part once; web-2's reports of an event of other VMs moved nothing
+    # THEN each VM in Resources was drained once and restored once, on its own report, and the event
+    # was approved once, by the report that found both out (an approval starts it for both);
+    # web-2's reports of an event of other VMs moved nothing
     assert sorted(world.pool.drained) == ["web-0", "web-1"]
     assert sorted(world.pool.restored) == ["web-0", "web-1"]
-    assert sorted((c.target, c.event_id) for c in world.sent.commands) == [
-        ("web-0", "E-REBOOT"),
-        ("web-1", "E-REBOOT"),
-    ]
+    assert [(c.target, c.event_id) for c in world.sent.commands] == [("web-1", "E-REBOOT")]
     assert {c.execute_at for c in world.sent.commands} == {NOW + timedelta(seconds=30)}
     assert world.pool.members("web") == list(SET)
     assert [o.result for o in outcomes].count("not-self") == 9
@@ -220,7 +218,7 @@ def test_restore_puts_back_only_what_this_system_drained(world: World) -> None:
 def test_canceled_event_restores_and_never_approves_again(world: World) -> None:
     world.run_set(reboot(EventStatus.SCHEDULED, kind=EventKind.REDEPLOY, resources=("web-0", "web-1")))
     world.run_set(reboot(EventStatus.CANCELED, kind=EventKind.REDEPLOY, resources=("web-0", "web-1")))
-    assert len(world.sent.commands) == 2  # each VM's approval of the scheduled step only
+    assert len(world.sent.commands) == 1  # the one approval of the scheduled step, once both were out
     assert sorted(world.pool.restored) == ["web-0", "web-1"]
 
 
@@ -335,7 +333,7 @@ def test_a_failed_restore_frees_the_budget_restores_the_rest_and_is_retried_alon
     with pytest.raises(PermanentError, match="resubmit"):
         world.run(reboot(EventStatus.COMPLETED, **pair), at=later)
     # (web-1 is still drained: the event keeps its slot)
-    assert [c.event_id for c in world.sent.commands] == ["E-REBOOT", "E-REBOOT"]
+    assert [c.event_id for c in world.sent.commands] == ["E-REBOOT"]
     # AND web-1's completion puts it back
     world.run(reboot(EventStatus.COMPLETED, reporter="web-1", **pair), at=later)
 
@@ -343,7 +341,7 @@ def test_a_failed_restore_frees_the_budget_restores_the_rest_and_is_retried_alon
     # web-0 is still out, and the failure is audited with what to put back by hand
     assert world.pool.restored == ["web-1"]
     assert world.pool.members("web") == ["web-1"]
-    assert [c.event_id for c in world.sent.commands] == ["E-REBOOT", "E-REBOOT", "E2"]
+    assert [c.event_id for c in world.sent.commands] == ["E-REBOOT", "E2"]
     (failed,) = [r for r in world.store.query(vm="web-0") if r.action == "restore_failed"]
     assert "role assignment" in failed.reason
     assert "'pools': ['web']" in failed.reason
@@ -356,7 +354,7 @@ def test_a_failed_restore_frees_the_budget_restores_the_rest_and_is_retried_alon
     assert [(a.action, a.vm) for a in again.actions] == [("restore", "web-0")]
     assert world.pool.restored == ["web-1", "web-0"]
     assert world.pool.members("web") == ["web-0", "web-1"]
-    assert len(world.sent.commands) == 3
+    assert len(world.sent.commands) == 2
 
 
 def test_a_transient_restore_failure_is_retried_and_the_retry_restores_it(world: World) -> None:
@@ -417,7 +415,8 @@ def test_an_event_spanning_two_pools_takes_a_slot_in_each(wide: World) -> None:
         ("drain", "api-1"),
         ("approve", "api-1"),
     ]
-    assert [c.event_id for c in wide.sent.commands] == ["E1", "E1", "E2", "E3"]
+    # E1 once, by api-0's report, which found web-0 out already
+    assert [(c.event_id, c.target) for c in wide.sent.commands] == [("E1", "api-0"), ("E2", "web-1"), ("E3", "api-1")]
     assert wide.store.parked("web") == wide.store.parked("api") == []
 
 
@@ -427,7 +426,7 @@ def test_a_vm_waiting_for_its_pool_holds_no_slot_in_the_other_pool(wide: World) 
 
     # WHEN an event over api-0 and web-1 is reported by both: web-1 must wait for web, api-0 need not
     api_0, web_1 = wide.run_set(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("api-0", "web-1")))
-    assert [a.action for a in api_0.actions] == ["drain", "approve"]
+    assert [a.action for a in api_0.actions] == ["drain", "none"]  # its approval waits for web-1 to be out
     assert [a.action for a in web_1.actions] == ["wait"]
 
     # THEN the waiting web-1 holds no api slot: an api-only event waits only for E2's api-0
@@ -826,13 +825,17 @@ def test_an_event_of_many_vms_names_the_first_twenty_in_its_audit_record(world: 
     world.run(reboot(EventStatus.SCHEDULED, reporter=vms[0], resources=vms))
 
     # THEN the record of the report names the first twenty VMs and counts the others, and the
-    # records of what was done name the one VM the report moved
+    # records of what was done name the one VM the report moved (the approval waits for the others)
     event, *rest = world.store.query(event_id="E-REBOOT")
     assert event.kind == "event"
     assert (tuple(event.detail["resources"]), event.detail["resources_not_listed"]) == (vms[:20], 980)
     assert [(record.kind, record.action) for record in rest] == [
         ("decision", ""),
         ("action", "drain"),
-        ("action", "approve"),
+        ("action", "none"),
     ]
     assert {tuple(record.detail["resources"]) for record in rest} == {vms[:1]}
+    assert rest[-1].reason == (
+        "approval held until vmss-web_1, vmss-web_2, vmss-web_3 and 996 more are out of their pools: "
+        "Azure starts the event for every VM it names"
+    )

@@ -48,13 +48,14 @@ def actions(name: str) -> list[tuple[str, str, str]]:
                 ("completed", "restore", "vm-0"),
             ],
         ),
-        # platform: the reporter drained, approved after the drain period, restored (web-0 recorded
-        # it; web-1, also in Resources, is moved by its own agent's report, not by web-0's)
+        # platform: the reporter drained and restored (web-0 recorded it; web-1, also in Resources, is
+        # moved by its own agent's report, not by web-0's); no approval, since one would start the
+        # Reboot of web-1 too, which nothing drained
         (
             "platform-reboot",
             [
                 ("scheduled", "drain", "web-0"),
-                ("scheduled", "approve", "web-0"),
+                ("scheduled", "none", "web-0"),
                 ("started", "none", "web-0"),
                 ("completed", "restore", "web-0"),
             ],
@@ -73,8 +74,12 @@ def test_recorded_agent_output_replays_to_the_promised_actions(
 
 
 def test_platform_approval_waits_for_the_drain_period_on_the_virtual_clock() -> None:
+    # web-0's recording, with web-1's own report of the same step beside it: both are then out
     lines = (RECORDINGS / "platform-reboot.jsonl").read_text().splitlines()
-    (approval,) = [a for a in run(lines)[0] if a["action"] == "approve"]
+    web_1 = json.loads(lines[0])
+    web_1["source"], web_1["data"]["reporter"] = "/azure/web-1", "web-1"
+    (approval,) = [a for a in run([lines[0], json.dumps(web_1), *lines[1:]])[0] if a["action"] == "approve"]
+    assert approval["vm"] == "web-1"
     assert approval["at"] > approval["time"]
     assert approval["reason"].startswith("platform reboot: drain, approve after the 30 s drain period")
 

@@ -138,8 +138,10 @@ def test_a_forged_redeploy_naming_six_vms_moves_only_the_reporter_itself(world: 
     # WHEN it is processed
     outcome = world.report(redeploy, by="web-1")
 
-    # THEN only web-1 leaves the pool: a report speaks only for its own VM
-    assert [(a.action, a.vm) for a in outcome.actions] == [("drain", "web-1"), ("approve", "web-1")]
+    # THEN only web-1 leaves the pool: a report speaks only for its own VM; and the Redeploy is not
+    # approved, since that would start it for the five others still in their pools
+    assert [(a.action, a.vm) for a in outcome.actions] == [("drain", "web-1"), ("none", "web-1")]
+    assert world.sent.commands == []
     assert world.members() == [vm for vm in SET if vm != "web-1"]
 
     # AND the same Redeploy without web-1 in it moves nobody at all
