@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
+from functions.core.chat_markup import neutralised
 from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord
 from wire.bounds import bounded
 from wire.timefmt import format_rfc3339
@@ -282,7 +283,7 @@ def notice_for(record: AuditRecord, template: WebhookTemplate, cloud: str = "") 
 
 
 def notice_values(record: AuditRecord, cloud: str = "") -> dict[str, str]:
-    """Every placeholder's value for the record."""
+    """Every placeholder's value for the record, its chat markup made inert (functions/core/chat_markup.py)."""
     detail = record.detail
     values = {
         "vm": record.vm,
@@ -300,7 +301,9 @@ def notice_values(record: AuditRecord, cloud: str = "") -> dict[str, str]:
         "at": format_rfc3339(record.at) if record.at else "",
     }
     values["summary"] = bounded(_summary(values))
-    return values
+    # Last, and once: the headline is ours, but it quotes the record (an entity escaped twice would
+    # show as `&amp;lt;`).
+    return {name: neutralised(value) for name, value in values.items()}
 
 
 _RESULTS = {
