@@ -26,7 +26,7 @@ from functions.gcp_app.settings import Settings as GcpSettings
 from functions.gcp_app.settings import SettingsError as GcpSettingsError
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
-from functions.notify import RetryBounds, WebhookClient, WebhookNotifier, webhook_config
+from functions.notify import RetryBounds, SummaryWakeUp, WebhookClient, WebhookNotifier, webhook_config
 from tests.factories import azure_event
 from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from tests.waiting import wait_until
@@ -418,3 +418,37 @@ def test_the_answers_body_is_never_read(receiver: Receiver) -> None:
     assert delivery.sent, delivery.detail
     assert time.monotonic() - start < QUICK.try_seconds
     client.close()
+
+
+# ---------------------------------------------------------------- drops, and the wake-up for refused reports
+
+
+def test_a_full_queue_says_how_many_it_dropped(receiver: Receiver, caplog: pytest.LogCaptureFixture) -> None:
+    # GIVEN a receiver that hangs on the first notice, and room for one more
+    receiver.answers = ["hang"]
+    notifier = WebhookNotifier(WebhookClient(receiver.url, RetryBounds(tries=1, try_seconds=1.0)), capacity=1)
+    notifier.notify(notice("E-0"))
+    wait_until(lambda: receiver.count() == 1, 5.0, "the first notice at the receiver")
+    # WHEN three more come while it hangs
+    with caplog.at_level(logging.WARNING, logger="mbridge.functions.notify"):
+        for index in (1, 2, 3):
+            notifier.notify(notice(f"E-{index}"))
+    assert notifier.settle(5.0)
+    notifier.close()
+    # THEN each drop was logged with the count so far
+    assert "webhook queue full (1): dropped the notice (action approve) for event E-1, VM web-0 (1 dropped" in (
+        caplog.text
+    )
+    assert "for event E-2, VM web-0 (2 dropped since start)" in caplog.text
+    assert notifier.counts()["dropped"] == 2
+
+
+def test_the_wake_up_keeps_at_most_one_timer() -> None:
+    fired = threading.Event()
+    wake_up = SummaryWakeUp(fired.set)
+    wake_up.schedule(600.0)
+    wake_up.schedule(600.0)
+    assert [thread.name for thread in threading.enumerate()].count("mbridge-webhook-summary-timer") == 1
+    wake_up.cancel()
+    wake_up.schedule(0.0)
+    assert fired.wait(10.0)
