@@ -10,6 +10,7 @@ from functions.core.notify import NotifyingAuditLog
 from functions.core.ports import AuditLog
 from functions.notify.config import (
     WEBHOOK_ACTIONS,
+    WEBHOOK_SUMMARY_SECONDS,
     WEBHOOK_TEMPLATE,
     WEBHOOK_URL,
     WebhookConfig,
@@ -22,6 +23,7 @@ from functions.notify.webhook import RetryBounds, WebhookClient, check_url
 
 __all__ = [
     "WEBHOOK_ACTIONS",
+    "WEBHOOK_SUMMARY_SECONDS",
     "WEBHOOK_TEMPLATE",
     "WEBHOOK_URL",
     "RetryBounds",
@@ -42,8 +44,8 @@ def notifying_audit(
     """`audit`, announcing on the webhook what `config` names; `audit` itself when there is no webhook.
 
     `cloud` fills ${cloud} where a record does not say (command results, malformed messages).
-    Refused reports are summarised at most once a minute; a timer sends a summary that falls due
-    while no record comes.
+    Refused reports are summarised at most once per `config.summary_seconds`; a timer sends a
+    summary that falls due while no record comes.
     """
     if config is None:
         return audit
@@ -55,6 +57,7 @@ def notifying_audit(
         config.template,
         config.notice_filter,
         cloud=cloud,
+        summary_seconds=config.summary_seconds,
         on_held=wake_up.schedule,
     )
     wake_up.target = notifying.summarise_due

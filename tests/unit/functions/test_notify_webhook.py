@@ -21,12 +21,13 @@ from functions.azure_app.settings import Settings as AzureSettings
 from functions.azure_app.settings import SettingsError as AzureSettingsError
 from functions.core.notify import DEFAULT_FILTER, Notice, NotifyingAuditLog
 from functions.core.policy import Policy
+from functions.core.ports import AuditRecord
 from functions.core.process import Deps, process
 from functions.gcp_app.settings import Settings as GcpSettings
 from functions.gcp_app.settings import SettingsError as GcpSettingsError
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
-from functions.notify import RetryBounds, SummaryWakeUp, WebhookClient, WebhookNotifier, webhook_config
+from functions.notify import RetryBounds, SummaryWakeUp, WebhookClient, WebhookNotifier, notifying_audit, webhook_config
 from tests.factories import azure_event
 from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from tests.waiting import wait_until
@@ -420,7 +421,29 @@ def test_the_answers_body_is_never_read(receiver: Receiver) -> None:
     client.close()
 
 
-# ---------------------------------------------------------------- drops, and the wake-up for refused reports
+# ---------------------------------------------------------------- refused reports: the interval, the wake-up
+
+
+def test_both_apps_read_the_summary_interval() -> None:
+    for settings in read_both({"MBRIDGE_WEBHOOK_URL": HOOK, "MBRIDGE_WEBHOOK_SUMMARY_SECONDS": "120"}):
+        assert settings.webhook.summary_seconds == 120.0
+    for settings in read_both({"MBRIDGE_WEBHOOK_URL": HOOK}):
+        assert settings.webhook.summary_seconds == 60.0
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "3601", "a minute", "nan", "-60"])
+def test_a_summary_interval_out_of_bounds_stops_both_apps(value: str) -> None:
+    environ = {"MBRIDGE_WEBHOOK_URL": HOOK, "MBRIDGE_WEBHOOK_SUMMARY_SECONDS": value}
+    message = "MBRIDGE_WEBHOOK_SUMMARY_SECONDS: .* is not a number of seconds from 1 to 3600"
+    with pytest.raises(AzureSettingsError, match=message):
+        AzureSettings.from_env({**AZURE_MINIMAL, **environ})
+    with pytest.raises(GcpSettingsError, match=message):
+        GcpSettings.from_env({**GCP_MINIMAL, **environ})
+
+
+def test_a_summary_interval_without_a_url_is_named() -> None:
+    with pytest.raises(AzureSettingsError, match="MBRIDGE_WEBHOOK_SUMMARY_SECONDS set without MBRIDGE_WEBHOOK_URL"):
+        AzureSettings.from_env({**AZURE_MINIMAL, "MBRIDGE_WEBHOOK_SUMMARY_SECONDS": "60"})
 
 
 def test_a_full_queue_says_how_many_it_dropped(receiver: Receiver, caplog: pytest.LogCaptureFixture) -> None:
@@ -441,6 +464,27 @@ def test_a_full_queue_says_how_many_it_dropped(receiver: Receiver, caplog: pytes
     )
     assert "for event E-2, VM web-0 (2 dropped since start)" in caplog.text
     assert notifier.counts()["dropped"] == 2
+
+
+def test_a_summary_that_falls_due_while_no_record_comes_is_sent_by_a_timer(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN the audit log as the apps wire it, summarising refusals at most once a second
+    store = SqliteStore(":memory:")
+    config = webhook_config(receiver.url, None, None, "1")
+    audit = notifying_audit(store, config)
+    forged = AuditRecord(NOW, "unverified", "env", "E-X", "evil-0", action="none", reason="unverified: no proof")
+    # WHEN two refusals come: the first is summarised at once, the second is held
+    with caplog.at_level(logging.INFO, logger="mbridge.functions.notify"):
+        audit.append(forged)
+        audit.append(forged)
+        # THEN with no record after it, its summary still goes out once the second is over
+        wait_until(lambda: receiver.count() == 2, 10.0, lambda: f"two summaries, got {receiver.bodies()}")
+    texts = [body["text"] for body in receiver.bodies()]
+    assert all(text.startswith("[maintenance-bridge] 1 refused report since ") for text in texts)
+    assert "1 unverified refused since 2026-03-01T12:00:00Z: one summary notice" in caplog.text
+    assert "webhook summary of refused reports, sent to http://127.0.0.1: HTTP 200" in caplog.text
+    store.close()
 
 
 def test_the_wake_up_keeps_at_most_one_timer() -> None:
