@@ -40,10 +40,10 @@ PLACEHOLDERS: Mapping[str, str] = {
     "vm": "the VM the record is about (a wait names the VMs it waits for, separated by commas)",
     "event_id": "the cloud's event id (Azure EventId; GCE: the derived id)",
     "envelope_id": "the envelope id of the report (malformed: the digest of the message)",
-    "kind": "what the audit record is about: event, decision, action, command-result, duplicate, "
-    "malformed, unverified or not-self",
+    "kind": "what the audit record is about: event, decision, action, command-result or duplicate; refused "
+    "for a summary of refused reports",
     "action": "for an action: drain, approve, restore, restore_failed, wait, none or perform_maintenance; "
-    "for a command result: accepted or rejected",
+    "for a command result: accepted or rejected; summary for a summary of refused reports",
     "result": "what came of it: done, failed, waiting, nothing, accepted, rejected, refused or duplicate "
     "(empty for an event or a decision)",
     "status": "the event's status in the report: scheduled, started, completed or canceled",
