@@ -18,8 +18,9 @@ from collections.abc import Callable
 class SummaryWakeUp:
     """Calls `target` once `delay` seconds after `schedule(delay)`, with at most one timer waiting."""
 
-    def __init__(self, target: Callable[[], None] | None = None) -> None:
+    def __init__(self, target: Callable[[], None] | None = None, name: str = "mbridge-webhook-summary-timer") -> None:
         self.target = target
+        self._name = name
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
 
@@ -28,7 +29,7 @@ class SummaryWakeUp:
             if self._timer is not None:
                 return  # one is waiting; if it fires early, the target asks for another
             self._timer = threading.Timer(delay, self._fire)
-            self._timer.name = "mbridge-webhook-summary-timer"
+            self._timer.name = self._name
             self._timer.daemon = True
             self._timer.start()
 

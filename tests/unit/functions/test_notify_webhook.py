@@ -489,10 +489,10 @@ def test_a_summary_that_falls_due_while_no_record_comes_is_sent_by_a_timer(
 
 def test_the_wake_up_keeps_at_most_one_timer() -> None:
     fired = threading.Event()
-    wake_up = SummaryWakeUp(fired.set)
+    wake_up = SummaryWakeUp(fired.set, name="wake-up-under-test")
     wake_up.schedule(600.0)
     wake_up.schedule(600.0)
-    assert [thread.name for thread in threading.enumerate()].count("mbridge-webhook-summary-timer") == 1
+    assert [thread.name for thread in threading.enumerate()].count("wake-up-under-test") == 1
     wake_up.cancel()
     wake_up.schedule(0.0)
     assert fired.wait(10.0)
