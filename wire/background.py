@@ -1,7 +1,7 @@
 """One worker thread behind a small queue that drops its oldest item when full.
 
 What hands work to a `DropOldestWorker` must never wait for it: the agent's main loop tells of a
-change (agent/hooks.py) and a function invocation of a notice (functions/notify/webhook.py), and a
+change (agent/hooks.py) and a function invocation of a notice (functions/notify/notifier.py), and a
 hook or webhook that hangs must hold up neither. So `put` returns at once, always; when the queue is
 full it makes room by dropping the item that waited longest (the newest say most about now), and
 says so through `on_drop`, for the owner to count and log. Items are handled in order, one at a

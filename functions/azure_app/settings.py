@@ -56,6 +56,7 @@ TRUST_SUBSCRIPTIONS = "MBRIDGE_TRUST_SUBSCRIPTIONS"
 WEBHOOK_URL = "MBRIDGE_WEBHOOK_URL"
 WEBHOOK_TEMPLATE = "MBRIDGE_WEBHOOK_TEMPLATE"
 WEBHOOK_ACTIONS = "MBRIDGE_WEBHOOK_ACTIONS"
+WEBHOOK_SUMMARY_SECONDS = "MBRIDGE_WEBHOOK_SUMMARY_SECONDS"
 
 DEFAULT_COMMANDS_QUEUE = "maintenance-commands"
 DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
@@ -402,7 +403,9 @@ def _webhook(env: _Env) -> WebhookConfig | None:
             "is enabled, and restart the app"
         )
     try:
-        return webhook_config(url, env.optional(WEBHOOK_TEMPLATE), env.optional(WEBHOOK_ACTIONS))
+        return webhook_config(
+            url, env.optional(WEBHOOK_TEMPLATE), env.optional(WEBHOOK_ACTIONS), env.optional(WEBHOOK_SUMMARY_SECONDS)
+        )
     except WebhookConfigError as exc:
         # The message names the setting and never quotes the URL's path (it holds the webhook's key).
         raise SettingsError(str(exc)) from None

@@ -5,6 +5,9 @@ Pure: nothing here sends anything. `NotifyingAuditLog` wraps the AuditLog port; 
 appended it renders a `Notice` and hands it to the `Notifier` port, whose adapter
 (`functions/notify/`) posts it from its own thread. Announcing is never part of acting: a notice
 that cannot be rendered or handed over is logged and dropped, and the record and the action stand.
+Records of reports nobody vouches for are not announced one by one but summarised, at most once
+per interval (functions/core/refusals.py); every value is made inert as chat markup
+(functions/core/chat_markup.py), as it comes from what a sender chose.
 
 The body comes from a template of JSON text with `${name}` placeholders. Each value is inserted
 JSON-escaped, so a placeholder must stand inside a JSON string (`"${summary}"`): a quote or a
@@ -18,11 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
+from functions.core.chat_markup import neutralised
 from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord
+from functions.core.refusals import DEFAULT_SUMMARY_SECONDS, RefusalDigest, RefusalSummary, is_refusal
 from wire.bounds import bounded
 from wire.timefmt import format_rfc3339
 
@@ -34,10 +40,10 @@ PLACEHOLDERS: Mapping[str, str] = {
     "vm": "the VM the record is about (a wait names the VMs it waits for, separated by commas)",
     "event_id": "the cloud's event id (Azure EventId; GCE: the derived id)",
     "envelope_id": "the envelope id of the report (malformed: the digest of the message)",
-    "kind": "what the audit record is about: event, decision, action, command-result, duplicate, "
-    "malformed, unverified or not-self",
+    "kind": "what the audit record is about: event, decision, action, command-result or duplicate; refused "
+    "for a summary of refused reports",
     "action": "for an action: drain, approve, restore, restore_failed, wait, none or perform_maintenance; "
-    "for a command result: accepted or rejected",
+    "for a command result: accepted or rejected; summary for a summary of refused reports",
     "result": "what came of it: done, failed, waiting, nothing, accepted, rejected, refused or duplicate "
     "(empty for an event or a decision)",
     "status": "the event's status in the report: scheduled, started, completed or canceled",
@@ -215,6 +221,9 @@ class Notice:
     kind: str
     action: str
     body: str
+    # A summary of refused reports (functions/core/refusals.py): the notifier keeps these on a
+    # queue of their own, so that they never take the place of a genuine notice.
+    refusals: bool = False
 
 
 class Notifier(Protocol):
@@ -240,6 +249,12 @@ class NotifyingAuditLog:
 
     The record is appended first: if the log refuses it, nothing is announced (the invocation
     fails and is retried). Whatever goes wrong in announcing is logged and nothing more.
+
+    A refused record (unverified, not-self, malformed) is never announced on its own: it is
+    counted into a summary, handed over at most once per `summary_seconds` (functions/core/
+    refusals.py). A summary falls due on an append or a `settle` after its time; for when neither
+    comes, `on_held` is told how many seconds are left whenever refusals are held, so that the
+    adapter can call `summarise_due` then.
     """
 
     def __init__(
@@ -249,24 +264,49 @@ class NotifyingAuditLog:
         template: WebhookTemplate | None = None,
         notice_filter: NoticeFilter | None = None,
         cloud: str = "",
+        *,
+        summary_seconds: float = DEFAULT_SUMMARY_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_held: Callable[[float], None] | None = None,
     ) -> None:
         self._inner = inner
         self._notifier = notifier
         self._template = template or WebhookTemplate.parse()
         self._filter = notice_filter or NoticeFilter.parse()
         self._cloud = cloud  # when a record does not say (command results, malformed messages)
+        self._refusals = RefusalDigest(summary_seconds, monotonic)
+        self._on_held = on_held
 
     def append(self, record: AuditRecord) -> None:
         self._inner.append(record)
         try:
             if self._filter.matches(record):
-                self._notifier.notify(notice_for(record, self._template, self._cloud))
+                if is_refusal(record):
+                    self._refusals.add(record)
+                else:
+                    self._notifier.notify(notice_for(record, self._template, self._cloud))
         except Exception:  # an announcement must never fail the action it announces
             LOGGER.exception("notice of %s %s for event %s not sent", record.kind, record.action, record.event_id)
+        self.summarise_due()
+
+    def summarise_due(self) -> None:
+        """Hand over the summary of the refusals held, if one is due; else say when it will be."""
+        try:
+            summary = self._refusals.take_due()
+            if summary is None:
+                wait = self._refusals.seconds_until_due()
+                if wait is not None and self._on_held is not None:
+                    self._on_held(wait)
+                return
+            LOGGER.info("%s refused since %s: one summary notice", summary.tally(), format_rfc3339(summary.first))
+            self._notifier.notify(summary_notice(summary, self._template, self._cloud))
+        except Exception:  # as for any notice: logged, and the records stand
+            LOGGER.exception("the summary of refused reports was not sent")
 
     def settle(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for the notices handed over to go out; True when none is
-        left (or the notifier cannot wait), False when time ran out."""
+        """Wait up to `timeout` seconds for the notices handed over to go out, a summary that fell
+        due included; True when none is left (or the notifier cannot wait), False when time ran out."""
+        self.summarise_due()
         if isinstance(self._notifier, Settling):
             return self._notifier.settle(timeout)
         return True
@@ -281,8 +321,28 @@ def notice_for(record: AuditRecord, template: WebhookTemplate, cloud: str = "") 
     return Notice(record.event_id, record.vm, str(record.kind), str(record.action), body)
 
 
+def summary_notice(summary: RefusalSummary, template: WebhookTemplate, cloud: str = "") -> Notice:
+    """The refusals rendered through the template as one notice: `${kind}` is `refused`,
+    `${action}` `summary`, `${reason}` the count of each kind; nothing names one VM or event
+    (the claimed names are in the summary's samples, cut short)."""
+    values = dict.fromkeys(PLACEHOLDERS, "")
+    values.update(
+        {
+            "summary": bounded(summary.text()),
+            "kind": "refused",
+            "action": "summary",
+            "result": "refused",
+            "reason": summary.tally(),
+            "cloud": cloud,
+            "time": format_rfc3339(summary.last),
+        }
+    )
+    body = template.render({name: neutralised(value) for name, value in values.items()})
+    return Notice("", "", "refused", "summary", body, refusals=True)
+
+
 def notice_values(record: AuditRecord, cloud: str = "") -> dict[str, str]:
-    """Every placeholder's value for the record."""
+    """Every placeholder's value for the record, its chat markup made inert (functions/core/chat_markup.py)."""
     detail = record.detail
     values = {
         "vm": record.vm,
@@ -300,7 +360,9 @@ def notice_values(record: AuditRecord, cloud: str = "") -> dict[str, str]:
         "at": format_rfc3339(record.at) if record.at else "",
     }
     values["summary"] = bounded(_summary(values))
-    return values
+    # Last, and once: the headline is ours, but it quotes the record (an entity escaped twice would
+    # show as `&amp;lt;`).
+    return {name: neutralised(value) for name, value in values.items()}
 
 
 _RESULTS = {
@@ -312,7 +374,6 @@ _RESULTS = {
     ActionName.WAIT.value: "waiting",
     ActionName.NONE.value: "nothing",
 }
-_REFUSED = (AuditKind.UNVERIFIED, AuditKind.NOT_SELF, AuditKind.MALFORMED)
 
 
 def _result(record: AuditRecord) -> str:
@@ -320,7 +381,7 @@ def _result(record: AuditRecord) -> str:
         return _RESULTS.get(record.action, "")
     if record.kind == AuditKind.COMMAND_RESULT:
         return record.action
-    if record.kind in _REFUSED:
+    if is_refusal(record):
         return "refused"
     if record.kind == AuditKind.DUPLICATE:
         return "duplicate"

@@ -42,6 +42,7 @@ ENV_TRUST_CERTS_URL = "MBRIDGE_TRUST_CERTS_URL"
 ENV_WEBHOOK_URL = "MBRIDGE_WEBHOOK_URL"
 ENV_WEBHOOK_TEMPLATE = "MBRIDGE_WEBHOOK_TEMPLATE"
 ENV_WEBHOOK_ACTIONS = "MBRIDGE_WEBHOOK_ACTIONS"
+ENV_WEBHOOK_SUMMARY_SECONDS = "MBRIDGE_WEBHOOK_SUMMARY_SECONDS"
 
 DEFAULT_DATABASE = "(default)"
 DEFAULT_PREFIX = "mbridge_"
@@ -153,7 +154,12 @@ class Settings:
             trust_audience=_audience(get(ENV_TRUST_AUDIENCE)),
             trust_projects=_projects(get(ENV_TRUST_PROJECTS)),
             trust_certs_url=_certs_url(get(ENV_TRUST_CERTS_URL)),
-            webhook=_webhook(get(ENV_WEBHOOK_URL), get(ENV_WEBHOOK_TEMPLATE), get(ENV_WEBHOOK_ACTIONS)),
+            webhook=_webhook(
+                get(ENV_WEBHOOK_URL),
+                get(ENV_WEBHOOK_TEMPLATE),
+                get(ENV_WEBHOOK_ACTIONS),
+                get(ENV_WEBHOOK_SUMMARY_SECONDS),
+            ),
         )
 
 
@@ -253,9 +259,9 @@ def _certs_url(text: str) -> str:
     return text
 
 
-def _webhook(url: str, template: str, actions: str) -> WebhookConfig | None:
+def _webhook(url: str, template: str, actions: str, summary_seconds: str) -> WebhookConfig | None:
     try:
-        return webhook_config(url or None, template or None, actions or None)
+        return webhook_config(url or None, template or None, actions or None, summary_seconds or None)
     except WebhookConfigError as exc:
         # The message names the variable and never quotes the URL's path (it holds the webhook's key).
         raise SettingsError(str(exc)) from None

@@ -10,19 +10,24 @@ from functions.core.notify import NotifyingAuditLog
 from functions.core.ports import AuditLog
 from functions.notify.config import (
     WEBHOOK_ACTIONS,
+    WEBHOOK_SUMMARY_SECONDS,
     WEBHOOK_TEMPLATE,
     WEBHOOK_URL,
     WebhookConfig,
     WebhookConfigError,
     webhook_config,
 )
-from functions.notify.webhook import RetryBounds, WebhookClient, WebhookNotifier, check_url
+from functions.notify.notifier import WebhookNotifier
+from functions.notify.wake_up import SummaryWakeUp
+from functions.notify.webhook import RetryBounds, WebhookClient, check_url
 
 __all__ = [
     "WEBHOOK_ACTIONS",
+    "WEBHOOK_SUMMARY_SECONDS",
     "WEBHOOK_TEMPLATE",
     "WEBHOOK_URL",
     "RetryBounds",
+    "SummaryWakeUp",
     "WebhookClient",
     "WebhookConfig",
     "WebhookConfigError",
@@ -39,8 +44,21 @@ def notifying_audit(
     """`audit`, announcing on the webhook what `config` names; `audit` itself when there is no webhook.
 
     `cloud` fills ${cloud} where a record does not say (command results, malformed messages).
+    Refused reports are summarised at most once per `config.summary_seconds`; a timer sends a
+    summary that falls due while no record comes.
     """
     if config is None:
         return audit
     notifier = WebhookNotifier(WebhookClient(config.url, bounds))
-    return NotifyingAuditLog(audit, notifier, config.template, config.notice_filter, cloud=cloud)
+    wake_up = SummaryWakeUp()
+    notifying = NotifyingAuditLog(
+        audit,
+        notifier,
+        config.template,
+        config.notice_filter,
+        cloud=cloud,
+        summary_seconds=config.summary_seconds,
+        on_held=wake_up.schedule,
+    )
+    wake_up.target = notifying.summarise_due
+    return notifying

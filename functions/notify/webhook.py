@@ -1,10 +1,8 @@
-"""Posting notices to a webhook: one worker thread, a bounded queue, bounded retries.
+"""Posting one body to a webhook, with bounded retries: `WebhookClient`.
 
-`WebhookNotifier` is the Notifier port of `functions.core.notify`: `notify` puts the notice in a
-queue and returns at once, so a webhook that is slow or down never holds up a drain or an approval.
-One worker thread posts the notices in order, each with `WebhookClient`: at most 3 tries of 3 s,
-0.5 s then 1 s apart (or what Retry-After asks, when that fits), and never past 8 s in all. Every
-outcome is logged with the event id and counted (`counts`).
+Each post: at most 3 tries of 3 s, 0.5 s then 1 s apart (or what Retry-After asks, when that
+fits), and never past 8 s in all. The queues and threads that call it are functions/notify/
+notifier.py's.
 
 The URL is a secret (Slack and Teams put the key in its path): no log line or error names more of
 it than its scheme and host.
@@ -12,8 +10,6 @@ it than its scheme and host.
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,16 +19,9 @@ from urllib.parse import urlsplit
 
 import requests
 
-from functions.core.notify import Notice
-from wire.background import DropOldestWorker, DropReason
-
-LOGGER = logging.getLogger("mbridge.functions.notify")
-
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 # Answers worth another try: the service is overloaded, throttling, or briefly broken.
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-# How many notices may wait for the worker; beyond this the oldest is dropped (and counted).
-DEFAULT_CAPACITY = 256
 
 
 class WebhookUrlError(ValueError):
@@ -156,6 +145,11 @@ class WebhookClient:
             wait *= 2
         return Delivery(False, bounds.tries, self._clock() - start, detail)
 
+    def twin(self) -> WebhookClient:
+        """A client like this one with a session of its own, for another thread (a requests
+        Session is not made to be shared between threads)."""
+        return WebhookClient(self.url, self.bounds, clock=self._clock, sleep=self._sleep)
+
     def close(self) -> None:
         self._session.close()
 
@@ -176,85 +170,3 @@ def _retry_after(value: str | None) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return max(0.0, (moment - datetime.now(timezone.utc)).total_seconds())
-
-
-class WebhookNotifier:
-    """The Notifier port on a webhook: a queue of at most `capacity` notices and one worker thread.
-
-    The worker (wire.background.DropOldestWorker) starts with the first notice. A full queue drops
-    its oldest notice (counted as `dropped`): the newest say most about now. The thread is a daemon:
-    a process that exits does not wait for it; `settle` waits for what is queued, for a while.
-    """
-
-    def __init__(self, client: WebhookClient, capacity: int = DEFAULT_CAPACITY) -> None:
-        self._client = client
-        self._worker: DropOldestWorker[Notice] = DropOldestWorker(
-            self._send, capacity=capacity, on_drop=self._drop, name="mbridge-webhook"
-        )
-        self._lock = threading.Lock()
-        self._counts = {"sent": 0, "failed": 0, "dropped": 0, "retried": 0}
-
-    def notify(self, notice: Notice) -> None:
-        self._worker.put(notice)
-
-    def counts(self) -> dict[str, int]:
-        """Notices sent, failed (tries or time used up, or an answer not worth retrying), dropped
-        (queue full, or closed), and retries made."""
-        with self._lock:
-            return dict(self._counts)
-
-    def settle(self, timeout: float) -> bool:
-        """Wait until every queued notice was posted (or given up on); False when `timeout` ran out first."""
-        return self._worker.settle(timeout)
-
-    def close(self, timeout: float = 0.0) -> None:
-        """Stop taking notices; give those queued up to `timeout` to go out, then drop (and count)
-        those still waiting and stop the worker."""
-        self._worker.close(timeout)
-        self._client.close()
-
-    def _drop(self, notice: Notice, reason: DropReason) -> None:
-        with self._lock:
-            self._counts["dropped"] += 1
-        if reason == "full":
-            LOGGER.warning(
-                "webhook queue full (%d): dropped the notice of %s %s for event %s",
-                self._worker.capacity,
-                notice.kind,
-                notice.action,
-                notice.event_id,
-            )
-        else:
-            LOGGER.warning(
-                "webhook closed: dropped the notice of %s %s for event %s", notice.kind, notice.action, notice.event_id
-            )
-
-    def _send(self, notice: Notice) -> None:
-        try:
-            delivery = self._client.post(notice.body.encode("utf-8"))
-        except Exception as error:  # the worker must outlive any one notice
-            delivery = Delivery(False, 0, 0.0, f"unexpected {type(error).__name__}")
-            LOGGER.exception("posting a webhook notice failed unexpectedly")
-        with self._lock:
-            self._counts["sent" if delivery.sent else "failed"] += 1
-            self._counts["retried"] += max(0, delivery.tries - 1)
-            failed = self._counts["failed"]
-        what = (notice.kind, notice.action, notice.event_id, notice.vm, where(self._client.url))
-        if delivery.sent:
-            LOGGER.info(
-                "webhook notice (%s %s) for event %s, VM %s, sent to %s: %s after %d tries in %.1f s",
-                *what,
-                delivery.detail,
-                delivery.tries,
-                delivery.seconds,
-            )
-        else:
-            LOGGER.warning(
-                "webhook notice (%s %s) for event %s, VM %s, NOT sent to %s: %s after %d tries in %.1f s "
-                "(%d notices failed since start)",
-                *what,
-                delivery.detail,
-                delivery.tries,
-                delivery.seconds,
-                failed,
-            )

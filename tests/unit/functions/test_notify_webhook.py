@@ -21,12 +21,13 @@ from functions.azure_app.settings import Settings as AzureSettings
 from functions.azure_app.settings import SettingsError as AzureSettingsError
 from functions.core.notify import DEFAULT_FILTER, Notice, NotifyingAuditLog
 from functions.core.policy import Policy
+from functions.core.ports import AuditRecord
 from functions.core.process import Deps, process
 from functions.gcp_app.settings import Settings as GcpSettings
 from functions.gcp_app.settings import SettingsError as GcpSettingsError
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
-from functions.notify import RetryBounds, WebhookClient, WebhookNotifier, webhook_config
+from functions.notify import RetryBounds, SummaryWakeUp, WebhookClient, WebhookNotifier, notifying_audit, webhook_config
 from tests.factories import azure_event
 from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from tests.waiting import wait_until
@@ -418,3 +419,80 @@ def test_the_answers_body_is_never_read(receiver: Receiver) -> None:
     assert delivery.sent, delivery.detail
     assert time.monotonic() - start < QUICK.try_seconds
     client.close()
+
+
+# ---------------------------------------------------------------- refused reports: the interval, the wake-up
+
+
+def test_both_apps_read_the_summary_interval() -> None:
+    for settings in read_both({"MBRIDGE_WEBHOOK_URL": HOOK, "MBRIDGE_WEBHOOK_SUMMARY_SECONDS": "120"}):
+        assert settings.webhook.summary_seconds == 120.0
+    for settings in read_both({"MBRIDGE_WEBHOOK_URL": HOOK}):
+        assert settings.webhook.summary_seconds == 60.0
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "3601", "a minute", "nan", "-60"])
+def test_a_summary_interval_out_of_bounds_stops_both_apps(value: str) -> None:
+    environ = {"MBRIDGE_WEBHOOK_URL": HOOK, "MBRIDGE_WEBHOOK_SUMMARY_SECONDS": value}
+    message = "MBRIDGE_WEBHOOK_SUMMARY_SECONDS: .* is not a number of seconds from 1 to 3600"
+    with pytest.raises(AzureSettingsError, match=message):
+        AzureSettings.from_env({**AZURE_MINIMAL, **environ})
+    with pytest.raises(GcpSettingsError, match=message):
+        GcpSettings.from_env({**GCP_MINIMAL, **environ})
+
+
+def test_a_summary_interval_without_a_url_is_named() -> None:
+    with pytest.raises(AzureSettingsError, match="MBRIDGE_WEBHOOK_SUMMARY_SECONDS set without MBRIDGE_WEBHOOK_URL"):
+        AzureSettings.from_env({**AZURE_MINIMAL, "MBRIDGE_WEBHOOK_SUMMARY_SECONDS": "60"})
+
+
+def test_a_full_queue_says_how_many_it_dropped(receiver: Receiver, caplog: pytest.LogCaptureFixture) -> None:
+    # GIVEN a receiver that hangs on the first notice, and room for one more
+    receiver.answers = ["hang"]
+    notifier = WebhookNotifier(WebhookClient(receiver.url, RetryBounds(tries=1, try_seconds=1.0)), capacity=1)
+    notifier.notify(notice("E-0"))
+    wait_until(lambda: receiver.count() == 1, 5.0, "the first notice at the receiver")
+    # WHEN three more come while it hangs
+    with caplog.at_level(logging.WARNING, logger="mbridge.functions.notify"):
+        for index in (1, 2, 3):
+            notifier.notify(notice(f"E-{index}"))
+    assert notifier.settle(5.0)
+    notifier.close()
+    # THEN each drop was logged with the count so far
+    assert "webhook queue full (1): dropped the notice (action approve) for event E-1, VM web-0 (1 dropped" in (
+        caplog.text
+    )
+    assert "for event E-2, VM web-0 (2 dropped since start)" in caplog.text
+    assert notifier.counts()["dropped"] == 2
+
+
+def test_a_summary_that_falls_due_while_no_record_comes_is_sent_by_a_timer(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN the audit log as the apps wire it, summarising refusals at most once a second
+    store = SqliteStore(":memory:")
+    config = webhook_config(receiver.url, None, None, "1")
+    audit = notifying_audit(store, config)
+    forged = AuditRecord(NOW, "unverified", "env", "E-X", "evil-0", action="none", reason="unverified: no proof")
+    # WHEN two refusals come: the first is summarised at once, the second is held
+    with caplog.at_level(logging.INFO, logger="mbridge.functions.notify"):
+        audit.append(forged)
+        audit.append(forged)
+        # THEN with no record after it, its summary still goes out once the second is over
+        wait_until(lambda: receiver.count() == 2, 10.0, lambda: f"two summaries, got {receiver.bodies()}")
+    texts = [body["text"] for body in receiver.bodies()]
+    assert all(text.startswith("[maintenance-bridge] 1 refused report since ") for text in texts)
+    assert "1 unverified refused since 2026-03-01T12:00:00Z: one summary notice" in caplog.text
+    assert "webhook summary of refused reports, sent to http://127.0.0.1: HTTP 200" in caplog.text
+    store.close()
+
+
+def test_the_wake_up_keeps_at_most_one_timer() -> None:
+    fired = threading.Event()
+    wake_up = SummaryWakeUp(fired.set, name="wake-up-under-test")
+    wake_up.schedule(600.0)
+    wake_up.schedule(600.0)
+    assert [thread.name for thread in threading.enumerate()].count("wake-up-under-test") == 1
+    wake_up.cancel()
+    wake_up.schedule(0.0)
+    assert fired.wait(10.0)

@@ -1,0 +1,147 @@
+"""The Notifier port of `functions.core.notify` on a webhook: two queues, each with its own thread.
+
+`notify` puts the notice in a queue and returns at once, so a webhook that is slow or down never
+holds up a drain or an approval. Genuine notices (decisions, drains, approvals, restores, command
+results: whatever the filter admits of what verified reports caused) and the summaries of refused
+reports (functions/core/refusals.py) each have a queue and a worker of their own: summaries come
+at most once per interval, and whatever becomes of their queue, they never take a genuine notice's
+place. Each worker posts its notices in order with its own `WebhookClient`. Every outcome is
+logged with the event id and counted (`counts`, `summary_counts`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from functions.core.notify import Notice
+from functions.notify.webhook import Delivery, WebhookClient, where
+from wire.background import DropOldestWorker, DropReason
+
+LOGGER = logging.getLogger("mbridge.functions.notify")
+
+# How many genuine notices may wait for the worker; beyond this the oldest is dropped (and counted):
+# only a webhook down while a large event drains hundreds of VMs comes near it.
+DEFAULT_CAPACITY = 256
+# How many summaries may wait: one an interval, so this many intervals of a webhook that is down.
+SUMMARY_CAPACITY = 4
+
+
+class DeliveryQueue:
+    """Notices waiting for one worker thread (wire.background.DropOldestWorker), posted in order.
+
+    The thread starts with the first notice. A full queue drops its oldest notice (counted as
+    `dropped`, and logged with the number dropped so far): the newest say most about now. The thread
+    is a daemon: a process that exits does not wait for it; `settle` waits for what is queued.
+    """
+
+    def __init__(self, client: WebhookClient, *, capacity: int, name: str) -> None:
+        self._client = client
+        self._worker: DropOldestWorker[Notice] = DropOldestWorker(
+            self._send, capacity=capacity, on_drop=self._drop, name=name
+        )
+        self._lock = threading.Lock()
+        self._counts = {"sent": 0, "failed": 0, "dropped": 0, "retried": 0}
+
+    def put(self, notice: Notice) -> None:
+        self._worker.put(notice)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def settle(self, timeout: float) -> bool:
+        return self._worker.settle(timeout)
+
+    def close(self, timeout: float) -> None:
+        self._worker.close(timeout)
+        self._client.close()
+
+    def _drop(self, notice: Notice, reason: DropReason) -> None:
+        with self._lock:
+            self._counts["dropped"] += 1
+            dropped = self._counts["dropped"]
+        if reason == "full":
+            LOGGER.warning(
+                "webhook queue full (%d): dropped the %s (%d dropped since start)",
+                self._worker.capacity,
+                _described(notice),
+                dropped,
+            )
+        else:
+            LOGGER.warning("webhook closed: dropped the %s (%d dropped since start)", _described(notice), dropped)
+
+    def _send(self, notice: Notice) -> None:
+        try:
+            delivery = self._client.post(notice.body.encode("utf-8"))
+        except Exception as error:  # the worker must outlive any one notice
+            delivery = Delivery(False, 0, 0.0, f"unexpected {type(error).__name__}")
+            LOGGER.exception("posting a webhook notice failed unexpectedly")
+        with self._lock:
+            self._counts["sent" if delivery.sent else "failed"] += 1
+            self._counts["retried"] += max(0, delivery.tries - 1)
+            failed = self._counts["failed"]
+        what, to = _described(notice), where(self._client.url)
+        if delivery.sent:
+            LOGGER.info(
+                "webhook %s, sent to %s: %s after %d tries in %.1f s",
+                what,
+                to,
+                delivery.detail,
+                delivery.tries,
+                delivery.seconds,
+            )
+        else:
+            LOGGER.warning(
+                "webhook %s, NOT sent to %s: %s after %d tries in %.1f s (%d failed since start)",
+                what,
+                to,
+                delivery.detail,
+                delivery.tries,
+                delivery.seconds,
+                failed,
+            )
+
+
+def _described(notice: Notice) -> str:
+    if notice.refusals:
+        return "summary of refused reports"
+    return f"notice ({notice.kind} {notice.action}) for event {notice.event_id}, VM {notice.vm}"
+
+
+class WebhookNotifier:
+    """Genuine notices on one `DeliveryQueue` (at most `capacity` waiting), summaries of refused
+    reports on another (at most `summary_capacity`), each with a client of its own
+    (`WebhookClient.twin`)."""
+
+    def __init__(
+        self, client: WebhookClient, capacity: int = DEFAULT_CAPACITY, summary_capacity: int = SUMMARY_CAPACITY
+    ) -> None:
+        self._genuine = DeliveryQueue(client, capacity=capacity, name="mbridge-webhook")
+        self._summaries = DeliveryQueue(client.twin(), capacity=summary_capacity, name="mbridge-webhook-summaries")
+
+    def notify(self, notice: Notice) -> None:
+        (self._summaries if notice.refusals else self._genuine).put(notice)
+
+    def counts(self) -> dict[str, int]:
+        """Genuine notices sent, failed (tries or time used up, or an answer not worth retrying),
+        dropped (queue full, or closed), and retries made."""
+        return self._genuine.counts()
+
+    def summary_counts(self) -> dict[str, int]:
+        """The same, for the summaries of refused reports."""
+        return self._summaries.counts()
+
+    def settle(self, timeout: float) -> bool:
+        """Wait until every queued notice was posted (or given up on); False when `timeout` ran out first."""
+        deadline = time.monotonic() + timeout
+        settled = self._genuine.settle(timeout)
+        return self._summaries.settle(max(0.0, deadline - time.monotonic())) and settled
+
+    def close(self, timeout: float = 0.0) -> None:
+        """Stop taking notices; give those queued up to `timeout` to go out, then drop (and count)
+        those still waiting and stop the workers."""
+        deadline = time.monotonic() + timeout
+        self._genuine.close(timeout)
+        self._summaries.close(max(0.0, deadline - time.monotonic()))
