@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
 from cryptography import x509
@@ -68,13 +69,21 @@ class AttestationAuthority:
 
     @classmethod
     def generate(
-        cls, now: datetime | None = None, *, region: str = "westeurope", issuer_url_base: str = ISSUER_URL_BASE
+        cls,
+        now: datetime | None = None,
+        *,
+        region: str = "westeurope",
+        issuer_url_base: str = ISSUER_URL_BASE,
+        intermediate_name: x509.Name | None = None,
+        extra_issuer_urls: Sequence[str] = (),
     ) -> AttestationAuthority:
         """A new root CA, intermediate CA and metadata.azure.com signer (RSA 2048, SHA-256).
 
         The CAs are valid from a day before `now` for 14 days, the signer for 7 days: a few days
         around `now`, longer than any simulator run. The signer's caIssuers URL is a file of this
-        run's own under `issuer_url_base`.
+        run's own under `issuer_url_base`, followed by `extra_issuer_urls`. `intermediate_name`
+        names the intermediate CA otherwise than the simulator's: with one of Microsoft's names
+        it makes what a forger can make, a signer claiming an Azure issuing CA.
         """
         moment = _utc(now) if now is not None else datetime.now(timezone.utc)
         root_key = _new_key()
@@ -87,7 +96,8 @@ class AttestationAuthority:
             .sign(root_key, hashes.SHA256())
         )
         intermediate_key = _new_key()
-        intermediate_name = _name(f"{_ORGANIZATION} TLS Issuing CA 01")
+        if intermediate_name is None:
+            intermediate_name = _name(f"{_ORGANIZATION} TLS Issuing CA 01")
         intermediate = (
             _builder(intermediate_name, root_name, intermediate_key, moment, CA_LIFETIME)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
@@ -107,9 +117,10 @@ class AttestationAuthority:
             ]
         )
         san = [x509.DNSName(SIGNER_NAME), x509.DNSName(f"{region}.{SIGNER_NAME}")]
-        issuers = x509.AccessDescription(
-            AuthorityInformationAccessOID.CA_ISSUERS, x509.UniformResourceIdentifier(issuer_url)
-        )
+        issuers = [
+            x509.AccessDescription(AuthorityInformationAccessOID.CA_ISSUERS, x509.UniformResourceIdentifier(url))
+            for url in (issuer_url, *extra_issuer_urls)
+        ]
         signer = (
             _builder(signer_name, intermediate_name, signer_key, moment, SIGNER_LIFETIME)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -131,7 +142,7 @@ class AttestationAuthority:
             .add_extension(x509.SubjectAlternativeName(san), critical=False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(signer_key.public_key()), critical=False)
             .add_extension(_authority_key_id(intermediate), critical=False)
-            .add_extension(x509.AuthorityInformationAccess([issuers]), critical=False)
+            .add_extension(x509.AuthorityInformationAccess(issuers), critical=False)
             .sign(intermediate_key, hashes.SHA256())
         )
         return cls(root, intermediate, signer, signer_key)

@@ -18,7 +18,12 @@ from cryptography import x509
 
 from functions.core.policy import TRUST_ATTESTED, Policy, load_policy
 from functions.notify import WebhookConfig, WebhookConfigError, webhook_config
-from functions.trust.azure_attested import DEFAULT_SIGNER_NAMES, AttestationError, load_certificates
+from functions.trust.azure_attested import (
+    DEFAULT_SIGNER_NAMES,
+    AttestationError,
+    azure_extra_roots,
+    load_certificates,
+)
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from wire.errors import PermanentError
 from wire.signing import load_private_key
@@ -65,10 +70,17 @@ DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
 COMMANDS_MODES = ("queue", "topic")
 DEFAULT_STATE_TABLE = "mbridgestate"
 DEFAULT_AUDIT_TABLE = "mbridgeaudit"
-# The root the attested documents' signers chain to, taken from certifi's bundle when
-# MBRIDGE_TRUST_ROOTS is not set. Azure is moving its signers to Microsoft TLS RSA Root G2 (not in
-# certifi): once a region's signer chains to it, give both roots in MBRIDGE_TRUST_ROOTS.
+# The roots the attested documents' signers chain to when MBRIDGE_TRUST_ROOTS is not set: these
+# from certifi's bundle (DigiCert's for the cross-signed issuing CAs, Microsoft's 2017 ones for
+# those Microsoft signed), and Microsoft TLS RSA Root G2, which certifi lacks, shipped with the
+# code (functions/trust/azure_attested/azure_cas). The first one must be found.
 DEFAULT_ROOT_NAME = "DigiCert Global Root G2"
+DEFAULT_ROOT_NAMES = (
+    DEFAULT_ROOT_NAME,
+    "DigiCert Global Root G3",
+    "Microsoft RSA Root Certificate Authority 2017",
+    "Microsoft ECC Root Certificate Authority 2017",
+)
 
 # Table Storage: 3-63 alphanumeric characters, starting with a letter.
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
@@ -277,14 +289,15 @@ def _trust_file(path: str | None) -> str | None:
 
 
 def _roots(text: str | None, *, needed: bool) -> tuple[x509.Certificate, ...]:
-    """The given roots; unset: DigiCert Global Root G2, when an attested verifier is built."""
+    """The given roots; unset: Azure's (`default_roots`), when an attested verifier is built."""
     if text is not None:
         return _certificates(TRUST_ROOTS, text)
     return default_roots() if needed else ()
 
 
 def default_roots() -> tuple[x509.Certificate, ...]:
-    """DigiCert Global Root G2 from certifi's bundle (installed with requests), chosen by subject CN.
+    """The roots of `DEFAULT_ROOT_NAMES` from certifi's bundle (installed with requests), chosen by
+    subject CN, and the shipped Microsoft TLS RSA Root G2.
 
     Raises:
         SettingsError: certifi is missing or its bundle has no such root; then set MBRIDGE_TRUST_ROOTS.
@@ -302,14 +315,19 @@ def default_roots() -> tuple[x509.Certificate, ...]:
         raise SettingsError(f"{TRUST_ROOTS} is not set and certifi's bundle cannot be read: {exc}") from exc
     found: list[x509.Certificate] = []
     for block in re.findall(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", bundle, flags=re.S):
-        if _common_name(block.encode("ascii", errors="replace")) == DEFAULT_ROOT_NAME:
+        if _common_name(block.encode("ascii", errors="replace")) in DEFAULT_ROOT_NAMES:
             found.extend(load_certificates(block.encode("ascii")))
-    if not found:
+    if not any(_common_name_of(root) == DEFAULT_ROOT_NAME for root in found):
         raise SettingsError(
             f"{TRUST_ROOTS} is not set and certifi's bundle ({certifi.where()}) has no {DEFAULT_ROOT_NAME}: "
             "give the PEM of the roots Azure's attested documents chain to (or a path to it)"
         )
-    return tuple(found)
+    return (*found, *azure_extra_roots())
+
+
+def _common_name_of(certificate: x509.Certificate) -> str | None:
+    names = certificate.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    return str(names[0].value) if names else None
 
 
 def _common_name(pem: bytes) -> str | None:

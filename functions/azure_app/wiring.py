@@ -26,6 +26,7 @@ from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import CommandSender, LoadBalancer
 from functions.core.process import ClaimWait, Deps
 from functions.notify import notifying_audit
+from functions.trust.azure_attested import IssuerNotServedError
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, VmDirectory
 from wire.commands import Command
@@ -42,8 +43,9 @@ if TYPE_CHECKING:
 AZURE_LB = "azure_lb"
 READINESS = "readiness"
 
-# Fetching an attested document's issuing CA from its caIssuers URL (the verifier allows only
-# Microsoft's and DigiCert's PKI hosts, and caches what it fetched).
+# Fetching an attested document's issuing CA from its caIssuers URL (the verifier fetches only for
+# Azure's issuing CAs it does not ship, only from Microsoft's and DigiCert's PKI hosts, and
+# remembers what each URL gave).
 ISSUER_FETCH_TIMEOUT = 10.0
 MAX_ISSUER_BYTES = 64 * 1024
 
@@ -104,24 +106,28 @@ def build_verifier(
 
 
 class IssuerFetchFailedError(Exception):
-    """The issuing CA's URL did not answer with a certificate of a sensible size."""
+    """The issuing CA's server failed (HTTP 5xx): it may answer on a later try."""
 
 
 def fetch_issuer(url: str) -> bytes:
     """The body at a signer certificate's caIssuers URL: one GET, 10 s, no redirects, at most 64 KiB.
 
     Raises:
-        requests.RequestException, IssuerFetchFailedError: the verifier takes either as "cannot
-            check now" and the message is redelivered.
+        IssuerNotServedError: the server answered, and not with the certificate (a 3xx, which is
+            not followed, a 4xx, or a larger body): the document is refused, not retried.
+        requests.RequestException, IssuerFetchFailedError: unreachable, or a 5xx; the verifier
+            takes either as "cannot check now" and the message is redelivered.
     """
     with requests.get(url, timeout=ISSUER_FETCH_TIMEOUT, allow_redirects=False, stream=True) as response:
+        if response.status_code >= 500:
+            raise IssuerFetchFailedError(f"{url} answered HTTP {response.status_code}")
         if response.status_code != 200:
-            raise IssuerFetchFailedError(f"{url} answered HTTP {response.status_code}, not the certificate")
+            raise IssuerNotServedError(f"{url} answered HTTP {response.status_code}, not the certificate")
         body = bytearray()
         for chunk in response.iter_content(chunk_size=16 * 1024):
             body.extend(chunk)
             if len(body) > MAX_ISSUER_BYTES:
-                raise IssuerFetchFailedError(f"{url} answered more than {MAX_ISSUER_BYTES} bytes: not a certificate")
+                raise IssuerNotServedError(f"{url} answered more than {MAX_ISSUER_BYTES} bytes: not a certificate")
     return bytes(body)
 
 

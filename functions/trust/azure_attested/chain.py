@@ -1,27 +1,27 @@
-"""Step 5: the chain from the signer to a trusted root, with the known and embedded intermediates
-and, when none of them issued the signer, the certificate at its caIssuers URL (allowed hosts only).
+"""Step 5: the chain from the signer to a trusted root, with Azure's shipped issuing CAs, the
+configured and embedded intermediates and, when none of them issued the signer, the certificate at
+its caIssuers URL (`issuer_fetch`, at a bounded cost).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Callable
-from urllib.parse import urlsplit
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.x509 import verification
-from cryptography.x509.oid import AuthorityInformationAccessOID
 
-from functions.trust.azure_attested.certificates import CERT_ERRORS, load_certificates
-from functions.trust.azure_attested.errors import AttestationError, IssuerFetchError
-from functions.trust.azure_attested.issuer_cache import cached, remember
-from functions.trust.azure_attested.signed_data import MAX_DOCUMENT_BYTES, SignedData
+from functions.trust.azure_attested.errors import AttestationError
+from functions.trust.azure_attested.issuer_cache import IssuerMemory
+from functions.trust.azure_attested.issuer_fetch import fetch_signers_issuer, issued
+from functions.trust.azure_attested.issuing_cas import azure_issuing_cas
+from functions.trust.azure_attested.signed_data import SignedData
 
-# Hosts a signer's caIssuers URL may be fetched from: Microsoft's PKI repository (pki/mscorp and
-# pkiops/certs on www.microsoft.com) and DigiCert's, where the cross-signed roots are published.
-ISSUER_HOSTS = frozenset({"www.microsoft.com", "cacerts.digicert.com"})
+# Intermediates between the signer and its root: one today (signer -> Microsoft Azure RSA TLS
+# Issuing CA 03 -> DigiCert Global Root G2), two in the newest hierarchy (-> Microsoft TLS G2 RSA
+# CA OCSP 02 -> Microsoft TLS RSA Root G2 cross-signed -> DigiCert Global Root G2).
+MAX_CHAIN_DEPTH = 3
 
 
 def check_chain(
@@ -31,21 +31,22 @@ def check_chain(
     intermediates: Sequence[x509.Certificate],
     valid_at: datetime,
     fetch_issuer: Callable[[str], bytes] | None,
+    issuer_names: Collection[x509.Name],
+    memory: IssuerMemory,
 ) -> None:
-    pool = [*intermediates, *signed.others]
+    pool = [*azure_issuing_cas(), *intermediates, *signed.others]
     notes = []
-    if not any(_issued(signed.signer, candidate) for candidate in pool):
+    if not any(issued(signed.signer, candidate) for candidate in pool):
         if fetch_issuer is None:
             notes.append("no known intermediate issued the signer and fetching it is off")
         else:
-            fetched, why = _fetch_issuers(signed.signer, fetch_issuer)
-            pool.extend(fetched)
-            notes.extend(why)
+            pool.extend(fetch_signers_issuer(signed.signer, pool, fetch_issuer, issuer_names, memory))
     try:
         verifier = (
             verification.PolicyBuilder()
             .store(verification.Store(list(roots)))
             .time(valid_at)
+            .max_chain_depth(MAX_CHAIN_DEPTH)
             .build_server_verifier(x509.DNSName(name))
         )
         verifier.verify(signed.signer, pool)
@@ -58,73 +59,3 @@ def check_chain(
         ) from exc
     except (ValueError, TypeError) as exc:
         raise AttestationError(f"the certificate chain cannot be checked ({exc})") from exc
-
-
-def _issued(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    if cert.issuer != issuer.subject:
-        return False
-    try:
-        cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
-        return False
-    return True
-
-
-def _fetch_issuers(
-    signer: x509.Certificate, fetch_issuer: Callable[[str], bytes]
-) -> tuple[list[x509.Certificate], list[str]]:
-    """The certificates at the signer's allowed caIssuers URLs, and notes on what was not fetched."""
-    try:
-        access = signer.extensions.get_extension_for_class(x509.AuthorityInformationAccess).value
-    except x509.ExtensionNotFound:
-        return [], ["the signer certificate names no caIssuers URL to fetch its issuer from"]
-    except CERT_ERRORS as exc:
-        raise AttestationError(f"the signer certificate's extensions do not parse ({exc})") from exc
-    urls = [
-        str(d.access_location.value)
-        for d in access
-        if d.access_method == AuthorityInformationAccessOID.CA_ISSUERS
-        and isinstance(d.access_location, x509.UniformResourceIdentifier)
-    ]
-    if not urls:
-        return [], ["the signer certificate names no caIssuers URL to fetch its issuer from"]
-    fetched: list[x509.Certificate] = []
-    notes = []
-    for url in urls:
-        refusal = _url_refusal(url)
-        if refusal is not None:
-            notes.append(refusal)
-            continue
-        certificates = cached(url)
-        if certificates is None or not any(_issued(signer, c) for c in certificates):
-            certificates = _fetch(url, fetch_issuer)
-            remember(url, certificates)
-        fetched.extend(certificates)
-        if any(_issued(signer, c) for c in certificates):
-            break
-        notes.append(f"{url} did not serve the signer's issuer")
-    return fetched, notes
-
-
-def _url_refusal(url: str) -> str | None:
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return f"the caIssuers URL {url!r} does not parse, so it was not fetched"
-    host = (parts.hostname or "").lower()
-    if parts.scheme not in ("http", "https") or parts.username is not None or parts.password is not None:
-        return f"the caIssuers URL {url!r} is not plain http(s), so it was not fetched"
-    if host not in ISSUER_HOSTS or port not in (None, 80 if parts.scheme == "http" else 443):
-        return f"the caIssuers URL {url!r} is not on {sorted(ISSUER_HOSTS)}, so it was not fetched"
-    return None
-
-
-def _fetch(url: str, fetch_issuer: Callable[[str], bytes]) -> list[x509.Certificate]:
-    try:
-        data = fetch_issuer(url)
-    except Exception as exc:  # whatever the caller's HTTP client raises: the issuer is unreachable
-        raise IssuerFetchError(f"the signer's issuing CA could not be fetched from {url}: {exc}") from exc
-    if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_DOCUMENT_BYTES:
-        raise AttestationError(f"{url} did not answer with one certificate (DER or PEM, at most 64 KiB)")
-    return load_certificates(bytes(data))

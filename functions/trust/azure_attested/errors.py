@@ -13,3 +13,9 @@ class AttestationError(ValueError):
 
 class IssuerFetchError(AttestationError):
     """The signer's issuing CA could not be fetched from its caIssuers URL (a retry may succeed)."""
+
+
+class IssuerNotServedError(Exception):
+    """What a `fetch_issuer` raises when the URL answered, and not with a certificate: an HTTP 4xx
+    (or 3xx, not followed), a body larger than a certificate. Unlike a network error or a 5xx, that
+    is an answer asking again will not change, so the document is refused, not retried."""

@@ -19,6 +19,7 @@ from functions.trust.azure_attested.certificates import load_certificate
 from functions.trust.azure_attested.errors import AttestationError
 
 MAX_DOCUMENT_BYTES = 64 * 1024  # a real document is about 2 KiB
+MAX_EMBEDDED_CERTIFICATES = 4  # IMDS embeds one, the signer's; each is checked against the others
 _MAX_SIGNATURE_CHARS = 4 * ((MAX_DOCUMENT_BYTES + 2) // 3)  # its base64
 
 _SHA2: dict[str, type[hashes.HashAlgorithm]] = {
@@ -101,6 +102,11 @@ def _read_signed_data(raw: bytes) -> SignedData:
     choices = signed["certificates"]
     if isinstance(choices, core.Void) or len(choices) == 0:
         raise AttestationError("the signed data embeds no certificate; IMDS embeds the signer's")
+    if len(choices) > MAX_EMBEDDED_CERTIFICATES:
+        raise AttestationError(
+            f"the signed data embeds {len(choices)} certificates, more than {MAX_EMBEDDED_CERTIFICATES}; "
+            "IMDS embeds one, the signer's"
+        )
     embedded = []
     for choice in choices:
         if choice.name != "certificate":

@@ -30,6 +30,7 @@ from functions.azure_app.wiring import (
     build_verifier,
     fetch_issuer,
 )
+from functions.trust.azure_attested import IssuerNotServedError
 from functions.trust.trust_file import TrustFileError
 from simulator.azure_api import SIM_SUBSCRIPTION_ID, vm_id
 from simulator.server import Simulator
@@ -255,7 +256,7 @@ def test_a_redirect_is_not_followed(issuer_server: IssuerServer) -> None:
     issuer_server.status = 302
     issuer_server.headers = {"Location": f"{issuer_server.url}/elsewhere.crt"}
 
-    with pytest.raises(IssuerFetchFailedError, match="HTTP 302"):
+    with pytest.raises(IssuerNotServedError, match="HTTP 302"):
         fetch_issuer(f"{issuer_server.url}/issuer.crt")
     assert issuer_server.paths == ["/issuer.crt"]
 
@@ -263,11 +264,19 @@ def test_a_redirect_is_not_followed(issuer_server: IssuerServer) -> None:
 def test_an_answer_larger_than_a_certificate_is_refused(issuer_server: IssuerServer) -> None:
     issuer_server.body = b"x" * (MAX_ISSUER_BYTES + 1)
 
-    with pytest.raises(IssuerFetchFailedError, match="more than 65536 bytes"):
+    with pytest.raises(IssuerNotServedError, match="more than 65536 bytes"):
         fetch_issuer(f"{issuer_server.url}/issuer.crt")
 
 
-def test_an_error_answer_is_no_certificate(issuer_server: IssuerServer) -> None:
+def test_a_not_found_answer_is_an_answer(issuer_server: IssuerServer) -> None:
+    # A 4xx will not change on a retry: the verifier refuses the document for good
     issuer_server.status = 404
-    with pytest.raises(IssuerFetchFailedError, match="HTTP 404"):
+    with pytest.raises(IssuerNotServedError, match="HTTP 404"):
+        fetch_issuer(f"{issuer_server.url}/issuer.crt")
+
+
+def test_a_server_error_may_pass(issuer_server: IssuerServer) -> None:
+    # A 5xx may: the verifier has the message tried again (and remembers the failure meanwhile)
+    issuer_server.status = 503
+    with pytest.raises(IssuerFetchFailedError, match="HTTP 503"):
         fetch_issuer(f"{issuer_server.url}/issuer.crt")

@@ -396,10 +396,16 @@ def test_minimal_settings_take_the_documented_defaults() -> None:
     assert settings.policy == Policy()
     assert settings.signing_key is None
     assert settings.trust_resource_groups == ()
-    # ... and attested documents are verified against Azure's public root, signed for
-    # metadata.azure.com, from the given subscription
+    # ... and attested documents are verified against Azure's roots (certifi's and the shipped
+    # Microsoft TLS RSA Root G2), signed for metadata.azure.com, from the given subscription
     assert settings.trust_file is None
-    assert common_names(settings.trust_roots) == ["DigiCert Global Root G2"]
+    assert sorted(common_names(settings.trust_roots)) == [
+        "DigiCert Global Root G2",
+        "DigiCert Global Root G3",
+        "Microsoft ECC Root Certificate Authority 2017",
+        "Microsoft RSA Root Certificate Authority 2017",
+        "Microsoft TLS RSA Root G2",
+    ]
     assert settings.trust_intermediates == ()
     assert settings.trust_signer_names == ("metadata.azure.com",)
     assert settings.trust_subscriptions == (SUBSCRIPTION,)
