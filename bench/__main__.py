@@ -30,6 +30,7 @@ SECTIONS: dict[str, str] = {
     "end_to_end": "bench.end_to_end",
     "throughput": "bench.throughput",
     "fan_in": "bench.fan_in",
+    "ordering": "bench.ordering_flood",
 }
 
 

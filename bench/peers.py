@@ -1,5 +1,6 @@
 """The real local peers the function benchmarks run against: Azurite's Table service and Google's
-Firestore emulator, started on free loopback ports with their data in the bench's work directory.
+Firestore emulator, started on free loopback ports with their data in the bench's work directory;
+and Google's Pub/Sub emulator, for what the bus itself does (bench/ordering_flood.py).
 
 Starting and stopping is the demo's own code (mbridge/demo/emulators.py: a process
 group per peer, its output in a log file, the whole group stopped at the end). A peer that is not
@@ -18,6 +19,7 @@ from pathlib import Path
 from bench.results import ROOT
 from mbridge.demo.emulators import (
     FIRESTORE,
+    PUBSUB,
     PeerProcess,
     accepts_connections,
     free_port,
@@ -82,6 +84,18 @@ def start_firestore_emulator(workdir: Path) -> PeerProcess:
         return start_emulator(FIRESTORE, workdir)
     except DemoSetupError as exc:
         raise PeerUnavailableError(f"the Firestore emulator is not available: {exc}") from exc
+
+
+def start_pubsub_emulator(workdir: Path) -> PeerProcess:
+    """Google's Pub/Sub emulator on a free port (point PUBSUB_EMULATOR_HOST at its `host`).
+
+    Raises:
+        PeerUnavailableError: gcloud, the emulator component or Java is missing, or it did not start.
+    """
+    try:
+        return start_emulator(PUBSUB, workdir)
+    except DemoSetupError as exc:
+        raise PeerUnavailableError(f"the Pub/Sub emulator is not available: {exc}") from exc
 
 
 @contextmanager

@@ -29,9 +29,10 @@
   failed VM's drain record is kept, and the error is raised after the rest is done, so a
   redelivery (or a dead-lettered message resubmitted once the deployment is fixed) retries
   just that VM.
-- Delivery is at least once and, on a plain Service Bus subscription or an Eventarc trigger,
-  not ordered: a `scheduled` or `started` that failed once may come back after its event's
-  `completed` or `canceled`. Acted on, it would drain VMs that nothing ever restores (the end
+- Delivery is at least once and not ordered (Service Bus without sessions, Pub/Sub without
+  ordering keys: a lane per VM would be one any agent could fill with junk, docs/transports.md):
+  a `scheduled` or `started` that failed once may come back after its event's `completed` or
+  `canceled`. Acted on, it would drain VMs that nothing ever restores (the end
   already ran) and send an approval the agent must refuse. So the end of an event is stored
   (`ended|<event key>`, see `lifecycle.mark_ended`) before anything else is done for it, and a later step
   of that event is only audited as late (`lifecycle`). A step that passed the check while its end

@@ -38,7 +38,7 @@ from functions.trust.verifiers import CloudVerifier, GceTokenVerifier
 from wire.commands import Command
 from wire.identity import IdentityVerifier
 from wire.signing import load_private_key, sign_command
-from wire.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSettings, new_publisher
+from wire.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSettings, new_commands_publisher
 
 LOG = logging.getLogger("mbridge.gcp.wiring")
 
@@ -65,7 +65,7 @@ class Clients:
     instance_groups: Callable[[], compute_v1.InstanceGroupsClient] = compute_v1.InstanceGroupsClient
     zone_operations: Callable[[], compute_v1.ZoneOperationsClient] = compute_v1.ZoneOperationsClient
     instances: Callable[[], compute_v1.InstancesClient] = compute_v1.InstancesClient
-    publisher: PublisherFactory = new_publisher
+    publisher: PublisherFactory = new_commands_publisher
 
 
 def build_deps(settings: Settings, clients: Clients | None = None, clock: Callable[[], datetime] = utc_now) -> Deps:

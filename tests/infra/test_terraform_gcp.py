@@ -39,6 +39,7 @@ from tests.infra.sources import (
 from wire.commands import DEFAULT_TTL, CommandType, new_command
 from wire.identity import DEFAULT_AUDIENCE
 from wire.model import Cloud, CommandResult
+from wire.transports.pubsub import EVENTS_ORDERING_KEY, EVENTS_SUBSCRIPTION_ORDERED
 
 MODULE_DIR = TERRAFORM_GCP / "modules" / "vm_commands_subscription"
 FUNCTION = "google_cloudfunctions2_function.events"
@@ -201,9 +202,14 @@ def test_push_ack_deadline_outlasts_the_function() -> None:
     assert resource(PUSH)["ack_deadline_seconds"] >= timeout
 
 
-def test_push_subscription_keeps_each_vms_events_in_order() -> None:
-    # docs/transports.md: the functions' subscription has message ordering on (key = VM name).
-    assert resource(PUSH)["enable_message_ordering"] is True
+def test_push_subscription_gives_no_agent_an_ordering_lane_to_flood() -> None:
+    # The functions' subscription has message ordering off, as the code expects: the agents publish
+    # events without an ordering key (any agent could write another VM's name as one and hold up
+    # its events behind junk: tests/drills/test_ordering_flood.py), and the functions rely on no
+    # order (docs/transports.md#why-events-carry-no-ordering-key).
+    assert EVENTS_SUBSCRIPTION_ORDERED is False
+    assert EVENTS_ORDERING_KEY == ""
+    assert resource(PUSH)["enable_message_ordering"] is EVENTS_SUBSCRIPTION_ORDERED
 
 
 def test_dead_letters_are_kept_on_a_pull_subscription() -> None:

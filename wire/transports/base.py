@@ -31,10 +31,11 @@ class OutboundMessage:
     """One envelope to publish.
 
     `message_id` (default: `envelope_id`) becomes the Service Bus MessageId and the local bus's key
-    (duplicate detection); `key` is the ordering key / session (the VM name for events, the target
-    VM for commands). An agent's events carry a message id of their own (the digest of the body
-    with its proof): every VM of an event publishes the same envelope id, and a broker that dropped
-    all but the first would let any VM that publishes first shadow the others' reports.
+    (duplicate detection); `key` is the VM the message is about: the target VM of a command (its
+    session / ordering key), the reporting VM of an event (no cloud bus orders events on it: any
+    agent could claim the name). An agent's events carry a message id of their own (the digest of
+    the body with its proof): every VM of an event publishes the same envelope id, and a broker
+    that dropped all but the first would let any VM that publishes first shadow the others' reports.
     """
 
     envelope_id: str

@@ -50,14 +50,16 @@ resource "google_pubsub_subscription" "functions" {
   ack_deadline_seconds       = 600
   message_retention_duration = "604800s"
 
-  # Events of one VM (ordering key = VM name) are delivered one at a time, in order, so a retried
-  # `scheduled` seldom comes after its own `completed`. The functions do not rely on it: a message
-  # replayed from the dead-letter topic comes out of order anyway, and Service Bus gives no order
-  # at all, so a step of an event that has ended is only audited as late
-  # (functions/core/lifecycle.py, docs/azure.md "How a message is handled"). The cost is
-  # head-of-line blocking of that one VM while a message is retried, bounded by the dead-letter
-  # policy below; other VMs are not held up.
-  enable_message_ordering = true
+  # No message ordering, and the agents publish events without an ordering key
+  # (wire/transports/pubsub/settings.py). Every agent may publish to the topic, and an ordering key
+  # is whatever the publisher writes: with ordering on, junk keyed with another VM's name is pushed
+  # one message at a time, each refused by the function, before that VM's genuine event (300 junk
+  # messages: all handled first, tests/drills/test_ordering_flood.py; 2,000: 14 s instead of
+  # 18 ms, docs/transports.md#why-events-carry-no-ordering-key). The function needs no order:
+  # Service Bus and Eventarc give none, a dead-lettered message replayed comes out of order anyway,
+  # and a step of an event that has ended is only audited as late (functions/core/lifecycle.py).
+  # This also ends the head-of-line blocking of a VM's later events behind one that is retried.
+  enable_message_ordering = false
 
   push_config {
     # The topic path after the URI lets the functions framework name the topic as the CloudEvent

@@ -22,7 +22,7 @@ from google.cloud.pubsub_v1.publisher import exceptions as publisher_errors  # t
 
 from tests.peers import start_pubsub_emulator
 from wire.transports.base import InboundCommand, OutboundMessage, TransportConfigError, TransportUnavailableError
-from wire.transports.pubsub import PubSubOperator, PubSubSettings, PubSubTransport
+from wire.transports.pubsub import EVENTS_SUBSCRIPTION_ORDERED, PubSubOperator, PubSubSettings, PubSubTransport
 
 VM = "vm-a"
 OTHER_VM = "vm-b"
@@ -66,7 +66,8 @@ def make_bus(project: str) -> Bus:
     bus = Bus(project, pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient())
     bus.create(
         "maintenance-events",
-        {"name": EVENTS_READER, "enable_message_ordering": True},
+        # As the functions' subscription is deployed: no message ordering (docs/transports.md).
+        {"name": EVENTS_READER, "enable_message_ordering": EVENTS_SUBSCRIPTION_ORDERED},
         {"name": "operator-results"},
     )
     bus.create(
@@ -156,22 +157,24 @@ def pull_until(bus: Bus, subscription: str, count: int, within: float = 20.0) ->
 
 
 @pytest.mark.peer
-def test_events_arrive_in_order_with_data_and_attributes(bus: Bus, transport: PubSubTransport) -> None:
+def test_events_arrive_unkeyed_in_publish_order_with_data_and_attributes(bus: Bus, transport: PubSubTransport) -> None:
     # GIVEN five envelopes of one VM
     messages = [event(number) for number in range(5)]
     # WHEN the agent publishes them one after the other
     for message in messages:
         transport.publish(message)
-    # THEN a consumer of the events topic receives them in order, data and attributes intact
-    received = pull_until(bus, EVENTS_READER, len(messages))
+    # THEN a consumer of the events topic receives each, data and attributes intact, published in
+    # that order (each publish returns once Pub/Sub stored it), and none carries an ordering key
+    # another agent could claim
+    received = sorted(pull_until(bus, EVENTS_READER, len(messages)), key=lambda item: item.message.publish_time)
     assert [bytes(item.message.data) for item in received] == [message.body for message in messages]
     for item, message in zip(received, messages):
         assert dict(item.message.attributes) == {**message.attributes, "envelope_id": message.envelope_id}
-        assert item.message.ordering_key == VM
+        assert item.message.ordering_key == ""
 
 
 @pytest.mark.peer
-def test_publish_to_a_missing_topic_names_it_and_the_ordering_key_recovers(bus: Bus) -> None:
+def test_publish_to_a_missing_topic_names_it_and_publishing_recovers(bus: Bus) -> None:
     # GIVEN a transport whose events topic does not exist yet
     settings = PubSubSettings(project=bus.project, topic="not-yet-there", vm_name=VM, operation_timeout=10.0)
     transport = PubSubTransport(settings)
@@ -182,12 +185,33 @@ def test_publish_to_a_missing_topic_names_it_and_the_ordering_key_recovers(bus: 
         # THEN the error names the topic and the flag
         assert bus.topic("not-yet-there") in str(failure.value)
         assert "--pubsub-topic" in str(failure.value)
-        # AND once the topic exists, the same ordering key publishes again (it was resumed)
-        bus.create("not-yet-there", {"name": "late-reader", "enable_message_ordering": True})
+        # AND once the topic exists, the same transport publishes again
+        bus.create("not-yet-there", {"name": "late-reader"})
         transport.publish(event(2))
         assert [bytes(item.message.data) for item in pull_until(bus, "late-reader", 1)] == [event(2).body]
     finally:
         transport.close()
+
+
+@pytest.mark.peer
+def test_commands_keep_their_ordering_key_and_it_recovers_after_a_failed_publish(bus: Bus) -> None:
+    # GIVEN an operator whose commands topic does not exist yet
+    settings = PubSubSettings(project=bus.project, commands_topic="commands-not-yet", operation_timeout=10.0)
+    operator = PubSubOperator(settings)
+    try:
+        # WHEN a command fails to publish, and the topic then exists
+        with pytest.raises(TransportConfigError):
+            operator.send_command(command("first", VM))
+        bus.create("commands-not-yet", {"name": "late-commands", "enable_message_ordering": True})
+        # THEN the next command for the same VM goes out (the library paused its key: it was resumed),
+        # keyed with its target: commands stay in order per VM, and only the functions and operators
+        # may publish them
+        operator.send_command(command("second", VM))
+        received = pull_until(bus, "late-commands", 1)
+        assert [bytes(item.message.data) for item in received] == [command("second", VM).body]
+        assert received[0].message.ordering_key == VM
+    finally:
+        operator.close()
 
 
 # ---------------------------------------------------------------- commands

@@ -3,7 +3,7 @@
 created on first use.
 
 Every call passes `retry=None`: the agent's loop retries with backoff, and with ordering enabled
-the library would otherwise retry a publish forever.
+(commands) the library would otherwise retry a publish forever.
 """
 
 from __future__ import annotations
@@ -77,15 +77,17 @@ def publish_message(
     message: OutboundMessage,
     attributes: Mapping[str, str],
     timeout: float,
+    *,
+    ordering_key: str,
 ) -> None:
-    """Publish one message and wait until Pub/Sub has stored it."""
+    """Publish one message and wait until Pub/Sub has stored it; `ordering_key` "" publishes it unordered."""
     try:
         future = publisher.publish(
-            resource.path, message.body, ordering_key=message.key, retry=None, timeout=timeout, **attributes
+            resource.path, message.body, ordering_key=ordering_key, retry=None, timeout=timeout, **attributes
         )
         future.result(timeout=timeout + FUTURE_GRACE_SECONDS)
     except Exception as error:
-        _resume(publisher, resource.path, message.key)
+        _resume(publisher, resource.path, ordering_key)
         raise_mapped(error, resource, "publish")
 
 

@@ -50,8 +50,22 @@ PublisherFactory = Callable[[], PublisherLike]
 SubscriberFactory = Callable[[], SubscriberLike]
 
 
-def new_publisher() -> PublisherLike:
-    """The real publisher, with message ordering (events of one VM stay in order)."""
+def new_events_publisher() -> PublisherLike:
+    """The agent's publisher of events, without message ordering.
+
+    Every agent may publish to the events topic and an ordering key is whatever the publisher
+    writes: keyed with a VM's name, the events of that VM would share an ordering lane that any
+    agent can fill with junk the functions must take one at a time before the genuine event
+    (docs/transports.md#why-events-carry-no-ordering-key). The functions do not need the order.
+    """
+    publisher: PublisherLike = pubsub_v1.PublisherClient()
+    return publisher
+
+
+def new_commands_publisher() -> PublisherLike:
+    """The publisher of commands (the functions, `mbridge approve`), with message ordering: each VM's
+    command subscription delivers its commands in order (a `drain` before its `approve`), and only
+    the functions and the operators may publish to the commands topic, so no agent can fill a lane."""
     publisher: PublisherLike = pubsub_v1.PublisherClient(
         publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
     )

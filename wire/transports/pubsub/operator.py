@@ -25,7 +25,7 @@ from wire.transports.pubsub.calls import (
     pull,
     with_envelope_id,
 )
-from wire.transports.pubsub.client import PublisherFactory, SubscriberFactory, new_publisher, new_subscriber
+from wire.transports.pubsub.client import PublisherFactory, SubscriberFactory, new_commands_publisher, new_subscriber
 from wire.transports.pubsub.errors import PUBLISHER_ROLE, SUBSCRIBER_ROLE, Resource
 from wire.transports.pubsub.settings import PubSubSettings, emulator_host
 
@@ -42,7 +42,7 @@ class PubSubOperator(CommandSender, ResultReader):
         self,
         settings: PubSubSettings,
         *,
-        publisher_factory: PublisherFactory = new_publisher,
+        publisher_factory: PublisherFactory = new_commands_publisher,
         subscriber_factory: SubscriberFactory = new_subscriber,
         emulator: bool | None = None,
     ) -> None:
@@ -65,7 +65,9 @@ class PubSubOperator(CommandSender, ResultReader):
             raise TransportConfigError("a command needs a target VM (the message key): it is the attribute target")
         publisher = self._clients.publisher(self._commands)
         attributes = with_envelope_id(message, target=message.key)
-        publish_message(publisher, self._commands, message, attributes, self._settings.operation_timeout)
+        publish_message(
+            publisher, self._commands, message, attributes, self._settings.operation_timeout, ordering_key=message.key
+        )
 
     def read_results(self, max_wait: float) -> Sequence[bytes]:
         subscriber = self._clients.subscriber(self._results)

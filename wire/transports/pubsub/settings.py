@@ -14,6 +14,16 @@ from wire.transports.base import TransportConfigError
 
 EMULATOR_VARIABLE = "PUBSUB_EMULATOR_HOST"
 
+# Events go out without an ordering key, and the functions' subscription of the events topic has
+# message ordering off (infra/terraform/gcp/pubsub.tf; tests/infra checks it against this). An
+# ordering key is whatever the publisher writes, and every agent may publish: a key naming a VM
+# would be a lane of that VM's events any agent can fill with junk, each taken and refused by the
+# functions one at a time before the genuine event. The functions do not need the order: Service
+# Bus and Eventarc keep none, and a step of an ended event is only audited as late
+# (docs/transports.md#why-events-carry-no-ordering-key; tests/drills/test_ordering_flood.py).
+EVENTS_ORDERING_KEY = ""
+EVENTS_SUBSCRIPTION_ORDERED = False
+
 
 @dataclass(frozen=True)
 class PubSubSettings:

@@ -1,5 +1,5 @@
-"""The agent's Pub/Sub transport: publishes envelopes to the events topic (ordering key = VM name)
-and pulls this VM's commands."""
+"""The agent's Pub/Sub transport: publishes envelopes to the events topic (no ordering key) and
+pulls this VM's commands."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from wire.transports.pubsub.calls import (
     publish_message,
     with_envelope_id,
 )
-from wire.transports.pubsub.client import PublisherFactory, SubscriberFactory, new_publisher, new_subscriber
+from wire.transports.pubsub.client import PublisherFactory, SubscriberFactory, new_events_publisher, new_subscriber
 from wire.transports.pubsub.errors import PUBLISHER_ROLE, Resource
 from wire.transports.pubsub.receiving import PubSubCommandReceiver
-from wire.transports.pubsub.settings import PubSubSettings, emulator_host
+from wire.transports.pubsub.settings import EVENTS_ORDERING_KEY, PubSubSettings, emulator_host
 
 
 class PubSubTransport(AgentTransport):
@@ -29,7 +29,7 @@ class PubSubTransport(AgentTransport):
         self,
         settings: PubSubSettings,
         *,
-        publisher_factory: PublisherFactory = new_publisher,
+        publisher_factory: PublisherFactory = new_events_publisher,
         subscriber_factory: SubscriberFactory = new_subscriber,
         emulator: bool | None = None,
     ) -> None:
@@ -47,7 +47,16 @@ class PubSubTransport(AgentTransport):
 
     def publish(self, message: OutboundMessage) -> None:
         publisher = self._clients.publisher(self._events)
-        publish_message(publisher, self._events, message, with_envelope_id(message), self._settings.operation_timeout)
+        # No ordering key: any agent could write this VM's name as one and hold up its events
+        # behind junk (docs/transports.md#why-events-carry-no-ordering-key).
+        publish_message(
+            publisher,
+            self._events,
+            message,
+            with_envelope_id(message),
+            self._settings.operation_timeout,
+            ordering_key=EVENTS_ORDERING_KEY,
+        )
 
     @property
     def commands(self) -> CommandReceiver | None:
