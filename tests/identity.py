@@ -11,22 +11,27 @@ import json
 from datetime import datetime
 
 from wire.envelope import Envelope, encode
-from wire.identity import GCE_TOKEN, Identity, UnverifiedError
+from wire.identity import GCE_TOKEN, Identity, ProofBinding, UnverifiedError
 
 
 class ProofsOfTest:
     def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
         proof = envelope.extensions.get(GCE_TOKEN)
-        if not isinstance(proof, str) or proof.count("|") != 1:
+        parts = proof.split("|") if isinstance(proof, str) else []
+        if len(parts) not in (2, 4):
             raise UnverifiedError("no proof of identity")
-        vm, digest = proof.split("|")
+        vm, digest = parts[:2]
         if digest != envelope.digest:
             raise UnverifiedError("the proof was made for another message")
-        return Identity(vm=vm, how="attested")
+        # An Azure-like proof: a document issued for one key, which signs the message.
+        binding = ProofBinding(f"document|{parts[2]}", parts[3]) if len(parts) == 4 else None
+        return Identity(vm=vm, how="attested", binding=binding)
 
 
-def proven(envelope: Envelope, by: str) -> bytes:
-    """The message as agent `by` publishes it: its proof bound to this very message."""
-    document = json.loads(encode(envelope))
-    document[GCE_TOKEN] = f"{by}|{envelope.digest}"
-    return json.dumps(document).encode()
+def proven(envelope: Envelope, by: str, document: str = "", key: str = "") -> bytes:
+    """The message as agent `by` publishes it: its proof bound to this very message; with a
+    `document` and `key`, an Azure-like proof (a document issued for that key)."""
+    document_json = json.loads(encode(envelope))
+    proof = f"{by}|{envelope.digest}" + (f"|{document}|{key}" if document else "")
+    document_json[GCE_TOKEN] = proof
+    return json.dumps(document_json).encode()

@@ -39,6 +39,11 @@ DEFAULT_AUDIENCE = "maintenance-bridge"
 # The format tag of a trust file (functions/trust/trust_file.py), which the simulator writes.
 TRUST_FILE_FORMAT = "maintenance-bridge trust 1"
 NONCE_DIGITS = 10  # what IMDS accepts as the nonce of an attested document
+# An agent asks for a new attested document (with a new key) this often, and keeps using one it
+# has for at most the longer age when a renewal fails; the functions refuse a document older than
+# that when the bus took the message. The shorter the life, the less time a ground key is worth.
+AZURE_PROOF_REFRESH_SECONDS = 3600.0
+AZURE_PROOF_MAX_AGE_SECONDS = 5400.0
 _SIGNED_PREFIX = b"maintenance-bridge proof v1\n"
 
 
@@ -70,12 +75,29 @@ def signed_digest(digest: str) -> bytes:
 
 
 @dataclass(frozen=True)
+class ProofBinding:
+    """A part of a proof that must always come with the same value: the functions' store keeps the
+    first value seen under `key`, and a message bringing another is refused as a forgery.
+
+    Azure: an attested document is issued for one agent key (its nonce is 10 digits of the key's
+    SHA-256), so one document seen with two keys means the second was ground to match the nonce.
+    """
+
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
 class Identity:
     """The VM a message comes from, and how that is known (for the audit log)."""
 
     vm: str
     how: str  # attested | reporter-name
     detail: str = ""  # e.g. the vmId and subscription the attested document named
+    # The VM's full identity in the deployment's scope, for the audit log: an Azure resource id,
+    # or projects/P/zones/Z/instances/NAME (id N) on GCE. Empty when the name is all there is.
+    resource: str = ""
+    binding: ProofBinding | None = None
 
 
 class UnverifiedError(BridgeError):

@@ -30,6 +30,7 @@ FIELDS = (
     "result",
     "action",
     "rule",
+    "alert",  # set on a line an operator must be told about (e.g. proof-reused: a forgery that passed a check)
 )
 # A field value is cut to this many characters, like audit records and every other log text.
 MAX_VALUE_CHARS = 2048

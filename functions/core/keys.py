@@ -37,6 +37,9 @@ def own_part(event: MaintenanceEvent, vm: str) -> MaintenanceEvent:
     return replace(event, reporter=vm, resources=(vm,))
 
 
-def claim_key(envelope_id: str, vm: str) -> str:
-    """The idempotency key of one VM's report: the envelope id is the same for every VM of an event."""
-    return hashlib.sha256(f"{envelope_id}|{vm}".encode()).hexdigest()
+def claim_key(envelope_id: str, vm: str, digest: str) -> str:
+    """The idempotency key of one VM's report: the envelope id is the same for every VM of an event,
+    and the digest of the message as sent tells a forgery carrying the same id and a proof that
+    passed (a ground Azure key) from the genuine report, so the one that came first never makes the
+    other a duplicate. A redelivery or a republish of the outbox is byte-identical: a duplicate."""
+    return hashlib.sha256(f"{envelope_id}|{vm}|{digest}".encode()).hexdigest()

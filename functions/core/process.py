@@ -111,8 +111,20 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
         )
         return Outcome(envelope.id, result)
     assert isinstance(identity, Identity)
+    forged = _rebound(identity, deps.store)
+    if forged is not None:
+        deps.audit.append(
+            event_record(now, Result.UNVERIFIED, envelope, reported, action=ActionName.NONE, reason=forged)
+        )
+        LOGGER.error(
+            "forged report %s refused: %s",
+            envelope.id[:16],
+            forged,
+            extra=event_fields(reported, envelope_id=envelope.id, result=Result.UNVERIFIED.value, alert="proof-reused"),
+        )
+        return Outcome(envelope.id, Result.UNVERIFIED)
     event = own_part(reported, identity.vm)
-    key = claim_key(envelope.id, identity.vm)
+    key = claim_key(envelope.id, identity.vm, envelope.digest)
     claim = deps.store.claim(key, now, CLAIM_LEASE)
     if claim is Claim.BUSY and deps.claim_wait is not None:
         claim, now = _wait_for_claim(key, deps.store, deps.claim_wait)
@@ -161,6 +173,22 @@ def _identify(envelope: Envelope, deps: Deps, accepted_at: datetime, now: dateti
         return verifier.verify(envelope, accepted_at, now)
     except UnverifiedError as error:
         return str(error)
+
+
+def _rebound(identity: Identity, store: StateStore) -> str | None:
+    """Why a proof that verified is still a forgery: its one-time part came before with another value
+    (an Azure document seen with another key, which was ground to match its 10-digit nonce). The
+    first value seen is kept for good; None when this is it."""
+    binding = identity.binding
+    if binding is None:
+        return None
+    first = store.remember(f"proof|{binding.key}", binding.value.encode("utf-8"))
+    if first == binding.value.encode("utf-8"):
+        return None
+    return (
+        f"unverified: {identity.vm}'s proof of identity was first seen with another key: this message's key "
+        "was made to match it (a forgery; the genuine agent's messages still count)"
+    )
 
 
 def _refusal(event: MaintenanceEvent, identity: Identity | str) -> tuple[Result, str] | None:

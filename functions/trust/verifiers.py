@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Collection, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable, Protocol
 
 from cryptography import x509
@@ -36,11 +37,14 @@ from wire.envelope import Envelope
 from wire.errors import RetryableError
 from wire.identity import (
     AZURE_ATTESTED,
+    AZURE_PROOF_MAX_AGE_SECONDS,
+    AZURE_PROOF_REFRESH_SECONDS,
     AZURE_SESSION_KEY,
     AZURE_SIGNATURE,
     GCE_TOKEN,
     Identity,
     IdentityVerifier,
+    ProofBinding,
     UnverifiedError,
     session_nonce,
     signed_digest,
@@ -48,6 +52,7 @@ from wire.identity import (
 )
 
 ATTESTED = "attested"
+MAX_DOCUMENT_AGE = timedelta(seconds=AZURE_PROOF_MAX_AGE_SECONDS)
 
 
 class VmDirectory(Protocol):
@@ -72,6 +77,7 @@ class AzureAttestedVerifier:
         signer_names: Sequence[str] = DEFAULT_SIGNER_NAMES,
         subscriptions: Collection[str] | None = None,
         fetch_issuer: Callable[[str], bytes] | None = None,
+        nonce_of: Callable[[bytes], str] = session_nonce,
     ) -> None:
         self._roots = list(roots)
         self._directory = directory
@@ -79,6 +85,7 @@ class AzureAttestedVerifier:
         self._signer_names = tuple(signer_names)
         self._subscriptions = None if subscriptions is None else {s.lower() for s in subscriptions}
         self._fetch_issuer = fetch_issuer
+        self._nonce_of = nonce_of  # a test may weaken it to make two keys collide without grinding
 
     def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
         attested, key_text, signature_text = _azure_proof(envelope)
@@ -104,10 +111,18 @@ class AzureAttestedVerifier:
         except AttestationError as exc:
             raise UnverifiedError(f"the attested document is not valid proof: {exc}") from exc
         public = base64.b64decode(key_text)
-        if document.nonce != session_nonce(public):
+        if document.nonce != self._nonce_of(public):
             raise UnverifiedError(
                 f"the attested document was issued for nonce {document.nonce!r}, not for the key that signed this "
                 "message: it was taken from another agent's messages"
+            )
+        age = accepted_at - document.created_on
+        if age > MAX_DOCUMENT_AGE:
+            raise UnverifiedError(
+                f"the attested document was made at {document.created_on.isoformat()}, {age} before the bus took "
+                f"this message: agents renew theirs every {AZURE_PROOF_REFRESH_SECONDS:g} s and use none older than "
+                f"{MAX_DOCUMENT_AGE}, so this one was kept or lifted (a key ground to match it is worth less the "
+                "shorter documents live)"
             )
         if self._subscriptions is not None and document.subscription_id.lower() not in self._subscriptions:
             raise UnverifiedError(
@@ -120,7 +135,9 @@ class AzureAttestedVerifier:
                 f"no VM with vmId {document.vm_id} in subscription {document.subscription_id} is visible to the "
                 "functions: grant their identity read access to the VMs (docs/azure.md)"
             )
-        return Identity(vm=name, how=ATTESTED, detail=f"Azure vmId {document.vm_id}")
+        # One document is issued for one key: the first key the store sees with it is the only one.
+        binding = ProofBinding(f"azure-document|{hashlib.sha256(attested.encode()).hexdigest()}", key_text)
+        return Identity(vm=name, how=ATTESTED, detail=f"Azure vmId {document.vm_id}", binding=binding)
 
 
 class GceTokenVerifier:

@@ -32,6 +32,7 @@ from functions.gcp_app.settings import Settings
 from functions.gcp_app.wiring import build_deps
 from simulator import Simulator
 from tests.contract.backends import NOW, new_project, reboot
+from wire.envelope import decode
 from wire.model import EventStatus
 
 LEASE = CLAIM_LEASE
@@ -145,7 +146,7 @@ def test_the_wired_app_acts_once_and_publishes_the_commands_of_both_vms(
         ("drain", "web-1"),
     ]
     assert pull(subscriber, subscription, expected=1, wait=2.0) == []
-    assert deps.store.claim(claim_key(first.envelope_id, "web-0"), now, LEASE) is Claim.DONE
+    assert deps.store.claim(claim_key(first.envelope_id, "web-0", decode(web_0).digest), now, LEASE) is Claim.DONE
     publisher.stop()
     subscriber.close()
 

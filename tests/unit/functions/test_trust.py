@@ -112,6 +112,46 @@ def test_another_vms_genuine_reboot_republished_as_a_short_freeze_is_refused_and
     assert "web-0" not in world.members()
 
 
+def test_a_key_ground_to_match_a_genuine_attested_document_is_refused_alerted_and_the_genuine_report_counts(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN web-0's genuine Reboot, proven with its attested document D and the key K1 it was issued for
+    genuine = reboot()
+    handled = world.deliver(proven(envelope_for_event(genuine, NOW), "web-0", document="D", key="K1"))
+    assert [(a.action, a.vm) for a in handled.actions] == [("drain", "web-0"), ("approve", "web-0")]
+
+    # WHEN an attacker who lifted D from the bus ground a key K2 whose nonce matches D's, and sends
+    # the same event as a 5 s Freeze (the same envelope id) signed with it: every signature checks out
+    forged = replace(genuine, kind=EventKind.FREEZE, duration_seconds=5)
+    refused = world.deliver(proven(envelope_for_event(forged, NOW), "web-0", document="D", key="K2"))
+
+    # THEN it is refused, audited and alerted on; nothing more is approved
+    assert refused.result == "unverified"
+    (reason,) = world.audit("unverified")
+    assert "first seen with another key" in reason
+    assert [r.alert for r in caplog.records if getattr(r, "alert", None)] == ["proof-reused"]  # type: ignore[attr-defined]
+    assert len(world.sent.commands) == 1
+    # AND the genuine agent's later messages with D and K1 still count
+    completed = world.deliver(proven(envelope_for_event(reboot(EventStatus.COMPLETED), NOW), "web-0", "D", "K1"))
+    assert [(a.action, a.vm) for a in completed.actions] == [("restore", "web-0")]
+
+
+def test_a_forgery_that_passed_verification_first_never_makes_the_genuine_report_a_duplicate(world: World) -> None:
+    # GIVEN a forgery in web-0's name that got past verification (same event, same envelope id, other
+    # content: a 5 s Freeze in place of the Reboot) and was processed first
+    genuine = reboot()
+    forged = replace(genuine, kind=EventKind.FREEZE, duration_seconds=5)
+    assert world.deliver(proven(envelope_for_event(forged, NOW), "web-0")).result == "processed"
+
+    # WHEN web-0's genuine report arrives
+    handled = world.deliver(proven(envelope_for_event(genuine, NOW), "web-0"))
+
+    # THEN it is acted on (drained): a claim is per message, not per envelope id and VM
+    assert handled.result == "processed"
+    assert ("drain", "web-0") in [(a.action, a.vm) for a in handled.actions]
+    assert "web-0" not in world.members()
+
+
 def test_a_report_without_proof_or_with_a_proof_made_for_another_message_moves_nothing(world: World) -> None:
     event = reboot()
     bare = encode(envelope_for_event(event, NOW))
