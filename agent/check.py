@@ -22,7 +22,7 @@ from agent.main import (
     import_transport,
     load_verify_key,
 )
-from agent.proofs import ProofUnavailableError
+from agent.proofs import ProofRefusedError, ProofUnavailableError
 from agent.sources.base import Source
 from agent.sources.http import MetadataUnavailableError
 from agent.sources.registry import open_source
@@ -171,10 +171,11 @@ def _check_proof(settings: AgentSettings, source: Source, report: Callable[..., 
     try:
         proven = build_prover(settings, source, SystemClock()).prove(probe)
     except ProofUnavailableError as exc:
+        when = "at once (a refusal, asked again every few minutes)" if isinstance(exc, ProofRefusedError) else ""
         report(
             False,
-            f"proof of identity: {exc}. Messages will go without one, and functions with trust: attested "
-            "will not act on them",
+            f"proof of identity: {exc}. Messages will go without one{' ' + when if when else ''}, and functions "
+            "with trust: attested will not act on them",
         )
         return
     what = source.proof_name

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from agent import logs
 from agent.health import Metrics, Readiness
 from agent.messages import event_message, names_this_vm, result_message, with_message_id
-from agent.proofs import NoProof, ProofUnavailableError, Prover
+from agent.proofs import BackOffAfterRefusal, NoProof, ProofRefusedError, ProofUnavailableError, Prover
 from agent.sources.tracking import Observation, Tracker
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError
@@ -43,7 +43,8 @@ KEEP_PUBLISHED_SECONDS = 24 * 3600
 PRUNE_EVERY_SECONDS = 600.0
 # How long a message waits for its proof of identity before it goes without one: the metadata
 # service answers 503 for a second or so during maintenance, and a report the functions may
-# refuse (trust: attested) is still better late than a report never sent.
+# refuse (trust: attested) is still better late than a report never sent. A refusal (a 404 or
+# 400) is not waited for: it would be the same after the wait, and a Spot eviction gives 30 s.
 PROOF_WAIT_SECONDS = 10.0
 PROOF_RETRY_SECONDS = 0.5
 # The events of this VM that are scheduled or started, saved with the source state (in the same
@@ -118,11 +119,13 @@ class Agent:
         self._clock = clock
         self._commands = commands
         self._flush_seconds = flush_seconds
-        self._prover = prover or NoProof()
+        # a metadata service that refuses proofs is asked again only every few minutes
+        self._prover: Prover = NoProof() if prover is None else BackOffAfterRefusal(prover, clock.monotonic)
         self._forward_all = forward_all
         self._hooks = hooks
         self._proof_wait_seconds = proof_wait_seconds
         self._unproven_since: tuple[int, float] | None = None  # (outbox seq, monotonic) of the first miss
+        self._proofs_refused = False  # since the last proof: logged once, not for every message
         self.last_proof_error = ""  # for --check and the logs; "" while proofs come
         # Capped at 5 s: once the bus is back, the backlog goes out within seconds. One agent per VM
         # retrying every few seconds costs a broker nothing.
@@ -364,11 +367,14 @@ class Agent:
             LOGGER.info("published envelope %s", message.envelope_id, extra=_message_fields(message))
 
     def _proven(self, seq: int, message: OutboundMessage) -> OutboundMessage | None:
-        """The message with this VM's proof of identity; without one once the proof was missing for
-        `proof_wait_seconds`; None to wait a little and ask again. The proof is made when the
-        message goes out, not when it is recorded: a backlog must not publish stale proofs."""
+        """The message with this VM's proof of identity; without one at once when the metadata
+        service refuses it, or once the proof was missing for `proof_wait_seconds`; None to wait a
+        little and ask again. The proof is made when the message goes out, not when it is
+        recorded: a backlog must not publish stale proofs."""
         try:
             body = self._prover.prove(message.body)
+        except ProofRefusedError as exc:
+            return self._refused_proof(seq, message, exc)
         except ProofUnavailableError as exc:
             now = self._clock.monotonic()
             if self._unproven_since is None or self._unproven_since[0] != seq:
@@ -389,9 +395,34 @@ class Agent:
                 extra=_message_fields(message),
             )
             return message
+        if self._proofs_refused:
+            self._proofs_refused = False
+            LOGGER.info("the metadata service gives proofs of identity again", extra=_message_fields(message))
         self._unproven_since = None
         self.last_proof_error = ""
         return with_message_id(replace(message, body=body))
+
+    def _refused_proof(self, seq: int, message: OutboundMessage, refusal: ProofRefusedError) -> OutboundMessage:
+        """The message without a proof, at once: counted as every unproven message is, logged once
+        for all the messages until a proof comes again."""
+        if self._unproven_since is None or self._unproven_since[0] != seq:
+            self._metrics.inc("mbridge_errors_total", kind="identity_proof")  # not counted yet for this one
+        self._unproven_since = None
+        self._metrics.inc("mbridge_unproven_messages_total")
+        self.last_proof_error = str(refusal)
+        message = with_message_id(message)
+        if not self._proofs_refused:
+            self._proofs_refused = True
+            LOGGER.error(
+                "the metadata service refuses proofs of identity (%s): messages go without one at once, counted in "
+                "mbridge_unproven_messages_total, and functions that require one (trust: attested) audit them as "
+                "unverified and do not act on them; it is asked again every few minutes",
+                refusal,
+                extra=_message_fields(message),
+            )
+        else:
+            LOGGER.debug("publishing message %d without a proof of identity (refused)", seq)
+        return message
 
     # ---- commands
 

@@ -12,8 +12,10 @@ own metadata service — nothing the VM could forge — and is bound to the mess
   the VM, so it is kept and asked again only after `AZURE_REFRESH_SECONDS` (with a new key).
 
 A proof that cannot be fetched does not stop the agent: the caller publishes the message without
-one after a short wait (`Publisher`), counts it, and says so in /metrics and `--check`; the
-functions then decide by their trust setting.
+one after a short wait (the publisher, `agent.loop`), counts it, and says so in /metrics and
+`--check`; the functions then decide by their trust setting. A metadata service that refuses the
+proof outright (a 404 or 400: `ProofRefusedError`) costs no wait: the message goes at once, and the
+service is asked again only every few minutes (`BackOffAfterRefusal`).
 """
 
 from __future__ import annotations
@@ -44,10 +46,25 @@ LOGGER = logging.getLogger("mbridge.proofs")
 # Azure's attested documents are valid for hours (docs/security.md); one an hour old is still
 # fresh, and a new key an hour bounds how long a stolen one could sign.
 AZURE_REFRESH_SECONDS = 3600.0
+# After a refusal the metadata service is asked again after a minute, then twice as long each time
+# it refuses again, up to five minutes: a request every few minutes costs IMDS nothing, and a
+# service that starts answering gives proofs again within minutes.
+REFUSED_RETRY_FIRST_SECONDS = 60.0
+REFUSED_RETRY_MAX_SECONDS = 300.0
 
 
 class ProofUnavailableError(Exception):
     """The metadata service did not give a proof now; the message may go without one."""
+
+
+class ProofRefusedError(ProofUnavailableError):
+    """The metadata service refused the proof outright (`MetadataUnavailableError.refused`): asking
+    again soon would get the same answer, so the message goes without one at once."""
+
+
+def _unavailable(what: str, error: MetadataUnavailableError) -> ProofUnavailableError:
+    kind = ProofRefusedError if error.refused else ProofUnavailableError
+    return kind(f"{what}: {error}")
 
 
 class Prover(Protocol):
@@ -89,7 +106,7 @@ class GceIdentityProver:
         try:
             token = self._client.identity_token(token_audience(self._audience, content_digest(document)))
         except MetadataUnavailableError as exc:
-            raise ProofUnavailableError(f"no identity token from the metadata server: {exc}") from exc
+            raise _unavailable("no identity token from the metadata server", exc) from exc
         document[GCE_TOKEN] = token
         return _body(document)
 
@@ -131,12 +148,55 @@ class AzureAttestedProver:
             attested = self._client.attested_document(session_nonce(public))
         except MetadataUnavailableError as exc:
             if self._key is None:
-                raise ProofUnavailableError(f"no attested document from IMDS: {exc}") from exc
+                raise _unavailable("no attested document from IMDS", exc) from exc
             # The one in hand is still valid for hours: keep it, ask again next time.
             LOGGER.warning("could not renew the attested document, keeping the current one: %s", exc)
             return
         self._key, self._public, self._attested = key, public, attested
         self._fetched_at = self._monotonic()
+
+
+class BackOffAfterRefusal:
+    """A prover that, once the metadata service refused a proof, does not ask it again for a while.
+
+    Until then every message is refused at once, without a request; then the next message asks
+    again. Each refusal in a row doubles the pause, up to `REFUSED_RETRY_MAX_SECONDS`; any other
+    answer (a proof, or a failure that may pass) ends it.
+    """
+
+    def __init__(
+        self,
+        prover: Prover,
+        monotonic: Callable[[], float],
+        first_pause: float = REFUSED_RETRY_FIRST_SECONDS,
+        longest_pause: float = REFUSED_RETRY_MAX_SECONDS,
+    ) -> None:
+        self._prover = prover
+        self._monotonic = monotonic
+        self._first_pause = first_pause
+        self._longest_pause = longest_pause
+        self._pause = first_pause
+        self._refusal: str | None = None  # what the last refusal said, while it stands
+        self._ask_again_at = 0.0
+
+    def prove(self, body: bytes) -> bytes:
+        if self._refusal is not None and self._monotonic() < self._ask_again_at:
+            # a new error each time: raising one object again would lengthen its traceback for ever
+            raise ProofRefusedError(self._refusal)
+        try:
+            proven = self._prover.prove(body)
+        except ProofRefusedError as exc:
+            self._refusal, self._ask_again_at = str(exc), self._monotonic() + self._pause
+            self._pause = min(self._longest_pause, self._pause * 2)
+            raise
+        except ProofUnavailableError:
+            self._stand_down()
+            raise
+        self._stand_down()
+        return proven
+
+    def _stand_down(self) -> None:
+        self._refusal, self._pause = None, self._first_pause
 
 
 def _document(body: bytes) -> dict[str, object]:

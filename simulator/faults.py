@@ -1,8 +1,9 @@
 """Metadata-service misbehaviour on demand, per VM: what a robust client has to survive.
 
 Faults apply to metadata paths only, never to /_sim/. For each request the order is: a dropped
-connection (nothing else is consumed), the rate limit, an error burst, then the delays (first-call
-delay and added latency); a malformed body replaces the body of a document-carrying 200 answer.
+connection (nothing else is consumed), the rate limit, an error burst, a refused proof of identity,
+then the delays (first-call delay and added latency); a malformed body replaces the body of a
+document-carrying 200 answer.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class FaultChange:
     first_call_delay: float | None = None  # documented seconds
     malformed: int | None = None
     drop: int | None = None
+    refuse_proofs: int | None = None  # a 4xx status; 0 lifts it
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class VmFaults:
     first_call_delay: float = 0.0  # armed for the next first-call candidate; documented seconds
     malformed: int = 0
     drop: int = 0
+    # The status the proof endpoint (Azure attested document, GCE identity token) answers, 0 for none:
+    # Microsoft's Scheduled Events mock server answers 404 there, and a metadata service can refuse it.
+    refuse_proofs: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class Admission:
     reason: str = ""
 
 
-_FIELDS = {"vm", "rate_limit", "error_burst", "latency_ms", "first_call_delay", "malformed", "drop"}
+_FIELDS = {"vm", "rate_limit", "error_burst", "latency_ms", "first_call_delay", "malformed", "drop", "refuse_proofs"}
 
 
 def parse_fault_change(body: Mapping[str, object]) -> FaultChange:
@@ -87,6 +92,10 @@ def parse_fault_change(body: Mapping[str, object]) -> FaultChange:
     delay = body.get("first_call_delay")
     if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0):
         raise FieldError("first_call_delay", "must be documented seconds >= 0 (IMDS documents up to 120)")
+    refuse_proofs = _count(body, "refuse_proofs", "refuse_proofs") if "refuse_proofs" in body else None
+    if refuse_proofs and not 400 <= refuse_proofs <= 499:
+        # 5xx and 429 are transient answers: error_burst gives those
+        raise FieldError("refuse_proofs", "must be a client error status between 400 and 499, or 0 to answer again")
     return FaultChange(
         vm=vm,
         rate_limit=rate_limit,
@@ -95,6 +104,7 @@ def parse_fault_change(body: Mapping[str, object]) -> FaultChange:
         first_call_delay=None if delay is None else float(delay),
         malformed=_count(body, "malformed", "malformed") if "malformed" in body else None,
         drop=_count(body, "drop", "drop") if "drop" in body else None,
+        refuse_proofs=refuse_proofs,
     )
 
 
@@ -137,6 +147,8 @@ class FaultBook:
                     faults = replace(faults, malformed=change.malformed)
                 if change.drop is not None:
                     faults = replace(faults, drop=change.drop)
+                if change.refuse_proofs is not None:
+                    faults = replace(faults, refuse_proofs=change.refuse_proofs)
                 self._faults[vm] = faults
                 self._log.add(f"faults now {_describe(faults)}", vm=vm, at=at)
 
@@ -150,12 +162,14 @@ class FaultBook:
                     "first_call_delay": f.first_call_delay,
                     "malformed": f.malformed,
                     "drop": f.drop,
+                    "refuse_proofs": f.refuse_proofs,
                 }
                 for vm, f in self._faults.items()
             }
 
-    def admit(self, vm: str, first_call_candidate: bool) -> Admission:
-        """Decide drop / reject / delay for one metadata request of `vm`, consuming one-shot faults."""
+    def admit(self, vm: str, first_call_candidate: bool, proof_request: bool = False) -> Admission:
+        """Decide drop / reject / delay for one metadata request of `vm`, consuming one-shot faults.
+        `proof_request`: the request asks for a proof of identity (attested document, identity token)."""
         with self._cond:
             faults = self._faults[vm]
             if faults.drop > 0:
@@ -171,6 +185,8 @@ class FaultBook:
             if faults.error_count > 0:
                 self._faults[vm] = replace(faults, error_count=faults.error_count - 1)
                 return Admission(delay=delay, reject=self._error(faults.error_status), reason="error-burst")
+            if proof_request and faults.refuse_proofs:
+                return Admission(delay=delay, reject=self._error(faults.refuse_proofs), reason="proof-refused")
             return Admission(delay=delay)
 
     def take_malformed(self, vm: str) -> bool:
@@ -228,4 +244,6 @@ def _describe(faults: VmFaults) -> str:
         parts.append(f"malformed={faults.malformed}")
     if faults.drop:
         parts.append(f"drop={faults.drop}")
+    if faults.refuse_proofs:
+        parts.append(f"refuse_proofs={faults.refuse_proofs}")
     return ", ".join(parts)

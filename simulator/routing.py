@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from simulator.azure_api import SCHEDULED_EVENTS_PATH, AzureApi, parse_start_requests
+from simulator.azure_api import ATTESTED_PATH, SCHEDULED_EVENTS_PATH, AzureApi, parse_start_requests
 from simulator.control import CONTROL_PREFIX, ControlApi, SimContext
-from simulator.gce_api import GceApi
+from simulator.gce_api import IDENTITY_PATH, PREFIX, GceApi
 from simulator.store import ApprovalResult, Cloud, MetadataRequest, Response
 
 
@@ -44,8 +44,10 @@ class Router:
     def _metadata(self, request: MetadataRequest) -> Response | None:
         azure = self._ctx.cloud is Cloud.AZURE
         # IMDS documents the slow first call for Scheduled Events; on GCE any first request is delayed.
-        first_call = request.path.rstrip("/") == SCHEDULED_EVENTS_PATH if azure else True
-        admission = self._ctx.faults.admit(request.vm, first_call)
+        path = request.path.rstrip("/")
+        first_call = path == SCHEDULED_EVENTS_PATH if azure else True
+        proof_request = path == (ATTESTED_PATH if azure else PREFIX + IDENTITY_PATH)
+        admission = self._ctx.faults.admit(request.vm, first_call, proof_request)
         if admission.drop:
             self._note_refused_approval(request, 0, "dropped")
             return None

@@ -28,7 +28,8 @@ def agent_metrics() -> Metrics:
     metrics.describe(
         "mbridge_unproven_messages_total",
         "counter",
-        "Messages published without a proof of this VM's identity (the metadata service gave none in time).",
+        "Messages published without a proof of this VM's identity (the metadata service gave none in time, "
+        "or refused it).",
     )
     metrics.describe(
         "mbridge_events_not_forwarded_total",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from agent.health.endpoints import Answer, json_answer, response, router
+from agent.health.eviction import peer_of, victim
 from agent.health.metrics import Metrics
 from agent.health.readiness import Readiness
 
@@ -35,8 +36,9 @@ class ConnectionLimits:
     # wait for the client to take it, and for the client to close afterwards. Probes send
     # their whole request at once; 5 s leaves room for a few lost packets, no more.
     request_timeout: float = 5.0
-    # Probes and scrapers need a handful at a time; a new connection beyond this closes the
-    # oldest one, so a flood of idle sockets cannot lock the probe out.
+    # Probes and scrapers need a handful at a time; a new connection beyond this closes one of
+    # the address holding the most (agent/health/eviction.py), so a flood of idle sockets from
+    # another host can neither lock the probe out nor close it before its request arrives.
     max_connections: int = 64
     # Request line and headers together: our requests are a few hundred bytes.
     max_request_head: int = 8192
@@ -56,13 +58,19 @@ _WAKEUP = "wakeup"
 class _Connection:
     """One client: reading its request, writing the answer, then waiting for it to close."""
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, peer: str, deadline: float) -> None:
         self.sock = sock
         self.fd = sock.fileno()
+        self.peer = peer  # the address it counts under when the table is full
         self.deadline = deadline
         self.received = bytearray()
         self.outgoing = memoryview(b"")
         self.phase = "reading"  # then "writing", then "draining"
+
+    @property
+    def answered(self) -> bool:
+        """The whole answer is sent; the connection only waits for the client to close."""
+        return self.phase == "draining"
 
 
 class HealthServer:
@@ -77,9 +85,12 @@ class HealthServer:
         readiness: Readiness,
         liveness: Callable[[], Mapping[str, object]],
         limits: ConnectionLimits = DEFAULT_LIMITS,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._route = router(metrics, readiness, liveness)
         self._limits = limits
+        # Every deadline is read from this clock; a test freezes it to say exactly what is overdue.
+        self._monotonic = monotonic
         self._listener = socket.create_server((host, port), backlog=limits.backlog)
         self._listener.setblocking(False)
         # stop() writes a byte here, so the loop can block without a timeout while idle
@@ -88,6 +99,7 @@ class HealthServer:
         self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
         self._selector.register(self._wakeup, selectors.EVENT_READ, _WAKEUP)
         self._connections: dict[int, _Connection] = {}  # in accept order: the first is the oldest
+        self._held_per_peer: dict[str, int] = {}
         self._accept_paused_until: float | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="health", daemon=True)
@@ -139,7 +151,7 @@ class HealthServer:
             deadlines.append(self._accept_paused_until)
         if not deadlines:
             return None  # idle: block until a client or stop() wakes the loop
-        return max(0.0, min(deadlines) - time.monotonic())
+        return max(0.0, min(deadlines) - self._monotonic())
 
     def _dispatch_safely(self, tag: object) -> None:
         try:
@@ -165,7 +177,7 @@ class HealthServer:
         # until they have been read.
         for _ in range(max(1, self._limits.max_connections // 2)):
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionAbortedError:
@@ -173,24 +185,25 @@ class HealthServer:
             except OSError as exc:  # out of descriptors: the listener would stay readable
                 self._pause_accepting(exc)
                 return
-            self._admit(sock)
+            self._admit(sock, peer_of(address))
 
-    def _admit(self, sock: socket.socket) -> None:
+    def _admit(self, sock: socket.socket, peer: str) -> None:
         if len(self._connections) >= self._limits.max_connections:
-            self._close(next(iter(self._connections.values())))
+            self._close(victim(self._connections.values(), self._held_per_peer, peer))
         sock.setblocking(False)
-        connection = _Connection(sock, time.monotonic() + self._limits.request_timeout)
+        connection = _Connection(sock, peer, self._monotonic() + self._limits.request_timeout)
         self._connections[connection.fd] = connection
+        self._held_per_peer[peer] = self._held_per_peer.get(peer, 0) + 1
         self._selector.register(sock, selectors.EVENT_READ, connection)
         self._receive(connection)  # a probe's request usually comes with its connection
 
     def _pause_accepting(self, error: OSError) -> None:
         LOGGER.warning("health: cannot accept connections (%s); trying again in %.0f s", error, ACCEPT_RETRY_SECONDS)
         self._selector.unregister(self._listener)
-        self._accept_paused_until = time.monotonic() + ACCEPT_RETRY_SECONDS
+        self._accept_paused_until = self._monotonic() + ACCEPT_RETRY_SECONDS
 
     def _resume_accepting_when_due(self) -> None:
-        if self._accept_paused_until is not None and time.monotonic() >= self._accept_paused_until:
+        if self._accept_paused_until is not None and self._monotonic() >= self._accept_paused_until:
             self._accept_paused_until = None
             self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
 
@@ -237,7 +250,7 @@ class HealthServer:
     def _reply(self, connection: _Connection, answer: Answer) -> None:
         connection.outgoing = memoryview(response(*answer))
         connection.phase = "writing"
-        connection.deadline = time.monotonic() + self._limits.request_timeout
+        connection.deadline = self._monotonic() + self._limits.request_timeout
         self._selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
         self._send_some(connection)
 
@@ -262,11 +275,11 @@ class HealthServer:
             self._close(connection)
             return
         connection.phase = "draining"
-        connection.deadline = time.monotonic() + self._limits.request_timeout
+        connection.deadline = self._monotonic() + self._limits.request_timeout
         self._selector.modify(connection.sock, selectors.EVENT_READ, connection)
 
     def _drop_overdue(self) -> None:
-        now = time.monotonic()
+        now = self._monotonic()
         for connection in [c for c in self._connections.values() if c.deadline <= now]:
             self._close(connection)
 
@@ -274,6 +287,9 @@ class HealthServer:
         if self._connections.get(connection.fd) is not connection:
             return  # closed already; its descriptor may belong to a newer connection now
         del self._connections[connection.fd]
+        left = self._held_per_peer.pop(connection.peer) - 1
+        if left:
+            self._held_per_peer[connection.peer] = left
         self._selector.unregister(connection.sock)
         connection.sock.close()
 

@@ -36,6 +36,9 @@ DEFAULT_TIMEOUT: tuple[float, float] = (2.0, 10.0)
 # Connections kept open to the metadata service: the watcher's, and an approval's or a proof's
 # while a long-poll holds the watcher's (more are opened when needed, and not kept).
 KEPT_CONNECTIONS = 2
+# Client errors that mean "not now" rather than "no": the request timed out (408), IMDS's 410 ("retry
+# after some time for a max of 70 seconds"), too early (425), too many requests (429).
+TRANSIENT_CLIENT_ERRORS = frozenset({408, 410, 425, 429})
 # What a kept connection that the service closed since its last answer raises when used again.
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
@@ -51,6 +54,13 @@ class MetadataUnavailableError(RetryableError):
         super().__init__(message)
         self.kind = kind
         self.status = status
+
+    @property
+    def refused(self) -> bool:
+        """The service answered and said no, as it will next time: a client error such as 404 (no
+        such endpoint: Microsoft's Scheduled Events mock server has no attested document) or 400.
+        Throttling, server errors, timeouts and unreachable services are not refusals."""
+        return self.status is not None and 400 <= self.status < 500 and self.status not in TRANSIENT_CLIENT_ERRORS
 
 
 @dataclass(frozen=True)

@@ -8,21 +8,32 @@ clouds: the same metadata clients, provers, envelope codec and verifiers.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
+import requests
 
-from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
+from agent.health import Metrics, Readiness
+from agent.loop import Agent
+from agent.messages import event_message
+from agent.proofs import REFUSED_RETRY_FIRST_SECONDS, AzureAttestedProver, GceIdentityProver, Prover
 from agent.sources.azure.client import AzureImdsClient
+from agent.sources.azure.tracker import AzureTracker
 from agent.sources.gce.client import GceMetadataClient
+from agent.state import AgentState
 from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
 from simulator.server import Simulator
 from tests.factories import azure_event
+from tests.kit import FakeClock
+from tests.unit.agent.test_loop import FakeTransport
+from tests.waiting import wait_until
 from wire.envelope import decode, encode, envelope_for_event
 from wire.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, Identity, UnverifiedError
-from wire.model import Cloud, EventKind, EventStatus
+from wire.model import Cloud, EventKind, EventStatus, MaintenanceEvent
 
 VMS = ("web-0", "web-1")
 
@@ -34,12 +45,12 @@ class Run:
         self.verifier: CloudVerifier = verifier_from_trust(json.loads(json.dumps(simulator.trust())))
         self._clients: list[AzureImdsClient | GceMetadataClient] = []
 
-    def prover(self, vm: str) -> Prover:
+    def prover(self, vm: str, clock: FakeClock | None = None) -> Prover:
         url = self.simulator.base_urls[VMS.index(vm)]
         if self.cloud is Cloud.AZURE:
             azure = AzureImdsClient.for_base_url(url)
             self._clients.append(azure)
-            return AzureAttestedProver(azure, lambda: 0.0)
+            return AzureAttestedProver(azure, (clock or FakeClock()).monotonic)
         gce = GceMetadataClient.for_base_url(url)
         self._clients.append(gce)
         return GceIdentityProver(gce, DEFAULT_AUDIENCE)
@@ -47,6 +58,10 @@ class Run:
     def verify(self, body: bytes, accepted_at: datetime | None = None) -> Identity:
         now = datetime.now(timezone.utc)
         return self.verifier.verify(decode(body), accepted_at or now, now)
+
+    def faults(self, **change: object) -> None:
+        response = requests.post(f"{self.simulator.base_urls[0]}/_sim/faults", json=change, timeout=10)
+        assert response.status_code == 200, response.text
 
     def close(self) -> None:
         for client in self._clients:
@@ -62,7 +77,11 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
 
 
 def report(cloud: Cloud, reporter: str = "web-0", **fields: object) -> bytes:
-    event = azure_event(
+    return encode(envelope_for_event(reported_event(cloud, reporter, **fields), datetime.now(timezone.utc)))
+
+
+def reported_event(cloud: Cloud, reporter: str = "web-0", **fields: object) -> MaintenanceEvent:
+    return azure_event(
         cloud=cloud,
         event_id="E-1" if cloud is Cloud.AZURE else "gce-maintenance-1",
         kind=EventKind.REBOOT if cloud is Cloud.AZURE else EventKind.LIVE_MIGRATE,
@@ -71,7 +90,14 @@ def report(cloud: Cloud, reporter: str = "web-0", **fields: object) -> bytes:
         resources=(reporter,),
         **fields,
     )
-    return encode(envelope_for_event(event, datetime.now(timezone.utc)))
+
+
+def record_reports(state: AgentState, cloud: Cloud, *descriptions: str) -> None:
+    """Messages in the outbox, as the agent records its reports."""
+    now = datetime.now(timezone.utc)
+    state.record(
+        [(event_message(reported_event(cloud, description=text), now), now.timestamp()) for text in descriptions]
+    )
 
 
 def test_a_proven_report_is_verified_as_its_own_vm(run: Run) -> None:
@@ -112,3 +138,47 @@ def test_a_proof_is_refused_once_it_expired_when_the_bus_took_the_message(run: R
     later = datetime.now(timezone.utc) + timedelta(hours=7)  # past a token's hour and a document's six
     with pytest.raises(UnverifiedError, match=r"expire|valid"):
         run.verify(body, accepted_at=later)
+
+
+def test_a_metadata_service_that_refuses_proofs_costs_no_wait_and_proofs_come_back(run: Run, tmp_path: Path) -> None:
+    # GIVEN the VM's metadata service refusing the proof endpoint (404, as Microsoft's mock server
+    # does), and a clock that stands still: a message that waited for its proof would never go
+    run.faults(refuse_proofs=404)
+    clock, transport, metrics, state = FakeClock(), FakeTransport(), Metrics(), AgentState(tmp_path / "agent.db")
+    agent = Agent(
+        cloud=run.cloud,
+        vm_name="web-0",
+        tracker=AzureTracker("web-0", None),  # not used: the test records the messages itself
+        transport=transport,
+        state=state,
+        readiness=Readiness(follows_commands=False),
+        metrics=metrics,
+        clock=clock,
+        flush_seconds=1.0,
+        prover=run.prover("web-0", clock),
+    )
+    record_reports(state, run.cloud, "first", "second")
+
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    try:
+        # WHEN the agent runs, THEN both messages go out at once, without a proof, counted
+        wait_until(lambda: len(transport.published) == 2, 10, "the messages to go out")
+        assert metrics.value("mbridge_unproven_messages_total") == 2
+        with pytest.raises(UnverifiedError):
+            run.verify(transport.published[0].body)
+
+        # WHEN the metadata service gives proofs again and the time to ask again has come
+        run.faults(refuse_proofs=0)
+        clock.advance(REFUSED_RETRY_FIRST_SECONDS)
+        record_reports(state, run.cloud, "third")
+
+        # THEN the next message carries a proof the functions verify as this VM's
+        wait_until(lambda: len(transport.published) == 3, 10, "the next message to go out")
+        assert run.verify(transport.published[2].body).vm == "web-0"
+        assert metrics.value("mbridge_unproven_messages_total") == 2
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+        state.close()

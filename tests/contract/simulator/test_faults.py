@@ -169,6 +169,44 @@ def test_dropped_connections_get_no_answer(azure: VmClient) -> None:
     assert azure.events()["Events"][0]["EventStatus"] == "Scheduled"
 
 
+def attested_document(vm: VmClient) -> requests.Response:
+    return requests.get(
+        f"{vm.base_url}/metadata/attested/document",
+        params={"api-version": "2020-09-01", "nonce": "1234567890"},
+        headers={"Metadata": "true"},
+        timeout=10,
+    )
+
+
+@pytest.mark.parametrize("status", [404, 400])
+def test_refused_proofs_answer_the_attested_document_with_a_status_until_lifted(azure: VmClient, status: int) -> None:
+    # GIVEN an IMDS that refuses the attested document (as Microsoft's Scheduled Events mock server does)
+    azure.post_ok("faults", {"refuse_proofs": status})
+    # WHEN the attested document is asked for, twice, and the events are read
+    refused = [attested_document(azure) for _ in range(2)]
+    # THEN every attested request gets the status, and the rest of IMDS answers as usual
+    assert [r.status_code for r in refused] == [status, status]
+    assert azure.get_events().status_code == 200
+    assert azure.state()["faults"]["vm-0"]["refuse_proofs"] == status
+    # AND once lifted, the document comes again
+    azure.post_ok("faults", {"refuse_proofs": 0})
+    assert attested_document(azure).json()["encoding"] == "pkcs7"
+
+
+def test_refused_proofs_answer_the_gce_identity_endpoint_with_a_status(gce: VmClient) -> None:
+    # GIVEN a metadata server that refuses identity tokens
+    gce.post_ok("faults", {"refuse_proofs": 404})
+    identity = "instance/service-accounts/default/identity"
+    # WHEN a token and a value are read
+    refused = gce.gce(identity, {"audience": "maintenance-bridge"})
+    # THEN the token is refused with the metadata server's header, the value is served
+    assert refused.status_code == 404
+    assert refused.headers["Metadata-Flavor"] == "Google"
+    assert gce.gce("instance/maintenance-event").text == "NONE"
+    gce.post_ok("faults", {"refuse_proofs": 0})
+    assert gce.gce(identity, {"audience": "maintenance-bridge"}).text.count(".") == 2
+
+
 def test_faults_never_apply_to_the_control_api(azure: VmClient) -> None:
     # GIVEN drops, errors and malformed answers armed
     azure.post_ok("faults", {"drop": 1, "error_burst": {"status": 503, "count": 1}, "malformed": 1})
@@ -182,6 +220,7 @@ def test_faults_never_apply_to_the_control_api(azure: VmClient) -> None:
         "first_call_delay": 0.0,
         "malformed": 1,
         "drop": 1,
+        "refuse_proofs": 0,
     }
 
 
@@ -201,8 +240,10 @@ def test_fault_requests_are_validated(azure: VmClient) -> None:
     empty = azure.control("POST", "faults", {})
     bad_status = azure.control("POST", "faults", {"error_burst": {"status": 200, "count": 1}})
     bad_vm = azure.control("POST", "faults", {"vm": "nobody", "drop": 1})
+    bad_refusal = azure.control("POST", "faults", {"refuse_proofs": 503})  # a refusal is a 4xx; error_burst has 5xx
     # THEN 400 with a message that names the field
-    assert [r.status_code for r in (unknown, empty, bad_status, bad_vm)] == [400] * 4
+    assert [r.status_code for r in (unknown, empty, bad_status, bad_vm, bad_refusal)] == [400] * 5
+    assert "refuse_proofs" in bad_refusal.json()["error"]
     assert "explode" in unknown.json()["error"]
     assert "error_burst.status" in bad_status.json()["error"]
     assert "nobody" in bad_vm.json()["error"]

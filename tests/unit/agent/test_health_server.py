@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 
 from agent.health import HealthServer, Metrics, Readiness
+from agent.health.eviction import peer_of
+from tests.kit import FakeClock
 from tests.peers import require_peer
+from tests.waiting import wait_until
 from wire.version import version
 
 SLOW_LORIS_SOCKETS = 1000
@@ -30,6 +33,11 @@ DOCUMENTED_REQUEST_TIMEOUT = 5.0
 DOCUMENTED_MAX_CONNECTIONS = 64
 DOCUMENTED_MAX_HEAD_BYTES = 8192
 HALF_A_REQUEST = b"GET /readyz HTTP/1.1\r\nHost: agent\r\n"
+READYZ = b"GET /readyz HTTP/1.1\r\nHost: agent\r\n\r\n"
+# Another loopback address (Linux routes all of 127/8 to lo): a flood from a host that is not the probe's.
+FLOOD_ADDRESS = "127.0.0.2"
+# More connections than the table holds, opened after the probe's: each one makes the server choose whom to close.
+FLOOD_AFTER_THE_PROBE = 3 * DOCUMENTED_MAX_CONNECTIONS
 
 
 @pytest.fixture
@@ -63,6 +71,25 @@ def port(metrics: Metrics, readiness: Readiness) -> Iterator[int]:
 
 
 @pytest.fixture
+def frozen_server(metrics: Metrics, readiness: Readiness) -> Iterator[HealthServer]:
+    """A server whose clock stands still: no deadline passes however long the machine takes, so
+    what it closes is decided by its table alone."""
+    server = HealthServer(
+        "127.0.0.1",
+        0,
+        metrics=metrics,
+        readiness=readiness,
+        liveness=lambda: {"healthy": True, "threads": {}},
+        monotonic=FakeClock().monotonic,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
 def enough_open_files() -> Iterator[None]:
     """Room for the test's own sockets plus the server's, restored afterwards."""
     resource = pytest.importorskip("resource")
@@ -81,6 +108,46 @@ def enough_open_files() -> Iterator[None]:
 
 def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def port_of(server: HealthServer) -> int:
+    return int(server.address.rsplit(":", 1)[1])
+
+
+def connect_from(address: str, port: int) -> socket.socket:
+    try:
+        return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(address, 0))
+    except OSError as exc:  # not Linux: only 127.0.0.1 is a loopback address
+        pytest.skip(f"cannot connect from {address}: {exc}")
+
+
+def closed_by_the_server(sockets: list[socket.socket]) -> list[socket.socket]:
+    """The sockets the server has closed so far. The server says nothing before a request, so a
+    socket that became readable was closed (end of stream or reset)."""
+    poller = select.poll()
+    by_fd = {sock.fileno(): sock for sock in sockets}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(0)]
+
+
+def wait_until_closed(sockets: list[socket.socket], count: int) -> list[socket.socket]:
+    """Wait (on the server, not on a clock) until it has closed `count` of `sockets`; return those."""
+    wait_until(
+        lambda: len(closed_by_the_server(sockets)) >= count,
+        30,
+        lambda: f"the server to close {count} connections (closed: {len(closed_by_the_server(sockets))})",
+    )
+    return closed_by_the_server(sockets)
+
+
+def ask(sock: socket.socket, request: bytes = READYZ) -> bytes:
+    """Send a request on a connection opened earlier; return all the server says before it closes."""
+    try:
+        sock.sendall(request)
+        return sock.makefile("rb").read()
+    except OSError:  # the server had closed it: the request met a reset
+        return b""
 
 
 def open_slow_loris(port: int, count: int) -> list[socket.socket]:
@@ -184,6 +251,77 @@ def test_the_server_holds_no_more_connections_than_its_cap(port: int, enough_ope
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_a_probe_that_connected_outlasts_a_flood_from_another_address(frozen_server: HealthServer) -> None:
+    # GIVEN a table full of idle connections from another host
+    port = port_of(frozen_server)
+    flood = [connect_from(FLOOD_ADDRESS, port) for _ in range(DOCUMENTED_MAX_CONNECTIONS)]
+    # AND a probe that has connected but not sent its request yet (a kubelet sends it a few ms later)
+    probe = connect(port)
+    try:
+        # WHEN that host opens many more, faster than the probe sends its request
+        flood += [connect_from(FLOOD_ADDRESS, port) for _ in range(FLOOD_AFTER_THE_PROBE)]
+        closed = wait_until_closed([*flood, probe], FLOOD_AFTER_THE_PROBE + 1)
+
+        # THEN the server made room by closing the flood's connections, never the probe's
+        assert probe not in closed
+        # AND the probe's request, when it comes, is answered
+        assert ask(probe).startswith(b"HTTP/1.0 200 ")
+    finally:
+        for sock in [*flood, probe]:
+            sock.close()
+
+
+def test_a_new_probe_gets_in_when_another_host_holds_every_connection(frozen_server: HealthServer) -> None:
+    # GIVEN another host holding every connection of the table, and going on opening more
+    port = port_of(frozen_server)
+    flood = [connect_from(FLOOD_ADDRESS, port) for _ in range(DOCUMENTED_MAX_CONNECTIONS)]
+    probe = connect(port)
+    try:
+        flood += [connect_from(FLOOD_ADDRESS, port) for _ in range(FLOOD_AFTER_THE_PROBE)]
+        wait_until_closed([*flood, probe], FLOOD_AFTER_THE_PROBE + 1)
+
+        # WHEN a second probe from the probe's host connects and asks at once
+        # THEN it is answered, and the first probe is still held
+        assert exchange(port, READYZ).startswith(b"HTTP/1.0 200 ")
+        assert probe not in closed_by_the_server([probe])
+    finally:
+        for sock in [*flood, probe]:
+            sock.close()
+
+
+def test_an_answered_connection_kept_open_goes_before_one_waiting_for_its_request(frozen_server: HealthServer) -> None:
+    # GIVEN a full table from one address: idle connections, then a client that got its answer and
+    # keeps the connection open
+    port = port_of(frozen_server)
+    idle = [connect(port) for _ in range(DOCUMENTED_MAX_CONNECTIONS - 1)]
+    answered = connect(port)
+    try:
+        assert ask(answered).startswith(b"HTTP/1.0 200 ")  # read to the server's end; not closed here
+
+        # WHEN one more client connects and asks
+        # THEN it is answered, and the room was made by closing the answered one, not the oldest idle one
+        assert exchange(port, READYZ).startswith(b"HTTP/1.0 200 ")
+        assert closed_by_the_server(idle) == []
+    finally:
+        for sock in [*idle, answered]:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    ("address", "counted_as"),
+    [
+        (("10.0.0.7", 40000), "10.0.0.7"),
+        (("2001:db8:0:1::7", 40000, 0, 0), "2001:db8:0:1::/64"),
+        (("2001:db8:0:1:ffff:ffff:ffff:ffff", 40000, 0, 0), "2001:db8:0:1::/64"),  # the same host's /64
+        (("::ffff:10.0.0.7", 40000, 0, 0), "10.0.0.7"),  # a dual-stack listener's IPv4 client
+        (("fe80::1%eth0", 40000, 0, 2), "fe80::/64"),
+    ],
+)
+def test_connections_count_under_their_hosts_address(address: tuple[object, ...], counted_as: str) -> None:
+    # An IPv6 host is given a /64: counting its addresses one by one would let it pass for many hosts.
+    assert peer_of(address) == counted_as
 
 
 @pytest.mark.slow

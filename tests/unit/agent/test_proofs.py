@@ -19,7 +19,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from agent.health import Metrics, Readiness
 from agent.loop import Agent
-from agent.proofs import AzureAttestedProver, GceIdentityProver, ProofUnavailableError
+from agent.proofs import (
+    REFUSED_RETRY_FIRST_SECONDS,
+    REFUSED_RETRY_MAX_SECONDS,
+    AzureAttestedProver,
+    BackOffAfterRefusal,
+    GceIdentityProver,
+    ProofRefusedError,
+    ProofUnavailableError,
+)
 from agent.sources.azure.client import AzureObservation
 from agent.sources.azure.document import parse_scheduled_events
 from agent.sources.azure.tracker import AzureTracker
@@ -49,8 +57,13 @@ BODY = json.dumps({"specversion": "1.0", "id": "a" * 64, "data": {"x": "é"}}, e
 class FakeGce:
     audiences: list[str] = field(default_factory=list)
     down: bool = False
+    refusing: int = 0  # the status a metadata server that refuses tokens answers (0: it gives them)
+    asked: int = 0
 
     def identity_token(self, audience: str) -> str:
+        self.asked += 1
+        if self.refusing:
+            raise MetadataUnavailableError("client_error", f"GET identity answered {self.refusing}", self.refusing)
         if self.down:
             raise MetadataUnavailableError("server_error", "503 during maintenance", 503)
         self.audiences.append(audience)
@@ -61,8 +74,11 @@ class FakeGce:
 class FakeImds:
     nonces: list[str] = field(default_factory=list)
     down: bool = False
+    refusing: int = 0
 
     def attested_document(self, nonce: str) -> str:
+        if self.refusing:
+            raise MetadataUnavailableError("client_error", f"GET attested answered {self.refusing}", self.refusing)
         if self.down:
             raise MetadataUnavailableError("server_error", "500", 500)
         self.nonces.append(nonce)
@@ -130,11 +146,84 @@ def test_without_any_attested_document_the_prover_says_so() -> None:
         AzureAttestedProver(FakeImds(down=True), FakeClock().monotonic).prove(BODY)
 
 
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 405])
+def test_a_client_error_is_a_refusal(status: int) -> None:
+    # A metadata service without the endpoint (Microsoft's mock server: 404) or that will not give it
+    # for this request (400) answers the same next time: waiting for a proof would only delay the message.
+    with pytest.raises(ProofRefusedError):
+        GceIdentityProver(FakeGce(refusing=status), "aud").prove(BODY)
+    with pytest.raises(ProofRefusedError):
+        AzureAttestedProver(FakeImds(refusing=status), FakeClock().monotonic).prove(BODY)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        MetadataUnavailableError("rate_limited", "429", 429),
+        MetadataUnavailableError("client_error", "408", 408),  # the request timed out
+        MetadataUnavailableError("client_error", "410", 410),  # IMDS: retry for up to 70 s
+        MetadataUnavailableError("server_error", "503", 503),
+        MetadataUnavailableError("timeout", "no answer in time"),
+        MetadataUnavailableError("connection", "refused"),
+        MetadataUnavailableError("client_error", "a 200 that is not a token", 200),
+    ],
+    ids=lambda error: str(error),
+)
+def test_throttling_server_errors_and_timeouts_stay_transient(error: MetadataUnavailableError) -> None:
+    class Failing:
+        def identity_token(self, audience: str) -> str:
+            raise error
+
+    with pytest.raises(ProofUnavailableError) as raised:
+        GceIdentityProver(Failing(), "aud").prove(BODY)
+    assert not isinstance(raised.value, ProofRefusedError)
+
+
+def test_after_a_refusal_the_proof_is_asked_for_again_only_after_a_bounded_backoff() -> None:
+    # GIVEN a metadata server that refuses identity tokens
+    metadata, clock = FakeGce(refusing=404), FakeClock()
+    prover = BackOffAfterRefusal(GceIdentityProver(metadata, "aud"), clock.monotonic)
+
+    # WHEN messages are proven, THEN the first asks and is refused; the next are refused without asking
+    for _ in range(3):
+        with pytest.raises(ProofRefusedError, match="404"):
+            prover.prove(BODY)
+    assert metadata.asked == 1
+
+    # AND each time it refuses again, the pause doubles, up to its cap
+    pauses = []
+    for _ in range(6):
+        asked = metadata.asked
+        waited = 0.0
+        while metadata.asked == asked:
+            clock.advance(1)
+            waited += 1
+            with pytest.raises(ProofRefusedError):
+                prover.prove(BODY)
+        pauses.append(waited)
+    assert pauses[0] == REFUSED_RETRY_FIRST_SECONDS
+    assert pauses[-1] == REFUSED_RETRY_MAX_SECONDS
+    assert pauses == sorted(pauses)
+
+    # WHEN the metadata server gives tokens again, THEN the next ask after the pause gets one,
+    # and from then on every message asks at once
+    metadata.refusing = 0
+    clock.advance(REFUSED_RETRY_MAX_SECONDS)
+    assert GCE_TOKEN in unsigned(prover.prove(BODY))
+    assert GCE_TOKEN in unsigned(prover.prove(BODY))
+    # AND a transient failure is passed on as such, to be waited for
+    metadata.down = True
+    with pytest.raises(ProofUnavailableError) as raised:
+        prover.prove(BODY)
+    assert not isinstance(raised.value, ProofRefusedError)
+
+
 # ---------------------------------------------------------------- the publisher
 
 
 def agent_with(tmp_path: Path, transport: FakeTransport, **options: Any) -> tuple[Agent, Metrics]:
     metrics = Metrics()
+    options.setdefault("clock", SystemClock())
     agent = Agent(
         cloud=Cloud.AZURE,
         vm_name="web-0",
@@ -143,7 +232,6 @@ def agent_with(tmp_path: Path, transport: FakeTransport, **options: Any) -> tupl
         state=AgentState(tmp_path / "agent.db"),
         readiness=Readiness(follows_commands=False),
         metrics=metrics,
-        clock=SystemClock(),
         flush_seconds=1.0,
         **options,
     )
@@ -209,6 +297,31 @@ def test_a_message_whose_proof_does_not_come_goes_without_one_after_the_wait_and
     assert metrics.value("mbridge_unproven_messages_total") == 1
     assert metrics.value("mbridge_errors_total", kind="identity_proof") == 1
     assert "503" in agent.last_proof_error
+
+
+def test_a_refused_proof_costs_no_wait_is_counted_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a metadata server that refuses identity tokens (404), and a clock that stands still:
+    # a message that waited for its proof would never go
+    transport, metadata = FakeTransport(), FakeGce(refusing=404)
+    agent, metrics = agent_with(tmp_path, transport, prover=GceIdentityProver(metadata, "aud"), clock=FakeClock())
+    observe(agent, reboot("E1", "web-0"), reboot("E2", "web-0"), reboot("E3", "web-0"))
+
+    # WHEN the publisher runs
+    caplog.set_level("INFO", logger="mbridge.agent")
+    run_until(agent, lambda: len(transport.published) == 3)
+
+    # THEN every message went out at once without a proof, each counted as unproven
+    assert all(GCE_TOKEN not in decode(m.body).extensions for m in transport.published)
+    assert metrics.value("mbridge_unproven_messages_total") == 3
+    assert metrics.value("mbridge_errors_total", kind="identity_proof") == 3
+    # AND the metadata server was asked once, not once per message, and the refusal logged once
+    assert metadata.asked == 1
+    refusals = [r for r in caplog.records if "refuses" in r.getMessage()]
+    assert len(refusals) == 1
+    assert refusals[0].levelname == "ERROR"
+    assert "404" in agent.last_proof_error
 
 
 @pytest.mark.parametrize(
