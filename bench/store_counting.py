@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
+from functions.core.ports import Admission, AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
 
 # The step of the core each port method serves.
 STEPS: Mapping[str, str] = {
@@ -131,9 +131,11 @@ class CountingStore:
         with self._counter.step("abandon"):
             self._inner.abandon(key, now)
 
-    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+    def reserve(
+        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+    ) -> Admission:
         with self._counter.step("reserve"):
-            return self._inner.reserve(pool, event_key, vms, limit)
+            return self._inner.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at)
 
     def release(self, pool: str, event_key: str) -> None:
         with self._counter.step("release"):

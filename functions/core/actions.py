@@ -7,17 +7,22 @@ Restoring is the end of an event's part rather than an action of its own: see `l
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, approval_time
+from functions.core.holds import past_the_budget, reservation_expiry
 from functions.core.invocation import Invocation
 from functions.core.keys import ended_key, event_key, own_part, subject_key
 from functions.core.policy import Policy, Pool
-from functions.core.ports import ActionName, JsonObject
+from functions.core.ports import ActionName, AuditKind, AuditRecord, JsonObject, Reservation
+from wire.bounds import bounded
 from wire.commands import CommandType, decode_command, encode_command, new_command
 from wire.envelope import encode
 from wire.timefmt import format_rfc3339, parse_rfc3339
+
+LOGGER = logging.getLogger("mbridge.functions")
 
 # The drain record of a VM: located (memento recorded, removal not yet confirmed) → removed.
 LOCATED = "located"
@@ -30,17 +35,14 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> bool:
     store, event = run.store, run.event
     key = event_key(event)
     records = store.drains(key)
-    refused = _reserve(run, key, action.vms, records)
+    refused, past = _reserve(run, key, action.vms, records)
     if refused is not None:
-        store.park(refused.name, subject_key(event), encode(run.envelope), run.now)
-        # An unlimited pool refuses only when its store can record no more drained VMs for now.
-        limit = (
-            "the most its store can record" if refused.max_drained is None else f"its budget of {refused.max_drained}"
-        )
-        run.note(
-            ActionName.WAIT, ",".join(action.vms), decision, f"pool {refused.name!r} is at {limit}; waiting for a slot"
-        )
+        pool, why = refused
+        store.park(pool.name, subject_key(event), encode(run.envelope), run.now)
+        run.note(ActionName.WAIT, ",".join(action.vms), decision, why)
         return False
+    if past:
+        decision = Decision(decision.rule, f"drained past the budget: {'; '.join(past)}", decision.actions)
     if all(records.get(vm, {}).get("state") == REMOVED for vm in action.vms):
         run.note(ActionName.NONE, ",".join(action.vms), decision, "already drained")
         return True
@@ -79,23 +81,90 @@ def pools_of(vms: Sequence[str], policy: Policy) -> dict[str, tuple[Pool, list[s
     return dict(sorted(grouped.items()))
 
 
-def _reserve(run: Invocation, key: str, vms: Sequence[str], records: Mapping[str, JsonObject]) -> Pool | None:
-    """A slot in every pool of the VMs, or none at all: the first pool that refuses is returned.
+def _reserve(
+    run: Invocation, key: str, vms: Sequence[str], records: Mapping[str, JsonObject]
+) -> tuple[tuple[Pool, str] | None, list[str]]:
+    """A slot in every pool of the VMs, or none at all: the first pool that refuses is returned with
+    why, else why a pool with no room was passed over (`holds.past_the_budget`).
 
     Slots this attempt took are given back on a refusal, so two events spanning the same pools
     never hold one slot each while waiting for the other's (no deadlock); a pool where the event
     already drained a VM keeps its slot.
     """
     taken: list[Pool] = []
+    past: list[str] = []
     pools = pools_of(vms, run.policy)
+    expires_at = reservation_expiry(run.event, run.now)
+    why_past = past_the_budget(run.event, run.policy, run.now)
+    own = subject_key(run.event)
     for pool, members in pools.values():
-        if not run.store.reserve(pool.name, key, members, pool.max_drained):
+        admission = run.store.reserve(pool.name, key, members, pool.max_drained, now=run.now, expires_at=expires_at)
+        _expired(run, pool.name, admission.expired)
+        held_before = any(vm in records for vm in members)
+        refusal = None
+        if not admission and why_past is None:
+            refusal = f"pool {pool.name!r} is at {_limit(pool)}; waiting for a slot"
+        elif admission and admission.expired and why_past is None and not held_before and _behind(run, pool, own):
+            # The room an expired reservation left goes to the oldest waiting event, as a released
+            # slot does (the line is tried once this invocation is done): this one queues behind it.
+            run.store.release(pool.name, key)
+            refusal = f"pool {pool.name!r} has room again after an expired reservation; older waiting events go first"
+        if refusal is not None:
             for held in taken:
                 if not any(vm in records for vm in pools[held.name][1]):
                     run.store.release(held.name, key)
-            return pool
+            return (pool, refusal), past
+        if not admission:
+            # Recorded all the same (no limit), so that it counts against the events after it; and out
+            # of the line, where an earlier step of it may wait, so that step is never acted on later.
+            run.store.reserve(pool.name, key, members, None, now=run.now, expires_at=expires_at)
+            run.store.unpark(pool.name, own)
+            past.append(f"{why_past} (pool {pool.name!r} is at {_limit(pool)})")
+        elif admission.expired:
+            # Admitted into the room an expired reservation left: an earlier step of it may wait there.
+            run.store.unpark(pool.name, own)
         taken.append(pool)
-    return None
+    return None, past
+
+
+def _behind(run: Invocation, pool: Pool, own: str) -> bool:
+    """Whether another event waits in the pool's line ahead of this one (read only when a reservation
+    expired: a rare extra read)."""
+    line = [parked.event_key for parked in run.store.parked(pool.name)]
+    return bool(line[: line.index(own)] if own in line else line)
+
+
+def _limit(pool: Pool) -> str:
+    # An unlimited pool refuses only when its store can record no more drained VMs for now.
+    return "the most its store can record" if pool.max_drained is None else f"its budget of {pool.max_drained}"
+
+
+def _expired(run: Invocation, pool: str, expired: Sequence[Reservation]) -> None:
+    """Audit the reservations the store found expired and removed (each once: the call that removed
+    it reports it), and have the pool's waiting line tried once this invocation is done."""
+    for held in expired:
+        cloud, _, event_id = held.event_key.partition(":")
+        vms = ",".join(held.vms)
+        admitted = "before this version recorded it" if held.admitted_at is None else format_rfc3339(held.admitted_at)
+        reason = (
+            f"the budget slot of event {event_id} in pool {pool!r} expired at {format_rfc3339(held.expires_at)} "
+            f"(admitted at {admitted}): no report ended it in time, so it no longer counts; what was drained for "
+            f"it stays out until the event ends"
+        )
+        LOGGER.warning("%s", bounded(reason), extra={"event_id": event_id, "vm": bounded(vms), "pool": pool})
+        run.deps.audit.append(
+            AuditRecord(
+                time=run.moment(),
+                kind=AuditKind.ACTION,
+                envelope_id=run.envelope.id,
+                event_id=event_id,
+                vm=vms,
+                action=ActionName.NONE,
+                reason=reason,
+                detail={"cloud": cloud, "pool": pool, "expired": held.event_key},
+            )
+        )
+        run.freed.add(pool)
 
 
 def approve(run: Invocation, action: Approve, decision: Decision) -> None:

@@ -107,6 +107,8 @@ class Invocation:
     outcome: Outcome
     # When this step's VMs were out of their pools: the drain period of its approval counts from then.
     drained_at: datetime | None = None
+    # Pools where this step found a reservation expired: their waiting line is tried once it is done.
+    freed: set[str] = field(default_factory=set)
 
     @property
     def store(self) -> StateStore:

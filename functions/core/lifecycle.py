@@ -42,7 +42,18 @@ class Ended:
 
 
 def act(run: Invocation) -> None:
-    """Decide on the step and take its actions in order; a step of an ended event is only late."""
+    """Decide on the step and take its actions in order; a step of an ended event is only late.
+
+    A reservation this step found expired left room in its pool that no end will announce: the
+    pool's waiting line is tried then, as after an end (there is no timer: this is one of the
+    invocations that re-check a waiting event, docs/policy.md#disruption-budget).
+    """
+    _act(run)
+    for pool in sorted(run.freed):
+        _admit_waiting(run, pool)
+
+
+def _act(run: Invocation) -> None:
     event = run.event
     if event.status in ENDING:
         mark_ended(run)

@@ -35,6 +35,29 @@ class Parked:
     parked_at: datetime
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """An event's hold on VMs of a pool's budget, as stored: since when, and until when it counts if
+    no report of the event's end lets it go first (`functions.core.holds`)."""
+
+    event_key: str
+    vms: tuple[str, ...]
+    admitted_at: datetime | None  # None: admitted by an earlier version, which did not record it
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What `Budget.reserve` answered: whether the event is admitted (the truth value), and the
+    reservations of the pool it found expired and removed (each is removed, so reported, once)."""
+
+    admitted: bool
+    expired: tuple[Reservation, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.admitted
+
+
 class Claims(Protocol):
     """Idempotency claims on envelope ids, each with a lease."""
 
@@ -53,11 +76,21 @@ class Claims(Protocol):
 class Budget(Protocol):
     """The reservations of each pool's disruption budget."""
 
-    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
-        """Admit the event into the pool's budget: True when the VMs already reserved plus these
+    def reserve(
+        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+    ) -> Admission:
+        """Admit the event into the pool's budget: admitted when the VMs already reserved plus these
         stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event:
         an event admitted already is admitted again, and `vms` it did not hold yet join its
-        reservation (another VM's own report of it), whatever the limit.
+        reservation (another VM's own report of it), whatever the limit; its expiry stays the one it
+        was admitted with (a later report never extends a hold).
+
+        A new reservation records `now` and `expires_at`. One whose `expires_at` is not after `now`
+        counts for nothing: the call that finds it removes it in the same atomic write (also when it
+        refuses the event) and returns it in `expired`, so it is reported once. An event whose own
+        reservation expired is admitted afresh, as if it came first. A reservation an earlier
+        version wrote has no expiry: the first call that finds it gives it `now + LONGEST_HOLD`
+        (`functions.core.holds`), and it counts until then.
 
         A store that can record only so many reservations per pool (one Table entity, one Firestore
         document) refuses an event that no longer fits while others are reserved: it waits for a

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 
+from functions.core.holds import LONGEST_HOLD
 from functions.core.ports import Claim, Parked
 
 # Read-then-conditional-write attempts on a pool's one budget record (Table entity, Firestore
@@ -70,3 +72,15 @@ def admits(reserved: Iterable[Sequence[str]], vms: Sequence[str], limit: int | N
 def in_line(waiting: Iterable[Parked]) -> list[Parked]:
     """Waiting events in the order they are admitted: oldest first, ties by event key."""
     return sorted(waiting, key=lambda parked: (parked.parked_at, parked.event_key))
+
+
+def legacy_expiry(now: datetime) -> datetime:
+    """The expiry given to a reservation an earlier version wrote without one, by the first call that
+    finds it: the longest hold any reservation gets, counted from then (when it was admitted is not
+    known, so it is never cut short)."""
+    return now + LONGEST_HOLD
+
+
+def has_expired(expires_at: datetime, now: datetime) -> bool:
+    """Whether a reservation no longer counts at `now`."""
+    return expires_at <= now

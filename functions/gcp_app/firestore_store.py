@@ -5,7 +5,8 @@ Collections (each name starts with a prefix, `mbridge_` by default, so that two 
 can share one database):
 
     claims/{h(key)}            key, state (in-progress | done), lease_until, updated_at, expire_at
-    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms, token}]   one document per pool
+    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms, token, admitted_at, expires_at}]
+                               one document per pool; the times in seconds since the epoch
       joins/{h(event_key, vm)} event_key, vm, token: a VM that joined an admitted event
     drains/{h(event_key, vm)}  event_key, vm, memento (JSON text)       one document per drained VM
     remembered/{h(key)}        key, value (bytes): command bytes, event ends
@@ -41,7 +42,9 @@ whole budget of a pool is one document, so two events racing for its last slot a
 that document and never both admitted. Round trips: a claim is one `create` (a duplicate: two);
 completing it one `update`; admitting an event a read and a write, plus a query of the joins
 when the pool holds other events; a join two reads and a write; a release a read, a write and a
-query of its joins (and one batch to delete them).
+query of its joins (and one batch to delete them). A reservation found expired (or written by an
+earlier version, without an expiry) costs the admission that finds it one more write, also when the
+event waits, and a query of its joins: rare, never on the common path.
 """
 
 from __future__ import annotations
@@ -60,8 +63,17 @@ from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
 from functions.core import store_rules
-from functions.core.ports import Claim, JsonObject, Parked
-from functions.core.store_rules import DONE, IN_PROGRESS, admits, claim_found, in_line, joined
+from functions.core.ports import Admission, Claim, JsonObject, Parked, Reservation
+from functions.core.store_rules import (
+    DONE,
+    IN_PROGRESS,
+    admits,
+    claim_found,
+    has_expired,
+    in_line,
+    joined,
+    legacy_expiry,
+)
 from wire.errors import BridgeError, PermanentError, RetryableError
 
 LOGGER = logging.getLogger("mbridge.gcp.firestore")
@@ -171,6 +183,25 @@ def _entry(entries: Sequence[JsonObject], event_key: str) -> JsonObject | None:
     return next((entry for entry in entries if entry["event_key"] == event_key), None)
 
 
+def _swept(entries: Sequence[JsonObject], now: datetime) -> tuple[list[JsonObject], list[tuple[Reservation, str]]]:
+    """The reservations that still count at `now`, an expiry given to those an earlier version wrote
+    without one (`legacy_expiry`), and those that expired, each with its token (for its joins)."""
+    live: list[JsonObject] = []
+    expired: list[tuple[Reservation, str]] = []
+    for entry in entries:
+        if entry.get("expires_at") is None:
+            entry = {**entry, "expires_at": legacy_expiry(now).timestamp()}
+        expires_at = datetime.fromtimestamp(entry["expires_at"], timezone.utc)
+        if not has_expired(expires_at, now):
+            live.append(entry)
+            continue
+        admitted = entry.get("admitted_at")
+        admitted_at = None if admitted is None else datetime.fromtimestamp(admitted, timezone.utc)
+        held = Reservation(entry["event_key"], tuple(entry["vms"]), admitted_at, expires_at)
+        expired.append((held, entry.get("token", "")))
+    return live, expired
+
+
 def _read_budget(
     ref: firestore.DocumentReference, event_key: str
 ) -> tuple[firestore.DocumentSnapshot[firestore.DocumentReference], list[JsonObject], JsonObject | None]:
@@ -268,27 +299,48 @@ class FirestoreStateStore:
 
     # ---- budget
 
-    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+    def reserve(
+        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+    ) -> Admission:
         ref = self._pools.document(doc_id(pool))
+        found: list[Reservation] = []  # expired reservations this call removed
         with self._errors(f"reserve budget in pool {pool}"):
             for attempt in range(store_rules.BUDGET_ATTEMPTS):
-                snapshot, entries, held = _read_budget(ref, event_key)
+                snapshot, read, _ = _read_budget(ref, event_key)
+                entries, expired = _swept(read, now)
+                swept = entries != read
+                held = _entry(entries, event_key)
                 if held is not None:
+                    if swept:
+                        if not self._write_budget(ref, snapshot, pool, entries):
+                            time.sleep(store_rules.budget_backoff(attempt))
+                            continue
+                        found += self._forget_expired(ref, expired)
                     if self._join(ref, held, vms):
-                        return True
+                        return Admission(True, tuple(found))
                     continue  # the event let its slot go meanwhile: admit it afresh
                 counted = [entry["vms"] for entry in entries]
                 if limit is not None and entries:
                     counted = self._with_joins(ref, entries)
-                if not admits(counted, vms, limit):
-                    return False
-                admitted = [*entries, {"event_key": event_key, "vms": list(vms), "token": uuid.uuid4().hex}]
-                if entries and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
+                entry = {
+                    "event_key": event_key,
+                    "vms": list(vms),
+                    "token": uuid.uuid4().hex,
+                    "admitted_at": now.timestamp(),
+                    "expires_at": expires_at.timestamp(),
+                }
+                admitted = [*entries, entry] if admits(counted, vms, limit) else entries
+                if entries and admitted is not entries and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
                     # The pool's document is full: the event waits for a slot as for a budget.
                     LOGGER.warning("the reservations of pool %s fill their document: %s waits", pool, event_key)
-                    return False
+                    admitted = entries
+                if admitted is entries and not swept:
+                    return Admission(False, tuple(found))
+                # Written also when the event waits, if it found reservations expired (or of an earlier
+                # version): their removal (or expiry) is then on record, and reported by this call only.
                 if self._write_budget(ref, snapshot, pool, admitted):
-                    return True
+                    found += self._forget_expired(ref, expired)
+                    return Admission(admitted is not entries, tuple(found))
                 time.sleep(store_rules.budget_backoff(attempt))
         raise FirestoreUnavailableError(
             f"the budget of pool {pool!r} changed under {store_rules.BUDGET_ATTEMPTS} attempts to reserve a slot; "
@@ -313,16 +365,27 @@ class FirestoreStateStore:
             # Its joins only now: until the reservation is gone they count. (A redelivered release
             # that finds the reservation gone leaves any join a crash left: it counts for nothing,
             # as its reservation's token is no pool's any more.)
-            query = ref.collection("joins").where(filter=firestore.FieldFilter("event_key", "==", event_key))
-            batch = self._client.batch()
-            for join in query.stream():
-                if (join.to_dict() or {}).get("token", "") == held.get("token", ""):
-                    batch.delete(join.reference)
-                if len(batch) == _BATCH_WRITES:
-                    batch.commit()
-                    batch = self._client.batch()
-            if len(batch):
+            self._forget_joins(ref, event_key, held.get("token", ""))
+
+    def _forget_joins(self, ref: firestore.DocumentReference, event_key: str, token: str) -> None:
+        query = ref.collection("joins").where(filter=firestore.FieldFilter("event_key", "==", event_key))
+        batch = self._client.batch()
+        for join in query.stream():
+            if (join.to_dict() or {}).get("token", "") == token:
+                batch.delete(join.reference)
+            if len(batch) == _BATCH_WRITES:
                 batch.commit()
+                batch = self._client.batch()
+        if len(batch):
+            batch.commit()
+
+    def _forget_expired(
+        self, ref: firestore.DocumentReference, expired: Sequence[tuple[Reservation, str]]
+    ) -> list[Reservation]:
+        """The joins of reservations just removed as expired (they would count for nothing, but stay)."""
+        for held, token in expired:
+            self._forget_joins(ref, held.event_key, token)
+        return [held for held, _ in expired]
 
     def _write_budget(
         self,

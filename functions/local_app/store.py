@@ -16,8 +16,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from functions.core.audit_codec import AUDIT_FIELDS, audit_fields, audit_record
-from functions.core.ports import AuditRecord, Claim, JsonObject, Parked
-from functions.core.store_rules import DONE, IN_PROGRESS, claim_found, joined
+from functions.core.ports import Admission, AuditRecord, Claim, JsonObject, Parked, Reservation
+from functions.core.store_rules import DONE, IN_PROGRESS, claim_found, joined, legacy_expiry
+
+# Columns added since files were first made: (table, column, type). A file made before gets them
+# when it is opened; its rows have NULL there (a reservation without expiry: see `reserve`).
+_ADDED_COLUMNS = (("reservations", "admitted_at", "REAL"), ("reservations", "expires_at", "REAL"))
 
 # The small keyed tables are WITHOUT ROWID: one b-tree each instead of a table and its key's index,
 # so a write touches half the pages. The audit's seq is a plain INTEGER PRIMARY KEY (the rowid):
@@ -31,7 +35,8 @@ CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY, state TEXT NOT NULL, lease_until REAL NOT NULL, updated_at REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS reservations (
-    pool TEXT NOT NULL, event_key TEXT NOT NULL, vms TEXT NOT NULL, PRIMARY KEY (pool, event_key)
+    pool TEXT NOT NULL, event_key TEXT NOT NULL, vms TEXT NOT NULL, admitted_at REAL, expires_at REAL,
+    PRIMARY KEY (pool, event_key)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS drains (
     event_key TEXT NOT NULL, vm TEXT NOT NULL, memento TEXT NOT NULL, PRIMARY KEY (event_key, vm)
@@ -73,6 +78,11 @@ _AUDIT_VALUES = ", ".join("NULLIF(:at, '')" if name == "at" else f":{name}" for 
 _AUDIT_INSERT = f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES ({_AUDIT_VALUES})"  # noqa: S608 (fixed names only)
 
 
+def _reservation(event_key: str, vms: str, admitted_at: float | None, expires_at: float) -> Reservation:
+    admitted = None if admitted_at is None else datetime.fromtimestamp(admitted_at, timezone.utc)
+    return Reservation(event_key, tuple(json.loads(vms)), admitted, datetime.fromtimestamp(expires_at, timezone.utc))
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """A message of the embedded bus that the local host could not process and will not retry."""
@@ -104,6 +114,9 @@ class SqliteStore:
             # (a WAL of up to 16 MB) instead of SQLite's default 1,000 gives the core 8 % more.
             self._db.execute("PRAGMA wal_autocheckpoint=4000")
         self._db.executescript(SCHEMA)
+        for table, column, kind in _ADDED_COLUMNS:
+            if column not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -147,8 +160,23 @@ class SqliteStore:
 
     # ---- budget
 
-    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+    def reserve(
+        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+    ) -> Admission:
+        stamp = now.timestamp()
         with self._transaction() as db:
+            # A reservation of an earlier version (no expiry) gets one; then the expired ones go.
+            db.execute(
+                "UPDATE reservations SET expires_at = ? WHERE pool = ? AND expires_at IS NULL",
+                (legacy_expiry(now).timestamp(), pool),
+            )
+            gone = db.execute(
+                "SELECT event_key, vms, admitted_at, expires_at FROM reservations WHERE pool = ? AND expires_at <= ?",
+                (pool, stamp),
+            ).fetchall()
+            if gone:
+                db.execute("DELETE FROM reservations WHERE pool = ? AND expires_at <= ?", (pool, stamp))
+            expired = tuple(sorted((_reservation(*row) for row in gone), key=lambda held: held.event_key))
             held = db.execute(
                 "SELECT vms FROM reservations WHERE pool = ? AND event_key = ?", (pool, event_key)
             ).fetchone()
@@ -158,16 +186,16 @@ class SqliteStore:
                     "UPDATE reservations SET vms = ? WHERE pool = ? AND event_key = ?",
                     (json.dumps(joined(json.loads(held[0]), vms)), pool, event_key),
                 )
-                return True
+                return Admission(True, expired)
             if limit is not None:
                 others, drained = db.execute(_POOL_USE, (pool, pool, json.dumps(list(vms)))).fetchone()
                 if others and drained > limit:
-                    return False
+                    return Admission(False, expired)
             db.execute(
-                "INSERT INTO reservations (pool, event_key, vms) VALUES (?, ?, ?)",
-                (pool, event_key, json.dumps(list(vms))),
+                "INSERT INTO reservations (pool, event_key, vms, admitted_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+                (pool, event_key, json.dumps(list(vms)), stamp, expires_at.timestamp()),
             )
-            return True
+            return Admission(True, expired)
 
     def release(self, pool: str, event_key: str) -> None:
         with self._transaction() as db:

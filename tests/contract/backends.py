@@ -33,6 +33,8 @@ from wire.envelope import encode, envelope_for_event
 from wire.model import EventKind, EventStatus, MaintenanceEvent
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)  # the suites' now, and `reboot`'s
+# When the reservations the suites make expire, unless a test says otherwise: long after NOW.
+HELD_UNTIL = NOW + timedelta(hours=1)
 SQLITE, TABLES, FIRESTORE = "sqlite", "tables", "firestore"
 BACKENDS = [SQLITE, pytest.param(TABLES, marks=pytest.mark.peer), pytest.param(FIRESTORE, marks=pytest.mark.peer)]
 

@@ -18,9 +18,9 @@ from typing import TypeVar
 import pytest
 
 from functions.core.policy import Policy, Pool
-from functions.core.ports import Claim, JsonObject
+from functions.core.ports import Claim, JsonObject, Reservation
 from functions.core.process import CLAIM_LEASE, Deps, process
-from tests.contract.backends import BACKENDS, NOW, Backend, open_backend, reboot
+from tests.contract.backends import BACKENDS, HELD_UNTIL, NOW, Backend, open_backend, reboot
 from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.identity import ReporterName
 from wire.model import EventStatus
@@ -147,11 +147,11 @@ def test_two_workers_racing_for_a_claim_take_it_once(backend: Backend, expired: 
 
 def test_reserve_admits_within_the_limit_and_refuses_beyond_it(backend: Backend) -> None:
     # GIVEN a pool of budget 2 with one VM drained by event A
-    assert backend.store.reserve("web", "azure:a", ["web-0"], 2)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
 
     # WHEN event B asks for one more VM, then event C for another
-    second = backend.store.reserve("web", "azure:b", ["web-1"], 2)
-    third = backend.store.reserve("web", "azure:c", ["web-2"], 2)
+    second = backend.store.reserve("web", "azure:b", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL).admitted
+    third = backend.store.reserve("web", "azure:c", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL).admitted
 
     # THEN B fits and C waits
     assert (second, third) == (True, False)
@@ -161,16 +161,16 @@ def test_an_event_alone_in_its_pool_is_admitted_whatever_its_size(backend: Backe
     # GIVEN an empty pool of budget 1
     # WHEN one event asks for three VMs
     # THEN it goes: nothing else is drained (docs/contracts.md#budget-and-trust)
-    assert backend.store.reserve("web", "azure:a", ["web-0", "web-1", "web-2"], 1)
+    assert backend.store.reserve("web", "azure:a", ["web-0", "web-1", "web-2"], 1, now=NOW, expires_at=HELD_UNTIL)
 
 
 def test_reserve_is_idempotent_per_event(backend: Backend) -> None:
     # GIVEN event A admitted into a full pool of budget 1
-    assert backend.store.reserve("web", "azure:a", ["web-0"], 1)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 1, now=NOW, expires_at=HELD_UNTIL)
 
     # WHEN A asks again (a retry), and B asks for another VM
-    retry = backend.store.reserve("web", "azure:a", ["web-0"], 1)
-    other = backend.store.reserve("web", "azure:b", ["web-1"], 1)
+    retry = backend.store.reserve("web", "azure:a", ["web-0"], 1, now=NOW, expires_at=HELD_UNTIL).admitted
+    other = backend.store.reserve("web", "azure:b", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL).admitted
 
     # THEN A is admitted again and takes no second slot: B still waits
     assert (retry, other) == (True, False)
@@ -178,36 +178,36 @@ def test_reserve_is_idempotent_per_event(backend: Backend) -> None:
 
 def test_vms_shared_by_two_events_count_once(backend: Backend) -> None:
     # GIVEN event A holding web-0 and web-1 in a pool of budget 2
-    assert backend.store.reserve("web", "azure:a", ["web-0", "web-1"], 2)
+    assert backend.store.reserve("web", "azure:a", ["web-0", "web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
 
     # WHEN B asks for VMs A already holds
     # THEN it is admitted: no new VM leaves the pool
-    assert backend.store.reserve("web", "azure:b", ["web-1", "web-0"], 2)
+    assert backend.store.reserve("web", "azure:b", ["web-1", "web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
 
 
 def test_another_vm_of_an_admitted_event_joins_its_reservation_and_counts(backend: Backend) -> None:
     # GIVEN event A admitted for web-0 in a pool of budget 2
-    assert backend.store.reserve("web", "azure:a", ["web-0"], 2)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
 
     # WHEN web-1's own report of A asks for it, whatever the limit (A is admitted already)
-    joined = backend.store.reserve("web", "azure:a", ["web-1"], 1)
+    joined = backend.store.reserve("web", "azure:a", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL).admitted
 
     # THEN it is admitted, and the pool counts both: event B finds no room until A is released
     assert joined
-    assert not backend.store.reserve("web", "azure:b", ["web-2"], 2)
+    assert not backend.store.reserve("web", "azure:b", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL)
     backend.store.release("web", "azure:a")
-    assert backend.store.reserve("web", "azure:b", ["web-2"], 2)
+    assert backend.store.reserve("web", "azure:b", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL)
 
 
 def test_the_vms_that_joined_an_event_are_forgotten_when_it_lets_its_slot_go(backend: Backend) -> None:
     # GIVEN event A admitted for web-0 in a pool of budget 2, joined by web-1, then released
-    assert backend.store.reserve("web", "azure:a", ["web-0"], 2)
-    assert backend.store.reserve("web", "azure:a", ["web-1"], 2)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
+    assert backend.store.reserve("web", "azure:a", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
     backend.store.release("web", "azure:a")
 
     # WHEN A is admitted again for web-0 (a later maintenance with the same id), and B asks for one VM
-    again = backend.store.reserve("web", "azure:a", ["web-0"], 2)
-    other = backend.store.reserve("web", "azure:b", ["web-2"], 2)
+    again = backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL).admitted
+    other = backend.store.reserve("web", "azure:b", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL).admitted
 
     # THEN both go: web-1's join ended with A's first reservation, it is not counted again
     assert (again, other) == (True, True)
@@ -215,9 +215,9 @@ def test_the_vms_that_joined_an_event_are_forgotten_when_it_lets_its_slot_go(bac
 
 def test_release_frees_the_slot_and_pools_are_separate(backend: Backend) -> None:
     # GIVEN a full pool of budget 1, and another pool
-    assert backend.store.reserve("web", "azure:a", ["web-0"], 1)
-    assert not backend.store.reserve("web", "azure:b", ["web-1"], 1)
-    assert backend.store.reserve("db", "azure:c", ["db-0"], 1)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 1, now=NOW, expires_at=HELD_UNTIL)
+    assert not backend.store.reserve("web", "azure:b", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL)
+    assert backend.store.reserve("db", "azure:c", ["db-0"], 1, now=NOW, expires_at=HELD_UNTIL)
 
     # WHEN the first event releases its slot (twice: a redelivery), and an unknown event releases
     backend.store.release("web", "azure:a")
@@ -225,35 +225,104 @@ def test_release_frees_the_slot_and_pools_are_separate(backend: Backend) -> None
     backend.store.release("web", "azure:unknown")
 
     # THEN the waiting event fits, and the other pool is as it was
-    assert backend.store.reserve("web", "azure:b", ["web-1"], 1)
-    assert not backend.store.reserve("db", "azure:d", ["db-1"], 1)
+    assert backend.store.reserve("web", "azure:b", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL)
+    assert not backend.store.reserve("db", "azure:d", ["db-1"], 1, now=NOW, expires_at=HELD_UNTIL)
 
 
 def test_no_limit_admits_everything(backend: Backend) -> None:
     # GIVEN an unlimited pool holding one event
-    assert backend.store.reserve("default", "azure:a", ["vm-0"], None)
+    assert backend.store.reserve("default", "azure:a", ["vm-0"], None, now=NOW, expires_at=HELD_UNTIL)
 
     # WHEN many more ask
     # THEN all are admitted
-    assert all(backend.store.reserve("default", f"azure:{n}", [f"vm-{n}"], None) for n in range(1, 6))
+    assert all(
+        backend.store.reserve("default", f"azure:{n}", [f"vm-{n}"], None, now=NOW, expires_at=HELD_UNTIL)
+        for n in range(1, 6)
+    )
 
 
 @pytest.mark.parametrize("round_", range(5))
 def test_two_events_racing_for_the_last_slot_admit_exactly_one(backend: Backend, round_: int) -> None:
     # GIVEN a pool of budget 2 with one slot taken, and two workers
     pool = f"web-{round_}"
-    assert backend.store.reserve(pool, "azure:a", ["web-0"], 2)
+    assert backend.store.reserve(pool, "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
     other = backend.another_client()
 
     # WHEN two events ask for the last slot at the same moment
     answers = race(
-        lambda: backend.store.reserve(pool, "azure:b", ["web-1"], 2),
-        lambda: other.reserve(pool, "azure:c", ["web-2"], 2),
+        lambda: backend.store.reserve(pool, "azure:b", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL).admitted,
+        lambda: other.reserve(pool, "azure:c", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL).admitted,
     )
 
     # THEN exactly one is admitted, and the budget holds afterwards
     assert sorted(answers) == [False, True]
-    assert not backend.store.reserve(pool, "azure:d", ["web-3"], 2)
+    assert not backend.store.reserve(pool, "azure:d", ["web-3"], 2, now=NOW, expires_at=HELD_UNTIL)
+
+
+def test_an_expired_reservation_no_longer_counts_and_is_reported_once(backend: Backend) -> None:
+    # GIVEN a pool of budget 1 held by event A until NOW + 30 min
+    until = NOW + timedelta(minutes=30)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 1, now=NOW, expires_at=until)
+
+    # WHEN B asks just before A's expiry, then at it, then C asks (another client) after B's admission
+    before = backend.store.reserve(
+        "web", "azure:b", ["web-1"], 1, now=until - timedelta(seconds=1), expires_at=HELD_UNTIL
+    )
+    at = backend.store.reserve("web", "azure:b", ["web-1"], 1, now=until, expires_at=HELD_UNTIL)
+    after = backend.another_client().reserve("web", "azure:c", ["web-2"], 1, now=until, expires_at=HELD_UNTIL)
+
+    # THEN B waits, then is admitted in A's place, which is reported once, with its terms; C waits for B
+    assert (before.admitted, before.expired) == (False, ())
+    assert at.admitted
+    assert at.expired == (Reservation("azure:a", ("web-0",), NOW, until),)
+    assert (after.admitted, after.expired) == (False, ())
+    # (A's release, when its end comes after all, changes nothing)
+    backend.store.release("web", "azure:a")
+    assert not backend.store.reserve("web", "azure:d", ["web-3"], 1, now=until, expires_at=HELD_UNTIL)
+
+
+def test_an_expired_reservation_is_removed_and_reported_also_when_the_event_still_waits(backend: Backend) -> None:
+    # GIVEN a pool of budget 1: A's reservation expires at NOW + 10 min, B (a larger event) holds until later
+    soon = NOW + timedelta(minutes=10)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=soon)
+    assert backend.store.reserve("web", "azure:b", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
+
+    # WHEN C asks for two VMs after A expired, and again
+    first = backend.store.reserve("web", "azure:c", ["web-2", "web-3"], 2, now=soon, expires_at=HELD_UNTIL)
+    second = backend.store.reserve("web", "azure:c", ["web-2", "web-3"], 2, now=soon, expires_at=HELD_UNTIL)
+
+    # THEN C waits for B, and A's expiry is reported by the first call only
+    assert (first.admitted, [held.event_key for held in first.expired]) == (False, ["azure:a"])
+    assert (second.admitted, second.expired) == (False, ())
+
+
+def test_a_later_report_of_an_admitted_event_never_extends_its_hold(backend: Backend) -> None:
+    # GIVEN event A admitted until NOW + 30 min, joined by web-1's report with a later expiry
+    until = NOW + timedelta(minutes=30)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=until)
+    assert backend.store.reserve("web", "azure:a", ["web-1"], 2, now=NOW, expires_at=until + timedelta(hours=1))
+
+    # WHEN B asks at A's first expiry
+    answer = backend.store.reserve("web", "azure:b", ["web-2", "web-3"], 2, now=until, expires_at=HELD_UNTIL)
+
+    # THEN A no longer counts, with its VMs as admitted (the joined ones are forgotten with it)
+    assert answer.admitted
+    assert [(held.event_key, held.expires_at) for held in answer.expired] == [("azure:a", until)]
+
+
+def test_an_event_whose_own_reservation_expired_is_admitted_afresh(backend: Backend) -> None:
+    # GIVEN event A whose reservation expired, alone in its pool
+    until = NOW + timedelta(minutes=30)
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 1, now=NOW, expires_at=until)
+
+    # WHEN a later step of A asks again
+    again = backend.store.reserve("web", "azure:a", ["web-0"], 1, now=until, expires_at=until + timedelta(minutes=15))
+
+    # THEN its old reservation is reported expired, and it holds a new one, which counts
+    assert again.admitted
+    assert [held.event_key for held in again.expired] == ["azure:a"]
+    later = until + timedelta(minutes=1)
+    assert not backend.store.reserve("web", "azure:b", ["web-1"], 1, now=later, expires_at=HELD_UNTIL)
 
 
 # ---------------------------------------------------------------- DrainLedger
@@ -409,13 +478,13 @@ LARGEST_EVENT_VMS = [f"vmss-{n:04d}-" + "x" * 70 + f"_{n:03d}" for n in range(10
 def test_an_event_of_a_thousand_long_vm_names_takes_its_budget_slot(backend: Backend) -> None:
     # GIVEN a pool of budget 1000, and the largest event there can be
     # WHEN it reserves its slot, and another event asks for one VM more
-    admitted = backend.store.reserve("web", "azure:a", LARGEST_EVENT_VMS, 1000)
-    second = backend.store.reserve("web", "azure:b", ["web-extra"], 1000)
+    admitted = backend.store.reserve("web", "azure:a", LARGEST_EVENT_VMS, 1000, now=NOW, expires_at=HELD_UNTIL).admitted
+    second = backend.store.reserve("web", "azure:b", ["web-extra"], 1000, now=NOW, expires_at=HELD_UNTIL).admitted
 
     # THEN the first is admitted and every one of its VMs counts against the budget
     assert (admitted, second) == (True, False)
     backend.store.release("web", "azure:a")
-    assert backend.store.reserve("web", "azure:b", ["web-extra"], 1000)
+    assert backend.store.reserve("web", "azure:b", ["web-extra"], 1000, now=NOW, expires_at=HELD_UNTIL)
 
 
 def test_a_memento_larger_than_a_property_is_kept_whole(backend: Backend) -> None:

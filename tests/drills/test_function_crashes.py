@@ -35,7 +35,7 @@ from agent.commands import CommandLedger, CommandProcessor
 from agent.sources.azure.document import ScheduledEventsDocument, parse_scheduled_events
 from functions.core.keys import event_key
 from functions.core.policy import Policy, Pool
-from functions.core.ports import AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
+from functions.core.ports import Admission, AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
 from functions.core.process import CLAIM_LEASE, Deps, process
 from functions.local_app.store import SqliteStore
 from tests.drills.conftest import drill_seed, say
@@ -166,9 +166,11 @@ class CrashingStore:
         self.store.abandon(key, now)
         self.crashes.point("after store.abandon")
 
-    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+    def reserve(
+        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+    ) -> Admission:
         self.crashes.point("before store.reserve")
-        admitted = self.store.reserve(pool, event_key, vms, limit)
+        admitted = self.store.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at)
         self.crashes.point("after store.reserve")
         return admitted
 
@@ -571,7 +573,9 @@ def _event(planned: Planned) -> MaintenanceEvent:
 
 def _budget_is_free(store: StateStore) -> bool:
     """No event holds a slot: with a limit of 0, only a pool where nothing is reserved admits."""
-    admitted = store.reserve("web", "drill-probe", ["web-0"], 0)
+    # (at a moment before any drill's events: no reservation has expired yet)
+    probe_at = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    admitted = store.reserve("web", "drill-probe", ["web-0"], 0, now=probe_at, expires_at=probe_at).admitted
     store.release("web", "drill-probe")
     return admitted
 

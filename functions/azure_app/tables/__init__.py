@@ -9,7 +9,10 @@ concern                PartitionKey                RowKey          properties
 =====================  ==========================  ==============  ==========================================
 idempotency claims     ``claims``                  envelope id     state, lease_until, updated_at (epoch s)
 budget of a pool       ``budget``                  pool            reservations: JSON {event key: [VMs]},
-                                                                   tokens: JSON {event key: token}
+                                                                   tokens: JSON {event key: token},
+                                                                   terms: JSON {event key: [admitted_at,
+                                                                   expires_at]} (epoch s; absent before
+                                                                   expiries: see ``_Budget.swept``)
 VMs joining an event   ``joins:<pool>``            [event, VM]     event_key, vm, token
 drains of an event     ``drain:<event key>``       VM              vm, memento (JSON)
 remembered values      ``remembered``              key             value (binary): command bytes, event ends

@@ -9,9 +9,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, overload
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -30,7 +30,7 @@ from functions.azure_app.tables.entities import (
     text_properties,
 )
 from functions.azure_app.tables.errors import TableStorageUnavailableError, table_errors
-from functions.core.ports import Claim, JsonObject, Parked
+from functions.core.ports import Admission, Claim, JsonObject, Parked, Reservation
 from functions.core.store_rules import (
     BUDGET_ATTEMPTS,
     DONE,
@@ -38,8 +38,10 @@ from functions.core.store_rules import (
     admits,
     budget_backoff,
     claim_found,
+    has_expired,
     in_line,
     joined,
+    legacy_expiry,
 )
 
 LOGGER = logging.getLogger("mbridge.functions.azure.tables")
@@ -117,32 +119,53 @@ class TableStateStore:
 
     # ---- budget
 
-    def reserve(self, pool: str, event_key: str, vms: Sequence[str], limit: int | None) -> bool:
+    def reserve(
+        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+    ) -> Admission:
         row = escape_key(pool)
+        found: list[Reservation] = []  # expired reservations this call removed
         with self._errors("reserve a budget slot"):
             for attempt in range(self._attempts):
-                budget = _Budget.read(self._table, row)
+                read = _Budget.read(self._table, row)
+                budget, expired = read.swept(now)
+                swept = budget != read
                 if event_key in budget.reservations:
+                    if swept:
+                        if not self._write_budget(row, budget, read):
+                            self._sleep(budget_backoff(attempt))
+                            continue
+                        found += self._forget_expired(pool, read, expired)
                     if self._join(pool, row, event_key, budget, vms):
-                        return True
+                        return Admission(True, tuple(found))
                     continue  # the event let its slot go meanwhile: admit it afresh
                 counted = budget.reservations
                 if limit is not None and counted:
                     counted = self._with_joins(pool, budget)
+                admitted = budget.admitting(event_key, vms, now, expires_at)
                 if not admits(counted.values(), vms, limit):
-                    return False
-                admitted = budget.admitting(event_key, vms)
-                if len(admitted.reservations) > 1 and not fits_in_an_entity(json.dumps(admitted.reservations)):
+                    admitted = budget
+                elif len(admitted.reservations) > 1 and not fits_in_an_entity(admitted.text()):
                     # The pool's one entity is full: the event waits for a slot as for a budget (an
                     # event alone always fits: at most 1,000 VMs of 80 characters).
                     LOGGER.warning("the reservations of pool %s fill their entity: %s waits", pool, event_key)
-                    return False
-                if self._write_budget(row, admitted, budget):
-                    return True
+                    admitted = budget
+                if admitted is budget and not swept:
+                    return Admission(False, tuple(found))
+                # Written also when the event waits, if it found reservations expired (or of an earlier
+                # version): their removal (or expiry) is then on record, and reported by this call only.
+                if self._write_budget(row, admitted, read):
+                    found += self._forget_expired(pool, read, expired)
+                    return Admission(admitted is not budget, tuple(found))
                 self._sleep(budget_backoff(attempt))
         raise TableStorageUnavailableError(
             f"the budget of pool {pool!r} changed under {self._attempts} attempts to reserve a slot; retry later"
         )
+
+    def _forget_expired(self, pool: str, read: _Budget, expired: Sequence[Reservation]) -> list[Reservation]:
+        """The joins of reservations just removed as expired (they would count for nothing, but stay)."""
+        for held in expired:
+            self._forget_joins(pool, held.event_key, read.tokens.get(held.event_key, ""))
+        return list(expired)
 
     def release(self, pool: str, event_key: str) -> None:
         row = escape_key(pool)
@@ -336,31 +359,58 @@ def _join_entity(pool: str, event_key: str, vm: str, token: str) -> dict[str, An
 
 @dataclass(frozen=True)
 class _Budget:
-    """A pool's budget entity as read: event key → the VMs it was admitted with, and the token of
-    each admission (which its joins carry, so a join of an admission let go never counts for a later
-    one of the same event). Entities written before tokens have none: their token is ""."""
+    """A pool's budget entity as read: event key → the VMs it was admitted with, the token of each
+    admission (which its joins carry, so a join of an admission let go never counts for a later one of
+    the same event), and its terms: [admitted_at, expires_at], seconds since the epoch. Entities written
+    before tokens have none: their token is ""; before terms, none: see `swept`."""
 
     reservations: dict[str, list[str]]
     tokens: dict[str, str]
-    etag: str | None  # None: no entity
+    terms: dict[str, list[float | None]]
+    etag: str | None = field(default=None, compare=False)  # None: no entity
 
     @classmethod
     def read(cls, table: TableClient, row: str) -> _Budget:
         try:
             entity = table.get_entity(_BUDGET, row)
         except ResourceNotFoundError:
-            return cls({}, {}, None)
+            return cls({}, {}, {}, None)
         tokens = json.loads(entity["tokens"]) if entity.get("tokens") else {}
-        return cls(json.loads(text_of(entity, "reservations")), tokens, entity.metadata["etag"])
+        terms = json.loads(text_of(entity, "terms")) if entity.get("terms") else {}
+        return cls(json.loads(text_of(entity, "reservations")), tokens, terms, entity.metadata["etag"])
 
-    def admitting(self, event_key: str, vms: Sequence[str]) -> _Budget:
+    def swept(self, now: datetime) -> tuple[_Budget, tuple[Reservation, ...]]:
+        """The budget without the reservations expired at `now` (returned), and with an expiry for
+        those an earlier version wrote without one (`legacy_expiry`)."""
+        terms: dict[str, list[float | None]] = {}
+        expired: list[Reservation] = []
+        for key, vms in self.reservations.items():
+            admitted_at, expires_at = self.terms.get(key) or [None, None]
+            if expires_at is None:
+                expires_at = legacy_expiry(now).timestamp()
+            if has_expired(_moment(expires_at), now):
+                expired.append(Reservation(key, tuple(vms), _moment(admitted_at), _moment(expires_at)))
+            else:
+                terms[key] = [admitted_at, expires_at]
+        reservations = {key: vms for key, vms in self.reservations.items() if key in terms}
+        tokens = {key: token for key, token in self.tokens.items() if key in terms}
+        return _Budget(reservations, tokens, terms, self.etag), tuple(expired)
+
+    def admitting(self, event_key: str, vms: Sequence[str], now: datetime, expires_at: datetime) -> _Budget:
         tokens = {**self.tokens, event_key: uuid.uuid4().hex}
-        return _Budget({**self.reservations, event_key: list(vms)}, tokens, self.etag)
+        term: list[float | None] = [now.timestamp(), expires_at.timestamp()]
+        terms = {**self.terms, event_key: term}
+        return _Budget({**self.reservations, event_key: list(vms)}, tokens, terms, self.etag)
 
     def releasing(self, event_key: str) -> _Budget:
         reservations = {key: vms for key, vms in self.reservations.items() if key != event_key}
         tokens = {key: token for key, token in self.tokens.items() if key in reservations}
-        return _Budget(reservations, tokens, self.etag)
+        terms = {key: term for key, term in self.terms.items() if key in reservations}
+        return _Budget(reservations, tokens, terms, self.etag)
+
+    def text(self) -> str:
+        """What the entity holds, as the text its properties take."""
+        return json.dumps(self.reservations) + json.dumps(self.tokens) + json.dumps(self.terms)
 
     def entity(self, row: str) -> dict[str, Any]:
         return {
@@ -368,4 +418,17 @@ class _Budget:
             "RowKey": row,
             **text_properties("reservations", json.dumps(self.reservations)),
             "tokens": json.dumps(self.tokens),
+            **text_properties("terms", json.dumps(self.terms)),
         }
+
+
+@overload
+def _moment(stamp: float) -> datetime: ...
+
+
+@overload
+def _moment(stamp: None) -> None: ...
+
+
+def _moment(stamp: float | None) -> datetime | None:
+    return None if stamp is None else datetime.fromtimestamp(stamp, timezone.utc)

@@ -8,6 +8,7 @@ tests/contract/test_audit_log.py.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -25,8 +26,9 @@ from functions.azure_app.tables import (
     escape_key,
 )
 from functions.azure_app.wiring import AZURE_LB, READINESS, build_deps
-from functions.core.ports import AuditRecord, Claim
-from tests.contract.backends import table_backend
+from functions.core.holds import LONGEST_HOLD
+from functions.core.ports import AuditRecord, Claim, Reservation
+from tests.contract.backends import HELD_UNTIL, table_backend
 from tests.peers import free_port
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -129,7 +131,10 @@ def test_the_wiring_builds_table_stores_on_the_configured_tables(azurite_tables:
 def test_a_pool_whose_reservations_fill_an_entity_makes_the_next_event_wait(azurite_tables: str) -> None:
     # GIVEN an unlimited pool holding events of 1,000 long VM names each
     state = table_backend(azurite_tables).store
-    answers = [state.reserve("default", f"azure:{n}", LARGEST_EVENT_VMS, None) for n in range(12)]
+    answers = [
+        state.reserve("default", f"azure:{n}", LARGEST_EVENT_VMS, None, now=NOW, expires_at=HELD_UNTIL).admitted
+        for n in range(12)
+    ]
 
     # WHEN the entity of the pool's budget is full
     # THEN the next event is not admitted (it waits for a slot, as for a budget) instead of failing
@@ -138,7 +143,7 @@ def test_a_pool_whose_reservations_fill_an_entity_makes_the_next_event_wait(azur
     assert answers == [True] * refused + [False] * (len(answers) - refused)
     # ... and it is admitted once another event lets its slot go
     state.release("default", "azure:0")
-    assert state.reserve("default", f"azure:{refused}", LARGEST_EVENT_VMS, None)
+    assert state.reserve("default", f"azure:{refused}", LARGEST_EVENT_VMS, None, now=NOW, expires_at=HELD_UNTIL)
 
 
 class _NoCredential:
@@ -146,3 +151,26 @@ class _NoCredential:
 
     def get_token(self, *scopes: str, **kwargs: Any) -> Any:
         raise AssertionError(f"no token should be requested, asked for {scopes}")
+
+
+@pytest.mark.peer
+def test_a_reservation_an_earlier_version_wrote_holds_the_longest_hold_from_when_it_is_found(
+    azurite_tables: str,
+) -> None:
+    # GIVEN a pool's budget entity as the version before expiries wrote it: no terms
+    service = TableServiceClient.from_connection_string(azurite_tables)
+    name = f"t{uuid.uuid4().hex[:16]}"
+    service.create_table(name)
+    table = service.get_table_client(name)
+    reservations = {"azure:e-old": ["web-0"]}
+    table.create_entity({"PartitionKey": "budget", "RowKey": "web", "reservations": json.dumps(reservations)})
+    store = TableStateStore(table)
+
+    # WHEN events ask for its slot when it is first found, before the longest hold from then, and at it
+    first = store.reserve("web", "azure:e1", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL)
+    before = store.reserve("web", "azure:e1", ["web-1"], 1, now=NOW + LONGEST_HOLD / 2, expires_at=HELD_UNTIL)
+    at = store.reserve("web", "azure:e1", ["web-1"], 1, now=NOW + LONGEST_HOLD, expires_at=HELD_UNTIL)
+
+    # THEN it counts until then, and is reported expired once, without an admission time
+    assert (first.admitted, before.admitted, at.admitted) == (False, False, True)
+    assert at.expired == (Reservation("azure:e-old", ("web-0",), None, NOW + LONGEST_HOLD),)

@@ -18,6 +18,7 @@ import pytest
 from azure.data.tables import TableClient, TableServiceClient
 
 from functions.azure_app.tables import BUDGET_ATTEMPTS, TableStateStore, TableStorageUnavailableError
+from tests.contract.backends import HELD_UNTIL, NOW
 
 pytestmark = pytest.mark.peer
 
@@ -58,18 +59,18 @@ def table(azurite_tables: str) -> Table:
 
 def test_a_budget_entity_written_between_each_read_and_write_is_tried_again_shortly(table: Table) -> None:
     # GIVEN a store whose every read of the pool's budget entity is followed by another worker's write
-    table.other.reserve("web", "azure:first", ["web-0"], None)
+    table.other.reserve("web", "azure:first", ["web-0"], None, now=NOW, expires_at=HELD_UNTIL)
     writes: list[str] = []
 
     def admit_another() -> None:
         key = f"azure:other-{len(writes)}"
-        table.other.reserve("web", key, [f"vm-{len(writes)}"], None)
+        table.other.reserve("web", key, [f"vm-{len(writes)}"], None, now=NOW, expires_at=HELD_UNTIL)
         writes.append(key)
 
     store = table.store_racing(admit_another, times=BUDGET_ATTEMPTS)
     # WHEN it reserves a slot
     with pytest.raises(TableStorageUnavailableError):
-        store.reserve("web", "azure:mine", ["web-1"], None)
+        store.reserve("web", "azure:mine", ["web-1"], None, now=NOW, expires_at=HELD_UNTIL)
     # THEN it tried BUDGET_ATTEMPTS times, pausing a few milliseconds (growing) after each conflict
     assert BUDGET_ATTEMPTS == 16
     assert len(writes) == len(table.pauses) == BUDGET_ATTEMPTS
@@ -80,26 +81,28 @@ def test_a_budget_entity_written_between_each_read_and_write_is_tried_again_shor
 def test_vms_joining_an_admitted_event_at_once_never_conflict(table: Table) -> None:
     # GIVEN event A admitted for web-0, and another VM of A joining it between the read of the
     # pool's budget entity and the write that follows it (a large event: every VM joins at once)
-    assert table.other.reserve("web", "azure:a", ["web-0"], 2)
-    store = table.store_racing(lambda: table.other.reserve("web", "azure:a", ["web-2"], 2), times=1)
+    assert table.other.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
+    store = table.store_racing(
+        lambda: table.other.reserve("web", "azure:a", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL).admitted, times=1
+    )
     # WHEN web-1's own report joins A
-    assert store.reserve("web", "azure:a", ["web-1"], 2)
+    assert store.reserve("web", "azure:a", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
     # THEN it never had to try again: a join writes the VM's own entity, not the pool's
     assert table.pauses == []
     # and all three count: event B finds no room until A lets its slot go
-    assert not table.other.reserve("web", "azure:b", ["web-3"], 3)
+    assert not table.other.reserve("web", "azure:b", ["web-3"], 3, now=NOW, expires_at=HELD_UNTIL)
     table.other.release("web", "azure:a")
-    assert table.other.reserve("web", "azure:b", ["web-3"], 3)
+    assert table.other.reserve("web", "azure:b", ["web-3"], 3, now=NOW, expires_at=HELD_UNTIL)
 
 
 def test_a_vm_joining_an_event_that_lets_its_slot_go_meanwhile_admits_it_afresh(table: Table) -> None:
     # GIVEN event A admitted for web-0, and A letting its slot go (its last drained VM was put
     # back) just after web-1's own report of it read the pool's budget entity
-    assert table.other.reserve("web", "azure:a", ["web-0"], 1)
+    assert table.other.reserve("web", "azure:a", ["web-0"], 1, now=NOW, expires_at=HELD_UNTIL)
     store = table.store_racing(lambda: table.other.release("web", "azure:a"), times=1)
     # WHEN web-1 joins A
-    assert store.reserve("web", "azure:a", ["web-1"], 1)
+    assert store.reserve("web", "azure:a", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL)
     # THEN its join was taken back and A admitted afresh for web-1, which counts (a join of a
     # reservation that is gone would have let web-1 be drained uncounted)
-    assert not table.other.reserve("web", "azure:b", ["web-2"], 1)
+    assert not table.other.reserve("web", "azure:b", ["web-2"], 1, now=NOW, expires_at=HELD_UNTIL)
     assert list(table.client().query_entities("PartitionKey eq 'joins:web'")) == []

@@ -23,15 +23,16 @@ from google.cloud import firestore
 
 from agent.proofs import AzureAttestedProver
 from agent.sources.azure.client import AzureImdsClient
+from functions.core.holds import LONGEST_HOLD
 from functions.core.keys import claim_key
-from functions.core.ports import Claim
+from functions.core.ports import Claim, Reservation
 from functions.core.process import CLAIM_LEASE
 from functions.gcp_app.entry import handle_message
 from functions.gcp_app.firestore_store import FirestoreStateStore, doc_id
 from functions.gcp_app.settings import Settings
 from functions.gcp_app.wiring import build_deps
 from simulator import Simulator
-from tests.contract.backends import NOW, new_project, reboot
+from tests.contract.backends import HELD_UNTIL, NOW, new_project, reboot
 from wire.envelope import decode
 from wire.model import EventStatus
 
@@ -69,7 +70,10 @@ def test_a_pool_whose_reservations_fill_a_document_makes_the_next_event_wait(fir
     # GIVEN an unlimited pool holding events of 1,000 long VM names each (about 85 KB apiece)
     client = firestore.Client(project=new_project())
     store = FirestoreStateStore(client)
-    answers = [store.reserve("default", f"azure:{n}", LARGEST_EVENT_VMS, None) for n in range(14)]
+    answers = [
+        store.reserve("default", f"azure:{n}", LARGEST_EVENT_VMS, None, now=NOW, expires_at=HELD_UNTIL).admitted
+        for n in range(14)
+    ]
 
     # WHEN the pool's document is full
     # THEN the next event is not admitted (it waits for a slot, as for a budget) instead of failing
@@ -78,7 +82,7 @@ def test_a_pool_whose_reservations_fill_a_document_makes_the_next_event_wait(fir
     assert answers == [True] * refused + [False] * (len(answers) - refused)
     # ... and it is admitted once another event lets its slot go
     store.release("default", "azure:0")
-    assert store.reserve("default", f"azure:{refused}", LARGEST_EVENT_VMS, None)
+    assert store.reserve("default", f"azure:{refused}", LARGEST_EVENT_VMS, None, now=NOW, expires_at=HELD_UNTIL)
     client.close()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
 
 
@@ -166,3 +170,24 @@ def pull(subscriber: Any, subscription: str, *, expected: int, wait: float = 10.
             )
             messages.extend(item.message for item in response.received_messages)
     return messages
+
+
+@pytest.mark.peer
+def test_a_reservation_an_earlier_version_wrote_holds_the_longest_hold_from_when_it_is_found(
+    firestore_emulator: str,
+) -> None:
+    # GIVEN a pool's document as the version before expiries wrote it: entries without times
+    client = firestore.Client(project=new_project())
+    entry = {"event_key": "azure:e-old", "vms": ["web-0"], "token": "t-old"}
+    client.collection("mbridge_budget_pools").document(doc_id("web")).set({"pool": "web", "reservations": [entry]})
+    store = FirestoreStateStore(client)
+
+    # WHEN events ask for its slot when it is first found, before the longest hold from then, and at it
+    first = store.reserve("web", "azure:e1", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL)
+    before = store.reserve("web", "azure:e1", ["web-1"], 1, now=NOW + LONGEST_HOLD / 2, expires_at=HELD_UNTIL)
+    at = store.reserve("web", "azure:e1", ["web-1"], 1, now=NOW + LONGEST_HOLD, expires_at=HELD_UNTIL)
+
+    # THEN it counts until then, and is reported expired once, without an admission time
+    assert (first.admitted, before.admitted, at.admitted) == (False, False, True)
+    assert at.expired == (Reservation("azure:e-old", ("web-0",), None, NOW + LONGEST_HOLD),)
+    client.close()  # type: ignore[no-untyped-call]  # the library leaves it unannotated

@@ -16,7 +16,7 @@ from bench.store_counting import RoundTrips, counting_firestore
 from functions.core.ports import Claim
 from functions.core.process import CLAIM_LEASE
 from functions.gcp_app.firestore_store import FirestoreStateStore, doc_id
-from tests.contract.backends import NOW, new_project
+from tests.contract.backends import HELD_UNTIL, NOW, new_project
 
 pytestmark = pytest.mark.peer
 
@@ -57,28 +57,30 @@ def test_a_duplicate_finds_its_claim_done_in_two_rpcs(counted: Counted) -> None:
 
 def test_admitting_an_event_into_a_pool_is_a_read_and_a_write(counted: Counted) -> None:
     # An empty pool admits any event: its joins are not read
-    assert counted.store.reserve("web", "azure:e1", ["web-0"], 2)
+    assert counted.store.reserve("web", "azure:e1", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
     assert counted.counter.total() == (2, 1)
     counted.counter.reset()
     # A pool that holds events reads the VMs that joined them too, to count them
-    assert counted.store.reserve("web", "azure:e2", ["web-1"], 2)
+    assert counted.store.reserve("web", "azure:e2", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
     assert counted.counter.total() == (3, 1)
 
 
 def test_a_vm_already_in_its_events_reservation_costs_one_read(counted: Counted) -> None:
-    assert counted.store.reserve("web", "azure:e1", ["web-0", "web-1"], 2)
+    assert counted.store.reserve("web", "azure:e1", ["web-0", "web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
     counted.counter.reset()
-    assert counted.store.reserve("web", "azure:e1", ["web-1"], 2)
+    assert counted.store.reserve("web", "azure:e1", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
     assert counted.counter.total() == (1, 0)
 
 
 def test_releasing_a_slot_is_a_read_a_write_and_a_query_of_its_joins(counted: Counted) -> None:
-    counted.store.reserve("web", "azure:e1", ["web-0"], 2)
-    counted.store.reserve("web", "azure:e2", ["web-1"], 2)
+    counted.store.reserve("web", "azure:e1", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
+    counted.store.reserve("web", "azure:e2", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
     counted.counter.reset()
     counted.store.release("web", "azure:e1")
     assert counted.counter.total() == (3, 1)
-    assert not counted.store.reserve("web", "azure:e3", ["web-2", "web-3"], 2)  # e2 still holds its VM
+    assert not counted.store.reserve(
+        "web", "azure:e3", ["web-2", "web-3"], 2, now=NOW, expires_at=HELD_UNTIL
+    )  # e2 still holds its VM
 
 
 def test_forgetting_a_drain_is_a_delete_and_one_read_of_the_earlier_layout(counted: Counted) -> None:
@@ -126,15 +128,18 @@ def test_a_budget_write_that_meets_another_writer_is_applied_again_to_what_it_le
     project = new_project()
     first, second = firestore.Client(project=project), firestore.Client(project=project)
     other = FirestoreStateStore(second)
-    other.reserve("web", "azure:e1", ["web-0"], 2)
-    racing = _RaceBeforeFirstCommit(first._firestore_api, lambda: other.reserve("web", "azure:e2", ["web-1"], 2))
+    other.reserve("web", "azure:e1", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
+    racing = _RaceBeforeFirstCommit(
+        first._firestore_api,
+        lambda: other.reserve("web", "azure:e2", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL).admitted,
+    )
     first._firestore_api_internal = racing
     # WHEN it reserves the slot
-    admitted = FirestoreStateStore(first).reserve("web", "azure:e3", ["web-2"], 2)
+    admitted = FirestoreStateStore(first).reserve("web", "azure:e3", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL)
     # THEN its conditional write failed, it read again, and saw the pool full (a plain write would
     # have admitted a third VM into a budget of two)
     assert racing.raced == [True]
-    assert admitted is False
+    assert not admitted
     for client in (first, second):
         client.close()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
 
@@ -142,20 +147,20 @@ def test_a_budget_write_that_meets_another_writer_is_applied_again_to_what_it_le
 def test_a_vm_joining_an_admitted_event_writes_its_own_record_not_the_pools(counted: Counted) -> None:
     # GIVEN event e1 admitted for web-0 in a pool of budget 2 (every other VM of a large event
     # joins it, each with its own report, at about the same time)
-    assert counted.store.reserve("web", "azure:e1", ["web-0"], 2)
+    assert counted.store.reserve("web", "azure:e1", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
     [pool] = list(counted.client.collection("mbridge_budget_pools").stream())
     counted.counter.reset()
     # WHEN web-1's own report joins it
-    assert counted.store.reserve("web", "azure:e1", ["web-1"], 2)
+    assert counted.store.reserve("web", "azure:e1", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
     # THEN that is one write, of web-1's own record, between two reads of the pool (the second
     # makes sure the event did not let its slot go meanwhile): the pool's document, which the
     # other VMs read, is as it was, so their joins never conflict with this one
     assert counted.counter.total() == (3, 1)
     assert pool.reference.get().update_time == pool.update_time
     # and web-1 counts: the next event finds the pool full until e1 lets its slot go
-    assert not counted.store.reserve("web", "azure:e2", ["web-2"], 2)
+    assert not counted.store.reserve("web", "azure:e2", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL)
     counted.store.release("web", "azure:e1")
-    assert counted.store.reserve("web", "azure:e2", ["web-2"], 2)
+    assert counted.store.reserve("web", "azure:e2", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL)
 
 
 def test_a_vm_joining_an_event_that_lets_its_slot_go_meanwhile_admits_it_afresh(firestore_emulator: str) -> None:
@@ -164,16 +169,16 @@ def test_a_vm_joining_an_event_that_lets_its_slot_go_meanwhile_admits_it_afresh(
     project = new_project()
     first, second = firestore.Client(project=project), firestore.Client(project=project)
     other = FirestoreStateStore(second)
-    assert other.reserve("web", "azure:e1", ["web-0"], 1)
+    assert other.reserve("web", "azure:e1", ["web-0"], 1, now=NOW, expires_at=HELD_UNTIL)
     racing = _RaceBeforeFirstCommit(first._firestore_api, lambda: other.release("web", "azure:e1"))
     first._firestore_api_internal = racing
     # WHEN web-1 joins e1
-    admitted = FirestoreStateStore(first).reserve("web", "azure:e1", ["web-1"], 1)
+    admitted = FirestoreStateStore(first).reserve("web", "azure:e1", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL)
     # THEN its join was taken back and e1 admitted afresh for web-1, which counts (a join of a
     # reservation that is gone would have let web-1 be drained uncounted)
     assert racing.raced == [None]
-    assert admitted is True
-    assert not other.reserve("web", "azure:e2", ["web-2"], 1)
+    assert admitted
+    assert not other.reserve("web", "azure:e2", ["web-2"], 1, now=NOW, expires_at=HELD_UNTIL)
     assert list(second.collection("mbridge_budget_pools").document(doc_id("web")).collection("joins").stream()) == []
     for client in (first, second):
         client.close()  # type: ignore[no-untyped-call]  # the library leaves it unannotated

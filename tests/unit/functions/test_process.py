@@ -25,6 +25,7 @@ from wire.identity import ReporterName
 from wire.model import EventKind, EventSource, EventStatus, MaintenanceEvent
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+HOURS_2 = timedelta(hours=2)  # a NotBefore too far for a waiting event to be drained past the budget
 SET = ("web-0", "web-1", "web-2")
 
 
@@ -326,7 +327,8 @@ def test_a_failed_restore_frees_the_budget_restores_the_rest_and_is_retried_alon
     world.policy = Policy(pools=(Pool("web", frozenset(SET), max_drained=2),))
     pair: dict[str, Any] = {"resources": ("web-0", "web-1")}
     world.run_set(reboot(EventStatus.SCHEDULED, **pair))
-    waiting = world.run(reboot(EventStatus.SCHEDULED, event_id="E2", resources=("web-2",), reporter="web-2"))
+    e2 = reboot(EventStatus.SCHEDULED, event_id="E2", resources=("web-2",), reporter="web-2", not_before=NOW + HOURS_2)
+    waiting = world.run(e2)
     assert [a.action for a in waiting.actions] == ["wait"]
 
     # WHEN web-0's completion cannot put it back (its pool's API refuses for good)

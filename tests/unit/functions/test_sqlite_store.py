@@ -10,10 +10,12 @@ import sqlite3
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from functions.core.ports import AuditRecord, Claim
+from functions.core.holds import LONGEST_HOLD
+from functions.core.ports import AuditRecord, Claim, Reservation
 from functions.local_app.store import SqliteStore
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+HELD_UNTIL = NOW + timedelta(hours=1)
 
 # The schema as the first release wrote it: rowid tables, AUTOINCREMENT, an index on event_id.
 EARLIER_SCHEMA = """
@@ -50,7 +52,11 @@ def test_a_file_from_the_earlier_schema_keeps_its_state_and_takes_new_records(tm
     store = SqliteStore(path)
     try:
         claimed_before = store.claim("envelope-1", NOW, timedelta(minutes=5))
-        budget_full = not store.reserve("web", "azure:e-new", ["web-1"], 1)
+        budget_full = not store.reserve("web", "azure:e-new", ["web-1"], 1, now=NOW, expires_at=HELD_UNTIL)
+        # (the earlier reservation has no expiry: it holds the longest hold from when it was first found)
+        half_way = NOW + LONGEST_HOLD / 2
+        still_full = not store.reserve("web", "azure:e-new", ["web-1"], 1, now=half_way, expires_at=HELD_UNTIL)
+        freed = store.reserve("web", "azure:e-new", ["web-1"], 1, now=NOW + LONGEST_HOLD, expires_at=HELD_UNTIL)
         store.append(record("e-new", "web-1"))
         by_event = store.query(event_id="e-old")
         by_vm = store.query(vm="web-1")
@@ -60,6 +66,9 @@ def test_a_file_from_the_earlier_schema_keeps_its_state_and_takes_new_records(tm
     # THEN what was there is still there, new records follow the old ones, and the unused index is gone
     assert claimed_before is Claim.DONE
     assert budget_full
+    assert still_full
+    assert freed
+    assert freed.expired == (Reservation("azure:e-old", ("web-0",), None, NOW + LONGEST_HOLD),)
     assert [line.event_id for line in by_event] == ["E-OLD"]  # event ids match case-insensitively
     assert [line.event_id for line in by_vm] == ["e-new"]
     assert "audit_event" not in indexes
