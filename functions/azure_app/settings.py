@@ -189,7 +189,7 @@ class Settings:
             signing_key=_signing_key(env.optional(SIGNING_KEY)),
             commands_mode=env.choice(COMMANDS_MODE, COMMANDS_MODES),
             commands_topic=env.optional(COMMANDS_TOPIC) or DEFAULT_COMMANDS_TOPIC,
-            trust_resource_groups=_resource_groups(env.optional(TRUST_RESOURCE_GROUPS)),
+            trust_resource_groups=_resource_groups(env.optional(TRUST_RESOURCE_GROUPS), load_balancer, needed=attested),
             trust_file=trust_file,
             trust_roots=_roots(env.optional(TRUST_ROOTS), needed=attested),
             trust_intermediates=_certificates(TRUST_INTERMEDIATES, env.optional(TRUST_INTERMEDIATES)),
@@ -261,8 +261,20 @@ def _load_balancer(env: _Env) -> LoadBalancerTarget | None:
     )
 
 
-def _resource_groups(text: str | None) -> tuple[str, ...]:
-    """Comma-separated resource group names, each once (ARM compares them case-insensitively)."""
+def _resource_groups(text: str | None, load_balancer: LoadBalancerTarget | None, *, needed: bool) -> tuple[str, ...]:
+    """Comma-separated resource group names, each once (ARM compares them case-insensitively); unset:
+    the load balancer's NICs' group. The VMs that may report are those of these groups only: a VM of
+    another group (a sandbox) named like one of them must never speak for it."""
+    if text is None:
+        if load_balancer is not None:
+            return (load_balancer.nic_resource_group,)
+        if needed:
+            raise SettingsError(
+                f"{TRUST_RESOURCE_GROUPS} is not set: give the resource groups of the VMs that report, separated by "
+                f"commas (with {LB_RESOURCE_GROUP} set, the group of its NICs is the default). A VM outside them, "
+                "even one with the name of one of yours, is refused"
+            )
+        return ()
     groups: dict[str, str] = {}
     for item in (text or "").split(","):
         name = item.strip()

@@ -6,6 +6,10 @@ the VM's name, or `<scale set>_<instance id>` for an instance of a uniform scale
 here are the `VmDirectory` of `functions.trust.verifiers`, which maps the one to the other;
 `name_of` returns None for a vmId it cannot find.
 
+Each VM is a `VmRecord`: its name, its full resource id (what the load balancer's NICs point at) and its
+vmId. `named` answers every VM of the scope with a name, so that a name two VMs share (a sandbox VM
+named like a production one) is refused rather than acted on.
+
 `ComputeVmDirectory` reads Azure Resource Manager (azure-mgmt-compute) with the app's identity:
 
 - per subscription, `virtual_machines.list_all()` (standalone VMs and the VMs of flexible scale
@@ -50,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from functions.azure_app.settings import TRUST_RESOURCE_GROUPS, Settings
+from functions.trust.verifiers import VmRecord
 from wire.errors import PermanentError, RetryableError
 
 if TYPE_CHECKING:
@@ -76,22 +81,38 @@ class VmDirectoryUnavailableError(RetryableError):
 
 
 class StaticVmDirectory:
-    """A fixed directory: `{subscription_id: {vm_id: name}}`. Subscription ids and vmIds are
-    compared case-insensitively; a vmId listed under one subscription is unknown in any other."""
+    """A fixed directory: `{subscription_id: {vm_id: name}}`, each VM in resource group `group`.
+    Subscription ids and vmIds are compared case-insensitively; a vmId listed under one
+    subscription is unknown in any other."""
 
-    def __init__(self, names: Mapping[str, Mapping[str, str]]) -> None:
-        self._names = {
-            subscription.lower(): {vm_id.lower(): name for vm_id, name in vms.items()}
+    def __init__(self, names: Mapping[str, Mapping[str, str]], group: str = "vms") -> None:
+        self._records = {
+            subscription.lower(): {
+                vm_id.lower(): VmRecord(name, vm_resource_id(subscription.lower(), group, name), vm_id.lower())
+                for vm_id, name in vms.items()
+            }
             for subscription, vms in names.items()
         }
 
+    def resource_of(self, subscription_id: str, vm_id: str) -> VmRecord | None:
+        return self._records.get(subscription_id.strip().lower(), {}).get(vm_id.strip().lower())
+
     def name_of(self, subscription_id: str, vm_id: str) -> str | None:
-        return self._names.get(subscription_id.strip().lower(), {}).get(vm_id.strip().lower())
+        record = self.resource_of(subscription_id, vm_id)
+        return None if record is None else record.name
+
+    def named(self, name: str) -> list[VmRecord]:
+        return [r for vms in self._records.values() for r in vms.values() if r.name.lower() == name.lower()]
+
+
+def vm_resource_id(subscription_id: str, group: str, name: str) -> str:
+    """The resource id of a standalone VM."""
+    return f"/subscriptions/{subscription_id}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/{name}"
 
 
 @dataclass(frozen=True)
 class _Snapshot:
-    names: dict[str, str]  # lower-case vmId → VM name
+    names: dict[str, VmRecord]  # lower-case vmId → the VM
     loaded_at: float
 
 
@@ -110,6 +131,7 @@ class ComputeVmDirectory:
         credential: TokenCredential | None = None,
         *,
         resource_groups: Sequence[str] = (),
+        subscriptions: Sequence[str] = (),
         client_factory: ClientFactory | None = None,
         min_refresh_seconds: float = DEFAULT_MIN_REFRESH_SECONDS,
         max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS,
@@ -123,6 +145,7 @@ class ComputeVmDirectory:
             raise ValueError("0 <= min_refresh_seconds <= max_age_seconds")
         self._factory = client_factory
         self._groups = tuple(resource_groups)
+        self._trusted = tuple(subscription.strip().lower() for subscription in subscriptions)
         self._min_refresh = min_refresh_seconds
         self._max_age = max_age_seconds
         self._clock = clock
@@ -136,20 +159,59 @@ class ComputeVmDirectory:
         return self._groups
 
     def name_of(self, subscription_id: str, vm_id: str) -> str | None:
+        record = self.resource_of(subscription_id, vm_id)
+        return None if record is None else record.name
+
+    def named(self, name: str) -> list[VmRecord]:
+        """Every VM named `name` in the configured subscriptions (and any other looked up since),
+        from maps no older than `max_age_seconds` (a listing where one is older or missing)."""
+        with self._lock:
+            subscriptions = sorted({*self._trusted, *self._subscriptions})
+        found: list[VmRecord] = []
+        for subscription in subscriptions:
+            snapshot = self._fresh(subscription)
+            found.extend(record for record in snapshot.names.values() if record.name.lower() == name.lower())
+        return found
+
+    def _fresh(self, subscription: str) -> _Snapshot:
+        state = self._state(subscription)
+        snapshot = state.snapshot
+        if snapshot is not None and self._clock() - snapshot.loaded_at < self._max_age:
+            return snapshot
+        with state.lock:
+            now = self._clock()
+            snapshot = state.snapshot
+            if snapshot is not None and now - snapshot.loaded_at < self._max_age:
+                return snapshot
+            if snapshot is not None and state.failed_at is not None and now - state.failed_at < self._min_refresh:
+                return snapshot
+            try:
+                state.snapshot, state.failed_at = self._load(subscription, now), None
+            except VmDirectoryUnavailableError as exc:
+                if snapshot is None:
+                    raise
+                state.failed_at = now
+                LOGGER.warning(
+                    "the VM list of subscription %s is out of date and cannot be read now: %s", subscription, exc
+                )
+            assert state.snapshot is not None
+            return state.snapshot
+
+    def resource_of(self, subscription_id: str, vm_id: str) -> VmRecord | None:
         subscription, key = subscription_id.strip().lower(), vm_id.strip().lower()
         if not _GUID.match(subscription) or not _GUID.match(key):
             LOGGER.warning("not a subscription id and vmId: %.40r %.40r; no VM has them", subscription_id, vm_id)
             return None
         state = self._state(subscription)
-        decided, name = self._cached(state, key, self._clock())
+        decided, record = self._cached(state, key, self._clock())
         if decided:
-            return name
+            return record
         with state.lock:
             # Another invocation may have refreshed the map while this one waited for the lock.
             now = self._clock()
-            decided, name = self._cached(state, key, now)
+            decided, record = self._cached(state, key, now)
             if decided:
-                return name
+                return record
             stale = state.snapshot.names.get(key) if state.snapshot is not None else None
             if stale is not None and state.failed_at is not None and now - state.failed_at < self._min_refresh:
                 return stale
@@ -180,14 +242,14 @@ class ComputeVmDirectory:
         with self._lock:
             return self._subscriptions.setdefault(subscription, _Subscription())
 
-    def _cached(self, state: _Subscription, key: str, now: float) -> tuple[bool, str | None]:
+    def _cached(self, state: _Subscription, key: str, now: float) -> tuple[bool, VmRecord | None]:
         """(True, the answer) when the map may answer without a refresh; (False, None) otherwise."""
         snapshot = state.snapshot
         if snapshot is None or now - snapshot.loaded_at >= self._max_age:
             return False, None
-        name = snapshot.names.get(key)
-        if name is not None or now - snapshot.loaded_at < self._min_refresh:
-            return True, name
+        record = snapshot.names.get(key)
+        if record is not None or now - snapshot.loaded_at < self._min_refresh:
+            return True, record
         return False, None
 
     def _client(self, subscription: str) -> Any:
@@ -201,7 +263,7 @@ class ComputeVmDirectory:
 
     def _load(self, subscription: str, now: float) -> _Snapshot:
         client = self._client(subscription)
-        names: dict[str, str] = {}
+        names: dict[str, VmRecord] = {}
         with self._errors(subscription):
             if self._groups:
                 for group in self._groups:
@@ -213,7 +275,7 @@ class ComputeVmDirectory:
         LOGGER.info("%d VMs in subscription %s%s", len(names), subscription, self._where())
         return _Snapshot(names, now)
 
-    def _read_group(self, client: Any, subscription: str, group: str, names: dict[str, str]) -> None:
+    def _read_group(self, client: Any, subscription: str, group: str, names: dict[str, VmRecord]) -> None:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
@@ -228,7 +290,7 @@ class ComputeVmDirectory:
                 subscription,
             )
 
-    def _read(self, client: Any, vms: Iterable[Any], scale_sets: Iterable[Any], names: dict[str, str]) -> None:
+    def _read(self, client: Any, vms: Iterable[Any], scale_sets: Iterable[Any], names: dict[str, VmRecord]) -> None:
         from azure.core.exceptions import ResourceNotFoundError
 
         for vm in vms:
@@ -288,7 +350,9 @@ class ComputeVmDirectory:
 
 def vm_directory(settings: Settings, credential: TokenCredential) -> ComputeVmDirectory:
     """The directory the app's settings describe, on the app's identity."""
-    return ComputeVmDirectory(credential, resource_groups=settings.trust_resource_groups)
+    return ComputeVmDirectory(
+        credential, resource_groups=settings.trust_resource_groups, subscriptions=settings.trust_subscriptions
+    )
 
 
 def _compute_clients(credential: TokenCredential) -> ClientFactory:
@@ -300,10 +364,10 @@ def _compute_clients(credential: TokenCredential) -> ClientFactory:
     return create
 
 
-def _add(names: dict[str, str], resource: Any) -> None:
-    vm_id, name = resource.vm_id, resource.name
-    if vm_id and name:
-        names[str(vm_id).lower()] = str(name)
+def _add(names: dict[str, VmRecord], resource: Any) -> None:
+    vm_id, name, resource_id = resource.vm_id, resource.name, resource.id
+    if vm_id and name and resource_id:
+        names[str(vm_id).lower()] = VmRecord(str(name), str(resource_id), str(vm_id).lower())
 
 
 def _value(mode: Any) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import requests
 
 from functions.azure_app.commands import ServiceBusCommandSender
-from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group
+from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group, nics_of_scoped_vm
 from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, Settings, SettingsError
 from functions.azure_app.tables import TableAuditLog, TableStateStore, table_errors
 from functions.azure_app.vm_directory import vm_directory
@@ -60,9 +60,11 @@ def build_deps(settings: Settings, *, credential: TokenCredential | None = None)
     service = _table_service(settings, credential)
     signer = _signer(settings)
     sender = ServiceBusCommandSender(ServiceBusOperator(command_bus_settings(settings), credential=credential))
+    # One directory of the scope's VMs: who a report is from, and which NICs are that VM's.
+    directory = _directory(settings, credential)
     return Deps(
         store=TableStateStore(_table(service, settings.state_table)),
-        balancer=_balancer(settings, credential, sender, signer),
+        balancer=_balancer(settings, credential, sender, signer, directory),
         sender=sender,
         # Notices (MBRIDGE_WEBHOOK_URL) go out from their own thread once a record is written.
         audit=notifying_audit(TableAuditLog(_table(service, settings.audit_table)), settings.webhook, cloud="azure"),
@@ -70,8 +72,16 @@ def build_deps(settings: Settings, *, credential: TokenCredential | None = None)
         signer=signer,
         # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
         claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
-        verifier=build_verifier(settings, credential),
+        verifier=build_verifier(settings, credential, directory=directory),
     )
+
+
+def _directory(settings: Settings, credential: TokenCredential) -> VmDirectory | None:
+    """The compute API's directory of the VMs of MBRIDGE_TRUST_SUBSCRIPTIONS x MBRIDGE_TRUST_RESOURCE_GROUPS,
+    when reports are verified with Azure's attested documents (not with a trust file)."""
+    if settings.policy.trust != TRUST_ATTESTED or settings.trust_file is not None:
+        return None
+    return vm_directory(settings, credential)
 
 
 def build_verifier(
@@ -170,6 +180,7 @@ def _balancer(
     credential: TokenCredential,
     sender: CommandSender,
     signer: Callable[[Command], Command] | None,
+    directory: VmDirectory | None,
 ) -> LoadBalancer:
     balancers: list[tuple[str, LoadBalancer]] = []
     target = settings.load_balancer
@@ -177,7 +188,12 @@ def _balancer(
         from azure.mgmt.network import NetworkManagementClient
 
         client = NetworkManagementClient(credential, target.subscription_id)
-        lookup = nics_in_resource_group(client, target.nic_resource_group)
+        # A VM's NICs by its full resource id when the scope's VMs are known; by name otherwise.
+        lookup = (
+            nics_in_resource_group(client, target.nic_resource_group)
+            if directory is None
+            else nics_of_scoped_vm(client, target.nic_resource_group, directory)
+        )
         balancers.append(
             (AZURE_LB, AzureLoadBalancer(client, target.subscription_id, target.resource_group, target.name, lookup))
         )

@@ -7,7 +7,7 @@ be left out; a message of a cloud that is left out has no valid proof):
 
     {"format": "maintenance-bridge trust 1",
      "azure": {"roots": PEM, "intermediates": PEM, "signer_names": [...],
-               "subscriptions": [...], "vms": {vmId: VM name}},
+               "subscriptions": [...], "vms": {vmId: VM name, or {"name": ..., "resource_id": ...}}},
      "gce": {"certs": {key id: PEM certificate}, "audience": "...", "projects": [...]}}
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from functions.trust.azure_attested import DEFAULT_SIGNER_NAMES, load_certificates
 from functions.trust.gce_token import StaticCerts
-from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, GceTokenVerifier
+from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, GceTokenVerifier, VmRecord
 from wire.identity import TRUST_FILE_FORMAT as FORMAT
 
 
@@ -29,13 +29,31 @@ class TrustFileError(ValueError):
 
 
 class MappedVms:
-    """vmId → VM name from a fixed map (any subscription the verifier trusts)."""
+    """The VMs of a fixed map, in any subscription the verifier trusts: vmId → the VM's name, or
+    `{"name": ..., "resource_id": ...}` (a name alone gets a resource id in resource group `vms`)."""
 
-    def __init__(self, vms: Mapping[str, str]) -> None:
-        self._vms = {vm_id.lower(): name for vm_id, name in vms.items()}
+    def __init__(self, vms: Mapping[str, str | Mapping[str, str]]) -> None:
+        self._vms = {vm_id.lower(): _record(vm_id.lower(), entry) for vm_id, entry in vms.items()}
 
-    def name_of(self, subscription_id: str, vm_id: str) -> str | None:
-        return self._vms.get(vm_id.lower())
+    def resource_of(self, subscription_id: str, vm_id: str) -> VmRecord | None:
+        record = self._vms.get(vm_id.lower())
+        if record is None or record.resource_id:
+            return record
+        return VmRecord(record.name, _standalone(subscription_id, record.name), record.vm_id)
+
+    def named(self, name: str) -> list[VmRecord]:
+        return [record for record in self._vms.values() if record.name.lower() == name.lower()]
+
+
+def _record(vm_id: str, entry: str | Mapping[str, str]) -> VmRecord:
+    if isinstance(entry, str):
+        return VmRecord(entry, "", vm_id)
+    return VmRecord(entry["name"], entry["resource_id"], vm_id)
+
+
+def _standalone(subscription_id: str, name: str) -> str:
+    group = f"/subscriptions/{subscription_id.lower()}/resourceGroups/vms"
+    return f"{group}/providers/Microsoft.Compute/virtualMachines/{name}"
 
 
 def verifier_from_trust(document: Mapping[str, Any]) -> CloudVerifier:
@@ -60,8 +78,8 @@ def load_trust_file(path: str | Path) -> CloudVerifier:
 
 def _azure(section: Mapping[str, Any]) -> AzureAttestedVerifier:
     vms = section.get("vms")
-    if not isinstance(vms, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in vms.items()):
-        raise TrustFileError("azure.vms must map each vmId to its VM name")
+    if not isinstance(vms, dict) or not all(isinstance(k, str) and _vm_entry(v) for k, v in vms.items()):
+        raise TrustFileError('azure.vms must map each vmId to its VM name, or to {"name": ..., "resource_id": ...}')
     return AzureAttestedVerifier(
         roots=load_certificates(_text(section, "roots").encode()),
         intermediates=load_certificates(section["intermediates"].encode()) if section.get("intermediates") else [],
@@ -80,6 +98,14 @@ def _gce(section: Mapping[str, Any]) -> GceTokenVerifier:
         certs=StaticCerts(certs),
         audience=_text(section, "audience"),
         projects=None if projects is None else _names(projects, "gce.projects"),
+    )
+
+
+def _vm_entry(value: object) -> bool:
+    if isinstance(value, str):
+        return bool(value)
+    return isinstance(value, dict) and all(
+        isinstance(value.get(key), str) and value[key] for key in ("name", "resource_id")
     )
 
 

@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Callable, Protocol
 
@@ -55,11 +56,26 @@ ATTESTED = "attested"
 MAX_DOCUMENT_AGE = timedelta(seconds=AZURE_PROOF_MAX_AGE_SECONDS)
 
 
-class VmDirectory(Protocol):
-    """Azure: the name of the VM with a vmId (what Scheduled Events list in Resources)."""
+@dataclass(frozen=True)
+class VmRecord:
+    """One Azure VM of the deployment's scope: its name as Scheduled Events list it in Resources (a
+    uniform scale set's instance: `<set>_<instance id>`), its full resource id, its vmId."""
 
-    def name_of(self, subscription_id: str, vm_id: str) -> str | None:
-        """The VM's name, or None when no VM of that subscription has that vmId."""
+    name: str
+    resource_id: str
+    vm_id: str
+
+
+class VmDirectory(Protocol):
+    """Azure: the VMs of the deployment's scope (its subscriptions and resource groups)."""
+
+    def resource_of(self, subscription_id: str, vm_id: str) -> VmRecord | None:
+        """The VM with that vmId in that subscription, or None when the scope holds none."""
+        ...
+
+    def named(self, name: str) -> Sequence[VmRecord]:
+        """Every VM of the scope named `name` (compared as ARM does, ignoring case), in every
+        subscription: the functions act on VMs by name, so more than one is a name they cannot use."""
         ...
 
 
@@ -129,15 +145,23 @@ class AzureAttestedVerifier:
                 f"the VM is in subscription {document.subscription_id}, which this deployment does not trust "
                 "(MBRIDGE_TRUST_SUBSCRIPTIONS)"
             )
-        name = self._directory.name_of(document.subscription_id, document.vm_id)
-        if name is None:
+        record = self._directory.resource_of(document.subscription_id, document.vm_id)
+        if record is None:
             raise UnverifiedError(
-                f"no VM with vmId {document.vm_id} in subscription {document.subscription_id} is visible to the "
-                "functions: grant their identity read access to the VMs (docs/azure.md)"
+                f"no VM with vmId {document.vm_id} in subscription {document.subscription_id} is in this deployment's "
+                "scope: it is outside MBRIDGE_TRUST_RESOURCE_GROUPS, or the functions' identity may not read it "
+                "(docs/azure.md)"
             )
+        _one_of_its_name(record, self._directory.named(record.name))
         # One document is issued for one key: the first key the store sees with it is the only one.
         binding = ProofBinding(f"azure-document|{hashlib.sha256(attested.encode()).hexdigest()}", key_text)
-        return Identity(vm=name, how=ATTESTED, detail=f"Azure vmId {document.vm_id}", binding=binding)
+        return Identity(
+            vm=record.name,
+            how=ATTESTED,
+            detail=f"Azure vmId {document.vm_id}",
+            resource=record.resource_id,
+            binding=binding,
+        )
 
 
 class GceTokenVerifier:
@@ -185,6 +209,19 @@ class CloudVerifier:
 
 
 _AZURE = (AZURE_ATTESTED, AZURE_SESSION_KEY, AZURE_SIGNATURE)
+
+
+def _one_of_its_name(record: VmRecord, named: Sequence[VmRecord]) -> None:
+    """A VM whose name another VM of the scope also has cannot be told apart where the functions act
+    (Resources, pools and commands name VMs): its report is refused rather than moving the other."""
+    others = [other for other in named if other.vm_id.lower() != record.vm_id.lower()]
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise UnverifiedError(
+            f"{record.resource_id} is named {record.name!r} like {others[0].resource_id}{more} in this "
+            "deployment's scope: the functions act on VMs by the name Scheduled Events give them, so one name must "
+            "be one VM; narrow MBRIDGE_TRUST_RESOURCE_GROUPS or MBRIDGE_TRUST_SUBSCRIPTIONS, or rename one"
+        )
 
 
 def _azure_proof(envelope: Envelope) -> tuple[str, str, str]:

@@ -328,8 +328,14 @@ def test_function_environment_names_are_the_settings_the_code_reads() -> None:
 
 
 # Variables settings.py reads that are not deployed: the runtime's own project variable, and
-# defaults that fit (the Compute timeout, the URL of Google's certificates).
-NOT_DEPLOYED = {settings.ENV_PROJECT_FALLBACK, settings.ENV_COMPUTE_TIMEOUT, settings.ENV_TRUST_CERTS_URL}
+# defaults that fit (the Compute timeout, the URL of Google's certificates, the 60 s between two
+# summaries of refused reports, which is refused without a webhook URL and so is set by hand).
+NOT_DEPLOYED = {
+    settings.ENV_PROJECT_FALLBACK,
+    settings.ENV_COMPUTE_TIMEOUT,
+    settings.ENV_TRUST_CERTS_URL,
+    settings.ENV_WEBHOOK_SUMMARY_SECONDS,
+}
 # A trust file makes the function trust the keys written in it instead of Google's: local runs only.
 NEVER_DEPLOYED = {settings.ENV_TRUST_FILE}
 

@@ -42,6 +42,7 @@ from functions.azure_app.load_balancer.balancer import (
     AzureLoadBalancer,
     NicLookup,
     nics_in_resource_group,
+    nics_of_scoped_vm,
 )
 
 __all__ = [
@@ -52,4 +53,5 @@ __all__ = [
     "LoadBalancerUnavailableError",
     "NicLookup",
     "nics_in_resource_group",
+    "nics_of_scoped_vm",
 ]

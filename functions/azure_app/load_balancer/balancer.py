@@ -24,6 +24,8 @@ from functions.azure_app.load_balancer.arm import (
 from functions.azure_app.load_balancer.ip_pools import address_memento, addresses_of, holds, join_pool, leave_pool
 from functions.azure_app.load_balancer.nic_pools import join_pools, leave_pools, parts_by_nic
 from functions.core.ports import JsonObject
+from functions.trust.verifiers import VmDirectory
+from wire.errors import PermanentError
 
 LOGGER = logging.getLogger("mbridge.functions.azure.load_balancer")
 
@@ -37,7 +39,9 @@ WRITE_ATTEMPTS = 3
 
 
 def nics_in_resource_group(client: NetworkManagementClient, resource_group: str) -> NicLookup:
-    """The NIC lookup by VM name over `network_interfaces.list(resource_group)` (one list per call)."""
+    """The NIC lookup by VM name over `network_interfaces.list(resource_group)` (one list per call),
+    for trust `reporter-name`, which has no directory of the VMs: a VM of another resource group with
+    the same name and a NIC here would be taken for it."""
 
     def lookup(vm: str) -> Sequence[Any]:
         suffix = f"/virtualmachines/{vm.lower()}"
@@ -45,6 +49,30 @@ def nics_in_resource_group(client: NetworkManagementClient, resource_group: str)
             nic
             for nic in client.network_interfaces.list(resource_group)
             if nic.virtual_machine is not None and (nic.virtual_machine.id or "").lower().endswith(suffix)
+        ]
+
+    return lookup
+
+
+def nics_of_scoped_vm(client: NetworkManagementClient, resource_group: str, directory: VmDirectory) -> NicLookup:
+    """The NIC lookup by the VM's full resource id: the one VM the deployment's scope knows by that
+    name (`VmDirectory.named`), never a NIC of another VM whose id merely ends in the same name (a
+    sandbox VM of another resource group may have its NIC here)."""
+
+    def lookup(vm: str) -> Sequence[Any]:
+        records = directory.named(vm)
+        if not records:
+            return []
+        if len(records) > 1:
+            raise PermanentError(
+                f"{len(records)} VMs of the deployment's scope are named {vm!r} ({records[0].resource_id}, "
+                f"{records[1].resource_id}): narrow MBRIDGE_TRUST_RESOURCE_GROUPS or rename one"
+            )
+        wanted = records[0].resource_id.lower()
+        return [
+            nic
+            for nic in client.network_interfaces.list(resource_group)
+            if nic.virtual_machine is not None and (nic.virtual_machine.id or "").lower() == wanted
         ]
 
     return lookup

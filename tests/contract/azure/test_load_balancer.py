@@ -39,9 +39,12 @@ from functions.azure_app.load_balancer import (
     LoadBalancerConfigError,
     LoadBalancerUnavailableError,
     nics_in_resource_group,
+    nics_of_scoped_vm,
 )
+from functions.azure_app.vm_directory import StaticVmDirectory
 from functions.core.ports import JsonObject
 from tests.peers import free_port
+from wire.errors import PermanentError
 
 SUB = "6f1c2d9e-0000-4000-8000-00000000c0de"
 RG = "rg-web"
@@ -491,6 +494,40 @@ def test_the_vm_is_matched_by_name_case_insensitively_and_never_by_suffix(arm: A
     # THEN only WEB-0's NIC is written
     assert _put_names(arm.fake) == ["web-0-nic"]
     assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/myweb-0-nic")) == [POOL_HTTP]
+
+
+def test_with_the_scopes_directory_the_nic_is_the_verified_vms_by_full_resource_id(arm: Arm) -> None:
+    # GIVEN production's web-0 (in RG) and a sandbox VM named web-0 in another group, whose NIC was
+    # put in the NIC group too, both in pool-http
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    sandbox = nic("sandbox-web-0-nic", None, "10.0.1.7", [POOL_HTTP])
+    sandbox_id = f"/subscriptions/{SUB}/resourceGroups/rg-sandbox/providers/Microsoft.Compute/virtualMachines/web-0"
+    sandbox["properties"]["virtualMachine"] = {"id": sandbox_id}
+    arm.fake.add(sandbox)
+    # AND the deployment's scope, which knows web-0 as production's VM only
+    directory = StaticVmDirectory({SUB: {"3f2a8c1e-5b7d-4e9a-a1c3-0d4e5f6a7b80": "web-0"}}, group=RG.upper())
+    balancer = AzureLoadBalancer(arm.client, SUB, RG, LB, nics_of_scoped_vm(arm.client, RG, directory))
+
+    # WHEN web-0 is drained
+    drain(balancer, "web-0")
+
+    # THEN only production's NIC is written: a name suffix never stands for the VM
+    assert _put_names(arm.fake) == ["web-0-nic"]
+    assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/sandbox-web-0-nic")) == [POOL_HTTP]
+
+
+def test_a_name_the_scope_holds_twice_is_refused_before_anything_is_read(arm: Arm) -> None:
+    other = "0b7e4a31-1111-4000-8000-0000000000aa"
+    twins = StaticVmDirectory(
+        {
+            SUB: {"3f2a8c1e-5b7d-4e9a-a1c3-0d4e5f6a7b80": "web-0"},
+            other: {"9d0f5c3e-7b1a-4e62-8f0d-000000000001": "web-0"},
+        }
+    )
+    balancer = AzureLoadBalancer(arm.client, SUB, RG, LB, nics_of_scoped_vm(arm.client, RG, twins))
+    with pytest.raises(PermanentError, match="2 VMs of the deployment's scope are named 'web-0'"):
+        balancer.locate("web-0")
+    assert arm.fake.requests == []
 
 
 def test_restore_of_a_deleted_vms_nic_is_a_no_op(arm: Arm) -> None:

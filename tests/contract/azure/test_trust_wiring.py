@@ -89,6 +89,7 @@ def simulated(simulator: Simulator) -> dict[str, str]:
         names.TRUST_ROOTS: section["roots"],
         names.TRUST_INTERMEDIATES: section["intermediates"],
         names.TRUST_SUBSCRIPTIONS: SIM_SUBSCRIPTION_ID,
+        names.TRUST_RESOURCE_GROUPS: "vms",
     }
 
 
@@ -129,6 +130,7 @@ def test_attested_documents_are_checked_against_the_configured_roots_and_subscri
             names.TRUST_ROOTS: str(roots),
             names.TRUST_INTERMEDIATES: section["intermediates"].replace("\n", "\\n"),
             names.TRUST_SUBSCRIPTIONS: SIM_SUBSCRIPTION_ID.upper(),
+            names.TRUST_RESOURCE_GROUPS: "vms",
         }
     )
 

@@ -11,6 +11,7 @@ certificate of the load balancer tests, and the client trusts exactly that certi
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -18,7 +19,8 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from azure.core.credentials import AccessToken, TokenCredential
 from azure.mgmt.compute import ComputeManagementClient
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from functions.azure_app import settings as names
-from functions.azure_app.settings import Settings
+from functions.azure_app.settings import Settings, SettingsError
 from functions.azure_app.vm_directory import (
     ComputeVmDirectory,
     StaticVmDirectory,
@@ -38,11 +42,24 @@ from functions.azure_app.vm_directory import (
     vm_directory,
 )
 from functions.core.ports import JsonObject
-from functions.trust.verifiers import VmDirectory
+from functions.trust.azure_attested import load_certificates
+from functions.trust.verifiers import AzureAttestedVerifier, VmDirectory
+from simulator.attestation import AttestationAuthority
 from tests.contract.azure.test_load_balancer import TOKEN, StaticToken, _self_signed
+from tests.factories import azure_event
 from tests.kit import FakeClock
 from tests.peers import free_port
+from wire.envelope import decode, encode, envelope_for_event
 from wire.errors import PermanentError, RetryableError
+from wire.identity import (
+    AZURE_ATTESTED,
+    AZURE_SESSION_KEY,
+    AZURE_SIGNATURE,
+    UnverifiedError,
+    session_nonce,
+    signed_digest,
+)
+from wire.model import EventKind, EventStatus
 
 SUB = "6f1c2d9e-0000-4000-8000-00000000c0de"
 OTHER_SUB = "0b7e4a31-1111-4000-8000-0000000000aa"
@@ -603,13 +620,15 @@ def test_the_factory_takes_the_resource_groups_from_the_settings() -> None:
         names.TABLE_ENDPOINT: "https://myaccount.table.core.windows.net",
         names.TRUST_SUBSCRIPTIONS: SUB,
     }
-    whole: VmDirectory = vm_directory(Settings.from_env(environ), StaticToken())
     limited = vm_directory(
         Settings.from_env({**environ, names.TRUST_RESOURCE_GROUPS: "rg-web,rg-batch"}), StaticToken()
     )
+    assert limited.resource_groups == ("rg-web", "rg-batch")
 
-    assert isinstance(whole, ComputeVmDirectory)
-    assert (whole.resource_groups, limited.resource_groups) == ((), ("rg-web", "rg-batch"))
+    # AND without resource groups the app does not start: a whole subscription would let a sandbox VM
+    # named like a production one speak for it
+    with pytest.raises(SettingsError, match="MBRIDGE_TRUST_RESOURCE_GROUPS is not set"):
+        Settings.from_env(environ)
 
 
 # ---------------------------------------------------------------- errors
@@ -695,9 +714,72 @@ def test_an_unreachable_arm_is_retryable(certificate: tuple[Path, Path]) -> None
 
 
 def test_the_static_directory_names_vms_per_subscription_case_insensitively() -> None:
-    directory: VmDirectory = StaticVmDirectory({SUB.upper(): {WEB_1: "web-1", WORKER_3: "workers_3"}})
+    directory = StaticVmDirectory({SUB.upper(): {WEB_1: "web-1", WORKER_3: "workers_3"}})
+    port: VmDirectory = directory
 
     assert directory.name_of(SUB, WEB_1.lower()) == "web-1"
     assert directory.name_of(SUB.lower(), WORKER_3.upper()) == "workers_3"
     assert directory.name_of(OTHER_SUB, WEB_1) is None
-    assert directory.name_of(SUB, UNKNOWN) is None
+    assert port.resource_of(SUB, UNKNOWN) is None
+    assert [record.vm_id for record in port.named("WEB-1")] == [WEB_1.lower()]
+
+
+# ---------------------------------------------------------------- a name is one VM of the scope
+
+SANDBOX_WEB_0 = "0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"
+
+
+def attested_report(vm_id: str, at: datetime) -> tuple[bytes, AttestationAuthority]:
+    """A report of web-0's Reboot with the proof an agent on the VM of `vm_id` attaches: a document
+    signed by a PKI the verifier trusts (the simulator's), for that agent's key."""
+    authority = AttestationAuthority.generate(at)
+    key = Ed25519PrivateKey.generate()
+    public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    document = authority.sign(vm_id, SUB, session_nonce(public), at)["signature"]
+    event = azure_event(event_id="E-1", kind=EventKind.REBOOT, status=EventStatus.SCHEDULED, reporter="web-0")
+    envelope = envelope_for_event(replace(event, resources=("web-0",)), at)
+    body = json.loads(encode(envelope))
+    body[AZURE_ATTESTED] = document
+    body[AZURE_SESSION_KEY] = base64.b64encode(public).decode()
+    body[AZURE_SIGNATURE] = base64.b64encode(key.sign(signed_digest(envelope.digest))).decode()
+    return json.dumps(body).encode(), authority
+
+
+def verifier(directory: VmDirectory, authority: AttestationAuthority) -> AzureAttestedVerifier:
+    return AzureAttestedVerifier(
+        roots=load_certificates(authority.roots_pem()),
+        intermediates=load_certificates(authority.intermediates_pem()),
+        subscriptions=[SUB],
+        directory=directory,
+    )
+
+
+def test_a_sandbox_vm_named_like_a_production_one_cannot_speak_for_it(arm: Arm) -> None:
+    # GIVEN production's web-0 in rg-web, and a sandbox VM also named web-0 in rg-sandbox, whose
+    # agent sends a genuine proof of itself with a report in web-0's name
+    arm.fake.add_vm(vm("rg-sandbox", "web-0", SANDBOX_WEB_0))
+    at = datetime.now(timezone.utc)
+    body, authority = attested_report(SANDBOX_WEB_0, at)
+
+    # WHEN the deployment's scope is rg-web: THEN the sandbox VM is nobody
+    scoped = verifier(arm.directory(resource_groups=("rg-web",)), authority)
+    with pytest.raises(UnverifiedError, match="is in this deployment's scope"):
+        scoped.verify(decode(body), at, at)
+
+    # AND WHEN the scope holds both groups: THEN the name is two VMs, and neither report is taken
+    both = arm.directory(resource_groups=("rg-web", "rg-sandbox"))
+    with pytest.raises(UnverifiedError, match=r"is named 'web-0' like .*resourceGroups/rg-web/"):
+        verifier(both, authority).verify(decode(body), at, at)
+    production, authority = attested_report(WEB_0, at)
+    with pytest.raises(UnverifiedError, match="rename one"):
+        verifier(both, authority).verify(decode(production), at, at)
+
+
+def test_the_verified_vm_is_named_by_its_full_resource_id(arm: Arm) -> None:
+    arm.fake.add_vm(vm("rg-sandbox", "web-0", SANDBOX_WEB_0))
+    at = datetime.now(timezone.utc)
+    body, authority = attested_report(WEB_0, at)
+
+    identity = verifier(arm.directory(resource_groups=("rg-web",)), authority).verify(decode(body), at, at)
+
+    assert (identity.vm, identity.resource) == ("web-0", _arm_id("rg-web", "virtualMachines", "web-0"))

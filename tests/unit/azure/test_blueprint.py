@@ -358,6 +358,7 @@ MINIMAL = {
     names.SERVICEBUS_NAMESPACE: "mybus.servicebus.windows.net",
     names.TABLE_ENDPOINT: "https://myaccount.table.core.windows.net",
     names.TRUST_SUBSCRIPTIONS: SUBSCRIPTION,
+    names.TRUST_RESOURCE_GROUPS: "rg-web",
 }
 
 
@@ -395,7 +396,7 @@ def test_minimal_settings_take_the_documented_defaults() -> None:
     assert settings.readiness_drain is True
     assert settings.policy == Policy()
     assert settings.signing_key is None
-    assert settings.trust_resource_groups == ()
+    assert settings.trust_resource_groups == ("rg-web",)
     # ... and attested documents are verified against Azure's roots (certifi's and the shipped
     # Microsoft TLS RSA Root G2), signed for metadata.azure.com, from the given subscription
     assert settings.trust_file is None

@@ -28,6 +28,7 @@ MINIMAL = {
     names.SERVICEBUS_NAMESPACE: "mybus.servicebus.windows.net",
     names.TABLE_ENDPOINT: "https://myaccount.table.core.windows.net",
     names.TRUST_SUBSCRIPTIONS: "00000000-0000-0000-0000-000000000000",
+    names.TRUST_RESOURCE_GROUPS: "rg-web",
 }
 
 

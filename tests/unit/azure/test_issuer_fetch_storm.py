@@ -23,7 +23,7 @@ from agent.proofs import AzureAttestedProver
 from functions.azure_app import wiring
 from functions.azure_app.settings import default_roots
 from functions.trust.azure_attested import clear_issuer_cache
-from functions.trust.verifiers import AzureAttestedVerifier
+from functions.trust.verifiers import AzureAttestedVerifier, VmRecord
 from simulator.attestation import AttestationAuthority
 from tests.factories import azure_event
 from tests.fixtures import FIXTURES
@@ -80,8 +80,11 @@ class CountingGet:
 
 
 class Directory:
-    def name_of(self, subscription_id: str, vm_id: str) -> str | None:
-        return "web-0"
+    def resource_of(self, subscription_id: str, vm_id: str) -> VmRecord | None:
+        return VmRecord("web-0", f"/subscriptions/{subscription_id}/resourceGroups/rg/providers/x/web-0", vm_id)
+
+    def named(self, name: str) -> list[VmRecord]:
+        return []
 
 
 class Imds:

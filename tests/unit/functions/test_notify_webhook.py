@@ -336,6 +336,7 @@ AZURE_MINIMAL = {
     azure_names.SERVICEBUS_NAMESPACE: "mybus.servicebus.windows.net",
     azure_names.TABLE_ENDPOINT: "https://myaccount.table.core.windows.net",
     azure_names.TRUST_SUBSCRIPTIONS: "00000000-0000-0000-0000-000000000000",
+    azure_names.TRUST_RESOURCE_GROUPS: "rg-web",
 }
 GCP_MINIMAL = {"MBRIDGE_GCP_PROJECT": "my-project-123"}
 HOOK = f"https://hooks.slack.com/services/{KEY_PATH}"
