@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from agent.sources.http import MetadataUnavailableError
 from wire.identity import (
     AZURE_ATTESTED,
+    AZURE_PROOF_MAX_AGE_SECONDS,
+    AZURE_PROOF_REFRESH_SECONDS,
     AZURE_SESSION_KEY,
     AZURE_SIGNATURE,
     GCE_TOKEN,
@@ -43,9 +45,11 @@ if TYPE_CHECKING:  # imported when an Azure agent makes its key: a GCE agent wit
 
 LOGGER = logging.getLogger("mbridge.proofs")
 
-# Azure's attested documents are valid for hours (docs/security.md); one an hour old is still
-# fresh, and a new key an hour bounds how long a stolen one could sign.
-AZURE_REFRESH_SECONDS = 3600.0
+# A new attested document (and key) every hour; one whose renewal fails is kept only while the
+# functions still take it (wire.identity: the shorter a document lives, the less a ground key is
+# worth), less a margin for the message's way to the bus.
+AZURE_REFRESH_SECONDS = AZURE_PROOF_REFRESH_SECONDS
+AZURE_KEEP_SECONDS = AZURE_PROOF_MAX_AGE_SECONDS - 300.0
 # After a refusal the metadata service is asked again after a minute, then twice as long each time
 # it refuses again, up to five minutes: a request every few minutes costs IMDS nothing, and a
 # service that starts answering gives proofs again within minutes.
@@ -147,9 +151,11 @@ class AzureAttestedProver:
         try:
             attested = self._client.attested_document(session_nonce(public))
         except MetadataUnavailableError as exc:
-            if self._key is None:
+            if self._key is None or self._monotonic() - self._fetched_at >= AZURE_KEEP_SECONDS:
+                # None yet, or the one in hand is older than the functions take: no proof.
+                self._key = None
                 raise _unavailable("no attested document from IMDS", exc) from exc
-            # The one in hand is still valid for hours: keep it, ask again next time.
+            # The one in hand is still taken: keep it, ask again next time.
             LOGGER.warning("could not renew the attested document, keeping the current one: %s", exc)
             return
         self._key, self._public, self._attested = key, public, attested

@@ -211,7 +211,8 @@ def _refusal(event: MaintenanceEvent, identity: Identity | str) -> tuple[Result,
 def _vouched(identity: Identity) -> str:
     if identity.how == TRUST_REPORTER_NAME:
         return f"reported by {identity.vm}, taken at its word (trust: reporter-name)"
-    return f"reported by {identity.vm}, {identity.how}" + (f": {identity.detail}" if identity.detail else "")
+    said = ", ".join(part for part in (identity.resource, identity.detail) if part)
+    return f"reported by {identity.vm}, {identity.how}" + (f": {said}" if said else "")
 
 
 def _wait_for_claim(key: str, store: StateStore, wait: ClaimWait) -> tuple[Claim, datetime]:

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from agent.health import Metrics, Readiness
 from agent.loop import Agent
 from agent.proofs import (
+    AZURE_KEEP_SECONDS,
     REFUSED_RETRY_FIRST_SECONDS,
     REFUSED_RETRY_MAX_SECONDS,
     AzureAttestedProver,
@@ -40,6 +41,7 @@ from tests.waiting import wait_until
 from wire.envelope import decode
 from wire.identity import (
     AZURE_ATTESTED,
+    AZURE_PROOF_MAX_AGE_SECONDS,
     AZURE_SESSION_KEY,
     AZURE_SIGNATURE,
     GCE_TOKEN,
@@ -139,6 +141,23 @@ def test_the_azure_document_is_renewed_with_a_new_key_and_kept_while_imds_fails(
     renewed = unsigned(prover.prove(BODY))
     assert renewed[AZURE_SESSION_KEY] != before[AZURE_SESSION_KEY]
     assert len(imds.nonces) == 2
+
+
+def test_a_document_kept_while_imds_fails_is_dropped_before_the_functions_would_refuse_it() -> None:
+    imds, clock = FakeImds(), FakeClock()
+    prover = AzureAttestedProver(imds, clock.monotonic)
+    prover.prove(BODY)
+
+    # WHEN IMDS stays down until the document is older than the functions take (less the margin)
+    imds.down = True
+    clock.advance(AZURE_KEEP_SECONDS - 1)
+    prover.prove(BODY)  # still kept
+    clock.advance(1)
+
+    # THEN no proof: an unproven message says so, a proof every verifier refuses would not
+    with pytest.raises(ProofUnavailableError, match="attested document"):
+        prover.prove(BODY)
+    assert AZURE_KEEP_SECONDS < AZURE_PROOF_MAX_AGE_SECONDS
 
 
 def test_without_any_attested_document_the_prover_says_so() -> None:
