@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from functions.trust.azure_attested import DEFAULT_SIGNER_NAMES, load_certificates
 from functions.trust.gce_token import StaticCerts
 from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, GceTokenVerifier, VmRecord
 from wire.identity import TRUST_FILE_FORMAT as FORMAT
+from wire.identity import session_nonce
 
 
 class TrustFileError(ValueError):
@@ -56,12 +57,16 @@ def _standalone(subscription_id: str, name: str) -> str:
     return f"{group}/providers/Microsoft.Compute/virtualMachines/{name}"
 
 
-def verifier_from_trust(document: Mapping[str, Any]) -> CloudVerifier:
+def verifier_from_trust(
+    document: Mapping[str, Any], *, nonce_of: Callable[[bytes], str] = session_nonce
+) -> CloudVerifier:
+    """The verifier a trust file describes. `nonce_of` (the Azure key → nonce rule) is for drills that
+    simulate a ground key without grinding one."""
     if document.get("format") != FORMAT:
         raise TrustFileError(f"not a trust file: its format must be {FORMAT!r}, got {document.get('format')!r}")
     azure, gce = document.get("azure"), document.get("gce")
     return CloudVerifier(
-        azure=None if azure is None else _azure(_section(azure, "azure")),
+        azure=None if azure is None else _azure(_section(azure, "azure"), nonce_of),
         gce=None if gce is None else _gce(_section(gce, "gce")),
     )
 
@@ -76,7 +81,7 @@ def load_trust_file(path: str | Path) -> CloudVerifier:
     return verifier_from_trust(document)
 
 
-def _azure(section: Mapping[str, Any]) -> AzureAttestedVerifier:
+def _azure(section: Mapping[str, Any], nonce_of: Callable[[bytes], str]) -> AzureAttestedVerifier:
     vms = section.get("vms")
     if not isinstance(vms, dict) or not all(isinstance(k, str) and _vm_entry(v) for k, v in vms.items()):
         raise TrustFileError('azure.vms must map each vmId to its VM name, or to {"name": ..., "resource_id": ...}')
@@ -86,6 +91,7 @@ def _azure(section: Mapping[str, Any]) -> AzureAttestedVerifier:
         signer_names=_names(section.get("signer_names", list(DEFAULT_SIGNER_NAMES)), "azure.signer_names"),
         subscriptions=_names(section["subscriptions"], "azure.subscriptions") if "subscriptions" in section else None,
         directory=MappedVms(vms),
+        nonce_of=nonce_of,
     )
 
 
