@@ -20,7 +20,7 @@ from simulator.clock import Clock
 from simulator.control import Actions, ControlApi, SimContext, state_view
 from simulator.departures import Departures
 from simulator.faults import FaultBook
-from simulator.gce_api import PROJECT_ID, GceApi, GceState
+from simulator.gce_api import PROJECT_ID, ZONE, GceApi, GceState, instance_id
 from simulator.routing import Router
 from simulator.scenarios import Scenario, check_fits, schedule
 from simulator.store import Cloud, EventStore, SimLog, Timeline
@@ -196,7 +196,7 @@ class Simulator:
     def trust(self) -> dict[str, object]:
         """What verifies the proofs of identity this run issues (a trust file's document: see
         functions/trust/trust_file.py): its test PKI's roots and VMs on Azure, its signing
-        certificates on GCE. The keys are made for this run, when first needed."""
+        certificates, project and instances on GCE. The keys are made for this run, when first needed."""
         self._started()
         if self.cloud is Cloud.AZURE:
             assert self._azure_api is not None
@@ -213,6 +213,10 @@ class Simulator:
             "certs": self._gce_api.identity.certs(),
             "audience": DEFAULT_AUDIENCE,
             "projects": [PROJECT_ID],
+            # The instance directory: each VM's resource name and id, as its tokens name it.
+            "instances": {
+                f"projects/{PROJECT_ID}/zones/{ZONE}/instances/{vm}": instance_id(vm) for vm in self.vm_names
+            },
         }
         return {"format": TRUST_FILE_FORMAT, "gce": gce}
 

@@ -211,8 +211,9 @@ def _refusal(event: MaintenanceEvent, identity: Identity | str) -> tuple[Result,
 def _vouched(identity: Identity) -> str:
     if identity.how == TRUST_REPORTER_NAME:
         return f"reported by {identity.vm}, taken at its word (trust: reporter-name)"
-    said = ", ".join(part for part in (identity.resource, identity.detail) if part)
-    return f"reported by {identity.vm}, {identity.how}" + (f": {said}" if said else "")
+    # The resource names the instance itself (project, zone, name): a name alone may be another VM's.
+    where = f" as {identity.resource}" if identity.resource else ""
+    return f"reported by {identity.vm}, {identity.how}{where}" + (f": {identity.detail}" if identity.detail else "")
 
 
 def _wait_for_claim(key: str, store: StateStore, wait: ClaimWait) -> tuple[Claim, datetime]:

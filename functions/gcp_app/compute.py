@@ -11,6 +11,12 @@ a group it was not taken out of by this system.
 `remove` and `restore` are idempotent, because a redelivered message repeats them: both first
 list the group's members and only change what is not yet as wanted.
 
+Which instance a VM name stands for is the `InstanceDirectory`'s answer: the one instance of the
+trusted projects (and zones) with that name, the same one the report's identity token was
+verified against. A group member is that instance only when its URL names the instance's project,
+zone and name, and performMaintenance is asked of that project and zone; a name carried by
+several instances of the scope is refused, never guessed.
+
 Long-running operations are awaited with zoneOperations.wait on a client of our own. The
 library's built-in poller (`ExtendedOperation.result()`) builds its own operations client that
 ignores the `client_options` of the client it came from.
@@ -30,7 +36,14 @@ from google.auth import exceptions as auth_errors
 from google.cloud import compute_v1
 
 from functions.core.ports import JsonObject
-from functions.gcp_app.settings import ENV_INSTANCE_GROUPS, ENV_MAINTENANCE_ZONES, GroupRef
+from functions.gcp_app.settings import (
+    ENV_INSTANCE_GROUPS,
+    ENV_MAINTENANCE_ZONES,
+    ENV_TRUST_PROJECTS,
+    ENV_TRUST_ZONES,
+    GroupRef,
+)
+from functions.trust.gce_instances import GceInstance, InstanceDirectory
 from wire.errors import BridgeError, PermanentError, RetryableError
 
 LOG = logging.getLogger("mbridge.gcp.compute")
@@ -41,7 +54,7 @@ UPDATE_PERMISSION = "compute.instanceGroups.update"
 OPERATIONS_PERMISSION = "compute.zoneOperations.get"
 MAINTENANCE_PERMISSION = "compute.instances.performMaintenance"
 
-_RETRYABLE = (
+RETRYABLE_ERRORS = (
     api_errors.ServiceUnavailable,
     api_errors.DeadlineExceeded,
     api_errors.GatewayTimeout,
@@ -53,7 +66,7 @@ _RETRYABLE = (
     requests.ConnectionError,  # the REST transport's own network failures
     requests.Timeout,
 )
-_CREDENTIALS = (
+CREDENTIAL_ERRORS = (
     api_errors.Unauthorized,
     api_errors.Unauthenticated,
     auth_errors.DefaultCredentialsError,
@@ -86,12 +99,12 @@ def compute_errors(action: str, resource: str, permission: str) -> Iterator[None
             f"{resource} was not found while trying to {action}: check {ENV_INSTANCE_GROUPS}, "
             f"{ENV_MAINTENANCE_ZONES} and MBRIDGE_GCP_PROJECT: {error}"
         ) from error
-    except _CREDENTIALS as error:
+    except CREDENTIAL_ERRORS as error:
         raise ComputeConfigError(
             f"Google credentials were missing or rejected while trying to {action} {resource}: attach a service "
             f"account to the function: {error}"
         ) from error
-    except _RETRYABLE as error:
+    except RETRYABLE_ERRORS as error:
         raise ComputeUnavailableError(f"cannot {action} {resource} now: {error}") from error
     except api_errors.GoogleAPICallError as error:
         raise ComputeConfigError(f"Compute Engine refused to {action} {resource}: {error}") from error
@@ -100,6 +113,24 @@ def compute_errors(action: str, resource: str, permission: str) -> Iterator[None
 def instance_name(url: str) -> str:
     """The instance name at the end of an instance URL (`.../zones/Z/instances/NAME`)."""
     return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def instance_path(url: str) -> str:
+    """`projects/P/zones/Z/instances/NAME` of an instance URL, whatever host and API version it has."""
+    path = url.rstrip("/")
+    start = path.find("/projects/")
+    return path[start + 1 :] if start >= 0 else path
+
+
+def the_instance_named(directory: InstanceDirectory, vm: str, action: str) -> GceInstance | None:
+    """The one instance of the scope named `vm`, None when there is none; several are refused."""
+    named = directory.instances_named(vm)
+    if len(named) > 1:
+        raise ComputeConfigError(
+            f"cannot {action} {vm}: {len(named)} instances of the trusted projects and zones are named so "
+            f"({'; '.join(map(str, named))}); rename all but one, or narrow {ENV_TRUST_PROJECTS} and {ENV_TRUST_ZONES}"
+        )
+    return named[0] if named else None
 
 
 @dataclass(frozen=True)
@@ -147,7 +178,8 @@ class InstanceGroupBalancer:
     """The LoadBalancer port over unmanaged (zonal) instance groups.
 
     Memento: `{"instance_groups": [{"zone", "name", "instance"}]}` — each group that listed the VM
-    when it was located, and the instance URL it was listed under.
+    when it was located, and the instance URL it was listed under. `remove` and `restore` act on
+    exactly that instance (its URL's project, zone and name), not on whatever has its name later.
     """
 
     def __init__(
@@ -156,6 +188,7 @@ class InstanceGroupBalancer:
         zone_operations: compute_v1.ZoneOperationsClient,
         project: str,
         groups: Sequence[GroupRef],
+        directory: InstanceDirectory,
         *,
         timeout: float = 120.0,
     ) -> None:
@@ -163,34 +196,43 @@ class InstanceGroupBalancer:
         self._operations = _Operations(zone_operations, project, timeout)
         self._project = project
         self._groups = tuple(groups)
+        self._directory = directory
         self._timeout = timeout
 
     def locate(self, vm: str) -> JsonObject | None:
-        """Read only: the memento of the configured groups that list `vm`, or None when none does."""
-        members = [(group, url) for group in self._groups if (url := self._member_url(group, vm)) is not None]
+        """Read only: the memento of the configured groups that list the instance `vm` stands for,
+        or None when none does (or no instance of the scope has the name)."""
+        instance = the_instance_named(self._directory, vm, "locate")
+        if instance is None:
+            LOG.warning("no instance of the trusted projects is named %s: it is in no group to drain", vm)
+            return None
+        members = [
+            (group, url) for group in self._groups if (url := self._member_url(group, instance.resource)) is not None
+        ]
         if not members:
             return None
         return {MEMENTO_KEY: [{"zone": group.zone, "name": group.name, "instance": url} for group, url in members]}
 
     def remove(self, vm: str, memento: JsonObject) -> None:
-        """Take `vm` out of each group of the memento that still lists it.
+        """Take the memento's instance out of each group of the memento that still lists it.
 
         A failure part way just raises: the memento is already recorded, so the retry calls this
         again and skips the groups done before, and `restore` puts back everything the memento names.
         """
-        for group, _ in _memento_groups(memento, vm):
+        for group, recorded in _memento_groups(memento, vm):
             # Removed by the URL the group lists now, which is what removeInstances matches against.
-            if (url := self._member_url(group, vm)) is not None:
+            if (url := self._member_url(group, instance_path(recorded))) is not None:
                 self._change(group, url, remove=True)
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         for group, url in _memento_groups(memento, vm):
-            if self._member_url(group, vm) is None:
+            if self._member_url(group, instance_path(url)) is None:
                 self._change(group, url, remove=False)
 
-    def _member_url(self, group: GroupRef, vm: str) -> str | None:
-        resource = self._describe(group)
-        with compute_errors("list the instances of", resource, LIST_PERMISSION):
+    def _member_url(self, group: GroupRef, resource: str) -> str | None:
+        """The URL under which `group` lists the instance `resource` (projects/P/zones/Z/instances/NAME)."""
+        described = self._describe(group)
+        with compute_errors("list the instances of", described, LIST_PERMISSION):
             pager = self._groups_client.list_instances(
                 project=self._project,
                 zone=group.zone,
@@ -201,7 +243,7 @@ class InstanceGroupBalancer:
                 timeout=self._timeout,
             )
             for member in pager:
-                if instance_name(member.instance) == vm:
+                if instance_path(member.instance) == resource:
                     return str(member.instance)
         return None
 
@@ -253,37 +295,44 @@ def _memento_groups(memento: JsonObject, vm: str) -> list[tuple[GroupRef, str]]:
 class ComputeMaintenance:
     """The Maintenance port: instances.performMaintenance ("start the announced maintenance now").
 
-    The VM's zone is not in the event, so each configured zone is tried in turn (a 404 means "not
-    in this zone"). The call returns once Compute Engine accepted the request; the maintenance
-    itself can run for minutes and is not awaited (the agent reports its progress as events).
+    The event names the VM; the directory says which instance of the scope that is, so the call
+    goes to its project and zone, which must be one of `zones` (MBRIDGE_MAINTENANCE_ZONES: where
+    the function may start maintenance). The call returns once Compute Engine accepted the
+    request; the maintenance itself can run for minutes and is not awaited (the agent reports its
+    progress as events).
     """
 
     def __init__(
-        self, instances: compute_v1.InstancesClient, project: str, zones: Sequence[str], *, timeout: float = 120.0
+        self,
+        instances: compute_v1.InstancesClient,
+        directory: InstanceDirectory,
+        zones: Sequence[str],
+        *,
+        timeout: float = 120.0,
     ) -> None:
         if not zones:
             raise ComputeConfigError(f"performMaintenance needs the VMs' zones: set {ENV_MAINTENANCE_ZONES}")
         self._instances = instances
-        self._project = project
+        self._directory = directory
         self._zones = tuple(zones)
         self._timeout = timeout
 
     def perform(self, vm: str) -> None:
-        for zone in self._zones:
-            resource = f"instance projects/{self._project}/zones/{zone}/instances/{vm}"
-            try:
-                with compute_errors("start maintenance of", resource, MAINTENANCE_PERMISSION):
-                    operation = self._instances.perform_maintenance_unary(
-                        project=self._project, zone=zone, instance=vm, timeout=self._timeout
-                    )
-            except ComputeConfigError as error:
-                if isinstance(error.__cause__, api_errors.NotFound):
-                    continue  # not in this zone
-                raise
-            _raise_operation_error(operation, "start maintenance of", resource, MAINTENANCE_PERMISSION)
-            LOG.info("performMaintenance accepted for %s (operation %s)", resource, operation.name)
-            return
-        raise ComputeConfigError(
-            f"instance {vm} was found in none of the zones {', '.join(self._zones)} of project {self._project}: "
-            f"add its zone to {ENV_MAINTENANCE_ZONES}"
-        )
+        instance = the_instance_named(self._directory, vm, "start maintenance of")
+        if instance is None:
+            raise ComputeConfigError(
+                f"no instance of the trusted projects and zones is named {vm}: it was deleted, or its project is "
+                f"not in {ENV_TRUST_PROJECTS}"
+            )
+        resource = f"instance {instance}"
+        if instance.zone not in self._zones:
+            raise ComputeConfigError(
+                f"{resource} is in zone {instance.zone}, where this function does not start maintenance: add the "
+                f"zone to {ENV_MAINTENANCE_ZONES} ({', '.join(self._zones)})"
+            )
+        with compute_errors("start maintenance of", resource, MAINTENANCE_PERMISSION):
+            operation = self._instances.perform_maintenance_unary(
+                project=instance.project, zone=instance.zone, instance=instance.name, timeout=self._timeout
+            )
+        _raise_operation_error(operation, "start maintenance of", resource, MAINTENANCE_PERMISSION)
+        LOG.info("performMaintenance accepted for %s (operation %s)", resource, operation.name)

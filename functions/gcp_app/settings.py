@@ -37,6 +37,7 @@ ENV_LOG_LEVEL = "MBRIDGE_LOG_LEVEL"
 ENV_TRUST_FILE = "MBRIDGE_TRUST_FILE"
 ENV_TRUST_AUDIENCE = "MBRIDGE_TRUST_AUDIENCE"
 ENV_TRUST_PROJECTS = "MBRIDGE_TRUST_PROJECTS"
+ENV_TRUST_ZONES = "MBRIDGE_TRUST_ZONES"
 ENV_TRUST_CERTS_URL = "MBRIDGE_TRUST_CERTS_URL"
 # Notices to people (docs/operations.md, "Notifications"): the URL is a secret, like the signing key.
 ENV_WEBHOOK_URL = "MBRIDGE_WEBHOOK_URL"
@@ -95,9 +96,10 @@ class Settings:
     # A trust file (local runs and tests): when set, it alone verifies the reports' proofs.
     trust_file: str | None = None
     # What an identity token must be for: the audience the agents ask for (--identity-audience),
-    # and the projects whose VMs may report (empty: `project`).
+    # the projects whose VMs may report (empty: `project`) and their zones (empty: every zone).
     trust_audience: str = DEFAULT_AUDIENCE
     trust_projects: tuple[str, ...] = ()
+    trust_zones: tuple[str, ...] = ()
     trust_certs_url: str = DEFAULT_CERTS_URL
     # Where notices of decisions and actions are posted; None: nowhere. (Its URL is kept out of repr.)
     webhook: WebhookConfig | None = None
@@ -106,6 +108,11 @@ class Settings:
     def trusted_projects(self) -> tuple[str, ...]:
         """The projects whose VMs' identity tokens are accepted."""
         return self.trust_projects or (self.project,)
+
+    @property
+    def trusted_zones(self) -> tuple[str, ...] | None:
+        """The zones whose VMs' identity tokens are accepted; None: every zone of the trusted projects."""
+        return self.trust_zones or None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -125,7 +132,9 @@ class Settings:
                 "the commands topic and the instance groups"
             )
         groups = _groups(get(ENV_INSTANCE_GROUPS))
-        zones = _zones(get(ENV_MAINTENANCE_ZONES)) or tuple(dict.fromkeys(group.zone for group in groups))
+        zones = _zones(get(ENV_MAINTENANCE_ZONES), ENV_MAINTENANCE_ZONES) or tuple(
+            dict.fromkeys(group.zone for group in groups)
+        )
         prefix = environ.get(ENV_FIRESTORE_PREFIX, DEFAULT_PREFIX).strip()
         if not _PREFIX.match(prefix):
             raise SettingsError(f"{ENV_FIRESTORE_PREFIX}={prefix!r}: use up to 64 letters, digits, '_' or '-'")
@@ -153,6 +162,7 @@ class Settings:
             trust_file=_trust_file(get(ENV_TRUST_FILE)),
             trust_audience=_audience(get(ENV_TRUST_AUDIENCE)),
             trust_projects=_projects(get(ENV_TRUST_PROJECTS)),
+            trust_zones=_zones(get(ENV_TRUST_ZONES), ENV_TRUST_ZONES),
             trust_certs_url=_certs_url(get(ENV_TRUST_CERTS_URL)),
             webhook=_webhook(
                 get(ENV_WEBHOOK_URL),
@@ -176,11 +186,11 @@ def _groups(text: str) -> tuple[GroupRef, ...]:
     return tuple(dict.fromkeys(groups))
 
 
-def _zones(text: str) -> tuple[str, ...]:
+def _zones(text: str, variable: str) -> tuple[str, ...]:
     zones = _items(text)
     for zone in zones:
         if not _NAME.match(zone):
-            raise SettingsError(f"{ENV_MAINTENANCE_ZONES}: {zone!r} is not a zone name such as us-central1-a")
+            raise SettingsError(f"{variable}: {zone!r} is not a zone name such as us-central1-a")
     return tuple(dict.fromkeys(zones))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,14 +29,16 @@ from functions.gcp_app.commands import PubSubCommandSender
 from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
 from functions.gcp_app.firestore_audit import FirestoreAuditLog
 from functions.gcp_app.firestore_store import FirestoreStateStore
-from functions.gcp_app.settings import ENV_TRUST_FILE, Settings, SettingsError
+from functions.gcp_app.instance_directory import ComputeInstanceDirectory
+from functions.gcp_app.settings import ENV_TRUST_AUDIENCE, ENV_TRUST_FILE, Settings, SettingsError
 from functions.notify import notifying_audit
 from functions.notify.webhook import where
+from functions.trust.gce_instances import GceInstance, InstanceDirectory
 from functions.trust.gce_token import GoogleCerts
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from functions.trust.verifiers import CloudVerifier, GceTokenVerifier
 from wire.commands import Command
-from wire.identity import IdentityVerifier
+from wire.identity import DEFAULT_AUDIENCE, IdentityVerifier
 from wire.signing import load_private_key, sign_command
 from wire.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSettings, new_commands_publisher
 
@@ -84,6 +86,9 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         publisher_factory=clients.publisher,
     )
     sender = PubSubCommandSender(operator)
+    # One directory for the verifier and the Compute adapters: the instance a report was verified
+    # for is the one drained and maintained. Created only when something asks it.
+    directory = _LazyDirectory(lambda: instance_directory(settings, clients))
     parts: list[tuple[str, LoadBalancer]] = []
     if settings.instance_groups:
         groups = InstanceGroupBalancer(
@@ -91,6 +96,7 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
             clients.zone_operations(),
             settings.project,
             settings.instance_groups,
+            directory,
             timeout=settings.compute_timeout,
         )
         parts.append((INSTANCE_GROUPS, groups))
@@ -99,7 +105,7 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
     maintenance: Maintenance | None = None
     if settings.maintenance_zones:
         maintenance = ComputeMaintenance(
-            clients.instances(), settings.project, settings.maintenance_zones, timeout=settings.compute_timeout
+            clients.instances(), directory, settings.maintenance_zones, timeout=settings.compute_timeout
         )
     return Deps(
         store=FirestoreStateStore(firestore_client, **names),
@@ -112,15 +118,43 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         signer=signer,
         # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
         claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
-        verifier=build_verifier(settings),
+        verifier=build_verifier(settings, directory),
     )
 
 
-def build_verifier(settings: Settings) -> IdentityVerifier | None:
+def instance_directory(settings: Settings, clients: Clients | None = None) -> ComputeInstanceDirectory:
+    """The instances of the trusted projects and zones, from the Compute API."""
+    return ComputeInstanceDirectory(
+        (clients or Clients()).instances(),
+        settings.trusted_projects,
+        settings.trusted_zones,
+        timeout=settings.compute_timeout,
+    )
+
+
+class _LazyDirectory:
+    """Makes the Compute client on first lookup: a function with a trust file and no Compute
+    adapters never needs one (nor credentials for it)."""
+
+    def __init__(self, make: Callable[[], InstanceDirectory]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._directory: InstanceDirectory | None = None
+
+    def instances_named(self, name: str, *, expecting: str | None = None) -> Sequence[GceInstance]:
+        with self._lock:
+            if self._directory is None:
+                self._directory = self._make()
+            directory = self._directory
+        return directory.instances_named(name, expecting=expecting)
+
+
+def build_verifier(settings: Settings, directory: InstanceDirectory | None = None) -> IdentityVerifier | None:
     """Who sent a report. Policy trust `attested`: the trust file's verifier when MBRIDGE_TRUST_FILE
     is set, else GCE identity tokens checked against Google's certificates (fetched from
-    MBRIDGE_TRUST_CERTS_URL and cached as Google says), for the trust audience and projects. Trust
-    `reporter-name`: None (the core then takes the reporter at its word).
+    MBRIDGE_TRUST_CERTS_URL and cached as Google says), for the trust audience, of the one instance
+    of the trusted projects and zones with the token's name (`directory`; default: the Compute
+    API's). Trust `reporter-name`: None (the core then takes the reporter at its word).
 
     Raises:
         SettingsError: the trust file cannot be read.
@@ -136,6 +170,8 @@ def build_verifier(settings: Settings) -> IdentityVerifier | None:
         certs=GoogleCerts(requests.Session(), settings.trust_certs_url),
         audience=settings.trust_audience,
         projects=settings.trusted_projects,
+        zones=settings.trusted_zones,
+        directory=directory if directory is not None else _LazyDirectory(lambda: instance_directory(settings)),
     )
     return CloudVerifier(gce=gce)
 
@@ -178,6 +214,7 @@ def deps() -> Deps:
                 _trust_summary(settings),
                 _webhook_summary(settings),
             )
+            _warn_of_a_shared_audience(settings)
         return _built
 
 
@@ -186,7 +223,28 @@ def _trust_summary(settings: Settings) -> str:
         return settings.policy.trust
     if settings.trust_file is not None:
         return f"the trust file {settings.trust_file}"
-    return f"identity tokens for {settings.trust_audience} of projects {', '.join(settings.trusted_projects)}"
+    zones = ", ".join(settings.trusted_zones or ("every zone",))
+    projects = ", ".join(settings.trusted_projects)
+    return f"identity tokens for {settings.trust_audience} of projects {projects} ({zones})"
+
+
+def _warn_of_a_shared_audience(settings: Settings) -> None:
+    """An audience every deployment uses lets a token lifted from one deployment's topic count in
+    another that trusts the same project: say so at every start until it is set."""
+    if (
+        settings.policy.trust == TRUST_ATTESTED
+        and settings.trust_file is None
+        and (settings.trust_audience == DEFAULT_AUDIENCE)
+    ):
+        LOG.warning(
+            "%s is the shared default %r: identity tokens made for any other deployment of maintenance-bridge that "
+            "trusts these projects are accepted here too. Set it (and the agents' MBRIDGE_IDENTITY_AUDIENCE) to a "
+            "value of this deployment's own, e.g. maintenance-bridge/%s/<deployment name> (docs/gcp.md, Trust)",
+            ENV_TRUST_AUDIENCE,
+            DEFAULT_AUDIENCE,
+            settings.project,
+            extra={"labels": {"alert": "shared-audience"}},
+        )
 
 
 def _webhook_summary(settings: Settings) -> str:

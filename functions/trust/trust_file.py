@@ -8,7 +8,12 @@ be left out; a message of a cloud that is left out has no valid proof):
     {"format": "maintenance-bridge trust 1",
      "azure": {"roots": PEM, "intermediates": PEM, "signer_names": [...],
                "subscriptions": [...], "vms": {vmId: VM name, or {"name": ..., "resource_id": ...}}},
-     "gce": {"certs": {key id: PEM certificate}, "audience": "...", "projects": [...]}}
+     "gce": {"certs": {key id: PEM certificate}, "audience": "...", "projects": [...], "zones": [...],
+             "instances": {"projects/P/zones/Z/instances/NAME": instance id}}}
+
+`gce.projects` is required (a token of any project would do otherwise), `gce.zones` optional (every
+zone of the projects); `gce.instances` is the instance directory: a report is verified only for
+the one instance listed under its name.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from functions.trust.azure_attested import DEFAULT_SIGNER_NAMES, load_certificates
+from functions.trust.gce_instances import StaticInstanceDirectory
 from functions.trust.gce_token import StaticCerts
 from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, GceTokenVerifier, VmRecord
 from wire.identity import TRUST_FILE_FORMAT as FORMAT
@@ -99,11 +105,18 @@ def _gce(section: Mapping[str, Any]) -> GceTokenVerifier:
     certs = section.get("certs")
     if not isinstance(certs, dict) or not certs or not all(isinstance(v, str) for v in certs.values()):
         raise TrustFileError("gce.certs must map key ids to PEM certificates")
-    projects = section.get("projects")
+    if not section.get("projects"):
+        raise TrustFileError(
+            "gce.projects is missing: add the list of project ids whose VMs may report (a token of any project "
+            'would be accepted otherwise), e.g. "projects": ["my-project"]'
+        )
+    zones = section.get("zones")
     return GceTokenVerifier(
         certs=StaticCerts(certs),
         audience=_text(section, "audience"),
-        projects=None if projects is None else _names(projects, "gce.projects"),
+        projects=_names(section["projects"], "gce.projects"),
+        zones=None if zones is None else _names(zones, "gce.zones"),
+        directory=_instances(section.get("instances")),
     )
 
 
@@ -113,6 +126,16 @@ def _vm_entry(value: object) -> bool:
     return isinstance(value, dict) and all(
         isinstance(value.get(key), str) and value[key] for key in ("name", "resource_id")
     )
+
+
+def _instances(value: object) -> StaticInstanceDirectory:
+    wanted = 'gce.instances must map each instance\'s "projects/P/zones/Z/instances/NAME" to its numeric id'
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise TrustFileError(wanted)
+    try:
+        return StaticInstanceDirectory.from_resources(value)
+    except ValueError as exc:
+        raise TrustFileError(f"{wanted}: {exc}") from exc
 
 
 def _section(value: object, name: str) -> Mapping[str, Any]:

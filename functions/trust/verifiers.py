@@ -5,7 +5,9 @@
   message's digest (its nonce is derived from that key), and the vmId is resolved to the VM's
   name through a `VmDirectory` (the compute API in Azure, a fixed map with the simulator).
 - `GceTokenVerifier`: the identity token (signed by Google, checked by `gce_token`) must have been
-  issued for this deployment's audience and this message's digest; it names the instance.
+  issued for this deployment's audience and this message's digest; the instance it names must be
+  the one instance of the trusted projects (and zones) with that name (an `InstanceDirectory`:
+  the Compute API in Google Cloud, a fixed set with the simulator).
 - `CloudVerifier`: the one of the message's cloud (its `source` is /azure/<vm> or /gce/<vm>).
 
 A proof that is missing, invalid, expired, made for another message or another key raises
@@ -33,6 +35,7 @@ from functions.trust.azure_attested import (
     IssuerFetchError,
     verify_attested_document,
 )
+from functions.trust.gce_instances import GceInstance, InstanceDirectory, InstanceScope
 from functions.trust.gce_token import CertSource, TokenError, verify_with_source
 from wire.envelope import Envelope
 from wire.errors import RetryableError
@@ -165,10 +168,29 @@ class AzureAttestedVerifier:
 
 
 class GceTokenVerifier:
-    def __init__(self, *, certs: CertSource, audience: str, projects: Collection[str] | None = None) -> None:
+    """A report speaks for the one instance of the deployment's scope that carries its name.
+
+    The token (signed by Google, for this deployment's audience and this message's digest) names
+    its VM by project, zone, instance id and name. The project must be trusted (a list is required:
+    anyone can create a project with a VM of any name), so must the zone when zones are given, and
+    the directory must know exactly one instance of that name in the scope, this very one: a token
+    of a VM that only shares the name (in another zone or project, or made again after the
+    deployment's was deleted) speaks for nothing.
+    """
+
+    def __init__(
+        self,
+        *,
+        certs: CertSource,
+        audience: str,
+        projects: Collection[str],
+        directory: InstanceDirectory,
+        zones: Collection[str] | None = None,
+    ) -> None:
         self._certs = certs
         self._audience = audience
-        self._projects = None if projects is None else frozenset(projects)
+        self._scope = InstanceScope.of(projects, zones)
+        self._directory = directory
 
     def verify(self, envelope: Envelope, accepted_at: datetime, now: datetime) -> Identity:
         token = envelope.extensions.get(GCE_TOKEN)
@@ -184,13 +206,45 @@ class GceTokenVerifier:
                 audience=token_audience(self._audience, envelope.digest),
                 valid_at=accepted_at,
                 now=max(now, accepted_at),
-                allowed_projects=self._projects,
+                allowed_projects=self._scope.projects,
             )
         except TokenError as exc:
             raise UnverifiedError(f"the identity token is not valid proof for this message: {exc}") from exc
+        sender = GceInstance(vm.project_id, vm.zone, vm.instance_name, vm.instance_id)
+        if not self._scope.admits(sender.project, sender.zone):
+            raise UnverifiedError(
+                f"the token is of {sender}, in a zone this deployment does not trust ({self._scope}): add the zone "
+                "to the trusted zones (MBRIDGE_TRUST_ZONES) if its VMs are to report"
+            )
+        known = self._the_one_named(sender)
+        if known != sender:
+            raise UnverifiedError(
+                f"the token is of {sender}, but the instance named {sender.name} in {self._scope} is {known}: the "
+                f"sender is another VM with the same name (in another zone or project), or {sender.name} was "
+                "deleted and made again since the instances were listed"
+            )
         return Identity(
-            vm=vm.instance_name, how=ATTESTED, detail=f"GCE instance {vm.instance_id} in {vm.project_id}/{vm.zone}"
+            vm=sender.name, how=ATTESTED, detail=f"GCE instance id {sender.instance_id}", resource=sender.resource
         )
+
+    def _the_one_named(self, sender: GceInstance) -> GceInstance:
+        named = [
+            instance
+            for instance in self._directory.instances_named(sender.name, expecting=sender.instance_id)
+            if self._scope.admits(instance.project, instance.zone)
+        ]
+        if not named:
+            raise UnverifiedError(
+                f"the token is of {sender}, but no instance named {sender.name} in {self._scope} is known to the "
+                "functions: it was deleted, or the instances cannot be listed there (docs/gcp.md, Trust)"
+            )
+        if len(named) > 1:
+            raise UnverifiedError(
+                f"{len(named)} instances of {self._scope} are named {sender.name} "
+                f"({'; '.join(map(str, named))}), so the name stands for none of them: rename all but one, or "
+                "narrow the trusted projects and zones (MBRIDGE_TRUST_PROJECTS, MBRIDGE_TRUST_ZONES)"
+            )
+        return named[0]
 
 
 class CloudVerifier:

@@ -23,7 +23,7 @@ import pytest
 
 from agent.messages import result_message
 from functions.core import audit_codec
-from functions.gcp_app import compute, settings
+from functions.gcp_app import compute, instance_directory, settings
 from functions.gcp_app.commands import command_message
 from scripts.build_function_package import CLOUDS, build, package_files
 from tests.infra.sources import (
@@ -375,11 +375,40 @@ def test_reports_are_trusted_from_the_project_with_the_agents_audience() -> None
     assert environment[settings.ENV_TRUST_PROJECTS] == '${join(",", local.trust_projects)}'
     assert local("trust_projects") == "${length(var.trust_projects) > 0 ? var.trust_projects : [var.project_id]}"
     assert default("trust_projects") == []
-    # AND the function accepts the audience the example VMs' agents ask for, by default theirs
-    assert environment[settings.ENV_TRUST_AUDIENCE] == ref("var.identity_audience")
+    # AND the zones every zone of them unless given
+    assert environment[settings.ENV_TRUST_ZONES] == '${join(",", var.trust_zones)}'
+    assert default("trust_zones") == []
+    # AND the function accepts the audience the example VMs' agents ask for
+    assert environment[settings.ENV_TRUST_AUDIENCE] == ref("local.identity_audience")
     agent = dict(re.findall(r'"(MBRIDGE_[A-Z_]+)=([^"]*)\\n"', local("agent_environment")))
-    assert agent["MBRIDGE_IDENTITY_AUDIENCE"] == ref("var.identity_audience")
-    assert default("identity_audience") == DEFAULT_AUDIENCE
+    assert agent["MBRIDGE_IDENTITY_AUDIENCE"] == ref("local.identity_audience")
+
+
+def test_the_audience_is_the_deployments_own_unless_one_is_given() -> None:
+    # GIVEN no audience set THEN it names the project and the function, not the shared default
+    assert default("identity_audience") is None
+    assert local("identity_audience") == (
+        '${coalesce(var.identity_audience, "maintenance-bridge/${var.project_id}/${var.function_name}")}'
+    )
+    assert DEFAULT_AUDIENCE not in {default("identity_audience"), local("identity_audience")}
+    # AND agents outside the example can be given it
+    assert terraform_outputs(root())["identity_audience"]["value"] == ref("local.identity_audience")
+
+
+def test_the_function_may_list_instances_of_each_trusted_project_and_nothing_more() -> None:
+    # Which instance a VM name stands for: instances.aggregatedList by name in each trusted project.
+    role = resource("google_project_iam_custom_role.instance_reader")
+    assert role["for_each"] == "${toset(local.trust_projects)}"
+    assert role["project"] == ref("each.value")
+    assert role["permissions"] == ["compute.instances.list"]
+    grant = resource("google_project_iam_member.function_instance_reader")
+    assert grant["for_each"] == "${toset(local.trust_projects)}"
+    assert grant["project"] == ref("each.value")
+    assert grant["role"] == ref("google_project_iam_custom_role.instance_reader[each.value].name")
+    assert grant["member"] == "serviceAccount:${google_service_account.function.email}"
+    # AND it is the permission the code's errors name
+    assert instance_directory.LIST_PERMISSION == "compute.instances.list"
+    assert role["role_id"] == instance_directory.ROLE
 
 
 def test_signing_key_is_always_mounted_from_secret_manager() -> None:
@@ -622,6 +651,8 @@ def test_project_level_grants_carry_a_condition_or_are_the_drainer_role() -> Non
     for key, body in members.items():
         if body["role"] == ref("google_project_iam_custom_role.drainer.name"):
             continue
+        if key == "google_project_iam_member.function_instance_reader":
+            continue  # compute.instances.list alone, which IAM checks on the project (no name to narrow)
         if key == "google_project_iam_member.build_log_writer":
             continue  # Cloud Logging offers logWriter on no narrower resource
         condition = block(body, "condition")
@@ -763,6 +794,7 @@ def test_function_account_holds_only_its_adapters_roles() -> None:
     assert grants == {
         ("google_project_iam_member", "roles/datastore.user"),
         ("google_project_iam_member", ref("google_project_iam_custom_role.drainer.name")),
+        ("google_project_iam_member", ref("google_project_iam_custom_role.instance_reader[each.value].name")),
         ("google_pubsub_topic_iam_member", "roles/pubsub.publisher"),
         ("google_secret_manager_secret_iam_member", "roles/secretmanager.secretAccessor"),
     }
@@ -985,6 +1017,7 @@ def test_outputs_are_described_and_cover_what_operators_need() -> None:
         "firestore_database_name",
         "example_vm_names",
         "command_subscription_names",
+        "identity_audience",
     } <= set(outputs)
     assert outputs["command_subscription_names"]["value"] == (
         "${{for name, subscription in module.vm_commands : name => subscription.subscription_name}}"

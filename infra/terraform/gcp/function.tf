@@ -40,12 +40,13 @@ locals {
     MBRIDGE_MAINTENANCE_ZONES           = join(",", local.maintenance_zones)
     MBRIDGE_READINESS_DRAIN             = tostring(var.readiness_drain)
     MBRIDGE_LOG_LEVEL                   = var.log_level
-    # Who may report (policy trust: attested, the default): an identity token of a VM of these
-    # projects, asked for this audience (the agents' MBRIDGE_IDENTITY_AUDIENCE, vm_example.tf).
-    # Google's certificates come from the code's default URL; MBRIDGE_TRUST_FILE is for local
-    # runs only and never deployed.
+    # Who may report (policy trust: attested, the default): an identity token of the one instance
+    # of these projects and zones with the report's VM name, asked for this deployment's audience
+    # (the agents' MBRIDGE_IDENTITY_AUDIENCE, vm_example.tf). Google's certificates come from the
+    # code's default URL; MBRIDGE_TRUST_FILE is for local runs only and never deployed.
     MBRIDGE_TRUST_PROJECTS = join(",", local.trust_projects)
-    MBRIDGE_TRUST_AUDIENCE = var.identity_audience
+    MBRIDGE_TRUST_ZONES    = join(",", var.trust_zones)
+    MBRIDGE_TRUST_AUDIENCE = local.identity_audience
     # Notices of decisions and actions (docs/operations.md#notifications): empty, the defaults;
     # the URL itself comes from its secret, below.
     MBRIDGE_WEBHOOK_TEMPLATE = var.webhook_template
@@ -54,6 +55,9 @@ locals {
   # Where Cloud Functions keeps the sources of the region's functions (docs: "Build process overview").
   functions_sources_bucket = "gcf-v2-sources-${data.google_project.this.number}-${var.region}"
   trust_projects           = length(var.trust_projects) > 0 ? var.trust_projects : [var.project_id]
+  # This deployment's own audience unless one is given: the shared default would accept tokens
+  # made for any other deployment that trusts the same projects.
+  identity_audience = coalesce(var.identity_audience, "maintenance-bridge/${var.project_id}/${var.function_name}")
   # Unset, the function uses its default policy (an empty value would be a malformed policy).
   function_policy_environment = var.policy == "" ? {} : { MBRIDGE_POLICY = var.policy }
 }

@@ -1,8 +1,9 @@
 # Service accounts and every role they hold (docs/gcp.md "IAM", docs/transports.md "Roles").
-# Roles are granted on the resource that needs them. At project level there are four bindings:
+# Roles are granted on the resource that needs them. At project level there are five bindings:
 # Firestore (condition: one database), the drainer role (condition: the configured instance
-# groups and zones), the build's source reader (condition: the function's source buckets) and the
-# build's log writer, which Cloud Logging offers on no narrower resource.
+# groups and zones), the instance reader in each trusted project (compute.instances.list alone,
+# which is checked on the project), the build's source reader (condition: the function's source
+# buckets) and the build's log writer, which Cloud Logging offers on no narrower resource.
 
 # ---------------------------------------------------------------- service accounts
 
@@ -123,6 +124,32 @@ resource "google_project_iam_member" "function_drainer" {
     description = "Instance groups of MBRIDGE_INSTANCE_GROUPS; instances in their zones and in MBRIDGE_MAINTENANCE_ZONES."
     expression  = local.drainer_condition
   }
+}
+
+# Which instance a reported VM name stands for (functions/gcp_app/instance_directory.py): one
+# instances.aggregatedList per trusted project, filtered by name, which needs
+# compute.instances.list on the project and nothing else. roles/compute.viewer would also do, with
+# get and list of every Compute resource; this role holds the one permission. It is made in each
+# trusted project (a custom role belongs to its project), so the deployer needs
+# iam.roles.create and setIamPolicy there too. List permissions are checked on the project, so a
+# condition on instance names or zones would refuse the call: the zones are narrowed in the code
+# (trust_zones).
+resource "google_project_iam_custom_role" "instance_reader" {
+  for_each = toset(local.trust_projects)
+
+  project     = each.value
+  role_id     = "mbridgeInstanceReader"
+  title       = "maintenance-bridge instance reader"
+  description = "List the project's instances by name, to know which instance a reporting VM's name stands for."
+  permissions = ["compute.instances.list"]
+}
+
+resource "google_project_iam_member" "function_instance_reader" {
+  for_each = toset(local.trust_projects)
+
+  project = each.value
+  role    = google_project_iam_custom_role.instance_reader[each.value].name
+  member  = "serviceAccount:${google_service_account.function.email}"
 }
 
 # The command signing key (signing.tf): that one secret only.

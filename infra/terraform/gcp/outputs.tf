@@ -87,3 +87,8 @@ output "signing_key_secret_id" {
   description = "Secret Manager secret holding the command signing key the function mounts (MBRIDGE_SIGNING_KEY)."
   value       = local.signing_key_secret_id
 }
+
+output "identity_audience" {
+  description = "The audience of this deployment's identity tokens: give it to agents outside the example as MBRIDGE_IDENTITY_AUDIENCE (--identity-audience)."
+  value       = local.identity_audience
+}

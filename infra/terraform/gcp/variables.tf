@@ -202,14 +202,25 @@ variable "trust_projects" {
 }
 
 variable "identity_audience" {
-  description = "The audience the agents ask their VM's identity tokens for and the function accepts: MBRIDGE_IDENTITY_AUDIENCE of the example VMs and MBRIDGE_TRUST_AUDIENCE of the function. Agents elsewhere need the same value (their default is maintenance-bridge)."
+  description = "The audience the agents ask their VM's identity tokens for and the function accepts: MBRIDGE_IDENTITY_AUDIENCE of the example VMs and MBRIDGE_TRUST_AUDIENCE of the function. null: maintenance-bridge/<project_id>/<function_name>, this deployment's own, so that a token made for another deployment (whose topic it may be lifted from) is not accepted here. Agents outside the example need the same value (output identity_audience)."
   type        = string
-  default     = "maintenance-bridge"
+  default     = null
 
   validation {
     # Settings.py's rule; it is also one line of the agents' environment file.
-    condition     = length(var.identity_audience) > 0 && length(var.identity_audience) <= 512 && !can(regex("\\s", var.identity_audience))
-    error_message = "identity_audience must be 1-512 characters without spaces."
+    condition     = var.identity_audience == null || can(regex("^\\S{1,512}$", var.identity_audience))
+    error_message = "identity_audience must be 1-512 characters without spaces, or null for the deployment's own."
+  }
+}
+
+variable "trust_zones" {
+  description = "Zones whose VMs may report (MBRIDGE_TRUST_ZONES), within trust_projects. Empty: every zone. A VM name must be carried by one instance only in the trusted projects and zones; narrow them when other instances share your VMs' names."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for zone in var.trust_zones : can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z]$", zone))])
+    error_message = "trust_zones entries must be zones such as europe-west1-c."
   }
 }
 

@@ -23,7 +23,7 @@ locals {
     # The public key of the signing key (signing.tf): only signed commands are run.
     "MBRIDGE_VERIFY_KEY=${local.verify_key}\n",
     # The audience of the VM's identity tokens: the function's MBRIDGE_TRUST_AUDIENCE.
-    "MBRIDGE_IDENTITY_AUDIENCE=${var.identity_audience}\n",
+    "MBRIDGE_IDENTITY_AUDIENCE=${local.identity_audience}\n",
   ])
 
   # What every example VM carries; a change is an in-place metadata update of each VM.

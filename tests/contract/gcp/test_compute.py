@@ -3,8 +3,9 @@ local stand-in for compute.googleapis.com.
 
 The stand-in answers the paths and JSON shapes of the Compute Engine v1 API (instanceGroups
 listInstances / removeInstances / addInstances, zoneOperations wait, instances
-performMaintenance, and the API's error bodies), keeps group membership, and records every
-request, so each test asserts on what went over the wire.
+performMaintenance and aggregatedList, and the API's error bodies), keeps group membership and
+the instances of several projects, and records every request, so each test asserts on what went
+over the wire.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qsl
 
 import pytest
 from google.auth.credentials import AnonymousCredentials, Credentials
@@ -24,7 +26,9 @@ from google.cloud import compute_v1
 
 from functions.core.ports import JsonObject
 from functions.gcp_app.compute import ComputeConfigError, ComputeMaintenance, InstanceGroupBalancer
+from functions.gcp_app.instance_directory import ComputeInstanceDirectory
 from functions.gcp_app.settings import GroupRef
+from functions.trust.gce_instances import GceInstance, InstanceDirectory, StaticInstanceDirectory
 from wire.errors import PermanentError, RetryableError
 
 PROJECT = "shop-prod"
@@ -35,14 +39,16 @@ _ROUTE = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/"
     r"(?P<collection>instanceGroups|instances|operations)/(?P<name>[^/]+)(?:/(?P<verb>[A-Za-z]+))?$"
 )
+_AGGREGATED = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$")
+_NAME_FILTER = re.compile(r'^name = "(?P<name>[^"]+)"$')
 
 
 def anonymous() -> Credentials:
     return AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
 
 
-def instance_url(zone: str, vm: str) -> str:
-    return f"{BASE}/projects/{PROJECT}/zones/{zone}/instances/{vm}"
+def instance_url(zone: str, vm: str, project: str = PROJECT) -> str:
+    return f"{BASE}/projects/{project}/zones/{zone}/instances/{vm}"
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class ComputeApi:
     error and changes nothing; `running` makes operations start RUNNING and finish on `wait`."""
 
     members: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    instances: dict[str, str] = field(default_factory=dict)  # vm -> zone
+    instances: dict[tuple[str, str, str], str] = field(default_factory=dict)  # (project, zone, name) -> id
     fail: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     fail_operation: dict[str, list[tuple[int, str, str]]] = field(default_factory=dict)
     running: bool = False
@@ -74,12 +80,20 @@ class ComputeApi:
     def verbs(self) -> list[str]:
         return [request.path.rsplit("/", 1)[-1] for request in self.requests]
 
+    def given(self, zone: str, name: str, instance_id: str, project: str = PROJECT) -> GceInstance:
+        self.instances[(project, zone, name)] = instance_id
+        return GceInstance(project, zone, name, instance_id)
+
     def answer(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         with self._lock:
             self.requests.append(Request(method, path, body))
+            aggregated = _AGGREGATED.match(path)
+            if aggregated is not None:
+                return self._aggregated(path, str(aggregated["project"]), body or {})
             match = _ROUTE.match(path)
-            if match is None or match["project"] != PROJECT:
+            if match is None or (match["project"] != PROJECT and match["collection"] != "instances"):
                 return _error(404, "notFound", f"The resource '{path}' was not found")
+            project = str(match["project"])
             zone, name, verb = str(match["zone"]), str(match["name"]), str(match["verb"] or "get")
             failures = _scripted(self.fail, path)
             if failures:
@@ -90,11 +104,32 @@ class ComputeApi:
                 return self._group(zone, name, verb, body, doomed.pop(0) if doomed else None)
             if match["collection"] == "operations":
                 return self._wait(name)
-            if self.instances.get(name) != zone:
+            if (project, zone, name) not in self.instances:
                 return _error(
-                    404, "notFound", f"The resource 'projects/{PROJECT}/zones/{zone}/instances/{name}' was not found"
+                    404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
                 )
             return 200, self._operation(zone, "compute.instances.performMaintenance", f"instances/{name}")
+
+    def _aggregated(self, path: str, project: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """instances.aggregatedList: {"zones/Z": {"instances": [...]}}, with AIP-160 `name = "X"` filters."""
+        failures = _scripted(self.fail, path)
+        if failures:
+            status, reason = failures.pop(0)
+            return _error(status, reason, f"scripted {reason} for aggregatedList")
+        wanted = _NAME_FILTER.match(query.get("filter", ""))
+        items: dict[str, Any] = {}
+        for (owner, zone, name), instance_id in sorted(self.instances.items()):
+            if owner == project and (wanted is None or wanted["name"] == name):
+                link = f"{BASE}/projects/{owner}/zones/{zone}"
+                entry = {"kind": "compute#instance", "id": instance_id, "name": name, "zone": link, "status": "RUNNING"}
+                items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(
+                    {**entry, "selfLink": f"{link}/instances/{name}"}
+                )
+        return 200, {
+            "kind": "compute#instanceAggregatedList",
+            "id": f"projects/{project}/aggregated/instances",
+            "items": items,
+        }
 
     def _group(
         self, zone: str, name: str, verb: str, body: Any, error: tuple[int, str, str] | None
@@ -191,11 +226,17 @@ def _error(status: int, reason: str, message: str) -> tuple[int, dict[str, Any]]
 class _Handler(BaseHTTPRequestHandler):
     api: ComputeApi
 
+    def do_GET(self) -> None:  # instances.aggregatedList: the query is recorded as the body
+        path, _, query = self.path.partition("?")
+        self._send(*self.api.answer("GET", path, dict(parse_qsl(query))))
+
     def do_POST(self) -> None:  # every call these adapters make is a POST
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         path = self.path.split("?", 1)[0]
-        status, document = self.api.answer("POST", path, json.loads(raw) if raw else None)
+        self._send(*self.api.answer("POST", path, json.loads(raw) if raw else None))
+
+    def _send(self, status: int, document: dict[str, Any]) -> None:
         payload = json.dumps(document).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -219,17 +260,36 @@ class Fixture:
             "transport": "rest",
         }
 
-    def balancer(self, groups: list[GroupRef], timeout: float = 10.0) -> InstanceGroupBalancer:
+    def directory(
+        self, projects: tuple[str, ...] = (PROJECT,), zones: tuple[str, ...] | None = None
+    ) -> ComputeInstanceDirectory:
+        """The instances of `projects` (and `zones`) as the Compute API lists them."""
+        return ComputeInstanceDirectory(compute_v1.InstancesClient(**self.options()), projects, zones, timeout=10.0)
+
+    def balancer(
+        self, groups: list[GroupRef], timeout: float = 10.0, directory: InstanceDirectory | None = None
+    ) -> InstanceGroupBalancer:
+        """Default directory: the instances the test gave the stand-in, known without asking it, so
+        that the requests recorded are the instance groups' only."""
         return InstanceGroupBalancer(
             compute_v1.InstanceGroupsClient(**self.options()),
             compute_v1.ZoneOperationsClient(**self.options()),
             PROJECT,
             groups,
+            directory or self.known_instances(),
             timeout=timeout,
         )
 
-    def maintenance(self, zones: list[str]) -> ComputeMaintenance:
-        return ComputeMaintenance(compute_v1.InstancesClient(**self.options()), PROJECT, zones, timeout=10.0)
+    def maintenance(self, zones: list[str], directory: InstanceDirectory | None = None) -> ComputeMaintenance:
+        return ComputeMaintenance(
+            compute_v1.InstancesClient(**self.options()), directory or self.known_instances(), zones, timeout=10.0
+        )
+
+    def known_instances(self) -> StaticInstanceDirectory:
+        return StaticInstanceDirectory(
+            GceInstance(project, zone, name, instance_id)
+            for (project, zone, name), instance_id in self.api.instances.items()
+        )
 
 
 @pytest.fixture
@@ -248,7 +308,10 @@ WEB_B, WEB_C, API_B = GroupRef(ZONE_B, "web-b"), GroupRef(ZONE_C, "web-c"), Grou
 
 
 def given_groups(compute: Fixture) -> None:
-    """web-0 is in web-b and api-b (zone b); web-1 in web-b; web-2 in web-c (zone c)."""
+    """web-0 is in web-b and api-b (zone b); web-1 in web-b; web-2 in web-c (zone c); db-0 (zone b) in none."""
+    for zone, vm, instance_id in ((ZONE_B, "web-0", "100"), (ZONE_B, "web-1", "101"), (ZONE_C, "web-2", "102")):
+        compute.api.given(zone, vm, instance_id)
+    compute.api.given(ZONE_B, "db-0", "103")
     compute.api.members.update(
         {
             (ZONE_B, "web-b"): [instance_url(ZONE_B, "web-0"), instance_url(ZONE_B, "web-1")],
@@ -494,24 +557,51 @@ def test_a_memento_of_another_shape_is_refused_with_what_to_do(
 # ---------------------------------------------------------------- performMaintenance
 
 
-def test_perform_maintenance_finds_the_vm_in_its_zone(compute: Fixture) -> None:
-    # GIVEN web-2 in zone c, and the adapter configured for zones b and c
-    compute.api.instances["web-2"] = ZONE_C
-    # WHEN maintenance is started THEN zone b answered 404 and zone c accepted it
-    compute.maintenance([ZONE_B, ZONE_C]).perform("web-2")
+def test_perform_maintenance_asks_the_instance_in_the_zone_the_directory_knows(compute: Fixture) -> None:
+    # GIVEN web-2 in zone c, listed by the Compute API, and the adapter configured for zones b and c
+    compute.api.given(ZONE_C, "web-2", "102")
+    # WHEN maintenance is started THEN the instance was found by name in the project, and only it asked
+    compute.maintenance([ZONE_B, ZONE_C], directory=compute.directory()).perform("web-2")
     assert compute.api.requests == [
-        Request("POST", f"{API_PREFIX}/{ZONE_B}/instances/web-2/performMaintenance", None),
+        Request("GET", f"/compute/v1/projects/{PROJECT}/aggregated/instances", {"filter": 'name = "web-2"'}),
         Request("POST", f"{API_PREFIX}/{ZONE_C}/instances/web-2/performMaintenance", None),
     ]
 
 
-def test_perform_maintenance_of_an_unknown_vm_names_the_zones(compute: Fixture) -> None:
-    with pytest.raises(PermanentError, match=rf"none of the zones {ZONE_B}, {ZONE_C}.*MBRIDGE_MAINTENANCE_ZONES"):
+def test_perform_maintenance_of_an_unknown_vm_names_the_settings(compute: Fixture) -> None:
+    with pytest.raises(PermanentError, match=r"no instance .* named ghost.*MBRIDGE_TRUST_PROJECTS"):
         compute.maintenance([ZONE_B, ZONE_C]).perform("ghost")
+    assert compute.api.requests == []
+
+
+def test_perform_maintenance_outside_the_maintenance_zones_names_the_setting(compute: Fixture) -> None:
+    compute.api.given(ZONE_C, "web-2", "102")
+    with pytest.raises(PermanentError, match=rf"zone {ZONE_C}.*MBRIDGE_MAINTENANCE_ZONES"):
+        compute.maintenance([ZONE_B]).perform("web-2")
+    assert compute.api.requests == []
+
+
+def test_perform_maintenance_of_a_name_two_instances_carry_is_refused(compute: Fixture) -> None:
+    # GIVEN two instances named web-2 in the scope: one in zone c, one in zone b
+    compute.api.given(ZONE_C, "web-2", "102")
+    compute.api.given(ZONE_B, "web-2", "666")
+    # THEN neither is picked: the name stands for no instance until one is renamed
+    with pytest.raises(PermanentError, match=r"2 instances .* are named so.*rename"):
+        compute.maintenance([ZONE_B, ZONE_C], directory=compute.directory()).perform("web-2")
+    assert compute.api.verbs() == ["instances"]
+
+
+def test_perform_maintenance_in_another_trusted_project_goes_to_that_project(compute: Fixture) -> None:
+    compute.api.given(ZONE_C, "batch-0", "300", project="shop-batch")
+    directory = compute.directory(projects=(PROJECT, "shop-batch"))
+    compute.maintenance([ZONE_C], directory=directory).perform("batch-0")
+    assert compute.api.requests[-1] == Request(
+        "POST", f"/compute/v1/projects/shop-batch/zones/{ZONE_C}/instances/batch-0/performMaintenance", None
+    )
 
 
 def test_perform_maintenance_without_permission_names_it(compute: Fixture) -> None:
-    compute.api.instances["web-2"] = ZONE_C
+    compute.api.given(ZONE_C, "web-2", "102")
     compute.api.fail["performMaintenance"] = [(403, "forbidden")]
     with pytest.raises(PermanentError, match=r"compute\.instances\.performMaintenance") as raised:
         compute.maintenance([ZONE_C]).perform("web-2")
@@ -519,14 +609,14 @@ def test_perform_maintenance_without_permission_names_it(compute: Fixture) -> No
 
 
 def test_perform_maintenance_refused_by_the_operation_is_permanent(compute: Fixture) -> None:
-    compute.api.instances["web-2"] = ZONE_C
+    compute.api.given(ZONE_C, "web-2", "102")
     compute.api.operation_error = (400, "INVALID_OPERATION", "No pending maintenance for the instance")
     with pytest.raises(PermanentError, match="No pending maintenance"):
         compute.maintenance([ZONE_C]).perform("web-2")
 
 
 def test_perform_maintenance_retries_when_the_api_is_unavailable(compute: Fixture) -> None:
-    compute.api.instances["web-2"] = ZONE_C
+    compute.api.given(ZONE_C, "web-2", "102")
     compute.api.fail["performMaintenance"] = [(503, "backendError")]
     with pytest.raises(RetryableError):
         compute.maintenance([ZONE_C]).perform("web-2")
@@ -534,4 +624,147 @@ def test_perform_maintenance_retries_when_the_api_is_unavailable(compute: Fixtur
 
 def test_maintenance_without_zones_is_a_configuration_error() -> None:
     with pytest.raises(PermanentError, match="MBRIDGE_MAINTENANCE_ZONES"):
-        ComputeMaintenance(compute_v1.InstancesClient(credentials=anonymous()), PROJECT, [])
+        ComputeMaintenance(compute_v1.InstancesClient(credentials=anonymous()), StaticInstanceDirectory([]), [])
+
+
+# ---------------------------------------------------------------- the instance a name stands for
+
+
+def test_locate_drains_the_instance_of_the_scope_not_a_namesake_in_another_zone(compute: Fixture) -> None:
+    # GIVEN web-0 in zone b (in web-b and api-b), and another instance named web-0 in zone c, in
+    # group web-c: the function trusts zone b only
+    given_groups(compute)
+    compute.api.given(ZONE_C, "web-0", "666")
+    compute.api.members[(ZONE_C, "web-c")].append(instance_url(ZONE_C, "web-0"))
+    balancer = compute.balancer([WEB_B, WEB_C, API_B], directory=compute.directory(zones=(ZONE_B,)))
+
+    # WHEN web-0 is located THEN only the groups listing zone b's web-0 are in the memento
+    assert balancer.locate("web-0") == memento_of((WEB_B, "web-0"), (API_B, "web-0"))
+
+
+def test_locate_refuses_a_name_two_instances_of_the_scope_carry(compute: Fixture) -> None:
+    given_groups(compute)
+    compute.api.given(ZONE_C, "web-0", "666")
+    with pytest.raises(PermanentError, match=r"2 instances .* are named so"):
+        compute.balancer([WEB_B, WEB_C], directory=compute.directory()).locate("web-0")
+    assert "listInstances" not in compute.api.verbs()
+
+
+def test_a_member_is_matched_by_project_zone_and_name_not_by_the_name_at_the_end(compute: Fixture) -> None:
+    # GIVEN group web-b lists an instance URL that merely ends in web-0 (another project's)
+    compute.api.given(ZONE_B, "web-0", "100")
+    compute.api.members[(ZONE_B, "web-b")] = [instance_url(ZONE_B, "web-0", project="someone-else")]
+    # THEN it is not web-0's membership: nothing to drain
+    assert compute.balancer([WEB_B]).locate("web-0") is None
+
+
+def test_remove_and_restore_act_on_the_memento_instance_without_asking_the_directory(compute: Fixture) -> None:
+    # GIVEN web-0 drained, then deleted: no instance carries its name any more
+    given_groups(compute)
+    memento = drained(compute.balancer([WEB_B]), "web-0")
+    del compute.api.instances[(PROJECT, ZONE_B, "web-0")]
+    # WHEN it is restored THEN the memento's instance goes back, with no directory lookup
+    compute.balancer([WEB_B], directory=StaticInstanceDirectory([])).restore("web-0", memento)
+    assert instance_url(ZONE_B, "web-0") in compute.api.members[(ZONE_B, "web-b")]
+
+
+# ---------------------------------------------------------------- the instance directory
+
+
+class Ticks:
+    """A monotonic clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def directory_with(compute: Fixture, clock: Ticks, **scope: Any) -> ComputeInstanceDirectory:
+    return ComputeInstanceDirectory(
+        compute_v1.InstancesClient(**compute.options()),
+        scope.get("projects", (PROJECT,)),
+        scope.get("zones"),
+        timeout=10.0,
+        clock=clock,
+    )
+
+
+def listings(compute: Fixture) -> list[Request]:
+    return [request for request in compute.api.requests if request.method == "GET"]
+
+
+def test_the_directory_lists_each_trusted_project_by_name_and_keeps_the_trusted_zones(compute: Fixture) -> None:
+    compute.api.given(ZONE_B, "web-0", "100")
+    compute.api.given(ZONE_C, "web-0", "200")
+    compute.api.given(ZONE_B, "web-0", "300", project="shop-batch")
+    compute.api.given(ZONE_B, "web-0", "400", project="not-trusted")
+    directory = directory_with(compute, Ticks(), projects=(PROJECT, "shop-batch"), zones=(ZONE_B,))
+
+    assert directory.instances_named("web-0") == (
+        GceInstance("shop-batch", ZONE_B, "web-0", "300"),
+        GceInstance(PROJECT, ZONE_B, "web-0", "100"),
+    )
+    assert listings(compute) == [
+        Request("GET", "/compute/v1/projects/shop-batch/aggregated/instances", {"filter": 'name = "web-0"'}),
+        Request("GET", f"/compute/v1/projects/{PROJECT}/aggregated/instances", {"filter": 'name = "web-0"'}),
+    ]
+
+
+def test_a_name_that_is_no_instance_name_is_never_put_in_a_filter(compute: Fixture) -> None:
+    directory = directory_with(compute, Ticks())
+    assert directory.instances_named('web-0" OR name != "x') == ()
+    assert compute.api.requests == []
+
+
+def test_answers_are_cached_and_an_unknown_id_lists_again_at_most_once_a_minute(compute: Fixture) -> None:
+    clock = Ticks()
+    compute.api.given(ZONE_B, "web-0", "100")
+    directory = directory_with(compute, clock)
+    assert [i.instance_id for i in directory.instances_named("web-0", expecting="100")] == ["100"]
+
+    # WHEN web-0 is deleted and made again (a new id), and its first token arrives at once
+    compute.api.given(ZONE_B, "web-0", "101")
+    clock.now += 10
+    # THEN the cached answer stands for a minute (a stream of unknown ids costs one listing a minute)
+    assert [i.instance_id for i in directory.instances_named("web-0", expecting="101")] == ["100"]
+    clock.now += 50
+    assert [i.instance_id for i in directory.instances_named("web-0", expecting="101")] == ["101"]
+    # AND a known id, or no id, is answered from the cache until 15 minutes have passed
+    clock.now += 60
+    assert [i.instance_id for i in directory.instances_named("web-0", expecting="101")] == ["101"]
+    assert [i.instance_id for i in directory.instances_named("web-0")] == ["101"]
+    assert len(listings(compute)) == 2
+    clock.now += 900
+    directory.instances_named("web-0")
+    assert len(listings(compute)) == 3
+
+
+def test_known_instances_are_served_while_the_api_fails_and_unknown_names_are_retried(compute: Fixture) -> None:
+    clock = Ticks()
+    compute.api.given(ZONE_B, "web-0", "100")
+    directory = directory_with(compute, clock)
+    directory.instances_named("web-0")
+
+    # WHEN the API fails as the listing is out of date
+    compute.api.fail["aggregated/instances"] = [(503, "backendError")] * 5
+    clock.now += 900
+    # THEN the known instance is served, and the failed listing is not tried again for a minute
+    assert [i.instance_id for i in directory.instances_named("web-0")] == ["100"]
+    assert [i.instance_id for i in directory.instances_named("web-0")] == ["100"]
+    assert len(listings(compute)) == 2
+    # AND a name never listed is retried by the platform: nothing is known to serve
+    with pytest.raises(RetryableError, match="web-1"):
+        directory.instances_named("web-1")
+
+
+def test_a_refused_listing_is_permanent_and_names_the_permission_and_role(compute: Fixture) -> None:
+    compute.api.fail["aggregated/instances"] = [(403, "forbidden")]
+    with pytest.raises(PermanentError, match=rf"compute\.instances\.list on project {PROJECT}.*mbridgeInstanceReader"):
+        directory_with(compute, Ticks()).instances_named("web-0")
+
+
+def test_a_directory_without_projects_cannot_be_made() -> None:
+    with pytest.raises(ValueError, match="project"):
+        ComputeInstanceDirectory(compute_v1.InstancesClient(credentials=anonymous()), ())

@@ -3,7 +3,8 @@
 The simulator's metadata server issues identity tokens signed with keys it makes for the run; the
 agent's prover attaches them; the verifier `build_verifier` makes from the environment checks them
 with the certificates it fetches from MBRIDGE_TRUST_CERTS_URL, here a local server that serves the
-simulator's certificates in the shape of Google's.
+simulator's certificates in the shape of Google's. The instances are the simulator's, as its trust
+file lists them (the Compute API's directory is tested in test_compute.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from agent.proofs import GceIdentityProver
 from agent.sources.gce.client import GceMetadataClient
 from functions.gcp_app.settings import Settings
 from functions.gcp_app.wiring import build_verifier
-from simulator.gce_api import PROJECT_ID
+from functions.trust.gce_instances import StaticInstanceDirectory
+from simulator.gce_api import PROJECT_ID, ZONE
 from simulator.server import Simulator
 from tests.factories import azure_event
 from wire.envelope import decode, encode, envelope_for_event
@@ -95,6 +97,13 @@ def proven(simulator: Simulator, vm: str = "gce-0", audience: str = DEFAULT_AUDI
         client.close()
 
 
+@pytest.fixture(scope="module")
+def instances(simulator: Simulator) -> StaticInstanceDirectory:
+    section = simulator.trust()["gce"]
+    assert isinstance(section, dict)
+    return StaticInstanceDirectory.from_resources(section["instances"])
+
+
 def verify(verifier: IdentityVerifier | None, body: bytes) -> str:
     assert verifier is not None
     now = datetime.now(timezone.utc)
@@ -102,13 +111,13 @@ def verify(verifier: IdentityVerifier | None, body: bytes) -> str:
 
 
 def test_identity_tokens_of_the_functions_project_are_verified_with_the_fetched_certificates(
-    simulator: Simulator, certs: CertsServer
+    simulator: Simulator, certs: CertsServer, instances: StaticInstanceDirectory
 ) -> None:
     # GIVEN a function in the VMs' project, fetching the certificates from the configured URL
     settings = Settings.from_env({"GOOGLE_CLOUD_PROJECT": PROJECT_ID, "MBRIDGE_TRUST_CERTS_URL": certs.url})
 
     # WHEN it builds its verifier
-    verifier = build_verifier(settings)
+    verifier = build_verifier(settings, instances)
 
     # THEN each VM's proven report is that VM's, and the certificates were fetched once
     before = certs.requests
@@ -117,19 +126,23 @@ def test_identity_tokens_of_the_functions_project_are_verified_with_the_fetched_
     assert certs.requests - before == 1
 
 
-def test_vms_of_another_project_are_trusted_only_when_listed(simulator: Simulator, certs: CertsServer) -> None:
+def test_vms_of_another_project_are_trusted_only_when_listed(
+    simulator: Simulator, certs: CertsServer, instances: StaticInstanceDirectory
+) -> None:
     # GIVEN a function in project shop-prod, and VMs in the simulator's project
     base = {"MBRIDGE_GCP_PROJECT": "shop-prod", "MBRIDGE_TRUST_CERTS_URL": certs.url}
     body = proven(simulator)
 
     # THEN their tokens are refused by default, and accepted once their project is listed
     with pytest.raises(UnverifiedError, match=PROJECT_ID):
-        verify(build_verifier(Settings.from_env(base)), body)
+        verify(build_verifier(Settings.from_env(base), instances), body)
     listed = Settings.from_env({**base, "MBRIDGE_TRUST_PROJECTS": f"shop-prod,{PROJECT_ID}"})
-    assert verify(build_verifier(listed), body) == "gce-0"
+    assert verify(build_verifier(listed, instances), body) == "gce-0"
 
 
-def test_a_token_for_another_audience_is_refused(simulator: Simulator, certs: CertsServer) -> None:
+def test_a_token_for_another_audience_is_refused(
+    simulator: Simulator, certs: CertsServer, instances: StaticInstanceDirectory
+) -> None:
     # GIVEN agents asking for tokens for their default audience, and functions expecting another
     settings = Settings.from_env(
         {
@@ -138,7 +151,7 @@ def test_a_token_for_another_audience_is_refused(simulator: Simulator, certs: Ce
             "MBRIDGE_TRUST_AUDIENCE": "https://mbridge.example.com",
         }
     )
-    verifier = build_verifier(settings)
+    verifier = build_verifier(settings, instances)
 
     # THEN a token is accepted only for the configured audience
     with pytest.raises(UnverifiedError, match="audience"):
@@ -165,3 +178,14 @@ def test_a_trust_file_alone_gives_the_verifier(simulator: Simulator, tmp_path: P
 def test_reporter_name_trust_builds_no_verifier() -> None:
     settings = Settings.from_env({"GOOGLE_CLOUD_PROJECT": "shop-prod", "MBRIDGE_POLICY": '{"trust": "reporter-name"}'})
     assert build_verifier(settings) is None
+
+
+def test_zones_narrow_the_trusted_vms(
+    simulator: Simulator, certs: CertsServer, instances: StaticInstanceDirectory
+) -> None:
+    base = {"GOOGLE_CLOUD_PROJECT": PROJECT_ID, "MBRIDGE_TRUST_CERTS_URL": certs.url}
+    elsewhere = Settings.from_env({**base, "MBRIDGE_TRUST_ZONES": "europe-west1-b"})
+    with pytest.raises(UnverifiedError, match="MBRIDGE_TRUST_ZONES"):
+        verify(build_verifier(elsewhere, instances), proven(simulator))
+    here = Settings.from_env({**base, "MBRIDGE_TRUST_ZONES": f"europe-west1-b,{ZONE}"})
+    assert verify(build_verifier(here, instances), proven(simulator)) == "gce-0"

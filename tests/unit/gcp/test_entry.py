@@ -386,6 +386,7 @@ def test_settings_read_every_variable() -> None:
             "MBRIDGE_LOG_LEVEL": "debug",
             "MBRIDGE_TRUST_AUDIENCE": "https://mbridge.example.com",
             "MBRIDGE_TRUST_PROJECTS": "shop-prod, shop-batch ,shop-prod,example.com:legacy-shop",
+            "MBRIDGE_TRUST_ZONES": "europe-west1-b, europe-west1-c",
             "MBRIDGE_TRUST_CERTS_URL": certs_url,
         }
     )
@@ -403,6 +404,7 @@ def test_settings_read_every_variable() -> None:
         log_level="DEBUG",
         trust_audience="https://mbridge.example.com",
         trust_projects=("shop-prod", "shop-batch", "example.com:legacy-shop"),
+        trust_zones=("europe-west1-b", "europe-west1-c"),
         trust_certs_url=certs_url,
     )
 
@@ -414,6 +416,7 @@ def test_settings_defaults_need_only_a_project() -> None:
     # checked with Google's certificates
     assert (settings.trust_file, settings.trust_audience) == (None, DEFAULT_AUDIENCE)
     assert settings.trusted_projects == (PROJECT,)
+    assert settings.trusted_zones is None  # every zone of the trusted projects
     assert settings.trust_certs_url == "https://www.googleapis.com/oauth2/v1/certs"
 
 
@@ -441,6 +444,7 @@ def test_settings_take_a_trust_file_that_loads(tmp_path: Path) -> None:
         ({"MBRIDGE_TRUST_AUDIENCE": "a" * 513}, "MBRIDGE_TRUST_AUDIENCE='aaa"),
         ({"MBRIDGE_TRUST_PROJECTS": "shop-prod,Shop Batch"}, "MBRIDGE_TRUST_PROJECTS: 'Shop Batch' is not a project"),
         ({"MBRIDGE_TRUST_PROJECTS": "123456789012"}, "MBRIDGE_TRUST_PROJECTS: '123456789012' is not a project id"),
+        ({"MBRIDGE_TRUST_ZONES": "europe-west1-b,Europe West"}, "MBRIDGE_TRUST_ZONES: 'Europe West' is not a zone"),
         ({"MBRIDGE_TRUST_CERTS_URL": "http://www.googleapis.com/oauth2/v1/certs"}, "MBRIDGE_TRUST_CERTS_URL='http:"),
         ({"MBRIDGE_TRUST_CERTS_URL": "www.googleapis.com/oauth2/v1/certs"}, "MBRIDGE_TRUST_CERTS_URL='www"),
         ({"MBRIDGE_TRUST_CERTS_URL": "https://localhost:port/certs"}, "MBRIDGE_TRUST_CERTS_URL='https://localhost:"),
@@ -588,6 +592,42 @@ def test_deps_are_built_once_from_the_environment(
         assert mbridge_logger.level == logging.INFO
     finally:
         wiring.reset()
+
+
+@pytest.mark.parametrize(
+    ("audience", "warned"), [(None, True), ("maintenance-bridge/shop-prod/maintenance-bridge", False)]
+)
+def test_the_shared_default_audience_is_warned_of_at_start(
+    monkeypatch: pytest.MonkeyPatch, mbridge_logger: logging.Logger, audience: str | None, warned: bool
+) -> None:
+    # GIVEN a deployment with the default audience, or one of its own
+    monkeypatch.setenv("MBRIDGE_GCP_PROJECT", PROJECT)
+    monkeypatch.setenv("FIRESTORE_EMULATOR_HOST", "127.0.0.1:9")
+    if audience is not None:
+        monkeypatch.setenv("MBRIDGE_TRUST_AUDIENCE", audience)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    logger = logging.getLogger("mbridge.gcp.wiring")
+    logger.addHandler(handler)
+    wiring.reset()
+    try:
+        # WHEN it starts
+        wiring.deps()
+    finally:
+        wiring.reset()
+        logger.removeHandler(handler)
+    # THEN only the shared one is warned of, naming the setting to change
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert bool(warnings) is warned
+    if warned:
+        (warning,) = warnings
+        assert "MBRIDGE_TRUST_AUDIENCE is the shared default 'maintenance-bridge'" in warning
+        assert f"maintenance-bridge/{PROJECT}/" in warning
 
 
 def test_override_replaces_the_deps_inside_the_block_only(world: World) -> None:
