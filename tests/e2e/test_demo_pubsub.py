@@ -113,7 +113,9 @@ def test_the_demo_on_the_emulators_holds_every_expectation_and_leaves_its_audit_
     for event_id, (drains, approvers, restores) in AZURE_ACTIONS.items():
         actions = [(r["action"], r["vm"]) for r in audit if r["kind"] == "action" and r["event_id"].upper() == event_id]
         assert sorted(vm for action, vm in actions if action == "drain") == drains, event_id
-        assert sorted(vm for action, vm in actions if action == "approve") == approvers, event_id
+        approved = [vm for action, vm in actions if action == "approve"]
+        assert len(approved) == (1 if approvers else 0), event_id  # one approval starts it for all
+        assert set(approved) <= set(approvers), event_id
         assert sorted(vm for action, vm in actions if action == "restore") == restores, event_id
     gce = [(r["action"], r["rule"]) for r in audit if r["kind"] == "action" and r["vm"] == "gce-0"]
     assert gce == [("drain", "6-gce"), ("restore", "1-ended")] * 2

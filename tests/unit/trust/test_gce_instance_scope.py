@@ -32,7 +32,7 @@ from functions.trust.trust_file import TrustFileError, verifier_from_trust
 from functions.trust.verifiers import GceTokenVerifier
 from simulator.gce_identity import TokenIssuer
 from tests.factories import azure_event
-from tests.kit import RecordingSender
+from tests.kit import FakeClock, RecordingSender
 from wire.envelope import decode, encode, envelope_for_event
 from wire.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT, Identity, IdentityVerifier, UnverifiedError
 from wire.model import Cloud, EventKind, EventStatus
@@ -127,7 +127,15 @@ class Functions:
     verifier: IdentityVerifier
 
     def deliver(self, body: bytes) -> Outcome:
-        deps = Deps(self.store, self.pool, RecordingSender(), self.store, Policy(), verifier=self.verifier)
+        deps = Deps(
+            self.store,
+            self.pool,
+            RecordingSender(),
+            self.store,
+            Policy(),
+            verifier=self.verifier,
+            monotonic=FakeClock().monotonic,
+        )
         return process(body, deps, datetime.now(timezone.utc))
 
     def unverified(self) -> list[str]:
