@@ -13,7 +13,11 @@ The forgeries, in equal parts and at seeded random places among the genuine mess
 - a genuine proof presented after it expired (the bus took the message hours later);
 - the attacker, as itself, reporting an event of other VMs ("from a VM not named");
 - forged `completed` / `canceled` of the victims' genuine events;
-- forged command results (an approval accepted or rejected) in a victim's name.
+- forged command results (an approval accepted or rejected) in a victim's name;
+- an Azure victim's genuine attested document, lifted from its message, with a key "ground" to
+  match the document's 10-digit nonce ("ground-key"): every signature checks out. Grinding is
+  simulated, not done: the verifier's nonce rule maps the attacker's key to the lifted document's
+  nonce. The forgery reaches the bus after the message it lifted the document from, as it must.
 
 Done when: the run's effects — every drain, approval and restore, in order, and the budget —
 are exactly those of the genuine messages alone, and each forgery is audited as refused.
@@ -21,6 +25,7 @@ are exactly those of the genuine messages alone, and each forgery is audited as 
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import time
@@ -29,6 +34,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from asn1crypto import cms  # type: ignore[import-untyped]
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
 from agent.sources.azure.client import AzureImdsClient
@@ -42,7 +50,16 @@ from simulator import Simulator
 from tests.drills.conftest import drill_seed, say
 from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
-from wire.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, TRUST_FILE_FORMAT
+from wire.identity import (
+    AZURE_ATTESTED,
+    AZURE_SESSION_KEY,
+    AZURE_SIGNATURE,
+    DEFAULT_AUDIENCE,
+    PROOF_ATTRIBUTES,
+    TRUST_FILE_FORMAT,
+    session_nonce,
+    signed_digest,
+)
 from wire.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
 
 pytestmark = pytest.mark.drill
@@ -54,7 +71,7 @@ AZURE_ATTACKER = "web-9"
 GCE_VICTIMS = ("gce-0", "gce-1")
 GCE_ATTACKER = "gce-9"
 EVENTS_PER_VICTIM = 3
-KINDS = ("no-proof", "wrong-vm", "reused", "expired", "not-named", "forged-end", "forged-result")
+KINDS = ("no-proof", "wrong-vm", "reused", "expired", "not-named", "forged-end", "forged-result", "ground-key")
 # What each kind of forgery must be refused for (the reason in its audit record).
 REASONS = {
     "no-proof": ("no Azure proof", "no GCE identity token"),
@@ -64,6 +81,7 @@ REASONS = {
     "not-named": ("not-self: web-9 reports", "not-self: gce-9 reports"),
     "forged-end": ("the proof is web-9's", "the proof is gce-9's"),
     "forged-result": ("the proof is web-9's", "the proof is gce-9's", "no Azure proof", "no GCE identity token"),
+    "ground-key": ("first seen with another key",),
 }
 # One slot for the whole pool: a forged event holding it would make a genuine one wait.
 POLICY = Policy(pools=(Pool("web", frozenset((*AZURE_VICTIMS, AZURE_ATTACKER)), max_drained=1),))
@@ -88,6 +106,25 @@ class Message:
     body: bytes
     accepted_at: datetime
     forged: str | None = None  # the kind of forgery, None for a genuine report
+    after: bytes | None = None  # the genuine message it was lifted from: it cannot reach the bus before it
+
+
+class GroundKeys:
+    """The nonce rule of a verifier that believes the attacker's keys were ground: each registered key
+    gives the nonce of the document it was "ground" for; every other key, the real rule."""
+
+    def __init__(self) -> None:
+        self.nonces: dict[bytes, str] = {}
+
+    def __call__(self, public: bytes) -> str:
+        return self.nonces.get(public) or session_nonce(public)
+
+    def grind(self, document: str) -> Ed25519PrivateKey:
+        """A key the verifier takes as matching `document`'s nonce (the document's own key's nonce)."""
+        key = Ed25519PrivateKey.generate()
+        public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.nonces[public] = _nonce_of(document)
+        return key
 
 
 @dataclass
@@ -97,6 +134,7 @@ class Clouds:
     provers: dict[str, Prover]
     verifier: CloudVerifier
     closers: list[Callable[[], None]]
+    ground: GroundKeys
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +154,8 @@ def clouds() -> Iterator[Clouds]:
             closers.append(gce_client.close)
             provers[vm] = GceIdentityProver(gce_client, DEFAULT_AUDIENCE)
         trust = {**azure.trust(), **gce.trust(), "format": TRUST_FILE_FORMAT}
-        yield Clouds(azure, gce, provers, verifier_from_trust(trust), closers)
+        ground = GroundKeys()
+        yield Clouds(azure, gce, provers, verifier_from_trust(trust, nonce_of=ground), closers, ground)
         for close in closers:
             close()
 
@@ -186,6 +225,16 @@ def forgeries(clouds: Clouds, genuine: list[Message], rng: random.Random, start:
         elif kind == "forged-end":
             end = completed if rng.random() < 0.5 else replace(completed, status=EventStatus.CANCELED)
             body = clouds.provers[attacker].prove(encode(envelope_for_event(end, at)))
+        elif kind == "ground-key":
+            # An Azure victim's own genuine message, its document lifted and a key ground for it.
+            azure_victim = victim if victim in AZURE_VICTIMS else rng.choice(AZURE_VICTIMS)
+            scheduled_azure = lifecycle(azure_victim, index, start)[0]
+            freeze = replace(scheduled_azure, kind=EventKind.FREEZE, duration_seconds=5)
+            source = rng.choice([m for m in genuine if f"/azure/{azure_victim}".encode() in m.body])
+            document = json.loads(source.body)[AZURE_ATTESTED]
+            key = clouds.ground.grind(document)
+            forged.append(Message(_signed_with(key, freeze, document, at), at, kind, after=source.body))
+            continue
         else:
             result = CommandResult(
                 command_id=f"forged-{number}", accepted=rng.random() < 0.5, event_id=scheduled.event_id, target=victim
@@ -234,7 +283,10 @@ def test_a_thousand_forged_messages_change_nothing_and_the_genuine_events_go_as_
     forged = forgeries(clouds, genuine, rng, start)
     attacked = list(genuine)
     for message in forged:
-        attacked.insert(rng.randrange(len(attacked) + 1), message)
+        earliest = (
+            0 if message.after is None else attacked.index(next(m for m in attacked if m.body == message.after)) + 1
+        )
+        attacked.insert(rng.randrange(earliest, len(attacked) + 1), message)
     built = time.monotonic() - started
 
     # WHEN the functions take the genuine reports alone, and then the attacked stream
@@ -266,3 +318,21 @@ def test_a_thousand_forged_messages_change_nothing_and_the_genuine_events_go_as_
         build_s=round(built, 1),
         duration_s=round(time.monotonic() - started, 1),
     )
+
+
+def _nonce_of(document: str) -> str:
+    """The nonce inside an attested document (its signed JSON), read with asn1crypto."""
+    signed = cms.ContentInfo.load(base64.b64decode(document))["content"]
+    content = json.loads(signed["encap_content_info"]["content"].native)
+    return str(content["nonce"])
+
+
+def _signed_with(key: Ed25519PrivateKey, event: MaintenanceEvent, document: str, at: datetime) -> bytes:
+    """The message as an agent holding `key` publishes it, with `document` attached."""
+    envelope = envelope_for_event(event, at)
+    body = json.loads(encode(envelope))
+    public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    body[AZURE_ATTESTED] = document
+    body[AZURE_SESSION_KEY] = base64.b64encode(public).decode()
+    body[AZURE_SIGNATURE] = base64.b64encode(key.sign(signed_digest(envelope.digest))).decode()
+    return json.dumps(body).encode()
