@@ -17,7 +17,10 @@ The forgeries, in equal parts and at seeded random places among the genuine mess
 - an Azure victim's genuine attested document, lifted from its message, with a key "ground" to
   match the document's 10-digit nonce ("ground-key"): every signature checks out. Grinding is
   simulated, not done: the verifier's nonce rule maps the attacker's key to the lifted document's
-  nonce. The forgery reaches the bus after the message it lifted the document from, as it must.
+  nonce. The forgery reaches the bus after the message it lifted the document from, as it must;
+- a Google-signed token of another instance with a GCE victim's name ("foreign-instance"): in
+  another zone of the trusted project, in a project of the attacker's own, or a re-created one with
+  another id — signed by the same issuer as the genuine tokens.
 
 Done when: the run's effects — every drain, approval and restore, in order, and the budget —
 are exactly those of the genuine messages alone, and each forgery is audited as refused.
@@ -47,6 +50,8 @@ from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
 from simulator import Simulator
+from simulator.gce_api.project import PROJECT_ID, ZONE
+from simulator.gce_identity import TokenIssuer
 from tests.drills.conftest import drill_seed, say
 from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
@@ -55,10 +60,12 @@ from wire.identity import (
     AZURE_SESSION_KEY,
     AZURE_SIGNATURE,
     DEFAULT_AUDIENCE,
+    GCE_TOKEN,
     PROOF_ATTRIBUTES,
     TRUST_FILE_FORMAT,
     session_nonce,
     signed_digest,
+    token_audience,
 )
 from wire.model import Cloud, CommandResult, EventKind, EventSource, EventStatus, MaintenanceEvent
 
@@ -71,7 +78,17 @@ AZURE_ATTACKER = "web-9"
 GCE_VICTIMS = ("gce-0", "gce-1")
 GCE_ATTACKER = "gce-9"
 EVENTS_PER_VICTIM = 3
-KINDS = ("no-proof", "wrong-vm", "reused", "expired", "not-named", "forged-end", "forged-result", "ground-key")
+KINDS = (
+    "no-proof",
+    "wrong-vm",
+    "reused",
+    "expired",
+    "not-named",
+    "forged-end",
+    "forged-result",
+    "ground-key",
+    "foreign-instance",
+)
 # What each kind of forgery must be refused for (the reason in its audit record).
 REASONS = {
     "no-proof": ("no Azure proof", "no GCE identity token"),
@@ -82,7 +99,15 @@ REASONS = {
     "forged-end": ("the proof is web-9's", "the proof is gce-9's"),
     "forged-result": ("the proof is web-9's", "the proof is gce-9's", "no Azure proof", "no GCE identity token"),
     "ground-key": ("first seen with another key",),
+    # a project of the attacker's: not on the list; another zone or id: another VM with the same name
+    "foreign-instance": ("not allowed", "not in the allowed", "is another VM with the same name"),
 }
+# Where another instance with a GCE victim's name lives: (project, zone, instance id).
+FOREIGN_INSTANCES = (
+    (PROJECT_ID, "us-east1-b", "7000000000000000001"),  # another zone of the trusted project
+    ("attackers-own-project", ZONE, "7000000000000000002"),  # anyone can make a project and a VM
+    (PROJECT_ID, ZONE, "7000000000000000003"),  # deleted and re-created: another id
+)
 # One slot for the whole pool: a forged event holding it would make a genuine one wait.
 POLICY = Policy(pools=(Pool("web", frozenset((*AZURE_VICTIMS, AZURE_ATTACKER)), max_drained=1),))
 
@@ -135,6 +160,7 @@ class Clouds:
     verifier: CloudVerifier
     closers: list[Callable[[], None]]
     ground: GroundKeys
+    gce_issuer: TokenIssuer
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +181,9 @@ def clouds() -> Iterator[Clouds]:
             provers[vm] = GceIdentityProver(gce_client, DEFAULT_AUDIENCE)
         trust = {**azure.trust(), **gce.trust(), "format": TRUST_FILE_FORMAT}
         ground = GroundKeys()
-        yield Clouds(azure, gce, provers, verifier_from_trust(trust, nonce_of=ground), closers, ground)
+        issuer = gce._gce_api.identity if gce._gce_api is not None else None  # the run's "Google"
+        assert issuer is not None
+        yield Clouds(azure, gce, provers, verifier_from_trust(trust, nonce_of=ground), closers, ground, issuer)
         for close in closers:
             close()
 
@@ -225,6 +253,23 @@ def forgeries(clouds: Clouds, genuine: list[Message], rng: random.Random, start:
         elif kind == "forged-end":
             end = completed if rng.random() < 0.5 else replace(completed, status=EventStatus.CANCELED)
             body = clouds.provers[attacker].prove(encode(envelope_for_event(end, at)))
+        elif kind == "foreign-instance":
+            gce_victim = victim if victim in GCE_VICTIMS else rng.choice(GCE_VICTIMS)
+            scheduled_gce = lifecycle(gce_victim, index, start)[0]
+            project, zone, instance = rng.choice(FOREIGN_INSTANCES)
+            envelope = envelope_for_event(scheduled_gce, at)
+            document = json.loads(encode(envelope))
+            document[GCE_TOKEN] = clouds.gce_issuer.issue(
+                token_audience(DEFAULT_AUDIENCE, envelope.digest),
+                instance_name=gce_victim,
+                instance_id=instance,
+                project_id=project,
+                project_number="123456789012",
+                zone=zone,
+                full=True,
+                now=at,
+            )
+            body = json.dumps(document).encode()
         elif kind == "ground-key":
             # An Azure victim's own genuine message, its document lifted and a key ground for it.
             azure_victim = victim if victim in AZURE_VICTIMS else rng.choice(AZURE_VICTIMS)
