@@ -257,10 +257,10 @@ def forgeries(clouds: Clouds, genuine: list[Message], rng: random.Random, start:
             gce_victim = victim if victim in GCE_VICTIMS else rng.choice(GCE_VICTIMS)
             scheduled_gce = lifecycle(gce_victim, index, start)[0]
             project, zone, instance = rng.choice(FOREIGN_INSTANCES)
-            envelope = envelope_for_event(scheduled_gce, at)
-            document = json.loads(encode(envelope))
+            report = envelope_for_event(scheduled_gce, at)
+            document = json.loads(encode(report))
             document[GCE_TOKEN] = clouds.gce_issuer.issue(
-                token_audience(DEFAULT_AUDIENCE, envelope.digest),
+                token_audience(DEFAULT_AUDIENCE, report.digest),
                 instance_name=gce_victim,
                 instance_id=instance,
                 project_id=project,
@@ -285,8 +285,8 @@ def forgeries(clouds: Clouds, genuine: list[Message], rng: random.Random, start:
                 command_id=f"forged-{number}", accepted=rng.random() < 0.5, event_id=scheduled.event_id, target=victim
             )
             cloud = Cloud.AZURE if victim in AZURE_VICTIMS else Cloud.GCE
-            envelope = encode(envelope_for_command_result(result, cloud, at))
-            body = clouds.provers[attacker].prove(envelope) if rng.random() < 0.5 else envelope
+            unproven = encode(envelope_for_command_result(result, cloud, at))
+            body = clouds.provers[attacker].prove(unproven) if rng.random() < 0.5 else unproven
         forged.append(Message(body, at, kind))
     return forged
 
