@@ -235,6 +235,7 @@ class AuditKind(_Term):
     MALFORMED = "malformed"  # not an envelope we can act on
     UNVERIFIED = "unverified"  # no valid proof of who sent it
     NOT_SELF = "not-self"  # a VM reporting an event of other VMs
+    RECOVERY = "recovery"  # an operator ending a VM's part of an event by hand (`mbridge recover`)
 
 
 class ActionName(_Term):
