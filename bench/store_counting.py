@@ -24,7 +24,16 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.core.ports import Admission, AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
+from functions.core.ports import (
+    Admission,
+    AuditLog,
+    AuditRecord,
+    Claim,
+    JsonObject,
+    Parked,
+    RecordedDrain,
+    StateStore,
+)
 
 # The step of the core each port method serves.
 STEPS: Mapping[str, str] = {
@@ -152,6 +161,10 @@ class CountingStore:
     def forget_drain(self, event_key: str, vm: str) -> None:
         with self._counter.step("forget_drain"):
             self._inner.forget_drain(event_key, vm)
+
+    def all_drains(self) -> Sequence[RecordedDrain]:
+        with self._counter.step("all_drains"):
+            return self._inner.all_drains()
 
     def remember(self, key: str, value: bytes) -> bytes:
         with self._counter.step("remember"):

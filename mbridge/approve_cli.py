@@ -10,6 +10,7 @@ and exit 2 before anything is sent (mbridge.approve.EXIT_CONFIG).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,29 @@ from wire.transports.base import Operator, TransportConfigError, TransportUnavai
 from wire.transports.factory import DEFAULT_RESULTS_SUBSCRIPTION
 
 DEFAULT_WAIT = 30.0
+
+# mbridge approve's flag → the app setting it stands for, and what it takes.
+AZURE_TRUST_FLAGS = {
+    "--trust-subscriptions": (
+        "MBRIDGE_TRUST_SUBSCRIPTIONS",
+        "the subscriptions (comma-separated) whose VMs may answer; their vmIds are resolved to names with your "
+        "Azure credentials (Reader on the VMs' resource groups). Default: MBRIDGE_LB_SUBSCRIPTION_ID",
+    ),
+    "--trust-resource-groups": (
+        "MBRIDGE_TRUST_RESOURCE_GROUPS",
+        "the resource groups (comma-separated) of the VMs that may answer: the deployment's scope, required as "
+        "for the functions. Default: MBRIDGE_LB_NIC_RESOURCE_GROUP or MBRIDGE_LB_RESOURCE_GROUP",
+    ),
+    "--trust-roots": ("MBRIDGE_TRUST_ROOTS", "the roots (PEM text or a file) the attested documents chain to"),
+    "--trust-intermediates": (
+        "MBRIDGE_TRUST_INTERMEDIATES",
+        "intermediate CAs (PEM text or a file) besides Azure's shipped issuing CAs",
+    ),
+    "--trust-signer-names": (
+        "MBRIDGE_TRUST_SIGNER_NAMES",
+        "the DNS names (comma-separated) an attested document's signer carries (default metadata.azure.com)",
+    ),
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -65,17 +89,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="verify with a trust file, as the simulator writes it (mbridge simulate --trust-file) "
         "[MBRIDGE_TRUST_FILE]",
     )
-    trust.add_argument(
-        "--trust-subscriptions",
-        default=env("MBRIDGE_TRUST_SUBSCRIPTIONS"),
-        help="Azure: the subscriptions (comma-separated) whose VMs may answer; their vmIds are resolved to names "
-        "with your Azure credentials (Reader on the VMs) [MBRIDGE_TRUST_SUBSCRIPTIONS]",
-    )
-    trust.add_argument(
-        "--trust-resource-groups",
-        default=env("MBRIDGE_TRUST_RESOURCE_GROUPS", ""),
-        help="Azure: look for the VMs in these resource groups only (comma-separated) [MBRIDGE_TRUST_RESOURCE_GROUPS]",
-    )
+    # The Azure trust settings are the function app's (docs/azure.md#trust): each flag sets its variable,
+    # and whatever the flags leave out is read from the environment as the app reads it.
+    for flag, (variable, what) in AZURE_TRUST_FLAGS.items():
+        trust.add_argument(flag, default=None, help=f"Azure: {what} [{variable}]")
     trust.add_argument(
         "--insecure-unverified-results",
         action="store_true",
@@ -157,27 +174,40 @@ def build_verifier(args: argparse.Namespace) -> IdentityVerifier | None:
             return load_trust_file(args.trust_file)
         except TrustFileError as exc:
             raise ConfigError(str(exc)) from exc
-    if args.trust_subscriptions:
-        return _azure_verifier(args)
+    environ = _azure_trust_environment(args)
+    if environ.get("MBRIDGE_TRUST_SUBSCRIPTIONS") or environ.get("MBRIDGE_LB_SUBSCRIPTION_ID"):
+        return _azure_verifier(environ)
     raise ConfigError(
         "mbridge approve takes an answer only from the target VM, proven by its cloud: give --trust-subscriptions "
-        "(Azure, with credentials that may read the VMs) or --trust-file, or --insecure-unverified-results "
-        "to take any answer (docs/security.md)"
+        "and --trust-resource-groups (Azure, with credentials that may read the VMs; or the function app's "
+        "MBRIDGE_TRUST_* settings) or --trust-file, or --insecure-unverified-results to take any answer "
+        "(docs/security.md)"
     )
 
 
-def _azure_verifier(args: argparse.Namespace) -> IdentityVerifier:
+def _azure_trust_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The environment with the trust flags given written over their variables."""
+    environ = dict(os.environ)
+    for flag, (variable, _) in AZURE_TRUST_FLAGS.items():
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+        if value:
+            environ[variable] = value
+    return environ
+
+
+def _azure_verifier(environ: dict[str, str]) -> IdentityVerifier:
+    """The function app's verifier, from the function app's trust settings, on the operator's credentials."""
     from azure.identity import DefaultAzureCredential
 
-    from functions.azure_app.settings import default_roots
-    from functions.azure_app.vm_directory import ComputeVmDirectory
-    from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier
+    from functions.azure_app.settings import SettingsError, attested_trust
+    from functions.azure_app.wiring import attested_verifier
 
-    subscriptions = [s.strip() for s in args.trust_subscriptions.split(",") if s.strip()]
-    groups = tuple(g.strip() for g in args.trust_resource_groups.split(",") if g.strip())
-    directory = ComputeVmDirectory(DefaultAzureCredential(), resource_groups=groups)
-    azure = AzureAttestedVerifier(roots=default_roots(), directory=directory, subscriptions=subscriptions)
-    return CloudVerifier(azure=azure)
+    try:
+        trust = attested_trust(environ)
+    except SettingsError as exc:
+        flags = [f"{flag} for {variable}" for flag, (variable, _) in AZURE_TRUST_FLAGS.items() if variable in str(exc)]
+        raise ConfigError(f"{exc} (mbridge approve: {', '.join(flags) or 'the MBRIDGE_TRUST_* settings'})") from exc
+    return attested_verifier(trust, DefaultAzureCredential())
 
 
 def build_operator(args: argparse.Namespace) -> Operator:

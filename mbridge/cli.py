@@ -52,6 +52,15 @@ COMMANDS = {
         "taken from the envelopes; duplicates take no new action.",
     ),
     "audit": Command("mbridge.audit_cli", "read the local audit log", "Read the local audit log."),
+    "recover": Command(
+        "mbridge.recover_cli",
+        "list the VMs still drained, and put one back whose event's end no report will finish (audited)",
+        "For an operator, with the function app's settings and their own credentials: `list` prints every VM "
+        "this system drained and has not put back; `restore` puts one back for one event through the "
+        "completion's own path (restore, drop the drain record, free the budget slot, admit waiting events), "
+        "refused when the event's end was never seen unless --force. Every restore is audited with --by and "
+        "--reason. See docs/operations.md#recovering-a-vm-left-drained.",
+    ),
 }
 
 

@@ -107,6 +107,13 @@ class UnverifiedError(BridgeError):
     """
 
 
+class ProofExpiredError(UnverifiedError):
+    """The proof was made for this message, but it had expired when the bus took it: a message kept
+    back, or sent again long after it was made (a dead-lettered message resubmitted, say). The
+    functions judge it as any other: not acted on. Proofs are not taken past their life, or a
+    replayed old `completed` could put a VM back in the middle of its maintenance."""
+
+
 class IdentityVerifier(Protocol):
     """Checks the proof attached to a message and names the VM it comes from."""
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from asn1crypto import pem as asn1_pem  # type: ignore[import-untyped]
 from asn1crypto import x509 as asn1_x509
@@ -197,6 +197,57 @@ class Settings:
             trust_subscriptions=_subscriptions(env.optional(TRUST_SUBSCRIPTIONS), load_balancer, needed=attested),
             webhook=_webhook(env),
         )
+
+
+class AttestedTrust(Protocol):
+    """What an Azure attested document is checked against, and where its VM is looked up: the
+    functions check reports with it (`Settings`), and `mbridge approve` the agents' answers
+    (`attested_trust`), so an answer verifies exactly when a report of the same VM would."""
+
+    @property
+    def trust_roots(self) -> tuple[x509.Certificate, ...]: ...
+
+    @property
+    def trust_intermediates(self) -> tuple[x509.Certificate, ...]: ...
+
+    @property
+    def trust_signer_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def trust_subscriptions(self) -> tuple[str, ...]: ...
+
+    @property
+    def trust_resource_groups(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class TrustSettings:
+    """The trust settings alone (an `AttestedTrust`), for a tool that runs beside the app."""
+
+    trust_roots: tuple[x509.Certificate, ...] = field(repr=False)
+    trust_intermediates: tuple[x509.Certificate, ...] = field(repr=False)
+    trust_signer_names: tuple[str, ...]
+    trust_subscriptions: tuple[str, ...]
+    trust_resource_groups: tuple[str, ...]
+
+
+def attested_trust(environ: Mapping[str, str]) -> TrustSettings:
+    """The app's trust settings for attested documents, read as `Settings.from_env` reads them (the
+    same names, defaults and checks; the load balancer's settings give the same defaults), and
+    every one required, as the app requires them with trust `attested` and no trust file.
+
+    Raises:
+        SettingsError: naming the first setting that is missing or wrong.
+    """
+    env = _Env(environ)
+    load_balancer = _load_balancer(env)
+    return TrustSettings(
+        trust_roots=_roots(env.optional(TRUST_ROOTS), needed=True),
+        trust_intermediates=_certificates(TRUST_INTERMEDIATES, env.optional(TRUST_INTERMEDIATES)),
+        trust_signer_names=_signer_names(env.optional(TRUST_SIGNER_NAMES)),
+        trust_subscriptions=_subscriptions(env.optional(TRUST_SUBSCRIPTIONS), load_balancer, needed=True),
+        trust_resource_groups=_resource_groups(env.optional(TRUST_RESOURCE_GROUPS), load_balancer, needed=True),
+    )
 
 
 class _Env:

@@ -53,7 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from functions.azure_app.settings import TRUST_RESOURCE_GROUPS, Settings
+from functions.azure_app.settings import TRUST_RESOURCE_GROUPS, AttestedTrust
 from functions.trust.verifiers import VmRecord
 from wire.errors import PermanentError, RetryableError
 
@@ -348,10 +348,11 @@ class ComputeVmDirectory:
         return VmDirectoryConfigError(f"Azure Resource Manager refused to list {what} (HTTP {status}): {exc.message}")
 
 
-def vm_directory(settings: Settings, credential: TokenCredential) -> ComputeVmDirectory:
-    """The directory the app's settings describe, on the app's identity."""
+def vm_directory(trust: AttestedTrust, credential: TokenCredential) -> ComputeVmDirectory:
+    """The directory of the deployment's scope the trust settings describe, on `credential` (the app's
+    identity, or an operator's for `mbridge approve`)."""
     return ComputeVmDirectory(
-        credential, resource_groups=settings.trust_resource_groups, subscriptions=settings.trust_subscriptions
+        credential, resource_groups=trust.trust_resource_groups, subscriptions=trust.trust_subscriptions
     )
 
 

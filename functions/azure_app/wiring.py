@@ -18,7 +18,7 @@ import requests
 
 from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group, nics_of_scoped_vm
-from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, Settings, SettingsError
+from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, AttestedTrust, Settings, SettingsError
 from functions.azure_app.tables import TableAuditLog, TableStateStore, table_errors
 from functions.azure_app.vm_directory import vm_directory
 from functions.core.balancers import CompositeBalancer, ReadinessBalancer
@@ -104,12 +104,22 @@ def build_verifier(
             raise SettingsError(f"{TRUST_FILE}: {exc}") from exc
     if not settings.trust_subscriptions:
         raise SettingsError(f"{TRUST_SUBSCRIPTIONS} is not set: give the ids of the subscriptions whose VMs report")
+    return attested_verifier(settings, credential, directory=directory)
+
+
+def attested_verifier(
+    trust: AttestedTrust, credential: TokenCredential, *, directory: VmDirectory | None = None
+) -> IdentityVerifier:
+    """Azure's attested documents checked against the trust settings: their roots, intermediates
+    (and the issuing CAs fetched as `fetch_issuer` allows), signer names and subscriptions, the VM
+    named by `directory` (default: the compute API on `credential`, in the subscriptions x resource
+    groups of the settings). The functions check reports with it; `mbridge approve` the answers."""
     azure = AzureAttestedVerifier(
-        roots=settings.trust_roots,
-        intermediates=settings.trust_intermediates,
-        signer_names=settings.trust_signer_names,
-        subscriptions=settings.trust_subscriptions,
-        directory=directory if directory is not None else vm_directory(settings, credential),
+        roots=trust.trust_roots,
+        intermediates=trust.trust_intermediates,
+        signer_names=trust.trust_signer_names,
+        subscriptions=trust.trust_subscriptions,
+        directory=directory if directory is not None else vm_directory(trust, credential),
         fetch_issuer=fetch_issuer,
     )
     return CloudVerifier(azure=azure)

@@ -20,6 +20,7 @@ from functions.core.ports import ActionName, AuditKind, AuditRecord, JsonObject,
 from wire.bounds import bounded
 from wire.commands import CommandType, decode_command, encode_command, new_command
 from wire.envelope import encode
+from wire.model import MaintenanceEvent
 from wire.timefmt import format_rfc3339, parse_rfc3339
 
 LOGGER = logging.getLogger("mbridge.functions")
@@ -56,13 +57,16 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> bool:
         if record is None:
             # Where the VM takes traffic is on record before anything changes: whatever dies
             # after this, the retry finishes the removal and the completion puts it all back.
-            record = {"memento": run.deps.balancer.locate(vm) or {}, "state": LOCATED}
+            record = {"memento": run.deps.balancer.locate(vm) or {}, "state": LOCATED, **_what_for(event)}
             store.record_drain(key, vm, record)
         memento: JsonObject = record["memento"]
         if memento:
             run.deps.balancer.remove(vm, memento)
         # When it was out: an approval of an event of several VMs counts its drain period from the last one.
-        store.record_drain(key, vm, {"memento": memento, "state": REMOVED, "drained_at": format_rfc3339(run.moment())})
+        drained_at = format_rfc3339(run.moment())
+        store.record_drain(
+            key, vm, {"memento": memento, "state": REMOVED, "drained_at": drained_at, **_what_for(event)}
+        )
         run.note(
             ActionName.DRAIN,
             vm,
@@ -70,6 +74,13 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> bool:
             decision.reason if memento else f"{decision.reason} ({vm} was in no managed pool)",
         )
     return True
+
+
+def _what_for(event: MaintenanceEvent) -> JsonObject:
+    """What a drain record says of its event besides its key, for an operator who finds the VM still
+    out (`functions.core.recovery`): the kind (a completed Terminate puts nothing back) and NotBefore."""
+    not_before = None if event.not_before is None else format_rfc3339(event.not_before)
+    return {"kind": event.kind.value, "not_before": not_before}
 
 
 def pools_of(vms: Sequence[str], policy: Policy) -> dict[str, tuple[Pool, list[str]]]:

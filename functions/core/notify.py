@@ -76,6 +76,7 @@ FILTER_NAMES: tuple[str, ...] = (
 # approval was announced when it was sent; a rejection is a failure worth a look).
 DEFAULT_FILTER: tuple[str, ...] = (
     AuditKind.DECISION.value,
+    AuditKind.RECOVERY.value,
     ActionName.DRAIN.value,
     ActionName.APPROVE.value,
     ActionName.RESTORE.value,

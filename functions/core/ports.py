@@ -36,6 +36,16 @@ class Parked:
 
 
 @dataclass(frozen=True)
+class RecordedDrain:
+    """One VM this system drained for an event and has not put back: its drain record as stored
+    (`{"memento": ..., "state": ..., ...}`, see `functions.core.actions.drain`)."""
+
+    event_key: str
+    vm: str
+    record: JsonObject
+
+
+@dataclass(frozen=True)
 class Reservation:
     """An event's hold on VMs of a pool's budget, as stored: since when, and until when it counts if
     no report of the event's end lets it go first (`functions.core.holds`)."""
@@ -113,6 +123,14 @@ class DrainLedger(Protocol):
         ...
 
     def forget_drain(self, event_key: str, vm: str) -> None: ...
+
+    def all_drains(self) -> Sequence[RecordedDrain]:
+        """Every drain record of every event, by event key then VM: what is still out of its pools.
+
+        Not on any event's path (it reads the whole ledger): the operator's recovery
+        (`functions.core.recovery`) lists with it what no report put back.
+        """
+        ...
 
 
 class Memory(Protocol):
@@ -217,6 +235,7 @@ class AuditKind(_Term):
     MALFORMED = "malformed"  # not an envelope we can act on
     UNVERIFIED = "unverified"  # no valid proof of who sent it
     NOT_SELF = "not-self"  # a VM reporting an event of other VMs
+    RECOVERY = "recovery"  # an operator ending a VM's part of an event by hand (`mbridge recover`)
 
 
 class ActionName(_Term):

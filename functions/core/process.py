@@ -69,12 +69,22 @@ from functions.core.ports import ActionName, AuditKind, AuditRecord, Claim, Resu
 from wire.bounds import bounded
 from wire.envelope import Envelope
 from wire.errors import MalformedEnvelopeError, RetryableError
-from wire.identity import Identity, ReporterName, UnverifiedError
+from wire.identity import Identity, ProofExpiredError, ReporterName, UnverifiedError
 from wire.model import CommandResult, MaintenanceEvent
 
 __all__ = ["CLAIM_LEASE", "ClaimBusyError", "ClaimWait", "Deps", "Outcome", "Taken", "process"]
 
 LOGGER = logging.getLogger("mbridge.functions")
+
+# Why a report whose proof had expired when the bus took it is not acted on, and what to do instead.
+# A resubmitted message is judged like any other, as of when the bus took it again: a proof is not
+# taken past its life (a replayed old `completed` would put a VM back in the middle of its
+# maintenance), so what such a message would have finished is finished by an operator.
+RESUBMITTED_TOO_LATE = (
+    "; a report is judged as of when the bus took it, so one resubmitted after its proof expired is not acted on: "
+    "if its VM is still drained after its event ended, put it back with `mbridge recover` "
+    "(docs/operations.md#recovering-a-vm-left-drained)"
+)
 
 
 class ClaimBusyError(RetryableError):
@@ -171,6 +181,8 @@ def _identify(envelope: Envelope, deps: Deps, accepted_at: datetime, now: dateti
         verifier = ReporterName()
     try:
         return verifier.verify(envelope, accepted_at, now)
+    except ProofExpiredError as error:
+        return str(error) + (RESUBMITTED_TOO_LATE if isinstance(envelope.data, MaintenanceEvent) else "")
     except UnverifiedError as error:
         return str(error)
 

@@ -63,7 +63,7 @@ from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
 from functions.core import store_rules
-from functions.core.ports import Admission, Claim, JsonObject, Parked, Reservation
+from functions.core.ports import Admission, Claim, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import (
     DONE,
     IN_PROGRESS,
@@ -464,6 +464,18 @@ class FirestoreStateStore:
         earlier = {vm: memento for document in documents for vm, memento in document.get("vms", {}).items()}
         recorded = {document["vm"]: document["memento"] for document in documents if "vm" in document}
         return {vm: json.loads(memento) for vm, memento in {**earlier, **recorded}.items()}
+
+    def all_drains(self) -> Sequence[RecordedDrain]:
+        with self._errors("read every drain"):
+            documents = [snapshot.to_dict() or {} for snapshot in self._drains.stream()]
+        found: dict[tuple[str, str], str] = {}
+        # An earlier version's document of all of an event's drains first: a newer record of a VM replaces its entry.
+        for document in sorted(documents, key=lambda document: "vm" in document):
+            if "vm" in document:
+                found[(document["event_key"], document["vm"])] = document["memento"]
+            else:
+                found.update({(document["event_key"], vm): memento for vm, memento in document.get("vms", {}).items()})
+        return [RecordedDrain(key, vm, json.loads(memento)) for (key, vm), memento in sorted(found.items())]
 
     def forget_drain(self, event_key: str, vm: str) -> None:
         earlier = self._drains.document(doc_id(event_key))

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from functions.core.audit_codec import AUDIT_FIELDS, audit_fields, audit_record
-from functions.core.ports import Admission, AuditRecord, Claim, JsonObject, Parked, Reservation
+from functions.core.ports import Admission, AuditRecord, Claim, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import DONE, IN_PROGRESS, claim_found, joined, legacy_expiry
 
 # Columns added since files were first made: (table, column, type). A file made before gets them
@@ -218,6 +218,11 @@ class SqliteStore:
     def forget_drain(self, event_key: str, vm: str) -> None:
         with self._transaction() as db:
             db.execute("DELETE FROM drains WHERE event_key = ? AND vm = ?", (event_key, vm))
+
+    def all_drains(self) -> Sequence[RecordedDrain]:
+        with self._lock:
+            rows = self._db.execute("SELECT event_key, vm, memento FROM drains ORDER BY event_key, vm").fetchall()
+        return [RecordedDrain(event_key, vm, json.loads(memento)) for event_key, vm, memento in rows]
 
     # ---- remembered values and waits
 

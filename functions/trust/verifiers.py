@@ -32,11 +32,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from functions.trust.azure_attested import (
     DEFAULT_SIGNER_NAMES,
     AttestationError,
+    DocumentExpiredError,
     IssuerFetchError,
     verify_attested_document,
 )
 from functions.trust.gce_instances import GceInstance, InstanceDirectory, InstanceScope
-from functions.trust.gce_token import CertSource, TokenError, verify_with_source
+from functions.trust.gce_token import CertSource, TokenError, TokenExpiredError, verify_with_source
 from wire.envelope import Envelope
 from wire.errors import RetryableError
 from wire.identity import (
@@ -49,6 +50,7 @@ from wire.identity import (
     Identity,
     IdentityVerifier,
     ProofBinding,
+    ProofExpiredError,
     UnverifiedError,
     session_nonce,
     signed_digest,
@@ -127,6 +129,8 @@ class AzureAttestedVerifier:
             )
         except IssuerFetchError as exc:
             raise IssuerUnavailableError(f"cannot check the attested document now: {exc}") from exc
+        except DocumentExpiredError as exc:
+            raise ProofExpiredError(f"the attested document is not valid proof: {exc}") from exc
         except AttestationError as exc:
             raise UnverifiedError(f"the attested document is not valid proof: {exc}") from exc
         public = base64.b64decode(key_text)
@@ -137,7 +141,7 @@ class AzureAttestedVerifier:
             )
         age = accepted_at - document.created_on
         if age > MAX_DOCUMENT_AGE:
-            raise UnverifiedError(
+            raise ProofExpiredError(
                 f"the attested document was made at {document.created_on.isoformat()}, {age} before the bus took "
                 f"this message: agents renew theirs every {AZURE_PROOF_REFRESH_SECONDS:g} s and use none older than "
                 f"{MAX_DOCUMENT_AGE}, so this one was kept or lifted (a key ground to match it is worth less the "
@@ -208,6 +212,8 @@ class GceTokenVerifier:
                 now=max(now, accepted_at),
                 allowed_projects=self._scope.projects,
             )
+        except TokenExpiredError as exc:
+            raise ProofExpiredError(f"the identity token is not valid proof for this message: {exc}") from exc
         except TokenError as exc:
             raise UnverifiedError(f"the identity token is not valid proof for this message: {exc}") from exc
         sender = GceInstance(vm.project_id, vm.zone, vm.instance_name, vm.instance_id)

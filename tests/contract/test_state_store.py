@@ -373,6 +373,32 @@ def test_forget_drain_removes_one_vm_then_the_last(backend: Backend) -> None:
     assert dict(backend.store.drains("azure:b")) == {"web-0": {}}
 
 
+def test_all_drains_lists_every_event_s_drains_in_order_and_nothing_else(backend: Backend) -> None:
+    # GIVEN drains of two events (one with a key Table keys escape), a forgotten one, and other state
+    backend.store.record_drain("gce:b/1", "vm-0", {"state": "removed", "drained_at": "2026-03-01T12:00:00.000Z"})
+    backend.store.record_drain("azure:a", "web-1", {"memento": {"pools": ["web"]}, "state": "removed"})
+    backend.store.record_drain("azure:a", "web-0", {"state": "located"})
+    backend.store.record_drain("azure:a", "web-2", {})
+    backend.store.forget_drain("azure:a", "web-2")
+    backend.store.claim("drain:azure:a", NOW, LEASE)
+    backend.store.park("web", "drain;x", b"{}", NOW)
+    backend.store.remember("drain:azure:z", b"not a drain")
+
+    # WHEN every drain is listed (the operator's recovery)
+    listed = backend.store.all_drains()
+
+    # THEN each VM still drained is there once, with its record, by event then VM
+    assert [(drain.event_key, drain.vm, drain.record) for drain in listed] == [
+        ("azure:a", "web-0", {"state": "located"}),
+        ("azure:a", "web-1", {"memento": {"pools": ["web"]}, "state": "removed"}),
+        ("gce:b/1", "vm-0", {"state": "removed", "drained_at": "2026-03-01T12:00:00.000Z"}),
+    ]
+
+
+def test_all_drains_of_an_empty_ledger_is_empty(backend: Backend) -> None:
+    assert list(backend.store.all_drains()) == []
+
+
 # ---------------------------------------------------------------- Memory
 
 

@@ -35,7 +35,16 @@ from agent.commands import CommandLedger, CommandProcessor
 from agent.sources.azure.document import ScheduledEventsDocument, parse_scheduled_events
 from functions.core.keys import event_key
 from functions.core.policy import Policy, Pool
-from functions.core.ports import Admission, AuditLog, AuditRecord, Claim, JsonObject, Parked, StateStore
+from functions.core.ports import (
+    Admission,
+    AuditLog,
+    AuditRecord,
+    Claim,
+    JsonObject,
+    Parked,
+    RecordedDrain,
+    StateStore,
+)
 from functions.core.process import CLAIM_LEASE, Deps, process
 from functions.local_app.store import SqliteStore
 from tests.drills.conftest import drill_seed, say
@@ -194,6 +203,9 @@ class CrashingStore:
         self.crashes.point("before store.forget_drain")
         self.store.forget_drain(event_key, vm)
         self.crashes.point("after store.forget_drain")
+
+    def all_drains(self) -> Sequence[RecordedDrain]:
+        return self.store.all_drains()
 
     def remember(self, key: str, value: bytes) -> bytes:
         self.crashes.point("before store.remember")

@@ -277,7 +277,7 @@ def test_the_cli_refuses_to_wait_for_an_answer_it_could_not_verify(
     approve_cli.configure(parser)
     args = parser.parse_args(["--event-id", EVENT_ID, "--target", VM, "--transport", "local",
                               "--bus-path", str(tmp_path / "bus.db")])  # fmt: skip
-    args.trust_file = args.trust_subscriptions = None
+    args.trust_file = args.trust_subscriptions = args.trust_resource_groups = None
 
     # WHEN it runs THEN it sends nothing and says what to give it
     assert approve_cli.run(args) == 2

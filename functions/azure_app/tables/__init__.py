@@ -14,7 +14,7 @@ budget of a pool       ``budget``                  pool            reservations:
                                                                    expires_at]} (epoch s; absent before
                                                                    expiries: see ``_Budget.swept``)
 VMs joining an event   ``joins:<pool>``            [event, VM]     event_key, vm, token
-drains of an event     ``drain:<event key>``       VM              vm, memento (JSON)
+drains of an event     ``drain:<event key>``       VM              event_key, vm, memento (JSON)
 remembered values      ``remembered``              key             value (binary): command bytes, event ends
 waits for the budget   ``parked:<pool>``           event key       event_key, envelope (binary), parked_at
 =====================  ==========================  ==============  ==========================================

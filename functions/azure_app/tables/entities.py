@@ -4,6 +4,7 @@ property written in pieces (see the package docstring for the limits)."""
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,15 @@ def escape_key(value: str) -> str:
     if utf16_units(key) <= _LONGEST_KEY:
         return key
     return f"{key[:_SHORTENED_KEY_PREFIX]}%~{hashlib.sha256(value.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+
+def unescape_key(key: str) -> str:
+    """The value `escape_key` made `key` of, when the key was not shortened (event keys and VM names
+    never are: they are checked to fit a command before anything is stored under them)."""
+    return _ESCAPED.sub(lambda match: chr(int(match.group(1), 16)), key)
+
+
+_ESCAPED = re.compile(r"%([0-9A-F]{2})")
 
 
 def utf16_units(text: str) -> int:

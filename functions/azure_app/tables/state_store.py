@@ -28,9 +28,10 @@ from functions.azure_app.tables.entities import (
     fits_in_an_entity,
     text_of,
     text_properties,
+    unescape_key,
 )
 from functions.azure_app.tables.errors import TableStorageUnavailableError, table_errors
-from functions.core.ports import Admission, Claim, JsonObject, Parked, Reservation
+from functions.core.ports import Admission, Claim, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import (
     BUDGET_ATTEMPTS,
     DONE,
@@ -252,6 +253,7 @@ class TableStateStore:
         entity = {
             "PartitionKey": _drain_partition(event_key),
             "RowKey": escape_key(vm),
+            "event_key": event_key,
             "vm": vm,
             **text_properties("memento", json.dumps(memento, sort_keys=True)),
         }
@@ -266,6 +268,26 @@ class TableStateStore:
     def forget_drain(self, event_key: str, vm: str) -> None:
         with self._errors("forget a drain"):
             self._table.delete_entity(_drain_partition(event_key), escape_key(vm))
+
+    def all_drains(self) -> Sequence[RecordedDrain]:
+        # Every drain partition: their keys run from "drain:" to just before "drain;" (';' follows ':').
+        with self._errors("read every drain"):
+            rows = list(
+                self._table.query_entities(
+                    "PartitionKey ge @first and PartitionKey lt @after",
+                    parameters={"first": "drain:", "after": "drain;"},
+                )
+            )
+        found = [
+            # Earlier versions did not write `event_key`: their partition key is it, escaped.
+            RecordedDrain(
+                row.get("event_key") or unescape_key(row["PartitionKey"].removeprefix("drain:")),
+                row["vm"],
+                json.loads(text_of(row, "memento")),
+            )
+            for row in rows
+        ]
+        return sorted(found, key=lambda drain: (drain.event_key, drain.vm))
 
     # ---- remembered values and waits
 

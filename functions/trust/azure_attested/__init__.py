@@ -48,7 +48,12 @@ from __future__ import annotations
 from functions.trust.azure_attested.certificates import load_certificates
 from functions.trust.azure_attested.chain import MAX_CHAIN_DEPTH
 from functions.trust.azure_attested.claims import CLOCK_SKEW, TIMESTAMP_FORMAT, AttestedDocument
-from functions.trust.azure_attested.errors import AttestationError, IssuerFetchError, IssuerNotServedError
+from functions.trust.azure_attested.errors import (
+    AttestationError,
+    DocumentExpiredError,
+    IssuerFetchError,
+    IssuerNotServedError,
+)
 from functions.trust.azure_attested.issuer_cache import (
     FETCH_RETRY_AFTER,
     ISSUER_CACHE_SIZE,
@@ -73,6 +78,7 @@ __all__ = [
     "TIMESTAMP_FORMAT",
     "AttestationError",
     "AttestedDocument",
+    "DocumentExpiredError",
     "IssuerFetchError",
     "IssuerMemory",
     "IssuerNotServedError",

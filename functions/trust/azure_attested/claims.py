@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from functions.trust.azure_attested.errors import AttestationError
+from functions.trust.azure_attested.errors import AttestationError, DocumentExpiredError
 
 CLOCK_SKEW = timedelta(minutes=5)  # how far a VM's clock may run ahead of the verifier's
 TIMESTAMP_FORMAT = "%m/%d/%y %H:%M:%S %z"  # "11/30/20 21:19:19 -0000"
@@ -59,7 +59,7 @@ def read_content(content: bytes, signer: str, valid_at: datetime) -> AttestedDoc
             f"(more than {CLOCK_SKEW} of clock skew): check the clocks"
         )
     if valid_at > expires_on:
-        raise AttestationError(
+        raise DocumentExpiredError(
             f"the document expired at {expires_on.isoformat()}, before {valid_at.isoformat()}: fetch a new one"
         )
     return AttestedDocument(

@@ -11,6 +11,10 @@ class AttestationError(ValueError):
     """The attested document is not valid proof; the message says what failed and what to check."""
 
 
+class DocumentExpiredError(AttestationError):
+    """The attested document had expired at the moment it had to be valid at."""
+
+
 class IssuerFetchError(AttestationError):
     """The signer's issuing CA could not be fetched from its caIssuers URL (a retry may succeed)."""
 

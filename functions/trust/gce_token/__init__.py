@@ -41,7 +41,7 @@ from functions.trust.gce_token.certs import (
 )
 from functions.trust.gce_token.claims import CLOCK_SKEW, ISSUERS, GceIdentity
 from functions.trust.gce_token.encoding import ALGORITHM, MAX_TOKEN_BYTES
-from functions.trust.gce_token.errors import CertsUnavailableError, TokenError
+from functions.trust.gce_token.errors import CertsUnavailableError, TokenError, TokenExpiredError
 from functions.trust.gce_token.verify import verify_identity_token, verify_with_source
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "GoogleCerts",
     "StaticCerts",
     "TokenError",
+    "TokenExpiredError",
     "cache_lifetime",
     "verify_identity_token",
     "verify_with_source",

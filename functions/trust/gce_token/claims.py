@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from functions.trust.gce_token.errors import TokenError
+from functions.trust.gce_token.errors import TokenError, TokenExpiredError
 
 ISSUERS = frozenset({"https://accounts.google.com", "accounts.google.com"})  # the documented forms
 CLOCK_SKEW = timedelta(seconds=30)
@@ -51,7 +51,7 @@ def times(payload: Mapping[str, Any], valid_at: datetime) -> tuple[datetime, dat
             "a token attached to a message must be older than it; check the sender's clock and the bus's time"
         )
     if moment > exp + skew:
-        raise TokenError(
+        raise TokenExpiredError(
             f"the token expired at {iso(expires_at)}, before the message was accepted at {iso(valid_at)}: "
             "the sender must attach a fresh token (they last one hour)"
         )

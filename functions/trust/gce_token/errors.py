@@ -13,5 +13,9 @@ class TokenError(ValueError):
     """The token is refused: the message says what failed and what to check."""
 
 
+class TokenExpiredError(TokenError):
+    """The token had expired when the message was accepted."""
+
+
 class CertsUnavailableError(RetryableError):
     """The certificates to verify against could not be had now; retry later, do not refuse."""

@@ -174,3 +174,20 @@ def test_a_reservation_an_earlier_version_wrote_holds_the_longest_hold_from_when
     # THEN it counts until then, and is reported expired once, without an admission time
     assert (first.admitted, before.admitted, at.admitted) == (False, False, True)
     assert at.expired == (Reservation("azure:e-old", ("web-0",), None, NOW + LONGEST_HOLD),)
+
+
+@pytest.mark.peer
+def test_drains_an_earlier_version_wrote_without_their_event_key_are_listed_under_it(azurite_tables: str) -> None:
+    # GIVEN a drain entity as earlier versions wrote it (no event_key property: only its escaped partition key)
+    service = TableServiceClient.from_connection_string(azurite_tables)
+    name = f"t{uuid.uuid4().hex[:16]}"
+    table = service.create_table(name)
+    table.create_entity(
+        {"PartitionKey": f"drain:{escape_key('gce:e/1')}", "RowKey": "vm-0", "vm": "vm-0", "memento": "{}"}
+    )
+
+    # WHEN every drain is listed
+    (drain,) = TableStateStore(table).all_drains()
+
+    # THEN it is under its event key, unescaped
+    assert (drain.event_key, drain.vm, drain.record) == ("gce:e/1", "vm-0", {})

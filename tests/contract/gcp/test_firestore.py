@@ -95,13 +95,15 @@ def test_drains_kept_in_one_document_per_event_are_still_read_and_forgotten(fire
     client.collection("mbridge_drains").document(doc_id("azure:e1")).set(legacy)
     store.record_drain("azure:e1", "web-2", {"state": "located"})
 
-    # WHEN they are read, and two are forgotten
+    # WHEN they are read (and listed with every drain), and two are forgotten
     before = dict(store.drains("azure:e1"))
+    listed = {drain.vm: drain.record for drain in store.all_drains() if drain.event_key == "azure:e1"}
     store.forget_drain("azure:e1", "web-0")
     store.forget_drain("azure:e1", "web-2")
 
     # THEN the old and the new records are one list, and forgetting works on both
     assert before == {"web-0": {"state": "removed"}, "web-1": {}, "web-2": {"state": "located"}}
+    assert listed == before
     assert dict(store.drains("azure:e1")) == {"web-1": {}}
     client.close()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
 

@@ -28,7 +28,7 @@ from simulator.attestation import AttestationAuthority
 from tests.factories import azure_event
 from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.envelope import decode, encode, envelope_for_event
-from wire.identity import AZURE_ATTESTED, AZURE_SESSION_KEY, AZURE_SIGNATURE, signed_digest
+from wire.identity import AZURE_ATTESTED, AZURE_SESSION_KEY, AZURE_SIGNATURE, ProofExpiredError, signed_digest
 from wire.model import EventKind, EventStatus, MaintenanceEvent
 
 NOW = datetime(2026, 1, 15, 12, 0, 0, tzinfo=timezone.utc)
@@ -135,7 +135,7 @@ def test_a_document_older_than_an_agent_ever_uses_one_is_refused(authority: Atte
     fresh = NOW + MAX_DOCUMENT_AGE - timedelta(seconds=1)
     stale = NOW + MAX_DOCUMENT_AGE + timedelta(seconds=1)
 
-    # THEN the first is web-0's, the second is refused: no agent uses a document that old
+    # THEN the first is web-0's, the second is refused as expired: no agent uses a document that old
     assert checked.verify(decode(proven(reboot(), document, key, public, fresh)), fresh, fresh).vm == "web-0"
-    with pytest.raises(Exception, match="agents renew theirs every 3600 s"):
+    with pytest.raises(ProofExpiredError, match="agents renew theirs every 3600 s"):
         checked.verify(decode(proven(reboot(), document, key, public, stale)), stale, stale)
