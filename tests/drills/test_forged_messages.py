@@ -20,7 +20,10 @@ The forgeries, in equal parts and at seeded random places among the genuine mess
   nonce. The forgery reaches the bus after the message it lifted the document from, as it must;
 - a Google-signed token of another instance with a GCE victim's name ("foreign-instance"): in
   another zone of the trusted project, in a project of the attacker's own, or a re-created one with
-  another id — signed by the same issuer as the genuine tokens.
+  another id — signed by the same issuer as the genuine tokens;
+- a victim's genuine message taken from the bus's dead letters and resubmitted two hours later
+  ("resubmitted"): judged at its new enqueue time, its proof has expired, and the refusal names the
+  operator's way to finish what it left (`mbridge recover`).
 
 Done when: the run's effects — every drain, approval and restore, in order, and the budget —
 are exactly those of the genuine messages alone, and each forgery is audited as refused.
@@ -88,6 +91,7 @@ KINDS = (
     "forged-result",
     "ground-key",
     "foreign-instance",
+    "resubmitted",
 )
 # What each kind of forgery must be refused for (the reason in its audit record).
 REASONS = {
@@ -99,6 +103,7 @@ REASONS = {
     "forged-end": ("the proof is web-9's", "the proof is gce-9's"),
     "forged-result": ("the proof is web-9's", "the proof is gce-9's", "no Azure proof", "no GCE identity token"),
     "ground-key": ("first seen with another key",),
+    "resubmitted": ("mbridge recover",),
     # a project of the attacker's: not on the list; another zone or id: another VM with the same name
     "foreign-instance": ("not allowed", "not in the allowed", "is another VM with the same name"),
 }
@@ -270,6 +275,10 @@ def forgeries(clouds: Clouds, genuine: list[Message], rng: random.Random, start:
                 now=at,
             )
             body = json.dumps(document).encode()
+        elif kind == "resubmitted":
+            source = rng.choice(genuine)
+            forged.append(Message(source.body, source.accepted_at + timedelta(hours=2), kind, after=source.body))
+            continue
         elif kind == "ground-key":
             # An Azure victim's own genuine message, its document lifted and a key ground for it.
             azure_victim = victim if victim in AZURE_VICTIMS else rng.choice(AZURE_VICTIMS)
