@@ -185,15 +185,7 @@ class ComputeVmDirectory:
                 return snapshot
             if snapshot is not None and state.failed_at is not None and now - state.failed_at < self._min_refresh:
                 return snapshot
-            try:
-                state.snapshot, state.failed_at = self._load(subscription, now), None
-            except VmDirectoryUnavailableError as exc:
-                if snapshot is None:
-                    raise
-                state.failed_at = now
-                LOGGER.warning(
-                    "the VM list of subscription %s is out of date and cannot be read now: %s", subscription, exc
-                )
+            self._refresh(subscription, state, now, keep_stale=snapshot is not None)
             assert state.snapshot is not None
             return state.snapshot
 
@@ -215,18 +207,26 @@ class ComputeVmDirectory:
             stale = state.snapshot.names.get(key) if state.snapshot is not None else None
             if stale is not None and state.failed_at is not None and now - state.failed_at < self._min_refresh:
                 return stale
-            try:
-                snapshot = self._load(subscription, now)
-            except VmDirectoryUnavailableError as exc:
-                if stale is None:
-                    raise
-                state.failed_at = now
-                LOGGER.warning(
-                    "the VM list of subscription %s is out of date and cannot be read now: %s", subscription, exc
-                )
+            if not self._refresh(subscription, state, now, keep_stale=stale is not None):
                 return stale
-            state.snapshot, state.failed_at = snapshot, None
-        return snapshot.names.get(key)
+            assert state.snapshot is not None
+            return state.snapshot.names.get(key)
+
+    def _refresh(self, subscription: str, state: _Subscription, now: float, *, keep_stale: bool) -> bool:
+        """List the subscription's VMs again (under `state.lock`): True when listed. A failure that
+        passes keeps the map it has when `keep_stale` (False, not tried again for `min_refresh_seconds`)
+        and raises otherwise."""
+        try:
+            state.snapshot, state.failed_at = self._load(subscription, now), None
+            return True
+        except VmDirectoryUnavailableError as exc:
+            if not keep_stale:
+                raise
+            state.failed_at = now
+            LOGGER.warning(
+                "the VM list of subscription %s is out of date and cannot be read now: %s", subscription, exc
+            )
+            return False
 
     def close(self) -> None:
         with self._lock:
