@@ -992,3 +992,37 @@ def test_the_default_factory_uses_the_namespace_with_an_injected_credential() ->
     assert transport.name == "servicebus"
     assert credential.requested == []
     transport.close()
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["queue", "topic"])
+def test_a_resting_agent_closes_its_receiver_and_sender_and_the_next_use_opens_new_ones(isolated: bool) -> None:
+    # GIVEN an agent that published and received (one AMQP connection per handler in the SDK)
+    client = FakeClient()
+    transport = isolated_agent(client) if isolated else agent(client)
+    transport.publish(event(1))
+    assert transport.commands is not None
+    transport.commands.receive_commands(1.0)
+    sender, receiver = client.senders[0], client.receivers[0]
+
+    # WHEN it rests (nothing open on this VM)
+    transport.rest()
+
+    # THEN both handlers are closed, the client stays usable, and the next use opens new handlers
+    assert sender.closed
+    assert receiver.closed
+    assert not client.closed
+    transport.commands.receive_commands(1.0)
+    transport.publish(event(2))
+    assert [len(client.receivers), len(client.senders)] == [2, 2]
+    assert not client.receivers[1].closed
+    assert not client.senders[1].closed
+    assert [body_of(m) for m in client.senders[1].sent] == [event(2).body]
+
+
+def test_resting_twice_or_before_any_use_opens_nothing() -> None:
+    client = FakeClient()
+    transport = agent(client)
+    transport.rest()
+    transport.rest()
+    assert client.senders == []
+    assert client.receivers == []
