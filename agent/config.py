@@ -35,6 +35,7 @@ from agent.settings_spec import ConfigError as ConfigError  # re-exported: its c
 from agent.sources.azure.client import API_VERSION, API_VERSIONS
 from wire.identity import DEFAULT_AUDIENCE
 from wire.model import DEFAULT_HARMLESS_FREEZE_SECONDS, Cloud
+from wire.shards import MAX_SHARDS
 from wire.transports.factory import DEFAULT_COMMANDS_TOPIC
 
 TRANSPORTS = ("jsonl", "local", "servicebus", "pubsub")
@@ -71,6 +72,9 @@ class AgentSettings:
     # topic instead of its session of the commands queue. None: the queue.
     servicebus_commands_subscription: str | None = None
     servicebus_commands_topic: str | None = None
+    # Service Bus: how many commands queues (or topics) the deployment spreads commands over; the
+    # agent reads its own, wire.shards.entity_for(<queue or topic>, vm, count) (docs/deploy.md).
+    commands_shards: int = 1
     # Proof of this VM's identity on every message (docs/security.md): "cloud" or "none".
     identity_proof: str = "cloud"
     identity_audience: str = DEFAULT_AUDIENCE
@@ -299,6 +303,15 @@ SETTINGS: tuple[Setting, ...] = (
         group="transport",
     ),
     Setting(
+        "commands_shards",
+        "MBRIDGE_COMMANDS_SHARDS",
+        "servicebus: how many commands queues or topics the deployment has (its commands_shards); the agent "
+        "reads its own, the queue or topic name above with -<shard> for shards past 0 (docs/deploy.md)",
+        Number(1, integer=True, why="a deployment has at least one commands queue or topic", maximum=MAX_SHARDS),
+        default="1",
+        group="transport",
+    ),
+    Setting(
         "pubsub_project",
         "MBRIDGE_PUBSUB_PROJECT",
         "Google Cloud project of the Pub/Sub topics",
@@ -437,6 +450,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         api_version=v["api_version"],
         servicebus_commands_subscription=v["servicebus_commands_subscription"],
         servicebus_commands_topic=v["servicebus_commands_topic"],
+        commands_shards=v["commands_shards"],
         identity_proof=v["identity_proof"],
         identity_audience=v["identity_audience"],
         forward=v["forward"],

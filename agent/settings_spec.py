@@ -72,13 +72,18 @@ class Choice(Kind):
 
 
 class Number(Kind):
-    def __init__(self, minimum: float, *, integer: bool = False, unit: str = "", why: str = "") -> None:
+    def __init__(
+        self, minimum: float, *, integer: bool = False, unit: str = "", why: str = "", maximum: float | None = None
+    ) -> None:
         self.minimum = minimum
+        self.maximum = maximum
         self.integer = integer
         self.why = why
         self.metavar = "N" if integer else "S"
         self.noun = "a whole number" if integer else "a number"
-        self.allowed = f"{self.noun}{' of ' + unit if unit else ''} >= {minimum:g}"
+        self.allowed = f"{self.noun}{' of ' + unit if unit else ''} >= {minimum:g}" + (
+            f" and <= {maximum:g}" if maximum is not None else ""
+        )
 
     def parse(self, text: str) -> Any:
         try:
@@ -89,6 +94,8 @@ class Number(Kind):
             raise ValueError(f"is not {self.noun}")
         if value < self.minimum:
             raise ValueError(f"is below {self.minimum:g}{': ' + self.why if self.why else ''}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"is above {self.maximum:g}")
         return value
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,6 @@ from mbridge.approve import EXIT_CONFIG, EXIT_NO_ANSWER, run_approve
 from wire.errors import BridgeError
 from wire.identity import IdentityVerifier
 from wire.model import Cloud
-from wire.shards import parse_shards
 from wire.transports.base import Operator, TransportConfigError, TransportUnavailableError
 from wire.transports.factory import DEFAULT_RESULTS_SUBSCRIPTION
 
@@ -105,13 +103,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="take any answer without checking who sent it: any VM that can publish could forge it",
     )
     parser.add_argument(
-        "--commands-shards",
-        default=env("MBRIDGE_COMMANDS_SHARDS", "1"),
-        metavar="N",
-        help="how many queues or topics the deployment spreads commands over: the command goes to the target's "
-        "(`mbridge commands-entity` prints which) [MBRIDGE_COMMANDS_SHARDS, default 1]",
-    )
-    parser.add_argument(
         "--results-subscription",
         default=env("MBRIDGE_RESULTS_SUBSCRIPTION", DEFAULT_RESULTS_SUBSCRIPTION),
         help="Service Bus subscription / Pub/Sub subscription on the events topic to read answers from "
@@ -139,11 +130,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         )
     if values["transport"] == "jsonl":
         raise transport.error(f"{origin.describe()} has no command channel", "use local, servicebus or pubsub")
-    try:
-        shards = parse_shards(str(args.commands_shards))
-    except ValueError as exc:
-        raise ConfigError(f"--commands-shards (MBRIDGE_COMMANDS_SHARDS): {exc}") from None
-    resolved: dict[str, Any] = {**vars(args), **values, "commands_shards": shards}
+    resolved: dict[str, Any] = {**vars(args), **values}
     return argparse.Namespace(**resolved)
 
 
@@ -256,12 +243,10 @@ def bus_settings(args: argparse.Namespace) -> ServiceBusSettings | PubSubSetting
 def servicebus_operator_settings(args: argparse.Namespace) -> ServiceBusSettings:
     from wire.transports.factory import servicebus_settings
 
-    settings = servicebus_settings(args, args.target, args.results_subscription)
-    return replace(settings, commands_shards=args.commands_shards)
+    return servicebus_settings(args, args.target, args.results_subscription)
 
 
 def pubsub_operator_settings(args: argparse.Namespace) -> PubSubSettings:
     from wire.transports.factory import pubsub_settings
 
-    settings = pubsub_settings(args, args.target, args.results_subscription)
-    return replace(settings, commands_shards=args.commands_shards)
+    return pubsub_settings(args, args.target, args.results_subscription)

@@ -55,7 +55,7 @@ def test_approve_refuses_a_shard_count_out_of_range_before_sending(value: str) -
         code = main(["approve", "--event-id", "E1", "--target", "web-7", *SERVICEBUS, "--commands-shards", value])
     assert code == 2
     assert "--commands-shards" in err.getvalue()
-    assert "from 1 to 1024" in err.getvalue()
+    assert "use a whole number >= 1 and <= 1024" in err.getvalue()
 
 
 def run_entity(*argv: str) -> tuple[int, str, str]:

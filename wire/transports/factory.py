@@ -33,6 +33,8 @@ class TransportOptions(Protocol):
     @property
     def servicebus_commands_topic(self) -> str | None: ...
     @property
+    def commands_shards(self) -> int: ...
+    @property
     def pubsub_project(self) -> str | None: ...
     @property
     def pubsub_topic(self) -> str: ...
@@ -63,6 +65,7 @@ def servicebus_settings(
         vm_name=vm_name,
         commands_topic=topic,
         commands_subscription=subscription,
+        commands_shards=options.commands_shards,
     )
     settings.validate()
     return settings
@@ -79,6 +82,7 @@ def pubsub_settings(
         commands_subscription=options.pubsub_commands_subscription,
         results_subscription=results_subscription,
         vm_name=vm_name,
+        commands_shards=options.commands_shards,
     )
     settings.validate()
     return settings

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from wire.transports.base import (
     CommandReceiver,
@@ -134,28 +134,28 @@ class LocalBus:
 
     def publish_event(self, message: OutboundMessage) -> bool:
         """Append an event; False when its message id was already there (duplicate detection)."""
-        cursor = self._execute(
+        changed = self._execute(
             "INSERT OR IGNORE INTO events (message_id, envelope_id, key, body, attributes, published_at) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             (message.bus_id, message.envelope_id, message.key, message.body, _attributes(message), self._clock()),
         )
-        return cursor.rowcount == 1
+        return changed == 1
 
     def read_events(self, after: int, limit: int = 100) -> list[BusEvent]:
-        rows = self._execute(
+        rows = self._query(
             "SELECT seq, envelope_id, key, body, attributes, published_at FROM events "
             "WHERE seq > ? ORDER BY seq LIMIT ?",
             (after, limit),
-        ).fetchall()
+        )
         return [BusEvent(r[0], r[1], r[2], bytes(r[3]), json.loads(r[4]), r[5]) for r in rows]
 
     def last_event_seq(self) -> int:
-        (value,) = self._execute("SELECT COALESCE(MAX(seq), 0) FROM events", ()).fetchone()
+        ((value,),) = self._query("SELECT COALESCE(MAX(seq), 0) FROM events", ())
         return int(value)
 
     def position(self, reader: str) -> int:
-        row = self._execute("SELECT position FROM positions WHERE reader = ?", (reader,)).fetchone()
-        return 0 if row is None else int(row[0])
+        rows = self._query("SELECT position FROM positions WHERE reader = ?", (reader,))
+        return 0 if not rows else int(rows[0][0])
 
     def save_position(self, reader: str, position: int) -> None:
         self._execute(
@@ -168,11 +168,13 @@ class LocalBus:
 
     def send_command(self, message: OutboundMessage) -> bool:
         """Queue a command for `message.key`; False when that command id was already queued."""
-        cursor = self._execute(
-            "INSERT OR IGNORE INTO commands (command_id, target, body, attributes, sent_at) VALUES (?, ?, ?, ?, ?)",
-            (message.envelope_id, message.key, message.body, _attributes(message), self._clock()),
+        queued = (
+            self._execute(
+                "INSERT OR IGNORE INTO commands (command_id, target, body, attributes, sent_at) VALUES (?, ?, ?, ?, ?)",
+                (message.envelope_id, message.key, message.body, _attributes(message), self._clock()),
+            )
+            == 1
         )
-        queued = cursor.rowcount == 1
         if queued:
             self._ring(message.key)
         return queued
@@ -187,7 +189,7 @@ class LocalBus:
     def _ring(self, target: str) -> None:
         """Wake the receivers of `target`, after the command is committed. Best effort: a receiver
         that misses the ring finds the command when its wait ends."""
-        ports = [row[0] for row in self._execute("SELECT port FROM doorbells WHERE target = ?", (target,))]
+        ports = [row[0] for row in self._query("SELECT port FROM doorbells WHERE target = ?", (target,))]
         with self._lock:
             if self._ringer is None:
                 self._ringer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -198,10 +200,10 @@ class LocalBus:
                     self._ringer.sendto(b"", (LOOPBACK, port))
 
     def open_commands(self, target: str, limit: int = 10) -> list[tuple[int, bytes, Mapping[str, str]]]:
-        rows = self._execute(
+        rows = self._query(
             "SELECT seq, body, attributes FROM commands WHERE target = ? AND settled_at IS NULL ORDER BY seq LIMIT ?",
             (target, limit),
-        ).fetchall()
+        )
         return [(r[0], bytes(r[1]), json.loads(r[2])) for r in rows]
 
     def settle_command(self, seq: int) -> None:
@@ -213,10 +215,21 @@ class LocalBus:
             if self._ringer is not None:
                 self._ringer.close()
 
-    def _execute(self, sql: str, params: Sequence[object]) -> sqlite3.Cursor:
+    def _execute(self, sql: str, params: Sequence[object]) -> int:
+        """Run a statement that changes rows; the number it changed."""
         try:
             with self._lock:
-                return self._db.execute(sql, params)
+                return self._db.execute(sql, params).rowcount
+        except sqlite3.Error as exc:
+            raise TransportUnavailableError(f"local bus {self.path}: {exc}") from exc
+
+    def _query(self, sql: str, params: Sequence[object]) -> list[Any]:
+        """The rows of a query, read whole under the lock: the agent's publisher and command threads
+        share the connection, and a cursor read after the lock was let go would interleave with
+        the other thread's statements."""
+        try:
+            with self._lock:
+                return self._db.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise TransportUnavailableError(f"local bus {self.path}: {exc}") from exc
 
@@ -304,9 +317,14 @@ class LocalCommandReceiver:
 
     def _settler(self, seq: int) -> Callable[[], None]:
         def settle() -> None:
-            self._bus.settle_command(seq)
-            with self._lock:
-                self._in_flight.discard(seq)
+            try:
+                self._bus.settle_command(seq)
+            finally:
+                # Settled, or not and given back: a command whose settling failed is handed out
+                # again, as a cloud bus redelivers it once its lock runs out (the ledger answers a
+                # replay with the result it stored).
+                with self._lock:
+                    self._in_flight.discard(seq)
 
         return settle
 

@@ -19,6 +19,8 @@ locals {
     MBRIDGE_LISTEN               = "0.0.0.0:9797"
     # The public key of the generated signing key (signing.tf): only signed commands are run.
     MBRIDGE_VERIFY_KEY = local.verify_key
+    # Each agent derives its own commands queue from its VM's name and the count (wire/shards.py).
+    MBRIDGE_COMMANDS_SHARDS = tostring(var.commands_shards)
   }
   agent_environment_file = join("", [for name, value in local.agent_environment : "${name}=${value}\n"])
 
@@ -268,12 +270,6 @@ resource "azurerm_linux_virtual_machine_scale_set" "agents" {
     precondition {
       condition     = var.admin_ssh_public_key != ""
       error_message = "admin_ssh_public_key is required when deploy_example_scale_set is true (the VMs take SSH keys only)."
-    }
-    precondition {
-      # The VMs of a scale set share one environment file, and an agent of the queue mode reads the
-      # one queue it is given (MBRIDGE_SERVICEBUS_COMMANDS_QUEUE, default maintenance-commands).
-      condition     = var.commands_shards == 1
-      error_message = "The example scale set runs with commands_shards = 1 only: its VMs share one agent environment file, so they cannot each be given the queue of their shard. Set deploy_example_scale_set = false, or commands_shards = 1."
     }
     precondition {
       condition     = var.agent_package != ""

@@ -11,7 +11,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from wire.transports.base import InboundCommand, OutboundMessage
+import pytest
+
+from wire.transports.base import InboundCommand, OutboundMessage, TransportUnavailableError
 from wire.transports.local import LocalBus, LocalTransport
 
 LONG_WAIT = 60.0
@@ -108,9 +110,9 @@ def test_a_closed_receiver_takes_its_doorbell_down(tmp_path: Path) -> None:
     assert receiver is not None
     assert receiver.receive_commands(0.0) == []
     bus = LocalBus(tmp_path / "bus.db")
-    assert bus._execute("SELECT COUNT(*) FROM doorbells WHERE target = 'web-0'", ()).fetchone()[0] == 1
+    assert bus._query("SELECT COUNT(*) FROM doorbells WHERE target = 'web-0'", ())[0][0] == 1
     agent.close()
-    assert bus._execute("SELECT COUNT(*) FROM doorbells", ()).fetchone()[0] == 0
+    assert bus._query("SELECT COUNT(*) FROM doorbells", ())[0][0] == 0
     # a command for it is still queued, and waits for the next start
     assert bus.send_command(command("c1", "web-0"))
     assert len(bus.open_commands("web-0")) == 1
@@ -144,14 +146,40 @@ def test_a_resting_agent_takes_its_doorbell_down_and_the_next_wait_hangs_it_agai
     bus = LocalBus(tmp_path / "bus.db")
     doorbells = "SELECT COUNT(*) FROM doorbells WHERE target = 'web-0'"
     assert receiver.receive_commands(0.0) == []
-    assert bus._execute(doorbells, ()).fetchone()[0] == 1
+    assert bus._query(doorbells, ())[0][0] == 1
 
     agent.rest()  # nothing open on this VM: nobody needs to ring it
-    assert bus._execute(doorbells, ()).fetchone()[0] == 0
+    assert bus._query(doorbells, ())[0][0] == 0
     assert bus.send_command(command("c1", "web-0"))  # queued while it rests
 
     received = receiver.receive_commands(0.0)  # the next event opens the path: the command is there
     assert [c.body for c in received] == [command("c1", "web-0").body]
-    assert bus._execute(doorbells, ()).fetchone()[0] == 1
+    assert bus._query(doorbells, ())[0][0] == 1
     agent.close()
     bus.close()
+
+
+def test_a_command_whose_settling_failed_is_handed_out_again(tmp_path: Path) -> None:
+    # GIVEN a command received, and a bus that refuses the settle once (the file locked, a full disk)
+    agent = LocalTransport.open(tmp_path / "bus.db", "web-0")
+    receiver = agent.commands
+    assert receiver is not None
+    assert agent.bus.send_command(command("c1", "web-0"))
+    (received,) = receiver.receive_commands(0.0)
+    settle = agent.bus.settle_command
+
+    def refused(seq: int) -> None:
+        agent.bus.settle_command = settle  # type: ignore[method-assign]
+        raise TransportUnavailableError("local bus: database is locked")
+
+    agent.bus.settle_command = refused  # type: ignore[method-assign]
+    with pytest.raises(TransportUnavailableError):
+        received.settle()
+
+    # WHEN the same receiver looks again THEN the command comes again, as a cloud bus redelivers it
+    # once its lock runs out; settled this time, it is gone
+    (again,) = receiver.receive_commands(0.0)
+    assert again.body == b"{}"
+    again.settle()
+    assert receiver.receive_commands(0.0) == []
+    agent.close()

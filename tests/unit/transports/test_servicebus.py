@@ -31,6 +31,7 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
 from agent.commands import CommandLedger, CommandProcessor
 from agent.config import ConfigError, settings_from_args
+from mbridge.approve_cli import resolve
 from mbridge.cli import build_parser
 from tests.kit import FakeClock, RecordingReadiness
 from tests.unit.test_command_processor import EVENT_ID, FakeImds
@@ -849,7 +850,7 @@ def test_mbridge_approve_sends_to_the_commands_topic_when_given_one(clean_enviro
     # GIVEN `mbridge approve` pointed at the commands topic of an isolated deployment
     clean_environment.setenv("MBRIDGE_SERVICEBUS_COMMANDS_TOPIC", "maintenance-commands")
     flags = ["--event-id", "E1", "--target", "web-0", "--transport", "servicebus", "--servicebus-namespace", NAMESPACE]
-    args = parsed("approve", flags)
+    args = resolve(parsed("approve", flags))
     # WHEN its Service Bus settings are built THEN commands go to the topic, and no subscription is read
     built = servicebus_settings(args, args.target, args.results_subscription)
     assert (built.commands_topic, built.commands_subscription) == ("maintenance-commands", None)
@@ -1130,3 +1131,32 @@ def test_check_opens_a_sender_to_every_shard_and_names_the_one_refused() -> None
 def test_a_shard_count_out_of_range_is_refused_naming_the_option(shards: int) -> None:
     with pytest.raises(TransportConfigError, match=r"--commands-shards.*from 1 to 1024"):
         settings(commands_shards=shards).validate()
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["queue", "topic"])
+def test_with_shards_the_agent_receives_from_its_own_vms_shard_and_the_operator_sends_there(isolated: bool) -> None:
+    # GIVEN a deployment of 8 commands queues (or topics), one agent and the functions' sender
+    client = FakeClient()
+    transport = isolated_agent(client, commands_shards=8) if isolated else agent(client, commands_shards=8)
+    own = entity_for(COMMANDS_TOPIC if isolated else "maintenance-commands", VM, 8)
+    assert own != "maintenance-commands"  # this VM is not on shard 0: the name is derived, not given
+    sender = operator(client, commands_shards=8, **({"commands_topic": COMMANDS_TOPIC} if isolated else {}))
+
+    # WHEN the functions send it a command (the broker hands it to whoever reads that entity) and
+    # the agent receives
+    sender.send_command(command(target=VM))
+    client.inbox.append(received(client.senders[0].sent[0]))
+    assert transport.commands is not None
+    commands = transport.commands.receive_commands(1.0)
+
+    # THEN both used the VM's shard: the agent got the command there
+    kind = "subscription" if isolated else "queue"
+    expected = f"subscription:{own}/{SUBSCRIPTION}" if isolated else f"queue:{own}"
+    assert [r.entity for r in client.receivers] == [expected]
+    assert [s.entity for s in client.senders] == [f"{'topic' if isolated else 'queue'}:{own}"]
+    assert [c.body for c in commands] == [command(target=VM).body], kind
+
+
+def test_with_shards_the_agent_needs_its_vm_name() -> None:
+    with pytest.raises(TransportConfigError, match="from this VM's name"):
+        isolated_agent(FakeClient(), commands_shards=8, vm_name="")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from wire.shards import validate_shards
+from wire.shards import entity_for, validate_shards
 from wire.transports.base import TransportConfigError
 
 
@@ -20,9 +20,10 @@ class ServiceBusSettings:
     `commands_topic` set: commands travel through that topic instead of the session queue (the
     isolated mode); the agent then receives from its own subscription `commands_subscription`.
 
-    `commands_shards` > 1 (the senders' side: the functions, `mbridge approve`): the commands of a
-    VM go to `wire.shards.entity_for(<queue or topic>, vm, commands_shards)`, one of that many
-    queues or topics. The agent is given its own entity's name and leaves it at 1.
+    `commands_shards` > 1: the commands of a VM go through `wire.shards.entity_for(<queue or
+    topic>, vm, commands_shards)`, one of that many queues or topics; the senders (the functions,
+    `mbridge approve`) send there, and the agent receives there (`own_commands_entity`), the queue
+    and topic names being the shards' base name.
     """
 
     namespace: str | None = None
@@ -72,6 +73,11 @@ class ServiceBusSettings:
             raise TransportConfigError(
                 f"the Service Bus operation timeout must be positive, not {self.operation_timeout}"
             )
+
+    def own_commands_entity(self) -> str:
+        """The queue (or, in the isolated mode, the topic) that carries this VM's commands."""
+        base = self.commands_topic if self.commands_topic is not None else self.commands_queue
+        return entity_for(base, self.vm_name, self.commands_shards) if self.commands_shards > 1 else base
 
     @property
     def endpoint(self) -> str:

@@ -3,6 +3,7 @@ commands (its session of the commands queue, or its own subscription of the comm
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Callable
 
@@ -47,6 +48,16 @@ class ServiceBusTransport(AgentTransport):
             raise TransportConfigError(
                 "the servicebus transport needs this VM's name: it is the session the agent receives commands from"
             )
+        if settings.commands_shards > 1 and not settings.vm_name.strip():
+            raise TransportConfigError(
+                "with --commands-shards the agent finds its commands queue or topic from this VM's name: give it"
+            )
+        # The receivers read this VM's own shard of the commands queue or topic (wire.shards).
+        own = settings.own_commands_entity()
+        if isolated:
+            settings = replace(settings, commands_topic=own, commands_shards=1)
+        else:
+            settings = replace(settings, commands_queue=own, commands_shards=1)
         self._settings = settings
         self._client = (client_factory or default_factory(credential))(settings)
         self._entity = Entity("topic", settings.topic, "--servicebus-topic", SENDER_ROLE, settings.endpoint)
