@@ -31,6 +31,7 @@ SECTIONS: dict[str, str] = {
     "throughput": "bench.throughput",
     "fan_in": "bench.fan_in",
     "ordering": "bench.ordering_flood",
+    "fleet": "bench.fleet",
 }
 
 
