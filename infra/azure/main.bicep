@@ -224,11 +224,23 @@ var functionConnections = functionMaximumInstanceCount * (1 + commandsShards)
 var peakReceivesPerEntity = (fleetSize * peakEngagedTenths + 10 * commandsShards - 1) / (10 * commandsShards)
 var peakConnections = (fleetSize * peakEngagedTenths * connectionsPerEngagedVm + 9) / 10 + functionConnections
 var vmsPerTopicWithSkew = (fleetSize * 11 + 10 * commandsShards - 1) / (10 * commandsShards)
+// Standard's credits (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-throttling):
+// 1,000 a second; a message to a topic costs 1 more per subscription filter. A freeze of 30 % of the
+// fleet: per VM a report (4) and a drain and an approval command (2 each, plus the filters of its
+// topic in topic mode), within a minute's 60,000. Network writes (Resource Manager throttling):
+// 1,000 PUTs per 5 minutes per subscription and region; a pool drain is one NIC PUT per VM, and a
+// freeze's must fit the 14 minutes an approval has: 2,800.
+var peakFreezeVms = (fleetSize * peakEngagedTenths + 9) / 10
+var filtersPerCommand = commandsViaTopic ? vmsPerTopicWithSkew : 0
+var peakFreezeCredits = peakFreezeVms * (4 + 2 * (2 + filtersPerCommand))
+var networkPutsAllowed = 2800
 var commandsQuotaProblems = filter([
   commandsShards == 1 ? '' : 'commandsShards is ${commandsShards}: this template deploys one commands entity only; deploy the shard entities with the Terraform (infra/terraform/azure, commands_shards).'
   !commandsViaTopic || length(commandsSubscriptionVms) <= serviceBusSubscriptionsPerTopic ? '' : 'Service Bus allows ${serviceBusSubscriptionsPerTopic} subscriptions per topic, and commandsSubscriptionVms puts ${length(commandsSubscriptionVms)} VMs on one commands topic: raise commandsShards.'
   !commandsViaTopic || vmsPerTopicWithSkew <= serviceBusSubscriptionsPerTopic ? '' : 'Service Bus allows ${serviceBusSubscriptionsPerTopic} subscriptions per topic: a fleet of ${fleetSize} VMs over ${commandsShards} commands topic(s) puts up to ${vmsPerTopicWithSkew} VMs on one (10 % headroom for the hash\'s skew). Raise commandsShards.'
   peakReceivesPerEntity <= serviceBusReceivesPerEntity ? '' : 'Service Bus allows ${serviceBusReceivesPerEntity} concurrent receive requests per queue or topic: ${fleetSize} VMs, 30 % of them engaged at the peak, over ${commandsShards} commands entities make ${peakReceivesPerEntity} on one. Raise commandsShards.'
+  serviceBusSku != 'Standard' || peakFreezeCredits <= 60000 ? '' : 'Service Bus Standard allows 1000 credits a second per namespace, and a message sent to a topic costs one more per subscription filter: a freeze of 30 % of ${fleetSize} VMs needs ${peakFreezeCredits} credits for its reports, drains and approvals, more than a minute\'s 60000. Raise commandsShards (fewer VMs per commands topic), or use serviceBusSku = \'Premium\' (no credit limit).'
+  empty(drainLoadBalancerName) || peakFreezeVms <= networkPutsAllowed ? '' : 'Azure Resource Manager allows 1000 network writes (PUT) per 300 s per subscription and region, and draining through the pools of ${drainLoadBalancerName} is one NIC PUT per VM: a freeze of 30 % of ${fleetSize} VMs makes ${peakFreezeVms} drains, more than the ${networkPutsAllowed} that fit the 14 minutes an approval has. Drain through /readyz instead (drainLoadBalancerName empty, the load balancer\'s probe on /readyz), or spread the fleet over subscriptions.'
   peakConnections <= serviceBusConnectionsPerNamespace ? '' : 'Service Bus allows ${serviceBusConnectionsPerNamespace} concurrent AMQP connections per namespace: ${fleetSize} VMs, 30 % of them engaged at the peak with 2 connections each, and the function app (${functionConnections}: functionMaximumInstanceCount x (1 + commandsShards)) make ${peakConnections}. Shards do not help: split the fleet over several deployments, each in its own resource group (its own namespace), or lower functionMaximumInstanceCount.'
 ], problem => !empty(problem))
 

@@ -832,5 +832,8 @@ def test_the_commands_quota_check_names_each_quota_and_stops_shards_this_templat
         "subscriptions per topic",
         "concurrent receive requests per queue or topic",
         "split the fleet over several deployments, each in its own resource group",
+        "Service Bus Standard allows 1000 credits a second per namespace",
+        "Drain through /readyz instead",
     ):
         assert message in text, message
+    assert "https://learn.microsoft.com/azure/service-bus-messaging/service-bus-throttling" in text

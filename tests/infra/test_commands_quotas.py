@@ -36,7 +36,14 @@ pytestmark = pytest.mark.skipif(
 
 PRINCIPAL = "00000000-0000-0000-0000-000000000000"
 REQUIRED = {TERRAFORM_AZURE: {"resource_group_name": "rg-mbridge"}, TERRAFORM_GCP: {"project_id": "shop-prod"}}
-AZURE_CHECKS = {"subscriptions_per_topic", "fleet_per_topic", "receives_per_entity", "connections_per_namespace"}
+AZURE_CHECKS = {
+    "subscriptions_per_topic",
+    "fleet_per_topic",
+    "receives_per_entity",
+    "connections_per_namespace",
+    "servicebus_credits",
+    "network_writes",
+}
 GCP_CHECKS = {"subscriptions_per_topic", "fleet_per_topic", "subscriptions_per_project"}
 
 
@@ -128,7 +135,41 @@ def test_the_entities_are_the_base_then_numbered(modules: dict[Path, Path], root
 
 def test_azure_defaults_pass(modules: dict[Path, Path]) -> None:
     assert azure(modules) == {}
-    assert azure(modules, commands_mode="topic") == {}
+    assert azure(modules, commands_mode="topic", commands_shards=12) == {}
+
+
+def test_azure_topic_mode_on_standard_is_refused_when_a_freeze_would_outrun_the_credits(
+    modules: dict[Path, Path],
+) -> None:
+    # GIVEN the default 1,000 VMs on one commands topic of a Standard namespace: a freeze of 300
+    # sends 600 commands, each evaluated against 1,100 subscription filters
+    refused = azure(modules, commands_mode="topic")
+    # THEN the credits are refused, naming the shards that fit and Premium
+    assert set(refused) == {"servicebus_credits"}
+    message = refused["servicebus_credits"]
+    assert "Service Bus Standard allows 1000 credits a second per namespace" in message
+    assert "needs 662400 credits" in message
+    assert "Raise commands_shards to at least 12 (fewer VMs per commands topic)" in message
+    assert 'servicebus_sku = "Premium"' in message
+    # AND 12 shards fit (92 filters a command: 300 x (4 + 2 x 94) = 57,600), as does Premium
+    assert azure(modules, commands_mode="topic", commands_shards=12) == {}
+    assert azure(modules, commands_mode="topic", servicebus_sku="Premium") == {}
+    # AND the queue mode, with no filters per command, is far from it: 2,400 x 8 at 8,000 VMs
+    assert "servicebus_credits" not in azure(modules, fleet_size=8000, commands_shards=2)
+
+
+def test_azure_pool_drains_past_the_network_writes_a_freeze_can_use_are_refused(modules: dict[Path, Path]) -> None:
+    lb = {"drain_load_balancer_name": "lb-web", "drain_virtual_network_name": "vnet-web"}
+    # GIVEN 9,333 VMs drained through pools: a freeze's 2,800 NIC PUTs fit the 14 minutes
+    assert "network_writes" not in azure(modules, fleet_size=9333, commands_shards=2, **lb)
+    # WHEN the fleet is 9,340: 2,802 PUTs
+    refused = azure(modules, fleet_size=9340, commands_shards=2, **lb)
+    # THEN the network writes are refused, with the way out; without pool drains there are none
+    message = refused["network_writes"]
+    assert "1000 network writes (PUT) per 300 s per subscription and region" in message
+    assert "makes 2802 drains, more than the 2800" in message
+    assert "Drain through /readyz instead" in message
+    assert "network_writes" not in azure(modules, fleet_size=9340, commands_shards=2)
 
 
 def test_azure_peak_receives_per_entity_past_5000_are_refused_and_shards_cure_them(modules: dict[Path, Path]) -> None:
@@ -159,12 +200,14 @@ def test_azure_peak_connections_past_5000_are_refused_with_a_split_of_the_fleet(
 
 def test_azure_topic_mode_refuses_more_vms_on_a_topic_than_subscriptions_allowed(modules: dict[Path, Path]) -> None:
     # GIVEN a fleet of 2,000 VMs: with 10 % headroom, 2,200 subscriptions on one topic
-    refused = azure(modules, commands_mode="topic", fleet_size=2000)
+    # (on Premium: Standard's credits would want far more shards, tested above)
+    premium = {"commands_mode": "topic", "servicebus_sku": "Premium"}
+    refused = azure(modules, fleet_size=2000, **premium)
     assert set(refused) == {"fleet_per_topic"}
     assert "2000 subscriptions per topic" in refused["fleet_per_topic"]
     assert "Raise commands_shards to at least 2" in refused["fleet_per_topic"]
     # THEN two topics take it, and the queue mode has no subscriptions to count
-    assert azure(modules, commands_mode="topic", fleet_size=2000, commands_shards=2) == {}
+    assert azure(modules, fleet_size=2000, commands_shards=2, **premium) == {}
     assert azure(modules, fleet_size=2000) == {}
 
 
