@@ -307,11 +307,15 @@ def test_function_service_settings() -> None:
     service = block(resource(FUNCTION), "service_config")
     assert service["timeout_seconds"] == 540
     assert service["available_memory"] == "512M"
+    # several events per instance, each on a thread of functions-framework's gunicorn
+    assert service["available_cpu"] == "1"
+    assert service["max_instance_request_concurrency"] == "${var.function_concurrency}"
     assert service["ingress_settings"] == "ALLOW_INTERNAL_ONLY"
     assert service["all_traffic_on_latest_revision"] is True
     assert service["service_account_email"] == ref("google_service_account.function.email")
     assert service["environment_variables"] == (
-        "${merge(local.function_environment, local.function_policy_environment)}"
+        "${merge(local.function_environment, local.function_policy_environment, "
+        "{THREADS = tostring(var.function_concurrency)})}"
     )
 
 

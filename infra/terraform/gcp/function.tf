@@ -180,13 +180,24 @@ resource "google_cloudfunctions2_function" "events" {
     available_memory   = "512M"
     min_instance_count = 0
     max_instance_count = var.function_max_instances
+    # Several events per instance: a drain waits on its instance-group operation, and one event at
+    # a time per instance would make a wave wait for instances, not for work (docs/scale.md). The
+    # core is written for concurrent invocations (the Azure app runs 16 per instance); Cloud Run
+    # takes concurrency above 1 with a whole vCPU, and functions-framework's gunicorn serves it
+    # with THREADS threads (its default: 4 per CPU).
+    available_cpu                    = "1"
+    max_instance_request_concurrency = var.function_concurrency
     # Pub/Sub push from this project is internal traffic for Cloud Run ingress; nothing else
     # needs to reach the function, and every request still needs the invoker role.
     ingress_settings               = "ALLOW_INTERNAL_ONLY"
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.function.email
 
-    environment_variables = merge(local.function_environment, local.function_policy_environment)
+    environment_variables = merge(
+      local.function_environment,
+      local.function_policy_environment,
+      { THREADS = tostring(var.function_concurrency) },
+    )
 
     # The command signing key (signing.tf), never as plain text.
     secret_environment_variables {

@@ -142,8 +142,19 @@ variable "function_name" {
   }
 }
 
+variable "function_concurrency" {
+  description = "Events one function instance handles at once (Cloud Run's max_instance_request_concurrency, one vCPU). A drain through an instance group holds its invocation for the group operation, so a wave needs instances x this above the drains it makes at once (docs/scale.md)."
+  type        = number
+  default     = 16
+
+  validation {
+    condition     = var.function_concurrency >= 1 && var.function_concurrency <= 80 && floor(var.function_concurrency) == var.function_concurrency
+    error_message = "function_concurrency must be a whole number from 1 to 80."
+  }
+}
+
 variable "function_max_instances" {
-  description = "Most function instances at once. Each handles one event at a time and may wait minutes for another invocation's claim, so keep it above the number of events that can arrive together."
+  description = "Most function instances at once, each handling function_concurrency events at a time; an invocation may wait minutes for another's claim, so keep instances x concurrency above the number of events that can arrive together."
   type        = number
   default     = 20
 
