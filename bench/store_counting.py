@@ -198,6 +198,10 @@ class CountingAudit:
         with self._counter.step("append"):
             self._inner.append(record)
 
+    def append_all(self, records: Sequence[AuditRecord]) -> None:
+        with self._counter.step("append"):
+            self._inner.append_all(records)
+
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         return self._inner.query(vm=vm, event_id=event_id)
 

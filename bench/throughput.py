@@ -142,7 +142,7 @@ def count_per_message(
     )
     rounds = workload(prefix, clock, open_events)
     opening, pending = next(rounds)
-    results = [process(body, deps, clock()).result for body in opening]
+    results: list[str] = [process(body, deps, clock()).result for body in opening]
     counter.reset()
     new, _ = next(rounds)
     for body, end in zip(new, pending):

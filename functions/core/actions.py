@@ -163,7 +163,7 @@ def _expired(run: Invocation, pool: str, expired: Sequence[Reservation]) -> None
             f"it stays out until the event ends"
         )
         LOGGER.warning("%s", bounded(reason), extra={"event_id": event_id, "vm": bounded(vms), "pool": pool})
-        run.deps.audit.append(
+        run.lines.append(
             AuditRecord(
                 time=run.moment(),
                 kind=AuditKind.ACTION,
@@ -237,12 +237,14 @@ def _all_out(run: Invocation, own_drained_at: datetime) -> tuple[list[str], date
     """The VMs the event names that are not out of their pools yet (each leaves on its own report)
     nor done with the event, and when the last of those that are out left (a record of an earlier
     version has no time: now)."""
+    still_in: list[str] = []
+    last_out = own_drained_at
+    others = [vm for vm in run.named if vm != run.event.reporter]  # the reporter was drained by this very step
+    if not others:
+        return still_in, last_out  # nothing to read: the event names no other VM
     records = run.store.drains(event_key(run.event))
-    still_in, last_out = [], own_drained_at
-    for vm in run.named:
+    for vm in others:
         record = records.get(vm)
-        if vm == run.event.reporter:
-            continue  # drained by this very step
         if record is None or record.get("state") != REMOVED:
             # A VM whose part already ended (its completion came first: buses reorder) is past it.
             if run.store.recall(ended_key(own_part(run.event, vm))) is None:

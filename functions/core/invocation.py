@@ -109,6 +109,10 @@ class Invocation:
     drained_at: datetime | None = None
     # Pools where this step found a reservation expired: their waiting line is tried once it is done.
     freed: set[str] = field(default_factory=set)
+    # The audit records of the invocation, in order, not written yet: `process` writes them in one
+    # request (`AuditLog.append_all`) before it completes the claim, or before it lets the claim go
+    # when something failed (an event admitted from the waiting line adds its own to the same list).
+    lines: list[AuditRecord] = field(default_factory=list)
 
     @property
     def store(self) -> StateStore:
@@ -119,7 +123,7 @@ class Invocation:
         return self.deps.policy
 
     def admitting(self, envelope: Envelope, event: MaintenanceEvent) -> Invocation:
-        return Invocation(self.deps, self.now, envelope, event, self.outcome)
+        return Invocation(self.deps, self.now, envelope, event, self.outcome, lines=self.lines)
 
     @property
     def named(self) -> tuple[str, ...]:
@@ -134,8 +138,14 @@ class Invocation:
         return self.now + timedelta(seconds=max(0.0, self.deps.monotonic() - self.outcome.began))
 
     def audit(self, kind: AuditKind | Result, **fields: Any) -> None:
-        """Append a record about this step of the event, stamped with the invocation's `now`."""
-        self.deps.audit.append(event_record(self.now, kind, self.envelope, self.event, **fields))
+        """Add a record about this step of the event, stamped with the invocation's `now`."""
+        self.lines.append(event_record(self.now, kind, self.envelope, self.event, **fields))
+
+    def write_audit(self) -> None:
+        """Write the records added so far, in order, in one request where the log allows it."""
+        if self.lines:
+            self.deps.audit.append_all(list(self.lines))
+            self.lines.clear()
 
     def note(
         self,
@@ -169,7 +179,7 @@ class Invocation:
         record = event_record(
             self.moment(), AuditKind.ACTION, self.envelope, self.event, action=action, rule=decision.rule, reason=reason
         )
-        self.deps.audit.append(replace(record, vm=vm, at=at))
+        self.lines.append(replace(record, vm=vm, at=at))
 
 
 def event_record(

@@ -279,15 +279,19 @@ class NotifyingAuditLog:
         self._on_held = on_held
 
     def append(self, record: AuditRecord) -> None:
-        self._inner.append(record)
-        try:
-            if self._filter.matches(record):
-                if is_refusal(record):
-                    self._refusals.add(record)
-                else:
-                    self._notifier.notify(notice_for(record, self._template, self._cloud))
-        except Exception:  # an announcement must never fail the action it announces
-            LOGGER.exception("notice of %s %s for event %s not sent", record.kind, record.action, record.event_id)
+        self.append_all([record])
+
+    def append_all(self, records: Sequence[AuditRecord]) -> None:
+        self._inner.append_all(records)
+        for record in records:
+            try:
+                if self._filter.matches(record):
+                    if is_refusal(record):
+                        self._refusals.add(record)
+                    else:
+                        self._notifier.notify(notice_for(record, self._template, self._cloud))
+            except Exception:  # an announcement must never fail the action it announces
+                LOGGER.exception("notice of %s %s for event %s not sent", record.kind, record.action, record.event_id)
         self.summarise_due()
 
     def summarise_due(self) -> None:

@@ -294,4 +294,10 @@ _AUDIT_TEXTS = ("kind", "envelope_id", "event_id", "vm", "action", "status", "ru
 class AuditLog(Protocol):
     def append(self, record: AuditRecord) -> None: ...
 
+    def append_all(self, records: Sequence[AuditRecord]) -> None:
+        """Append the records in their order, in as few requests as the store allows (Table Storage:
+        one entity group transaction per VM's partition; Firestore: one commit; SQLite: one
+        transaction): `process` writes the records of a message together, before completing its claim."""
+        ...
+
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]: ...

@@ -161,10 +161,16 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
         )
         act(run)
     except Exception:
-        # The platform retries: let that retry take the claim over at once. (If this process
-        # dies instead, the lease runs out and the redelivery takes over then.)
-        deps.store.abandon(key, now)
+        # What was done until the failure is in the audit log, then the platform retries: let that
+        # retry take the claim over at once. (If this process dies instead, the lease runs out and the
+        # redelivery takes over then; its own records say what it finds done.)
+        try:
+            run.write_audit()
+        finally:
+            deps.store.abandon(key, now)
         raise
+    # The records first: a claim completed is never processed again, so its records must be in.
+    run.write_audit()
     deps.store.complete(key, now)
     return run.outcome
 

@@ -18,6 +18,8 @@ from functions.core.ports import AuditRecord
 from functions.gcp_app.firestore_store import DEFAULT_PREFIX, firestore_errors, plain_utc
 from wire.timefmt import format_rfc3339, parse_rfc3339
 
+_MOST_PER_COMMIT = 500  # writes in one Firestore commit
+
 
 class FirestoreAuditLog:
     """The append-only audit log on Firestore, queryable by VM and by event id.
@@ -30,22 +32,27 @@ class FirestoreAuditLog:
     """
 
     def __init__(self, client: firestore.Client, *, prefix: str = DEFAULT_PREFIX, database: str = "(default)") -> None:
+        self._client = client
         self._collection = client.collection(f"{prefix}audit")
         self._database = database
         self._counter = itertools.count()
 
     def append(self, record: AuditRecord) -> None:
-        fields = audit_fields(record)
-        document = {
-            **fields,
-            # Times as timestamps, at the codec's millisecond precision; no `at` is null.
-            "time": _timestamp(fields["time"]),
-            "at": _timestamp(fields["at"]),
-            EVENT_ID_LOWER: event_id_lower(record.event_id),
-            "recorded_at": firestore.SERVER_TIMESTAMP,
-        }
+        self.append_all([record])
+
+    def append_all(self, records: Sequence[AuditRecord]) -> None:
+        """One commit (of at most 500 writes) holds them all: they share its commit time,
+        `recorded_at`, and keep their order by document id."""
         with firestore_errors(self._database, "append to the audit log"):
-            self._collection.document(self._next_id()).create(document)
+            for start in range(0, len(records), _MOST_PER_COMMIT):
+                batch = self._client.batch()
+                for reference, document in self.documents(records[start : start + _MOST_PER_COMMIT]):
+                    batch.create(reference, document)
+                batch.commit()
+
+    def documents(self, records: Sequence[AuditRecord]) -> list[tuple[firestore.DocumentReference, dict[str, Any]]]:
+        """Where each record goes and what it holds, in order, for a commit (this log's or a store's)."""
+        return [(self._collection.document(self._next_id()), _document(record)) for record in records]
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         query: Any = self._collection
@@ -61,6 +68,18 @@ class FirestoreAuditLog:
 
     def _next_id(self) -> str:
         return f"{time.time_ns():020d}-{next(self._counter) % 1_000_000:06d}-{secrets.token_hex(4)}"
+
+
+def _document(record: AuditRecord) -> dict[str, Any]:
+    fields = audit_fields(record)
+    return {
+        **fields,
+        # Times as timestamps, at the codec's millisecond precision; no `at` is null.
+        "time": _timestamp(fields["time"]),
+        "at": _timestamp(fields["at"]),
+        EVENT_ID_LOWER: event_id_lower(record.event_id),
+        "recorded_at": firestore.SERVER_TIMESTAMP,
+    }
 
 
 def _audit_record(document: Mapping[str, Any]) -> AuditRecord:

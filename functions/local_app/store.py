@@ -282,8 +282,11 @@ class SqliteStore:
     # ---- audit
 
     def append(self, record: AuditRecord) -> None:
+        self.append_all([record])
+
+    def append_all(self, records: Sequence[AuditRecord]) -> None:
         with self._transaction() as db:
-            db.execute(_AUDIT_INSERT, audit_fields(record))
+            db.executemany(_AUDIT_INSERT, [audit_fields(record) for record in records])
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         clauses, params = [], []

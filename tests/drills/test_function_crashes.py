@@ -240,6 +240,11 @@ class CrashingStore:
         self.audit.append(record)
         self.crashes.point("after audit.append")
 
+    def append_all(self, records: Sequence[AuditRecord]) -> None:
+        self.crashes.point("before audit.append")
+        self.audit.append_all(records)
+        self.crashes.point("after audit.append")
+
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         return self.audit.query(vm=vm, event_id=event_id)
 
