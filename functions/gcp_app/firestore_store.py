@@ -89,6 +89,8 @@ CLAIM_RETENTION = timedelta(days=30)
 RESERVATIONS_BYTES = 900 * 1024
 # The most writes one batch commit takes.
 _BATCH_WRITES = 500
+# How many events the store remembers having read without a drains document of the earlier layout.
+_REMEMBERED_EVENTS = 10_000
 
 _RETRYABLE = (
     api_errors.Aborted,  # transaction contention the library's own attempts did not resolve
@@ -244,6 +246,10 @@ class FirestoreStateStore:
         self._drains = client.collection(f"{prefix}drains")
         self._remembered = client.collection(f"{prefix}remembered")
         self._parked = client.collection(f"{prefix}parked")
+        # Events whose drains were read and had no document of the earlier one-document layout: as
+        # no version writes that layout any more, none can appear later, and forgetting a drain of
+        # such an event need not look for it (a completion reads its event's drains first).
+        self._no_earlier_drains: dict[str, None] = {}
 
     def _errors(self, action: str) -> AbstractContextManager[None]:
         return firestore_errors(self._database, action)
@@ -462,6 +468,10 @@ class FirestoreStateStore:
         with self._errors("read drains of " + event_key):
             documents = [snapshot.to_dict() or {} for snapshot in query.stream()]
         earlier = {vm: memento for document in documents for vm, memento in document.get("vms", {}).items()}
+        if all("vm" in document for document in documents):
+            self._no_earlier_drains[event_key] = None
+            while len(self._no_earlier_drains) > _REMEMBERED_EVENTS:
+                del self._no_earlier_drains[next(iter(self._no_earlier_drains))]  # the oldest first
         recorded = {document["vm"]: document["memento"] for document in documents if "vm" in document}
         return {vm: json.loads(memento) for vm, memento in {**earlier, **recorded}.items()}
 
@@ -481,6 +491,8 @@ class FirestoreStateStore:
         earlier = self._drains.document(doc_id(event_key))
         with self._errors(f"forget the drain of {vm}"):
             self._drains.document(doc_id(event_key, vm)).delete()
+            if event_key in self._no_earlier_drains:
+                return  # read without one already
             # The transaction only where an earlier version's document still names the VM: a plain
             # read finds out in one round trip, where the transaction takes three.
             snapshot = earlier.get()
