@@ -10,9 +10,10 @@ The stores are used as deployed; two small pieces of ours sit around them:
   with `counting_firestore`, which puts a counting proxy in front of the client's GAPIC stub (one
   call per RPC; a commit counts its writes).
 
-A write is a request that changes something: for Table Storage any HTTP method but GET (a failed
-conditional write, a 409 or a 412, is a round trip and a write attempt all the same), for
-Firestore each write of a commit (a transaction's commit holds all of its writes in one RPC).
+A write is a change asked of the store: for Table Storage any HTTP request but a GET (a failed
+conditional write, a 409 or a 412, is a round trip and a write attempt all the same), each operation
+of an entity group transaction (`$batch`, one round trip) counted; for Firestore each write of a
+commit (a commit holds all of its writes in one RPC).
 """
 
 from __future__ import annotations
@@ -207,12 +208,22 @@ class CountingAudit:
 
 
 def table_hook(counter: RoundTrips) -> Any:
-    """azure-core's `raw_response_hook`: one call per HTTP response of the client it is given to."""
+    """azure-core's `raw_response_hook`: one call per HTTP response of the client it is given to;
+    an entity group transaction (`$batch`) counts each of its operations as a write."""
 
     def hook(response: Any) -> None:
-        counter.count(0 if response.http_request.method == "GET" else 1)
+        request = response.http_request
+        counter.count(0 if request.method == "GET" else _batch_operations(request) or 1)
 
     return hook
+
+
+def _batch_operations(request: Any) -> int:
+    """The operations of a `$batch` request (each is one `application/http` part of its body), else 0."""
+    body = request.body
+    if not request.url.endswith("/$batch") or not isinstance(body, bytes):
+        return 0
+    return body.count(b"Content-Type: application/http")
 
 
 class _CountingStub:
