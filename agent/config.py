@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.engagement import DEFAULT_LINGER_SECONDS
 from agent.health import DEFAULT_PORT
 from agent.hook_command import DEFAULT_TIMEOUT as DEFAULT_HOOK_TIMEOUT
 from agent.hook_command import HookCommandError
@@ -81,6 +82,9 @@ class AgentSettings:
     # A command run on each change of this VM's maintenance (agent/hooks.py), as given; None: none.
     hook_command: str | None = None
     hook_timeout: float = DEFAULT_HOOK_TIMEOUT
+    # How long the command path stays open after the last event, drain or held command of this VM
+    # (agent/engagement.py); outside that the agent holds no connection and no receive.
+    command_linger: float = DEFAULT_LINGER_SECONDS
     # The config file the settings were read with, if any (--check names it).
     config_file: Path | None = None
 
@@ -214,6 +218,14 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds a hook run may take before its process group is killed",
         Number(1, unit="seconds"),
         default=f"{DEFAULT_HOOK_TIMEOUT:g}",
+    ),
+    Setting(
+        "command_linger",
+        "MBRIDGE_COMMAND_LINGER",
+        "seconds the command path stays open after this VM's last open event, drain or held command; "
+        "outside that the agent holds no bus connection and no receive (docs/scale.md)",
+        Number(0, unit="seconds"),
+        default=f"{DEFAULT_LINGER_SECONDS:g}",
     ),
     Setting(
         "transport",
@@ -432,5 +444,6 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         log_level=v["log_level"],
         hook_command=v["hook_command"],
         hook_timeout=v["hook_timeout"],
+        command_linger=v["command_linger"],
         config_file=config_file,
     )

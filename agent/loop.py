@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from agent import logs
+from agent.engagement import DEFAULT_LINGER_SECONDS, Engagement
 from agent.health import Metrics, Readiness
 from agent.messages import event_message, names_this_vm, result_message, with_message_id
 from agent.proofs import BackOffAfterRefusal, NoProof, ProofRefusedError, ProofUnavailableError, Prover
@@ -107,6 +108,7 @@ class Agent:
         proof_wait_seconds: float = PROOF_WAIT_SECONDS,
         forward_all: bool = False,
         hooks: HookRunner | None = None,
+        command_linger_seconds: float = DEFAULT_LINGER_SECONDS,
     ) -> None:
         self.cloud = cloud
         self.vm_name = vm_name
@@ -118,6 +120,11 @@ class Agent:
         self._metrics = metrics
         self._clock = clock
         self._commands = commands
+        self._engagement = Engagement(clock.monotonic, command_linger_seconds)
+        # Set when something may open the command path (an event of this VM, a stop): the resting
+        # command loop waits on it instead of receiving.
+        self._wake = threading.Event()
+        self.command_path_open = False  # for /metrics: whether the command path holds a receive
         self._flush_seconds = flush_seconds
         # a metadata service that refuses proofs is asked again only every few minutes
         self._prover: Prover = NoProof() if prover is None else BackOffAfterRefusal(prover, clock.monotonic)
@@ -147,6 +154,7 @@ class Agent:
         )
         self._metrics.gauge("mbridge_last_good_poll_timestamp_seconds", lambda: self.liveness.last_good_poll_at)
         self._metrics.gauges("mbridge_maintenance_pending", self.pending_maintenance)
+        self._metrics.gauge("mbridge_command_path_open", lambda: 1.0 if self.command_path_open else 0.0)
 
     def pending_maintenance(self) -> list[tuple[dict[str, str], float]]:
         """One series per event of this VM not completed or canceled yet: (event_id, kind, status) → 1."""
@@ -244,6 +252,8 @@ class Agent:
         self._state.record(messages, states)
         self._tracker.commit(applied)
         self._pending = pending  # replaced whole: /metrics reads it from the server's thread
+        if pending:
+            self._wake.set()  # a resting command loop opens the path for this VM's event
         if self._hooks is not None:
             # After the commit: a change whose state write failed is seen again, and would run twice.
             # So a hook runs at most once per change (a crash right here loses its run).
@@ -271,6 +281,7 @@ class Agent:
         """Stop watching, record what was seen, then give the publisher up to `flush_seconds` to
         empty the outbox."""
         self._stop_sources.set()
+        self._wake.set()
         self._observations.put(None)
         receiver = self._transport.commands
         if receiver is not None:
@@ -435,6 +446,10 @@ class Agent:
         self._record_results(self._commands.unreported())
         while not self._stop_sources.is_set():
             self._record_results(self._commands.run_due())
+            if not self._command_path_wanted():
+                self._rest_command_path()
+                continue
+            self._open_command_path()
             try:
                 received = receiver.receive_commands(self._command_wait())
             except (TransportUnavailableError, TransportConfigError) as exc:
@@ -470,13 +485,40 @@ class Agent:
                     self._record_results([result])
                 command.settle()
 
-    def _command_wait(self) -> float:
-        """Until the next held command is due, at most COMMAND_IDLE_WAIT_SECONDS."""
+    def _command_path_wanted(self) -> bool:
+        """Whether commands may come now (agent/engagement.py)."""
         assert self._commands is not None
+        return self._engagement.engaged(
+            open_events=bool(self._pending),
+            drained=self._readiness.drained,
+            work_pending=self._commands.next_due_at() is not None,
+        )
+
+    def _open_command_path(self) -> None:
+        if not self.command_path_open:
+            self.command_path_open = True
+            LOGGER.info("receiving commands", extra=logs.fields(vm=self.vm_name))
+
+    def _rest_command_path(self) -> None:
+        """Let the transport's connections go, then wait for an event of this VM (or a stop)."""
+        if self.command_path_open:
+            self.command_path_open = False
+            LOGGER.info(
+                "no open event, drain or held command: the command path is released until the next event",
+                extra=logs.fields(vm=self.vm_name),
+            )
+        self._transport.rest()
+        self._wake.wait(COMMAND_IDLE_WAIT_SECONDS)
+        self._wake.clear()
+
+    def _command_wait(self) -> float:
+        """Until the next held command is due or the linger ends, at most COMMAND_IDLE_WAIT_SECONDS."""
+        assert self._commands is not None
+        wait = min(COMMAND_IDLE_WAIT_SECONDS, max(1.0, self._engagement.seconds_left()))
         due = self._commands.next_due_at()
         if due is None:
-            return COMMAND_IDLE_WAIT_SECONDS
-        return max(0.0, min(COMMAND_IDLE_WAIT_SECONDS, (due - self._clock.now()).total_seconds()))
+            return wait
+        return max(0.0, min(wait, (due - self._clock.now()).total_seconds()))
 
     def _record_results(self, results: Sequence[CommandResult]) -> None:
         if not results:

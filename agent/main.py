@@ -217,6 +217,7 @@ def run_agent(
         prover=build_prover(settings, source, clock),
         forward_all=settings.forward == "all",
         hooks=_hooks(settings, metrics),
+        command_linger_seconds=settings.command_linger,
     )
     agent.attach_watchers(source.watchers(agent, clock))
     metrics.gauge("mbridge_outbox_depth", lambda: float(state.depth()))

@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.config import (
     SETTING,
@@ -30,8 +31,13 @@ from mbridge.approve import EXIT_CONFIG, EXIT_NO_ANSWER, run_approve
 from wire.errors import BridgeError
 from wire.identity import IdentityVerifier
 from wire.model import Cloud
+from wire.shards import parse_shards
 from wire.transports.base import Operator, TransportConfigError, TransportUnavailableError
 from wire.transports.factory import DEFAULT_RESULTS_SUBSCRIPTION
+
+if TYPE_CHECKING:
+    from wire.transports.pubsub import PubSubSettings
+    from wire.transports.servicebus import ServiceBusSettings
 
 DEFAULT_WAIT = 30.0
 
@@ -99,6 +105,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="take any answer without checking who sent it: any VM that can publish could forge it",
     )
     parser.add_argument(
+        "--commands-shards",
+        default=env("MBRIDGE_COMMANDS_SHARDS", "1"),
+        metavar="N",
+        help="how many queues or topics the deployment spreads commands over: the command goes to the target's "
+        "(`mbridge commands-entity` prints which) [MBRIDGE_COMMANDS_SHARDS, default 1]",
+    )
+    parser.add_argument(
         "--results-subscription",
         default=env("MBRIDGE_RESULTS_SUBSCRIPTION", DEFAULT_RESULTS_SUBSCRIPTION),
         help="Service Bus subscription / Pub/Sub subscription on the events topic to read answers from "
@@ -126,7 +139,11 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         )
     if values["transport"] == "jsonl":
         raise transport.error(f"{origin.describe()} has no command channel", "use local, servicebus or pubsub")
-    resolved: dict[str, Any] = {**vars(args), **values}
+    try:
+        shards = parse_shards(str(args.commands_shards))
+    except ValueError as exc:
+        raise ConfigError(f"--commands-shards (MBRIDGE_COMMANDS_SHARDS): {exc}") from None
+    resolved: dict[str, Any] = {**vars(args), **values, "commands_shards": shards}
     return argparse.Namespace(**resolved)
 
 
@@ -221,10 +238,30 @@ def build_operator(args: argparse.Namespace) -> Operator:
         return LocalOperator(LocalBus(bus_path))
     if args.transport == "servicebus":
         from wire.transports import servicebus
-        from wire.transports.factory import servicebus_settings
 
-        return servicebus.build_operator(servicebus_settings(args, args.target, args.results_subscription))
+        return servicebus.build_operator(servicebus_operator_settings(args))
     from wire.transports import pubsub
+
+    return pubsub.build_operator(pubsub_operator_settings(args))
+
+
+def bus_settings(args: argparse.Namespace) -> ServiceBusSettings | PubSubSettings:
+    """The settings of the cloud bus's operator: the agents' bus settings, the results subscription,
+    and the shard count, so that the command goes to the target VM's commands entity (wire.shards)."""
+    if args.transport == "servicebus":
+        return servicebus_operator_settings(args)
+    return pubsub_operator_settings(args)
+
+
+def servicebus_operator_settings(args: argparse.Namespace) -> ServiceBusSettings:
+    from wire.transports.factory import servicebus_settings
+
+    settings = servicebus_settings(args, args.target, args.results_subscription)
+    return replace(settings, commands_shards=args.commands_shards)
+
+
+def pubsub_operator_settings(args: argparse.Namespace) -> PubSubSettings:
     from wire.transports.factory import pubsub_settings
 
-    return pubsub.build_operator(pubsub_settings(args, args.target, args.results_subscription))
+    settings = pubsub_settings(args, args.target, args.results_subscription)
+    return replace(settings, commands_shards=args.commands_shards)

@@ -38,6 +38,13 @@ COMMANDS = {
         "before POSTing. Exit 0 accepted, 1 rejected (reason printed), 2 no answer or a configuration error "
         "(one line naming the setting; nothing was sent).",
     ),
+    "commands-entity": Command(
+        "mbridge.commands_entity_cli",
+        "print the commands queue or topic of a VM when commands are spread over several",
+        "Print the commands entity (queue or topic) that carries a VM's commands in a deployment of N "
+        "commands shards: the same SHA-256 of the lower-cased name the functions, `mbridge approve` and "
+        "the Terraform use. For the Bicep's per-VM commands subscription and for agents of the queue mode.",
+    ),
     "demo": Command(
         "mbridge.demo.cli",
         "run the whole product locally on eight maintenance flows and check every expectation",

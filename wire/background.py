@@ -72,6 +72,20 @@ class DropOldestWorker(Generic[T]):
                 self._lock.notify_all()
         self._report(dropped)
 
+    def waiting(self) -> int:
+        """How many items wait (not counting the one being handled)."""
+        with self._lock:
+            return len(self._waiting)
+
+    def take_waiting(self, limit: int) -> list[T]:
+        """Up to `limit` of the items waiting, oldest first, taken off the queue: the handler of one
+        item calls this to handle those behind it together (a webhook digest)."""
+        with self._lock:
+            taken = [self._waiting.popleft() for _ in range(min(limit, len(self._waiting)))]
+            if taken:
+                self._lock.notify_all()
+        return taken
+
     def settle(self, timeout: float) -> bool:
         """Wait until no item waits or is being handled; False when `timeout` ran out first."""
         deadline = time.monotonic() + timeout

@@ -49,3 +49,11 @@ def sharded_name(base: str, shard: int, shards: int) -> str:
 def entity_for(base: str, vm: str, shards: int) -> str:
     """The commands entity (queue or topic) that carries the commands of `vm`."""
     return sharded_name(base, shard_of(vm, shards), shards)
+
+
+def parse_shards(text: str) -> int:
+    """The shard count written in `text` (a setting, a flag); ValueError saying what it takes."""
+    stripped = text.strip()
+    if not stripped.isdigit():
+        raise ValueError(f"the commands shard count must be a whole number from 1 to {MAX_SHARDS}, got {text!r}")
+    return validate_shards(int(stripped))

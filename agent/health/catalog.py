@@ -62,6 +62,12 @@ def agent_metrics() -> Metrics:
         "gauge",
         "1 per maintenance event of this VM that is scheduled or started (gone once completed or canceled).",
     )
+    metrics.describe(
+        "mbridge_command_path_open",
+        "gauge",
+        "1 while the agent holds its command path (an open event, a drain, a held command, or the linger "
+        "after them); 0 while it holds no bus connection and no receive.",
+    )
     metrics.describe("process_resident_memory_bytes", "gauge", "Resident memory size in bytes (Linux only).")
     # Every kind at 0 from the start: rate() and increase() see the first error of each.
     for kind in ERROR_KINDS:

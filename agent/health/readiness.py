@@ -45,6 +45,12 @@ class Readiness:
         self._persist(drained, reason)
         LOGGER.info("readiness: %s (%s)", "drained" if drained else "restored", reason)
 
+    @property
+    def drained(self) -> bool:
+        """Whether a `drain` command took this VM out and no `restore` has put it back."""
+        with self._lock:
+            return self._follows_commands and self._drained
+
     def set_pending_impact(self, reason: str | None) -> None:
         with self._lock:
             self._pending_impact = reason

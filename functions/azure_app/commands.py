@@ -4,7 +4,9 @@
 (session = target VM on the queue; on the topic of the isolated mode the application property
 `target`, which each VM's subscription filters on; MessageId = command_id and the attributes of
 docs/contracts.md#routing either way) and maps the SDK's errors (TransportUnavailableError is retryable,
-TransportConfigError names the role to grant); this adapter only turns a `Command` into its message.
+TransportConfigError names the role to grant). With MBRIDGE_COMMANDS_SHARDS the operator sends each
+command to the queue or topic of its target's shard (wire.shards), through one sender per entity.
+This adapter only turns a `Command` into its message.
 """
 
 from __future__ import annotations

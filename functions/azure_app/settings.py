@@ -26,6 +26,7 @@ from functions.trust.azure_attested import (
 )
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from wire.errors import PermanentError
+from wire.shards import parse_shards
 from wire.signing import load_private_key
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ SERVICEBUS_NAMESPACE = "MBRIDGE_SERVICEBUS__fullyQualifiedNamespace"
 COMMANDS_QUEUE = "MBRIDGE_COMMANDS_QUEUE"
 COMMANDS_MODE = "MBRIDGE_COMMANDS_MODE"
 COMMANDS_TOPIC = "MBRIDGE_COMMANDS_TOPIC"
+# How many queues (or topics) the commands are spread over (wire.shards; docs/azure.md).
+COMMANDS_SHARDS = "MBRIDGE_COMMANDS_SHARDS"
 TABLE_ENDPOINT = "MBRIDGE_TABLE_ENDPOINT"
 TABLE_CONNECTION_STRING = "MBRIDGE_TABLE_CONNECTION_STRING"
 STATE_TABLE = "MBRIDGE_STATE_TABLE"
@@ -127,6 +130,8 @@ class Settings:
     # into the target's session of `commands_queue`.
     commands_mode: str = "queue"
     commands_topic: str = DEFAULT_COMMANDS_TOPIC
+    # > 1: the commands of VM v go to wire.shards.entity_for(<queue or topic>, v, commands_shards).
+    commands_shards: int = 1
     # Where the VMs an attested document names are looked up by vmId, in each subscription;
     # empty: the whole subscription.
     trust_resource_groups: tuple[str, ...] = ()
@@ -189,6 +194,7 @@ class Settings:
             signing_key=_signing_key(env.optional(SIGNING_KEY)),
             commands_mode=env.choice(COMMANDS_MODE, COMMANDS_MODES),
             commands_topic=env.optional(COMMANDS_TOPIC) or DEFAULT_COMMANDS_TOPIC,
+            commands_shards=env.shards(COMMANDS_SHARDS),
             trust_resource_groups=_resource_groups(env.optional(TRUST_RESOURCE_GROUPS), load_balancer, needed=attested),
             trust_file=trust_file,
             trust_roots=_roots(env.optional(TRUST_ROOTS), needed=attested),
@@ -282,6 +288,13 @@ class _Env:
         if value not in choices:
             raise SettingsError(f"{name} is {' or '.join(choices)}, not {self.optional(name)!r}")
         return value
+
+    def shards(self, name: str) -> int:
+        """A commands shard count (wire.shards); unset: 1."""
+        try:
+            return parse_shards(self.optional(name) or "1")
+        except ValueError as error:
+            raise SettingsError(f"{name}: {error}") from None
 
     def table_name(self, name: str, default: str) -> str:
         value = self.optional(name) or default

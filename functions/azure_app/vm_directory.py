@@ -85,10 +85,19 @@ class StaticVmDirectory:
     Subscription ids and vmIds are compared case-insensitively; a vmId listed under one
     subscription is unknown in any other."""
 
-    def __init__(self, names: Mapping[str, Mapping[str, str]], group: str = "vms") -> None:
+    def __init__(
+        self,
+        names: Mapping[str, Mapping[str, str]],
+        group: str = "vms",
+        nic_ids: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """`nic_ids`: vmId → the NIC ids of the VM's network profile (none by default)."""
+        nics = {vm_id.lower(): tuple(ids) for vm_id, ids in (nic_ids or {}).items()}
         self._records = {
             subscription.lower(): {
-                vm_id.lower(): VmRecord(name, vm_resource_id(subscription.lower(), group, name), vm_id.lower())
+                vm_id.lower(): VmRecord(
+                    name, vm_resource_id(subscription.lower(), group, name), vm_id.lower(), nics.get(vm_id.lower(), ())
+                )
                 for vm_id, name in vms.items()
             }
             for subscription, vms in names.items()
@@ -368,7 +377,16 @@ def _compute_clients(credential: TokenCredential) -> ClientFactory:
 def _add(names: dict[str, VmRecord], resource: Any) -> None:
     vm_id, name, resource_id = resource.vm_id, resource.name, resource.id
     if vm_id and name and resource_id:
-        names[str(vm_id).lower()] = VmRecord(str(name), str(resource_id), str(vm_id).lower())
+        names[str(vm_id).lower()] = VmRecord(str(name), str(resource_id), str(vm_id).lower(), _nic_ids(resource))
+
+
+def _nic_ids(resource: Any) -> tuple[str, ...]:
+    """The NIC ids of a VM's network profile: a drain then reads its NICs one by one instead of
+    listing every NIC of the group (docs/scale.md: a list per drain grows a wave's reads with the
+    square of the group)."""
+    profile = getattr(resource, "network_profile", None)
+    references = getattr(profile, "network_interfaces", None) or ()
+    return tuple(str(reference.id) for reference in references if getattr(reference, "id", None))
 
 
 def _value(mode: Any) -> str:

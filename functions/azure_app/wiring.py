@@ -154,12 +154,14 @@ def fetch_issuer(url: str) -> bytes:
 def command_bus_settings(settings: Settings) -> ServiceBusSettings:
     """Where the command sender sends: into the target's session of the commands queue, or (the
     isolated mode, MBRIDGE_COMMANDS_MODE=topic) onto the commands topic, where each VM's
-    subscription filters on the application property `target`."""
+    subscription filters on the application property `target`; with MBRIDGE_COMMANDS_SHARDS, the
+    queue or topic of the VM's shard (wire.shards)."""
     return ServiceBusSettings(
         namespace=settings.servicebus_namespace,
         connection_string=settings.servicebus_connection_string,
         commands_queue=settings.commands_queue,
         commands_topic=settings.commands_topic if settings.commands_mode == "topic" else None,
+        commands_shards=settings.commands_shards,
     )
 
 

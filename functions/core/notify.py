@@ -225,6 +225,10 @@ class Notice:
     # A summary of refused reports (functions/core/refusals.py): the notifier keeps these on a
     # queue of their own, so that they never take the place of a genuine notice.
     refusals: bool = False
+    # The one line of `${summary}`, inert as chat markup: what a digest of several notices lists.
+    line: str = ""
+    # How many notices this one stands for (a digest: more than one).
+    count: int = 1
 
 
 class Notifier(Protocol):
@@ -322,8 +326,36 @@ class NotifyingAuditLog:
 
 def notice_for(record: AuditRecord, template: WebhookTemplate, cloud: str = "") -> Notice:
     """The record rendered through the template."""
-    body = template.render(notice_values(record, cloud))
-    return Notice(record.event_id, record.vm, str(record.kind), str(record.action), body)
+    values = notice_values(record, cloud)
+    body = template.render(values)
+    return Notice(record.event_id, record.vm, str(record.kind), str(record.action), body, line=values["summary"])
+
+
+# A digest's `${summary}` may be longer than one record's: chat webhooks take tens of kilobytes
+# (Slack 40,000 characters of text, Teams about 28 KB per message); this keeps well under both.
+MAX_DIGEST_TEXT = 8000
+DIGEST_PREFIX = "[maintenance-bridge] "
+
+
+def digest_notice(notices: Sequence[Notice], template: WebhookTemplate, cloud: str = "") -> Notice:
+    """Several notices as one post (`${kind}` and `${action}` are `digest`): a webhook that takes
+    about one post a second (Slack) would otherwise fall behind a wave of drains and drop notices.
+    `${summary}` lists each notice's line in order; `${vm}` and `${event_id}` name the distinct VMs
+    and events, comma-separated; every value was made inert before, or is made inert here."""
+    lines = [notice.line.removeprefix(DIGEST_PREFIX) for notice in notices]
+    count = sum(notice.count for notice in notices)
+    values = dict.fromkeys(PLACEHOLDERS, "")
+    values.update(
+        {
+            "summary": bounded(f"{DIGEST_PREFIX}{count} notices: " + " | ".join(lines), MAX_DIGEST_TEXT),
+            "vm": neutralised(bounded(", ".join(dict.fromkeys(n.vm for n in notices if n.vm)))),
+            "event_id": neutralised(bounded(", ".join(dict.fromkeys(n.event_id for n in notices if n.event_id)))),
+            "kind": "digest",
+            "action": "digest",
+            "cloud": neutralised(cloud),
+        }
+    )
+    return Notice("", "", "digest", "digest", template.render(values), line=values["summary"], count=count)
 
 
 def summary_notice(summary: RefusalSummary, template: WebhookTemplate, cloud: str = "") -> Notice:

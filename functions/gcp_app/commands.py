@@ -1,5 +1,6 @@
 """The CommandSender port on Pub/Sub (docs/contracts.md#routing): commands go to the
-`maintenance-commands` topic with attribute `target` = VM, which each VM's subscription filters on.
+`maintenance-commands` topic with attribute `target` = VM, which each VM's subscription filters on
+(with MBRIDGE_COMMANDS_SHARDS, the topic of the VM's shard: wire.shards).
 
 It reuses the operator side of the agent's Pub/Sub transport (`PubSubOperator.send_command`), so
 the functions publish commands exactly as `mbridge approve` does: same attributes, ordering key =

@@ -19,6 +19,7 @@ from functions.trust.gce_token import GOOGLE_CERTS_URL
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from wire.errors import PermanentError
 from wire.identity import DEFAULT_AUDIENCE
+from wire.shards import parse_shards
 
 ENV_PROJECT = "MBRIDGE_GCP_PROJECT"
 # Set by Google's runtimes and by `gcloud` tooling; used when MBRIDGE_GCP_PROJECT is not.
@@ -26,6 +27,8 @@ ENV_PROJECT_FALLBACK = "GOOGLE_CLOUD_PROJECT"
 ENV_FIRESTORE_DATABASE = "MBRIDGE_FIRESTORE_DATABASE"
 ENV_FIRESTORE_PREFIX = "MBRIDGE_FIRESTORE_COLLECTION_PREFIX"
 ENV_COMMANDS_TOPIC = "MBRIDGE_PUBSUB_COMMANDS_TOPIC"
+# How many topics the commands are spread over (wire.shards; docs/gcp.md).
+ENV_COMMANDS_SHARDS = "MBRIDGE_COMMANDS_SHARDS"
 ENV_INSTANCE_GROUPS = "MBRIDGE_INSTANCE_GROUPS"
 ENV_MAINTENANCE_ZONES = "MBRIDGE_MAINTENANCE_ZONES"
 ENV_READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
@@ -103,6 +106,8 @@ class Settings:
     trust_certs_url: str = DEFAULT_CERTS_URL
     # Where notices of decisions and actions are posted; None: nowhere. (Its URL is kept out of repr.)
     webhook: WebhookConfig | None = None
+    # > 1: the commands of VM v go to wire.shards.entity_for(commands_topic, v, commands_shards).
+    commands_shards: int = 1
 
     @property
     def trusted_projects(self) -> tuple[str, ...]:
@@ -152,6 +157,7 @@ class Settings:
             firestore_database=get(ENV_FIRESTORE_DATABASE) or DEFAULT_DATABASE,
             firestore_prefix=prefix,
             commands_topic=get(ENV_COMMANDS_TOPIC) or DEFAULT_COMMANDS_TOPIC,
+            commands_shards=_shards(get(ENV_COMMANDS_SHARDS)),
             instance_groups=groups,
             maintenance_zones=zones,
             readiness_drain=readiness,
@@ -282,3 +288,10 @@ def _policy(text: str | None) -> Policy:
         return load_policy(text)
     except PolicyError as exc:
         raise SettingsError(f"{ENV_POLICY}: {exc}") from exc
+
+
+def _shards(value: str) -> int:
+    try:
+        return parse_shards(value or "1")
+    except ValueError as error:
+        raise SettingsError(f"{ENV_COMMANDS_SHARDS}: {error}") from None

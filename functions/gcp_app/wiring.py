@@ -82,7 +82,11 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
     firestore_client = clients.firestore(settings)
     names = {"prefix": settings.firestore_prefix, "database": settings.firestore_database}
     operator = PubSubOperator(
-        PubSubSettings(project=settings.project, commands_topic=settings.commands_topic),
+        PubSubSettings(
+            project=settings.project,
+            commands_topic=settings.commands_topic,
+            commands_shards=settings.commands_shards,
+        ),
         publisher_factory=clients.publisher,
     )
     sender = PubSubCommandSender(operator)
@@ -204,11 +208,12 @@ def deps() -> Deps:
             logs.configure(settings.log_level)
             _built = build_deps(settings)
             LOG.info(
-                "wired: project %s, Firestore database %s, commands topic %s, instance groups %s, readiness %s, "
-                "trust %s, webhook %s",
+                "wired: project %s, Firestore database %s, commands topic %s (%d shards), instance groups %s, "
+                "readiness %s, trust %s, webhook %s",
                 settings.project,
                 settings.firestore_database,
                 settings.commands_topic,
+                settings.commands_shards,
                 ", ".join(map(str, settings.instance_groups)) or "none",
                 "on" if settings.readiness_drain else "off",
                 _trust_summary(settings),

@@ -1,4 +1,9 @@
-"""Commands onto the agent's embedded bus (what the Service Bus / Pub/Sub senders do in the cloud)."""
+"""Commands onto the agent's embedded bus (what the Service Bus / Pub/Sub senders do in the cloud).
+
+The local bus is one database every local agent reads its own commands from: commands shards
+(MBRIDGE_COMMANDS_SHARDS, wire.shards) spread the cloud's commands over several queues or topics
+to stay within their quotas, and do not apply here. The local host does not read the setting.
+"""
 
 from __future__ import annotations
 

@@ -6,7 +6,9 @@ the settings name are also posted to the webhook (docs/operations.md, "Notificat
 
 from __future__ import annotations
 
-from functions.core.notify import NotifyingAuditLog
+from collections.abc import Sequence
+
+from functions.core.notify import Notice, NotifyingAuditLog, digest_notice
 from functions.core.ports import AuditLog
 from functions.notify.config import (
     WEBHOOK_ACTIONS,
@@ -49,7 +51,12 @@ def notifying_audit(
     """
     if config is None:
         return audit
-    notifier = WebhookNotifier(WebhookClient(config.url, bounds))
+    template = config.template
+
+    def digest(notices: Sequence[Notice]) -> Notice:
+        return digest_notice(notices, template, cloud)
+
+    notifier = WebhookNotifier(WebhookClient(config.url, bounds), digest=digest)
     wake_up = SummaryWakeUp()
     notifying = NotifyingAuditLog(
         audit,

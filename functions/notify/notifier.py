@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from typing import Callable
 
 from functions.core.notify import Notice
 from functions.notify.webhook import Delivery, WebhookClient, where
@@ -26,6 +28,15 @@ LOGGER = logging.getLogger("mbridge.functions.notify")
 DEFAULT_CAPACITY = 256
 # How many summaries may wait: one an interval, so this many intervals of a webhook that is down.
 SUMMARY_CAPACITY = 4
+# At most this many waiting notices go out as one digest post (docs/scale.md: a chat webhook takes
+# about one post a second, a wave makes hundreds of notices a second).
+MAX_DIGEST_NOTICES = 50
+# Notices go out one by one while fewer than this wait (one event's decision, drain and approval
+# read best as they come); a longer line is what a wave makes, and goes out as digests.
+DIGEST_BACKLOG = 4
+
+# Several notices → one (functions.core.notify.digest_notice with the deployment's template).
+Digest = Callable[[Sequence[Notice]], Notice]
 
 
 class DeliveryQueue:
@@ -36,13 +47,15 @@ class DeliveryQueue:
     is a daemon: a process that exits does not wait for it; `settle` waits for what is queued.
     """
 
-    def __init__(self, client: WebhookClient, *, capacity: int, name: str) -> None:
+    def __init__(self, client: WebhookClient, *, capacity: int, name: str, digest: Digest | None = None) -> None:
         self._client = client
+        self._digest = digest
         self._worker: DropOldestWorker[Notice] = DropOldestWorker(
             self._send, capacity=capacity, on_drop=self._drop, name=name
         )
         self._lock = threading.Lock()
         self._counts = {"sent": 0, "failed": 0, "dropped": 0, "retried": 0}
+        self._digests = 0
 
     def put(self, notice: Notice) -> None:
         self._worker.put(notice)
@@ -50,6 +63,11 @@ class DeliveryQueue:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def digests(self) -> int:
+        """Posts that carried several notices at once."""
+        with self._lock:
+            return self._digests
 
     def settle(self, timeout: float) -> bool:
         return self._worker.settle(timeout)
@@ -73,13 +91,32 @@ class DeliveryQueue:
             LOGGER.warning("webhook closed: dropped the %s (%d dropped since start)", _described(notice), dropped)
 
     def _send(self, notice: Notice) -> None:
+        """Post `notice`; with a digest and a line of at least DIGEST_BACKLOG behind it, those too, as
+        one post: the queue then empties as fast as the webhook takes posts, whatever the rate of
+        notices."""
+        if self._digest is not None and self._worker.waiting() >= DIGEST_BACKLOG:
+            behind = self._worker.take_waiting(MAX_DIGEST_NOTICES - 1)
+            if behind:
+                try:
+                    notice = self._digest([notice, *behind])
+                except Exception:  # rendering must not lose the notices: post them one by one
+                    LOGGER.exception("a digest of %d webhook notices could not be made", len(behind) + 1)
+                    for single in [notice, *behind]:
+                        self._post(single)
+                    return
+                with self._lock:
+                    self._digests += 1
+        self._post(notice)
+
+    def _post(self, notice: Notice) -> None:
         try:
             delivery = self._client.post(notice.body.encode("utf-8"))
         except Exception as error:  # the worker must outlive any one notice
             delivery = Delivery(False, 0, 0.0, f"unexpected {type(error).__name__}")
             LOGGER.exception("posting a webhook notice failed unexpectedly")
         with self._lock:
-            self._counts["sent" if delivery.sent else "failed"] += 1
+            # Counted per notice: a digest's post carries `count` of them.
+            self._counts["sent" if delivery.sent else "failed"] += notice.count
             self._counts["retried"] += max(0, delivery.tries - 1)
             failed = self._counts["failed"]
         what, to = _described(notice), where(self._client.url)
@@ -107,6 +144,8 @@ class DeliveryQueue:
 def _described(notice: Notice) -> str:
     if notice.refusals:
         return "summary of refused reports"
+    if notice.count > 1:
+        return f"digest of {notice.count} notices"
     return f"notice ({notice.kind} {notice.action}) for event {notice.event_id}, VM {notice.vm}"
 
 
@@ -116,9 +155,15 @@ class WebhookNotifier:
     (`WebhookClient.twin`)."""
 
     def __init__(
-        self, client: WebhookClient, capacity: int = DEFAULT_CAPACITY, summary_capacity: int = SUMMARY_CAPACITY
+        self,
+        client: WebhookClient,
+        capacity: int = DEFAULT_CAPACITY,
+        summary_capacity: int = SUMMARY_CAPACITY,
+        *,
+        digest: Digest | None = None,
     ) -> None:
-        self._genuine = DeliveryQueue(client, capacity=capacity, name="mbridge-webhook")
+        """`digest`: how several genuine notices waiting at once become one post; None: one post each."""
+        self._genuine = DeliveryQueue(client, capacity=capacity, name="mbridge-webhook", digest=digest)
         self._summaries = DeliveryQueue(client.twin(), capacity=summary_capacity, name="mbridge-webhook-summaries")
 
     def notify(self, notice: Notice) -> None:
@@ -128,6 +173,10 @@ class WebhookNotifier:
         """Genuine notices sent, failed (tries or time used up, or an answer not worth retrying),
         dropped (queue full, or closed), and retries made."""
         return self._genuine.counts()
+
+    def digests(self) -> int:
+        """Posts that carried several genuine notices at once."""
+        return self._genuine.digests()
 
     def summary_counts(self) -> dict[str, int]:
         """The same, for the summaries of refused reports."""

@@ -69,6 +69,9 @@ class VmRecord:
     name: str
     resource_id: str
     vm_id: str
+    # The NICs the VM's network profile names, by resource id (standalone VMs and the VMs of flexible
+    # scale sets); empty when ARM gave none (a uniform scale set's instance) or the record is static.
+    nic_ids: tuple[str, ...] = ()
 
 
 class VmDirectory(Protocol):

@@ -79,6 +79,15 @@ param functionSubscriptionName string = 'functions'
 ])
 param commandsMode string = 'queue'
 
+@description('How many commands entities (queues, or topics in topic mode) the VMs are spread over (MBRIDGE_COMMANDS_SHARDS; the shard of a VM is SHA-256 of its lower-cased name: `mbridge commands-entity --vm NAME --shards N`). Service Bus allows 2,000 subscriptions per topic and 5,000 concurrent receive requests per entity (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas). This template deploys 1 only and stops otherwise: the Terraform (infra/terraform/azure) creates the shard entities.')
+@minValue(1)
+@maxValue(1024)
+param commandsShards int = 1
+
+@description('How many VMs this deployment serves, for the quota checks: at the peak 30 % of them are engaged at once, each holding a receive on its commands entity and 2 AMQP connections. Service Bus allows 5,000 concurrent receive requests per entity, 5,000 AMQP connections per namespace and 2,000 subscriptions per topic (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas): past the connections, split the fleet over several deployments (resource groups).')
+@minValue(1)
+param fleetSize int = 1000
+
 @description('topic mode: the VMs to give a commands subscription, each { name: VM name as Scheduled Events name it, principalId: principal id of that VM\'s own managed identity }. More can be added later with modules/vm-commands-subscription.bicep.')
 param commandsSubscriptionVms array = []
 
@@ -198,6 +207,38 @@ param encryptionAtHost bool = false
 
 var suffix = uniqueString(resourceGroup().id)
 var commandsViaTopic = commandsMode == 'topic'
+
+// Service Bus quotas (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas):
+// subscriptions per topic, concurrent receive requests per entity (a topic's subscriptions
+// together), concurrent AMQP connections per namespace. The fleet model (docs/scale.md): 30 % of
+// the fleet engaged at the peak (peakEngagedTenths / 10), 2 connections each; the shard of a name
+// is a hash, so 10 % headroom (11 / 10) for the busiest topic; the function app at its widest
+// holds per instance the trigger's connection and a sender per commands entity. Integer
+// arithmetic: ceil(a / b) is (a + b - 1) / b. The same checks as infra/terraform/azure/commands_shards.tf.
+var serviceBusSubscriptionsPerTopic = 2000
+var serviceBusReceivesPerEntity = 5000
+var serviceBusConnectionsPerNamespace = 5000
+var peakEngagedTenths = 3
+var connectionsPerEngagedVm = 2
+var functionConnections = functionMaximumInstanceCount * (1 + commandsShards)
+var peakReceivesPerEntity = (fleetSize * peakEngagedTenths + 10 * commandsShards - 1) / (10 * commandsShards)
+var peakConnections = (fleetSize * peakEngagedTenths * connectionsPerEngagedVm + 9) / 10 + functionConnections
+var vmsPerTopicWithSkew = (fleetSize * 11 + 10 * commandsShards - 1) / (10 * commandsShards)
+var commandsQuotaProblems = filter([
+  commandsShards == 1 ? '' : 'commandsShards is ${commandsShards}: this template deploys one commands entity only; deploy the shard entities with the Terraform (infra/terraform/azure, commands_shards).'
+  !commandsViaTopic || length(commandsSubscriptionVms) <= serviceBusSubscriptionsPerTopic ? '' : 'Service Bus allows ${serviceBusSubscriptionsPerTopic} subscriptions per topic, and commandsSubscriptionVms puts ${length(commandsSubscriptionVms)} VMs on one commands topic: raise commandsShards.'
+  !commandsViaTopic || vmsPerTopicWithSkew <= serviceBusSubscriptionsPerTopic ? '' : 'Service Bus allows ${serviceBusSubscriptionsPerTopic} subscriptions per topic: a fleet of ${fleetSize} VMs over ${commandsShards} commands topic(s) puts up to ${vmsPerTopicWithSkew} VMs on one (10 % headroom for the hash\'s skew). Raise commandsShards.'
+  peakReceivesPerEntity <= serviceBusReceivesPerEntity ? '' : 'Service Bus allows ${serviceBusReceivesPerEntity} concurrent receive requests per queue or topic: ${fleetSize} VMs, 30 % of them engaged at the peak, over ${commandsShards} commands entities make ${peakReceivesPerEntity} on one. Raise commandsShards.'
+  peakConnections <= serviceBusConnectionsPerNamespace ? '' : 'Service Bus allows ${serviceBusConnectionsPerNamespace} concurrent AMQP connections per namespace: ${fleetSize} VMs, 30 % of them engaged at the peak with 2 connections each, and the function app (${functionConnections}: functionMaximumInstanceCount x (1 + commandsShards)) make ${peakConnections}. Shards do not help: split the fleet over several deployments, each in its own resource group (its own namespace), or lower functionMaximumInstanceCount.'
+], problem => !empty(problem))
+
+// Stops the deployment before the namespace when the fleet is past a Service Bus quota.
+module commandsQuotaCheck 'modules/check.bicep' = {
+  name: '${namePrefix}-commands-quota-check-${suffix}'
+  params: {
+    outcome: empty(commandsQuotaProblems) ? 'ok' : join(commandsQuotaProblems, ' ')
+  }
+}
 var stateTableName = 'mbridgestate'
 var auditTableName = 'mbridgeaudit'
 var deploymentContainerName = 'app-package'
@@ -238,6 +279,9 @@ module monitoring 'modules/monitoring.bicep' = {
 
 module serviceBus 'modules/servicebus.bicep' = {
   name: '${namePrefix}-servicebus'
+  dependsOn: [
+    commandsQuotaCheck
+  ]
   params: {
     namespaceName: '${namePrefix}-sb-${suffix}'
     location: location
@@ -309,6 +353,7 @@ module functionApp 'modules/functionapp.bicep' = {
     commandsQueueName: serviceBus.outputs.commandsQueueName
     commandsMode: commandsMode
     commandsTopicName: serviceBus.outputs.commandsTopicName
+    commandsShards: commandsShards
     stateTableName: storage.outputs.stateTableName
     auditTableName: storage.outputs.auditTableName
     loadBalancerSubscriptionId: drainEnabled ? subscription().subscriptionId : ''
@@ -463,6 +508,8 @@ output eventsTopic string = serviceBus.outputs.eventsTopicName
 output functionSubscription string = serviceBus.outputs.functionSubscriptionName
 output operatorResultsSubscription string = serviceBus.outputs.operatorResultsSubscriptionName
 output commandsQueue string = serviceBus.outputs.commandsQueueName
+@description('Every commands entity (queues, or topics in topic mode), shard 0 first.')
+output commandsEntities array = [commandsViaTopic ? serviceBus.outputs.commandsTopicName : serviceBus.outputs.commandsQueueName]
 @description('The commands topic of the topic mode (empty in the queue mode).')
 output commandsTopic string = serviceBus.outputs.commandsTopicName
 @description('topic mode: MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION of each VM of commandsSubscriptionVms, in its order.')

@@ -78,6 +78,9 @@ class SwitchedBus:
     def check(self) -> str:
         return self.inner.check()
 
+    def rest(self) -> None:
+        self.inner.rest()
+
     def close(self) -> None:
         self.inner.close()
 

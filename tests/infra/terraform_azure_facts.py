@@ -69,7 +69,7 @@ from tests.infra.sources import (
 
 # `azurerm_x.name`, `data.azurerm_x.name`, with an optional index and attribute.
 _REFERENCE = re.compile(
-    r"(?<![\w.])((?:data\.)?(?:azurerm|azapi|random)_\w+\.\w+)(?:\[[^\]]*\])?(?:\.(\w+))?",
+    r"(?<![\w.])((?:data\.)?(?:azurerm|azapi|random)_\w+\.\w+)(?:\[(?:[^\[\]]|\[[^\]]*\])*\])?(?:\.(\w+))?",
 )
 _VARIABLE = re.compile(r"(?<![\w.])var\.(\w+)")
 _LOCAL = re.compile(r"(?<![\w.])local\.(\w+)")
@@ -79,7 +79,9 @@ _CONTAINS_LIST = re.compile(r"contains\(\s*\[(?P<items>[^\]]*)\]\s*,\s*var\.(?P<
 _ID_TEMPLATE = re.compile(r'"(/subscriptions/[^"]*)"')
 _RESOURCE_GROUP_ID_TEMPLATE = re.compile(r"^/subscriptions/\$\{[^}]+\}/resourceGroups/\$\{[^}]+\}$")
 _VARIABLE_INTERPOLATION = re.compile(r"\$\{var\.(\w+)\}")
-_CONDITIONAL_COUNT = re.compile(r"(?P<condition>.+?)\s*\?\s*(?P<yes>\d+)\s*:\s*(?P<no>\d+)")
+_CONDITIONAL_COUNT = re.compile(r"(?P<condition>.+?)\s*\?\s*(?P<yes>\d+|var\.\w+)\s*:\s*(?P<no>\d+|var\.\w+)")
+# A list of names by shard, `[for shard in range(...) : shard == 0 ? "<base>" : ...]`: shard 0's.
+_SHARD_ZERO = re.compile(r'^\[for shard in range\([^)]*\)\s*:\s*shard == 0 \? "([^"]+)"')
 _COMPARISON = re.compile(r'var\.(?P<var>\w+)\s*(?P<op>==|!=)\s*"(?P<value>[^"]*)"')
 VM_COMMANDS_MODULE = "./modules/vm_commands_subscription"
 _CHOICE = re.compile(r"(?P<condition>[^?]+?)\s*\?\s*(?P<yes>[^:]+?)\s*:\s*(?P<no>.+)")
@@ -126,6 +128,14 @@ class _Module:
                 expression = self.variable_default(inner[len("var.") :])
             elif re.fullmatch(r"local\.\w+", inner):
                 expression = self.local(inner[len("local.") :])
+            elif re.fullmatch(r"local\.\w+\[count\.index\]", inner):
+                # A name by shard (commands_shards.tf): the facts are those of shard 0, the one
+                # entity of a deployment as shipped (commands_shards = 1).
+                listed = _WHOLE_INTERPOLATION.match(str(self.local(inner[len("local.") : -len("[count.index]")])))
+                first = _SHARD_ZERO.match(listed.group(1).strip()) if listed else None
+                if first is None:
+                    return expression
+                return first.group(1)
             else:
                 return expression
         raise TerraformSourceError(f"too many indirections resolving {expression!r}")
@@ -173,7 +183,8 @@ class _Module:
         decided = self.truth(conditional.group("condition"))
         if decided is None:
             return None
-        return int(conditional.group("yes" if decided else "no"))
+        branch = conditional.group("yes" if decided else "no")
+        return int(branch) if branch.isdigit() else self._number(f"${{{branch}}}")
 
     def truth(self, condition: str) -> bool | None:
         """A condition made of `&&`, `!`, `var.x`, `local.y` and `var.x == "s"` / `!=`, decided by

@@ -811,3 +811,26 @@ def test_the_per_vm_module_is_called_for_each_vm_in_the_topic_mode_only() -> Non
     module = next(unit for unit in queue.units if unit.path.name == "vm-commands-subscription.bicep")
     limits = {d["type"]: d["argument"] for d in module.section("parameters")["vmName"]["decorators"]}
     assert len("vm-") + limits["max_length"] == 50
+
+
+def test_the_commands_quota_check_names_each_quota_and_stops_shards_this_template_does_not_deploy() -> None:
+    # GIVEN main.bicep's quota check (its arithmetic is not evaluated by tests/infra: bicep_facts
+    # has no integer arithmetic nor filter())
+    text = (BICEP_DIR / "main.bicep").read_text(encoding="utf-8")
+    # THEN it feeds modules/check.bicep before the namespace, with the quotas' numbers and the page
+    assert "module commandsQuotaCheck 'modules/check.bicep'" in text
+    assert "https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas" in text
+    for line in (
+        "var serviceBusSubscriptionsPerTopic = 2000",
+        "var serviceBusReceivesPerEntity = 5000",
+        "var serviceBusConnectionsPerNamespace = 5000",
+        "var peakEngagedTenths = 3",
+    ):
+        assert line in text, line
+    for message in (
+        "this template deploys one commands entity only",
+        "subscriptions per topic",
+        "concurrent receive requests per queue or topic",
+        "split the fleet over several deployments, each in its own resource group",
+    ):
+        assert message in text, message

@@ -464,14 +464,16 @@ def test_drainer_assignments_exist_only_with_a_load_balancer() -> None:
     others = {address: body for address, body in assignments.items() if "role_definition_id" not in body}
     assert len(drainer) == 3
     # THEN the drainer ones are counted on a given load balancer, the commands ones on the commands
-    # mode, and the others always exist
+    # mode (one per commands entity), and the others always exist
     assert local("drain_enabled") == '${var.drain_load_balancer_name != ""}'
     for address, body in drainer.items():
         assert body["count"] == "${local.drain_enabled ? 1 : 0}", address
     for mode, addresses in COMMANDS_MODE_ASSIGNMENTS.items():
         for address in addresses:
             expected = (
-                "${local.commands_via_topic ? 1 : 0}" if mode == "topic" else "${local.commands_via_topic ? 0 : 1}"
+                "${local.commands_via_topic ? var.commands_shards : 0}"
+                if mode == "topic"
+                else "${local.commands_via_topic ? 0 : var.commands_shards}"
             )
             assert others.pop(address)["count"] == expected, address
     assert all("count" not in body for body in others.values())
@@ -691,10 +693,15 @@ def test_the_vm_module_is_described_validated_and_pinned() -> None:
 def test_the_root_calls_the_vm_module_for_each_vm_in_topic_mode_only() -> None:
     # GIVEN the root's module call
     [call] = [body for entry in parsed().get("module", []) for body in entry.values()]
-    # THEN it runs over the given VMs in topic mode, with the commands topic and the events topic
+    # THEN it runs over the given VMs in topic mode, with the commands topic of the VM's shard and
+    # the events topic
     assert call["source"] == "./modules/vm_commands_subscription"
     assert call["for_each"] == "${local.commands_via_topic ? var.commands_subscription_vms : {}}"
-    assert call["topic_id"] == ref("azurerm_servicebus_topic.commands[0].id")
+    assert call["topic_id"] == ref("azurerm_servicebus_topic.commands[local.commands_subscription_shards[each.key]].id")
+    assert local("commands_subscription_shards") == (
+        "${{for name, principal in var.commands_subscription_vms : "
+        "name => parseint(substr(sha256(lower(name)), 0, 8), 16) % var.commands_shards}}"
+    )
     assert call["events_topic_id"] == ref("azurerm_servicebus_topic.events.id")
     assert (call["vm_name"], call["principal_id"]) == ("${each.key}", "${each.value}")
     assert local("commands_via_topic") == '${var.commands_mode == "topic"}'

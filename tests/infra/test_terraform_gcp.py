@@ -162,9 +162,15 @@ def test_the_three_topics_exist_with_optional_cmek() -> None:
     topics = of_type("google_pubsub_topic")
     assert {body["name"] for body in topics.values()} == {
         "maintenance-events",
-        "maintenance-commands",
+        "${local.commands_topic_names[count.index]}",
         "maintenance-events-dead",
     }
+    # one commands topic per shard, maintenance-commands first (commands_shards.tf)
+    assert resource("google_pubsub_topic.commands")["count"] == ref("var.commands_shards")
+    assert local("commands_topic_names").startswith(
+        "${[for shard in range(var.commands_shards) : "
+        'shard == 0 ? "maintenance-commands" : "maintenance-commands-${shard}"'
+    )
     assert all(body["kms_key_name"] == ref("var.kms_key_name") for body in topics.values())
     assert default("kms_key_name") is None
 
@@ -238,7 +244,10 @@ def test_every_vm_gets_its_own_command_subscription_and_identity() -> None:
     assert call["source"] == "./modules/vm_commands_subscription"
     assert call["for_each"] == "${toset(var.vm_names)}"
     assert call["vm_name"] == ref("each.value")
-    assert call["commands_topic_id"] == ref("google_pubsub_topic.commands.id")
+    assert call["commands_topic_id"] == ref("google_pubsub_topic.commands[local.vm_commands_shards[each.value]].id")
+    assert local("vm_commands_shards") == (
+        "${{for name in var.vm_names : name => parseint(substr(sha256(lower(name)), 0, 8), 16) % var.commands_shards}}"
+    )
     assert call["agent_service_account_email"] == ref("google_service_account.agent[each.value].email")
     assert resource("google_service_account.agent")["for_each"] == "${toset(var.vm_names)}"
 
@@ -321,7 +330,8 @@ def test_function_environment_names_are_the_settings_the_code_reads() -> None:
         settings.ENV_LOG_LEVEL,
     } <= set(environment)
     assert environment[settings.ENV_FIRESTORE_DATABASE] == ref("google_firestore_database.main.name")
-    assert environment[settings.ENV_COMMANDS_TOPIC] == ref("google_pubsub_topic.commands.name")
+    assert environment[settings.ENV_COMMANDS_TOPIC] == ref("google_pubsub_topic.commands[0].name")
+    assert environment[settings.ENV_COMMANDS_SHARDS] == ref("tostring(var.commands_shards)")
     assert settings.ENV_POLICY in local("function_policy_environment")
     # The example's group is always drained.
     assert '"${var.zone}/${var.instance_group_name}"' in local("instance_groups")
@@ -799,7 +809,10 @@ def test_function_account_holds_only_its_adapters_roles() -> None:
         ("google_secret_manager_secret_iam_member", "roles/secretmanager.secretAccessor"),
     }
     publisher = resource("google_pubsub_topic_iam_member.function_commands_publisher")
-    assert publisher["topic"] == ref("google_pubsub_topic.commands.name")
+    assert (publisher["count"], publisher["topic"]) == (
+        ref("var.commands_shards"),
+        ref("google_pubsub_topic.commands[count.index].name"),
+    )
 
 
 BUILD_ROLES_DOCUMENTED = {"roles/logging.logWriter", "roles/artifactregistry.writer", "roles/storage.objectViewer"}
@@ -1007,6 +1020,7 @@ def test_outputs_are_described_and_cover_what_operators_need() -> None:
     assert {
         "events_topic_id",
         "commands_topic_id",
+        "commands_topics",
         "dead_letter_topic_id",
         "push_subscription_id",
         "function_name",

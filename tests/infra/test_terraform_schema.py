@@ -114,7 +114,7 @@ def test_unknown_attribute_of_a_resource_is_rejected(
 ) -> None:
     workdir = planted(initialised, "gcp", tmp_path)
     (workdir / "planted.tf").write_text(
-        'output "planted" {\n  value = google_pubsub_topic.commands.nmae\n}\n', encoding="utf-8"
+        'output "planted" {\n  value = google_pubsub_topic.commands[0].nmae\n}\n', encoding="utf-8"
     )
     assert_only_error(
         errors(setup, workdir),

@@ -189,3 +189,25 @@ def test_a_drop_is_reported_outside_the_lock(handler: Handler) -> None:
 def test_a_queue_with_no_room_is_refused(capacity: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         DropOldestWorker(print, capacity=capacity, on_drop=lambda item, reason: None, name="none")
+
+
+def test_the_items_waiting_can_be_taken_off_the_queue_oldest_first(handler: Handler) -> None:
+    # GIVEN a worker held on its first item, with four more waiting
+    handler.gate.clear()
+    worker, _ = worker_for(handler)
+    worker.put("first")
+    assert handler.started.wait(PATIENCE)
+    for item in ("a", "b", "c", "d"):
+        worker.put(item)
+    assert worker.waiting() == 4
+
+    # WHEN three are taken (as a webhook digest takes those behind the notice it posts)
+    taken = worker.take_waiting(3)
+
+    # THEN they are the three oldest, and only the last is left for the worker
+    assert taken == ["a", "b", "c"]
+    assert worker.waiting() == 1
+    handler.gate.set()
+    assert worker.settle(PATIENCE)
+    assert handler.handled == ["first", "d"]
+    assert worker.take_waiting(5) == []

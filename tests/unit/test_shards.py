@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from wire.shards import MAX_SHARDS, entity_for, shard_of, sharded_name, validate_shards
+from wire.shards import MAX_SHARDS, entity_for, parse_shards, shard_of, sharded_name, validate_shards
 
 
 def test_one_shard_keeps_the_base_name_for_every_vm() -> None:
@@ -57,3 +57,14 @@ def test_terraform_computes_the_same_shard() -> None:
     ).stdout
     numbers = [int(token.strip().strip(",")) for token in out.split() if token.strip().strip(",").isdigit()]
     assert numbers == [shard_of(n, 7) for n in names]
+
+
+@pytest.mark.parametrize(("text", "count"), [("1", 1), (" 16 ", 16), ("1024", 1024)])
+def test_a_shard_count_is_read_from_text(text: str, count: int) -> None:
+    assert parse_shards(text) == count
+
+
+@pytest.mark.parametrize("text", ["0", "1025", "two", "1.5", "-3", ""])
+def test_text_that_is_no_usable_shard_count_is_refused_with_the_range(text: str) -> None:
+    with pytest.raises(ValueError, match="from 1 to 1024"):
+        parse_shards(text)

@@ -130,4 +130,10 @@ class AgentTransport(EventPublisher, Protocol):
         """
         ...
 
+    def rest(self) -> None:
+        """The agent has nothing open (agent/engagement.py): close the connections and
+        links the command path holds, so an idle VM costs the bus nothing. The next receive (and,
+        where this closed it, the next publish) opens them again."""
+        ...
+
     def close(self) -> None: ...

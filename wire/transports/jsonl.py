@@ -51,6 +51,9 @@ class JsonlTransport:
             raise TransportConfigError(f"jsonl: cannot write into {directory}; choose another --jsonl-path")
         return f"jsonl: appending to {self._path}"
 
+    def rest(self) -> None:
+        """Nothing to let go: a file has no command path."""
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None and self._path != "-":

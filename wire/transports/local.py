@@ -334,6 +334,10 @@ class LocalTransport:
     def check(self) -> str:
         return f"local bus at {self.bus.path}: {self.bus.last_event_seq()} events so far"
 
+    def rest(self) -> None:
+        """Take this agent's doorbell down: nobody rings an agent that is not waiting."""
+        self._commands.close()
+
     def close(self) -> None:
         self._commands.close()
         self.bus.close()

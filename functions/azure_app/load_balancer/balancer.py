@@ -68,14 +68,37 @@ def nics_of_scoped_vm(client: NetworkManagementClient, resource_group: str, dire
                 f"{len(records)} VMs of the deployment's scope are named {vm!r} ({records[0].resource_id}, "
                 f"{records[1].resource_id}): narrow MBRIDGE_TRUST_RESOURCE_GROUPS or rename one"
             )
-        wanted = records[0].resource_id.lower()
+        record = records[0]
+        wanted = record.resource_id.lower()
+        if record.nic_ids:
+            nics = _read_nics(client, resource_group, record.nic_ids)
+        else:
+            nics = list(client.network_interfaces.list(resource_group))
+        # Checked on the NIC itself as it is now: a NIC the directory saw on this VM may have been
+        # moved to another since.
         return [
-            nic
-            for nic in client.network_interfaces.list(resource_group)
-            if nic.virtual_machine is not None and (nic.virtual_machine.id or "").lower() == wanted
+            nic for nic in nics if nic.virtual_machine is not None and (nic.virtual_machine.id or "").lower() == wanted
         ]
 
     return lookup
+
+
+def _read_nics(client: NetworkManagementClient, resource_group: str, nic_ids: Sequence[str]) -> list[Any]:
+    """The NICs of `nic_ids` that live in `resource_group` (the only group the functions may edit),
+    one GET each; a NIC deleted since the directory was read is left out."""
+    nics = []
+    for nic_id in nic_ids:
+        if "/providers/microsoft.network/networkinterfaces/" not in nic_id.lower():
+            LOGGER.warning("the VM directory named a NIC whose id is not a NIC's: %.200r", nic_id)
+            continue
+        parsed = ResourceId.parse(nic_id)
+        if parsed.resource_group.lower() != resource_group.lower():
+            continue
+        try:
+            nics.append(client.network_interfaces.get(parsed.resource_group, parsed.name))
+        except ResourceNotFoundError:
+            LOGGER.info("NIC %s was deleted after the VM directory was read", nic_id)
+    return nics
 
 
 class AzureLoadBalancer:

@@ -55,6 +55,11 @@ param commandsMode string
 @description('The commands topic (empty in the queue mode).')
 param commandsTopicName string
 
+@description('How many commands entities the commands are spread over (MBRIDGE_COMMANDS_SHARDS).')
+@minValue(1)
+@maxValue(1024)
+param commandsShards int
+
 @description('The state table.')
 param stateTableName string
 
@@ -134,6 +139,7 @@ var appSettings = [
   { name: 'MBRIDGE_COMMANDS_QUEUE', value: commandsQueueName }
   { name: 'MBRIDGE_COMMANDS_MODE', value: commandsMode }
   { name: 'MBRIDGE_COMMANDS_TOPIC', value: commandsTopicName }
+  { name: 'MBRIDGE_COMMANDS_SHARDS', value: string(commandsShards) }
   // The trigger's identity-based connection `MBRIDGE_SERVICEBUS` (no SAS connection string).
   { name: 'MBRIDGE_SERVICEBUS__fullyQualifiedNamespace', value: serviceBusNamespaceFqdn }
   { name: 'MBRIDGE_SERVICEBUS__credential', value: 'managedidentity' }

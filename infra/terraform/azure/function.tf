@@ -40,6 +40,8 @@ locals {
     # The isolated mode: commands onto the topic, with the property each VM's subscription filters on.
     "MBRIDGE_COMMANDS_MODE"  = var.commands_mode
     "MBRIDGE_COMMANDS_TOPIC" = local.commands_via_topic ? azurerm_servicebus_topic.commands[0].name : ""
+    # Commands of a VM go to the queue or topic of its shard (commands_shards.tf).
+    "MBRIDGE_COMMANDS_SHARDS" = tostring(var.commands_shards)
     # The trigger's connection `MBRIDGE_SERVICEBUS`, identity-based; the command sender reads the
     # same namespace.
     "MBRIDGE_SERVICEBUS__fullyQualifiedNamespace" = local.servicebus_fqdn

@@ -26,13 +26,23 @@ output "operator_results_subscription" {
 }
 
 output "commands_queue" {
-  description = "Session-enabled queue of commands to the agents (session = VM name); empty in topic mode."
+  description = "Session-enabled queue of commands to the agents (session = VM name), shard 0's with commands_shards > 1 (commands_entities); empty in topic mode."
   value       = local.commands_via_topic ? "" : azurerm_servicebus_queue.commands[0].name
 }
 
 output "commands_topic" {
-  description = "Topic of commands to the agents in topic mode (commands_mode); empty in queue mode."
+  description = "Topic of commands to the agents in topic mode (commands_mode), shard 0's with commands_shards > 1 (commands_entities); empty in queue mode."
   value       = local.commands_via_topic ? azurerm_servicebus_topic.commands[0].name : ""
+}
+
+output "commands_entities" {
+  description = "Every commands entity (queues, or topics in topic mode), shard 0 first: a VM's is `mbridge commands-entity --vm NAME --shards <commands_shards>`."
+  value       = local.commands_via_topic ? azurerm_servicebus_topic.commands[*].name : azurerm_servicebus_queue.commands[*].name
+}
+
+output "commands_subscription_topics" {
+  description = "Topic mode: each VM of commands_subscription_vms => the commands topic of its shard, which holds its subscription."
+  value       = { for name, shard in local.commands_subscription_shards : name => local.commands_entity_names[shard] if local.commands_via_topic }
 }
 
 output "commands_subscriptions" {

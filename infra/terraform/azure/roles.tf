@@ -78,19 +78,19 @@ resource "azurerm_role_assignment" "function_receives_events" {
   principal_type       = "ServicePrincipal"
 }
 
-# The command sender: approve / drain / restore onto the commands queue ...
+# The command sender: approve / drain / restore onto each commands queue (one per shard) ...
 resource "azurerm_role_assignment" "function_sends_commands" {
-  count                = local.commands_via_topic ? 0 : 1
-  scope                = azurerm_servicebus_queue.commands[0].id
+  count                = local.commands_via_topic ? 0 : var.commands_shards
+  scope                = azurerm_servicebus_queue.commands[count.index].id
   role_definition_name = "Azure Service Bus Data Sender"
   principal_id         = azurerm_user_assigned_identity.function.principal_id
   principal_type       = "ServicePrincipal"
 }
 
-# ... or, in the isolated mode, onto the commands topic.
+# ... or, in the isolated mode, onto each commands topic.
 resource "azurerm_role_assignment" "function_sends_commands_to_topic" {
-  count                = local.commands_via_topic ? 1 : 0
-  scope                = azurerm_servicebus_topic.commands[0].id
+  count                = local.commands_via_topic ? var.commands_shards : 0
+  scope                = azurerm_servicebus_topic.commands[count.index].id
   role_definition_name = "Azure Service Bus Data Sender"
   principal_id         = azurerm_user_assigned_identity.function.principal_id
   principal_type       = "ServicePrincipal"
@@ -198,9 +198,11 @@ resource "azurerm_role_assignment" "agent_sends_events" {
 # commands cannot be forged without the functions' key. A lost approval means Azure starts the
 # event at its NotBefore. commands_mode = "topic" gives each VM its own subscription instead, and
 # then the agents' shared identity gets nothing for commands (modules/vm_commands_subscription).
+# The VMs sharing this identity fall in every shard, so it receives on every commands queue: shards
+# spread the load and isolate nothing more.
 resource "azurerm_role_assignment" "agent_receives_commands" {
-  count                = local.commands_via_topic ? 0 : 1
-  scope                = azurerm_servicebus_queue.commands[0].id
+  count                = local.commands_via_topic ? 0 : var.commands_shards
+  scope                = azurerm_servicebus_queue.commands[count.index].id
   role_definition_name = "Azure Service Bus Data Receiver"
   principal_id         = azurerm_user_assigned_identity.agent.principal_id
   principal_type       = "ServicePrincipal"

@@ -1,12 +1,8 @@
 # Service Bus: the events topic (agents → function), the operators' results subscription, and the
 # session-enabled commands queue (function, operators → one agent), or with commands_mode = "topic"
-# the commands topic and one filtered subscription per VM (modules/vm_commands_subscription).
+# the commands topic and one filtered subscription per VM (modules/vm_commands_subscription); with
+# commands_shards > 1, that many queues or topics (commands_shards.tf).
 # docs/transports.md describes how the agents and the functions use each entity.
-
-locals {
-  # The isolated mode: each VM reads its own subscription of a commands topic, not a queue session.
-  commands_via_topic = var.commands_mode == "topic"
-}
 
 resource "azurerm_servicebus_namespace" "this" {
   #checkov:skip=CKV_AZURE_201:Microsoft-managed keys encrypt the namespace; customer-managed keys need the Premium tier and a Key Vault, which this deployment does not create
@@ -26,6 +22,14 @@ resource "azurerm_servicebus_namespace" "this" {
   minimum_tls_version = "1.2"
 
   tags = var.tags
+
+  # The namespace's quotas against the fleet (commands_shards.tf).
+  lifecycle {
+    precondition {
+      condition     = alltrue([for check in values(local.commands_quota_checks) : check.ok])
+      error_message = join(" ", [for check in values(local.commands_quota_checks) : check.message if !check.ok])
+    }
+  }
 }
 
 # Every event envelope (and every command result). MessageId = SHA-256 of the body as sent (command
@@ -95,9 +99,10 @@ resource "azapi_resource_action" "remove_operator_results_default_rule" {
 }
 
 # One session per VM (SessionId = VM name): each agent receives only its own commands, in order.
+# One queue per shard, all alike.
 resource "azurerm_servicebus_queue" "commands" {
-  count        = local.commands_via_topic ? 0 : 1
-  name         = "maintenance-commands"
+  count        = local.commands_via_topic ? 0 : var.commands_shards
+  name         = local.commands_entity_names[count.index]
   namespace_id = azurerm_servicebus_namespace.this.id
 
   requires_session = true
@@ -115,10 +120,11 @@ resource "azurerm_servicebus_queue" "commands" {
 }
 
 # The isolated mode: commands carry the application property `target`, and each VM's subscription
-# (below) passes only its own. Same name as the queue: a deployment has one or the other.
+# (below) passes only its own. Same names as the queues: a deployment has one or the other. One
+# topic per shard, all alike.
 resource "azurerm_servicebus_topic" "commands" {
-  count        = local.commands_via_topic ? 1 : 0
-  name         = "maintenance-commands"
+  count        = local.commands_via_topic ? var.commands_shards : 0
+  name         = local.commands_entity_names[count.index]
   namespace_id = azurerm_servicebus_namespace.this.id
 
   # MessageId = command_id: a command sent twice is delivered once.
@@ -130,13 +136,14 @@ resource "azurerm_servicebus_topic" "commands" {
   support_ordering = true
 }
 
-# One subscription per VM, filtered on its name, with the receiver role for that VM's own identity
-# only. VMs deployed elsewhere call the module themselves (docs/deploy.md).
+# One subscription per VM, filtered on its name, on the topic of the VM's shard, with the receiver
+# role for that VM's own identity only. VMs deployed elsewhere call the module themselves
+# (docs/deploy.md).
 module "vm_commands_subscription" {
   source   = "./modules/vm_commands_subscription"
   for_each = local.commands_via_topic ? var.commands_subscription_vms : {}
 
-  topic_id        = azurerm_servicebus_topic.commands[0].id
+  topic_id        = azurerm_servicebus_topic.commands[local.commands_subscription_shards[each.key]].id
   events_topic_id = azurerm_servicebus_topic.events.id
   vm_name         = each.key
   principal_id    = each.value

@@ -109,6 +109,28 @@ variable "commands_subscription_vms" {
   }
 }
 
+variable "commands_shards" {
+  description = "How many commands entities (queues, or topics in topic mode) the VMs are spread over: maintenance-commands, maintenance-commands-1, ... (MBRIDGE_COMMANDS_SHARDS; the shard of a VM is SHA-256 of its lower-cased name, `mbridge commands-entity`). Service Bus allows 2,000 subscriptions per topic and 5,000 concurrent receive requests per entity (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas): the plan refuses a count too small for fleet_size. Change it outside a maintenance wave: commands waiting in an old entity are not read again."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.commands_shards >= 1 && var.commands_shards <= 1024 && floor(var.commands_shards) == var.commands_shards
+    error_message = "commands_shards must be a whole number from 1 to 1024."
+  }
+}
+
+variable "fleet_size" {
+  description = "How many VMs this deployment serves, for the quota checks of the plan: at the peak 30 % of them are engaged at once, each holding a receive on its commands entity and 2 AMQP connections. Service Bus allows 5,000 concurrent receive requests per entity, 5,000 AMQP connections per namespace and 2,000 subscriptions per topic (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas): past the connections, split the fleet over several deployments (resource groups)."
+  type        = number
+  default     = 1000
+
+  validation {
+    condition     = var.fleet_size >= 1 && floor(var.fleet_size) == var.fleet_size
+    error_message = "fleet_size must be a whole number of VMs, at least 1."
+  }
+}
+
 # ---------------------------------------------------------------- function app
 
 variable "function_maximum_instance_count" {

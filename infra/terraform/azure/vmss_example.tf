@@ -270,6 +270,12 @@ resource "azurerm_linux_virtual_machine_scale_set" "agents" {
       error_message = "admin_ssh_public_key is required when deploy_example_scale_set is true (the VMs take SSH keys only)."
     }
     precondition {
+      # The VMs of a scale set share one environment file, and an agent of the queue mode reads the
+      # one queue it is given (MBRIDGE_SERVICEBUS_COMMANDS_QUEUE, default maintenance-commands).
+      condition     = var.commands_shards == 1
+      error_message = "The example scale set runs with commands_shards = 1 only: its VMs share one agent environment file, so they cannot each be given the queue of their shard. Set deploy_example_scale_set = false, or commands_shards = 1."
+    }
+    precondition {
       condition     = var.agent_package != ""
       error_message = "agent_package is required when deploy_example_scale_set is true: maintenance-bridge[agent-servicebus] @ <wheel URL>#sha256=<hex> (infra/agent/README.md)."
     }

@@ -35,11 +35,13 @@ locals {
     MBRIDGE_GCP_PROJECT                 = var.project_id
     MBRIDGE_FIRESTORE_DATABASE          = google_firestore_database.main.name
     MBRIDGE_FIRESTORE_COLLECTION_PREFIX = var.firestore_collection_prefix
-    MBRIDGE_PUBSUB_COMMANDS_TOPIC       = google_pubsub_topic.commands.name
-    MBRIDGE_INSTANCE_GROUPS             = join(",", local.instance_groups)
-    MBRIDGE_MAINTENANCE_ZONES           = join(",", local.maintenance_zones)
-    MBRIDGE_READINESS_DRAIN             = tostring(var.readiness_drain)
-    MBRIDGE_LOG_LEVEL                   = var.log_level
+    MBRIDGE_PUBSUB_COMMANDS_TOPIC       = google_pubsub_topic.commands[0].name
+    # Commands of a VM go to the topic of its shard (commands_shards.tf).
+    MBRIDGE_COMMANDS_SHARDS   = tostring(var.commands_shards)
+    MBRIDGE_INSTANCE_GROUPS   = join(",", local.instance_groups)
+    MBRIDGE_MAINTENANCE_ZONES = join(",", local.maintenance_zones)
+    MBRIDGE_READINESS_DRAIN   = tostring(var.readiness_drain)
+    MBRIDGE_LOG_LEVEL         = var.log_level
     # Who may report (policy trust: attested, the default): an identity token of the one instance
     # of these projects and zones with the report's VM name, asked for this deployment's audience
     # (the agents' MBRIDGE_IDENTITY_AUDIENCE, vm_example.tf). Google's certificates come from the

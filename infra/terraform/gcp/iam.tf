@@ -61,9 +61,11 @@ resource "google_project_iam_member" "function_firestore" {
   }
 }
 
+# Publisher on every commands topic (one per shard).
 resource "google_pubsub_topic_iam_member" "function_commands_publisher" {
+  count   = var.commands_shards
   project = var.project_id
-  topic   = google_pubsub_topic.commands.name
+  topic   = google_pubsub_topic.commands[count.index].name
   role    = "roles/pubsub.publisher"
   member  = "serviceAccount:${google_service_account.function.email}"
 }
@@ -282,13 +284,23 @@ resource "google_pubsub_topic_iam_member" "agent_events_publisher" {
 
 # ---------------------------------------------------------------- operators (`mbridge approve`)
 
+moved {
+  from = google_pubsub_topic_iam_member.function_commands_publisher
+  to   = google_pubsub_topic_iam_member.function_commands_publisher[0]
+}
+
+# Publisher on every commands topic: keyed by member for shard 0 (as before commands_shards), by
+# member and topic for the others.
 resource "google_pubsub_topic_iam_member" "operator_commands_publisher" {
-  for_each = toset(var.operator_members)
+  for_each = {
+    for pair in setproduct(var.operator_members, range(var.commands_shards)) :
+    (pair[1] == 0 ? pair[0] : "${pair[0]} ${local.commands_topic_names[pair[1]]}") => local.commands_topic_names[pair[1]]
+  }
 
   project = var.project_id
-  topic   = google_pubsub_topic.commands.name
+  topic   = google_pubsub_topic.commands[index(local.commands_topic_names, each.value)].name
   role    = "roles/pubsub.publisher"
-  member  = each.value
+  member  = split(" ", each.key)[0]
 }
 
 resource "google_pubsub_subscription_iam_member" "operator_results_subscriber" {

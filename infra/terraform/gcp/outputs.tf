@@ -4,8 +4,13 @@ output "events_topic_id" {
 }
 
 output "commands_topic_id" {
-  description = "Topic the function and `mbridge approve` publish commands to (projects/P/topics/maintenance-commands)."
-  value       = google_pubsub_topic.commands.id
+  description = "Topic the function and `mbridge approve` publish commands to (projects/P/topics/maintenance-commands), shard 0's with commands_shards > 1 (commands_topics)."
+  value       = google_pubsub_topic.commands[0].id
+}
+
+output "commands_topics" {
+  description = "Every commands topic's name, shard 0 first: a VM's is `mbridge commands-entity --vm NAME --shards <commands_shards>`, and its subscription is on that topic."
+  value       = google_pubsub_topic.commands[*].name
 }
 
 output "dead_letter_topic_id" {

@@ -14,13 +14,29 @@ resource "google_pubsub_topic" "events" {
   depends_on = [google_project_service.apis, google_kms_crypto_key_iam_member.pubsub_cmek]
 }
 
+# One commands topic per shard, all alike (commands_shards.tf).
 resource "google_pubsub_topic" "commands" {
-  name         = "maintenance-commands"
+  count        = var.commands_shards
+  name         = local.commands_topic_names[count.index]
   kms_key_name = var.kms_key_name
   # No topic retention: commands expire 10 minutes after they are issued; each VM's
   # subscription keeps undelivered ones that long (modules/vm_commands_subscription).
 
   depends_on = [google_project_service.apis, google_kms_crypto_key_iam_member.pubsub_cmek]
+
+  # Pub/Sub's quotas against the fleet (commands_shards.tf).
+  lifecycle {
+    precondition {
+      condition     = alltrue([for check in values(local.commands_quota_checks) : check.ok])
+      error_message = join(" ", [for check in values(local.commands_quota_checks) : check.message if !check.ok])
+    }
+  }
+}
+
+# The single commands topic of deployments before commands_shards is shard 0.
+moved {
+  from = google_pubsub_topic.commands
+  to   = google_pubsub_topic.commands[0]
 }
 
 resource "google_pubsub_topic" "dead_letters" {
@@ -125,6 +141,8 @@ resource "google_pubsub_subscription" "operator_results" {
 }
 
 # ---------------------------------------------------------------- one command subscription per VM
+#
+# On the commands topic of the VM's shard.
 
 module "vm_commands" {
   source   = "./modules/vm_commands_subscription"
@@ -132,7 +150,7 @@ module "vm_commands" {
 
   project_id                  = var.project_id
   vm_name                     = each.value
-  commands_topic_id           = google_pubsub_topic.commands.id
+  commands_topic_id           = google_pubsub_topic.commands[local.vm_commands_shards[each.value]].id
   agent_service_account_email = google_service_account.agent[each.value].email
   message_retention_duration  = var.commands_retention
 }

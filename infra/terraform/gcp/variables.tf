@@ -77,6 +77,28 @@ variable "max_delivery_attempts" {
   }
 }
 
+variable "commands_shards" {
+  description = "How many commands topics the VMs are spread over: maintenance-commands, maintenance-commands-1, ... (MBRIDGE_COMMANDS_SHARDS; the shard of a VM is SHA-256 of its lower-cased name, `mbridge commands-entity`). Pub/Sub allows 10,000 attached subscriptions per topic (https://cloud.google.com/pubsub/quotas, \"Resource limits\"): the plan refuses a count too small for fleet_size. Change it outside a maintenance wave: commands waiting on an old subscription are not read again."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.commands_shards >= 1 && var.commands_shards <= 1024 && floor(var.commands_shards) == var.commands_shards
+    error_message = "commands_shards must be a whole number from 1 to 1024."
+  }
+}
+
+variable "fleet_size" {
+  description = "How many VMs this deployment serves (each with a commands subscription), for the quota checks of the plan. Pub/Sub allows 10,000 attached subscriptions per topic and 10,000 subscriptions per project, a hard limit (https://cloud.google.com/pubsub/quotas, \"Resource limits\"): past the project's, split the fleet over deployments in several projects."
+  type        = number
+  default     = 1000
+
+  validation {
+    condition     = var.fleet_size >= 1 && floor(var.fleet_size) == var.fleet_size
+    error_message = "fleet_size must be a whole number of VMs, at least 1."
+  }
+}
+
 variable "commands_retention" {
   description = "How long a VM's command subscription keeps an undelivered command (e.g. 900s). Commands expire 10 minutes after they are issued, so keeping them longer only delivers commands the agent rejects."
   type        = string

@@ -93,6 +93,9 @@ class FlakyTransport:
     def check(self) -> str:
         return "flaky"
 
+    def rest(self) -> None:
+        self.inner.rest()
+
     def close(self) -> None:
         self.inner.close()
 

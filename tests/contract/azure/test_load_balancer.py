@@ -516,6 +516,44 @@ def test_with_the_scopes_directory_the_nic_is_the_verified_vms_by_full_resource_
     assert _pools_of(arm.fake.get(f"{ARM_ID}/networkInterfaces/sandbox-web-0-nic")) == [POOL_HTTP]
 
 
+def test_with_the_vms_nic_ids_a_drain_reads_its_nics_and_never_lists_the_group(arm: Arm) -> None:
+    # GIVEN a group of many NICs, and a directory that read web-0's network profile
+    for index in range(1, 30):
+        arm.fake.add(nic(f"other-{index}-nic", f"other-{index}", f"10.0.2.{index}", [POOL_HTTP]))
+    arm.fake.add(nic("web-0-nic", "web-0", "10.0.1.4", [POOL_HTTP]))
+    vm_id = "3f2a8c1e-5b7d-4e9a-a1c3-0d4e5f6a7b80"
+    directory = StaticVmDirectory(
+        {SUB: {vm_id: "web-0"}}, group=RG.upper(), nic_ids={vm_id: [f"{ARM_ID}/networkInterfaces/web-0-nic"]}
+    )
+    balancer = AzureLoadBalancer(arm.client, SUB, RG, LB, nics_of_scoped_vm(arm.client, RG, directory))
+
+    # WHEN web-0 is drained
+    drain(balancer, "web-0")
+
+    # THEN its NIC was read by id and written; the group's NICs were never listed (a wave would list
+    # them once per drain)
+    assert _put_names(arm.fake) == ["web-0-nic"]
+    nic_reads = [r.path for r in arm.fake.requests if r.method == "GET" and "/networkinterfaces" in r.path.lower()]
+    assert nic_reads
+    assert all(path.lower().endswith("/networkinterfaces/web-0-nic") for path in nic_reads)
+
+
+def test_a_nic_moved_to_another_vm_since_the_directory_was_read_is_not_touched(arm: Arm) -> None:
+    # GIVEN a directory that saw web-0-nic on web-0, and the NIC now attached to web-9
+    arm.fake.add(nic("web-0-nic", "web-9", "10.0.1.4", [POOL_HTTP]))
+    vm_id = "3f2a8c1e-5b7d-4e9a-a1c3-0d4e5f6a7b80"
+    directory = StaticVmDirectory(
+        {SUB: {vm_id: "web-0"}},
+        group=RG.upper(),
+        nic_ids={vm_id: [f"{ARM_ID}/networkInterfaces/web-0-nic", f"{ARM_ID}/networkInterfaces/deleted-nic"]},
+    )
+    balancer = AzureLoadBalancer(arm.client, SUB, RG, LB, nics_of_scoped_vm(arm.client, RG, directory))
+
+    # WHEN web-0 is drained THEN nothing is found to drain and nothing is written
+    assert balancer.locate("web-0") is None
+    assert arm.fake.puts() == []
+
+
 def test_a_name_the_scope_holds_twice_is_refused_before_anything_is_read(arm: Arm) -> None:
     other = "0b7e4a31-1111-4000-8000-0000000000aa"
     twins = StaticVmDirectory(

@@ -783,3 +783,12 @@ def test_the_verified_vm_is_named_by_its_full_resource_id(arm: Arm) -> None:
     identity = verifier(arm.directory(resource_groups=("rg-web",)), authority).verify(decode(body), at, at)
 
     assert (identity.vm, identity.resource) == ("web-0", _arm_id("rg-web", "virtualMachines", "web-0"))
+
+
+def test_a_vms_record_carries_the_nic_ids_of_its_network_profile(arm: Arm) -> None:
+    # the load balancer reads these NICs one by one instead of listing the NIC group per drain
+    record = arm.directory().resource_of(SUB, WEB_0)
+    assert record is not None
+    assert record.nic_ids == (
+        f"/subscriptions/{SUB}/resourceGroups/rg-web/providers/Microsoft.Network/networkInterfaces/web-0-nic",
+    )

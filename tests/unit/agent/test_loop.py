@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.engagement import DEFAULT_LINGER_SECONDS
 from agent.health import Metrics, Readiness
 from agent.loop import Agent
 from agent.messages import event_message
@@ -18,8 +19,9 @@ from agent.sources.azure.client import AzureObservation
 from agent.sources.azure.document import parse_scheduled_events, to_maintenance_event
 from agent.sources.azure.tracker import AzureTracker
 from agent.state import AgentState
-from agent.timing import SystemClock
+from agent.timing import Clock, SystemClock
 from tests.fixtures import fixture_text
+from tests.kit.clock import FakeClock
 from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
 from tests.waiting import wait_until
 from wire.bounds import MAX_ENVELOPE_BYTES
@@ -33,8 +35,10 @@ from wire.transports.base import InboundCommand, OutboundMessage
 class FakeReceiver:
     queued: list[InboundCommand] = field(default_factory=list)
     interrupted: threading.Event = field(default_factory=threading.Event)
+    calls: int = 0
 
     def receive_commands(self, max_wait: float) -> Sequence[InboundCommand]:
+        self.calls += 1
         taken, self.queued = self.queued, []
         if not taken:
             self.interrupted.wait(min(max_wait, 0.05))
@@ -49,6 +53,7 @@ class FakeTransport:
     name: str = "fake"
     published: list[OutboundMessage] = field(default_factory=list)
     receiver: FakeReceiver = field(default_factory=FakeReceiver)
+    rests: int = 0
 
     @property
     def commands(self) -> FakeReceiver:
@@ -59,6 +64,9 @@ class FakeTransport:
 
     def check(self) -> str:
         return "fake"
+
+    def rest(self) -> None:
+        self.rests += 1
 
     def close(self) -> None:
         return None
@@ -95,6 +103,7 @@ def build(
     transport: FakeTransport,
     commands: FakeProcessor | None = None,
     state: AgentState | None = None,
+    clock: Clock | None = None,
 ) -> tuple[Agent, Metrics]:
     metrics = Metrics()
     agent = Agent(
@@ -105,7 +114,7 @@ def build(
         state=state or AgentState(tmp_path / "agent.db"),
         readiness=Readiness(follows_commands=commands is not None),
         metrics=metrics,
-        clock=SystemClock(),
+        clock=clock or SystemClock(),
         commands=commands,
         flush_seconds=2.0,
     )
@@ -308,3 +317,39 @@ def test_envelopes_forwarded_with_fields_the_agent_could_not_read_are_counted_by
     # THEN the envelope is recorded, and /metrics says which fields could not be read
     assert metrics.value("mbridge_unreadable_fields_total", field="EventType") == 1
     assert metrics.value("mbridge_unreadable_fields_total", field="NotBefore") == 1
+
+
+def test_an_agent_with_nothing_open_lets_its_command_path_go_and_an_event_of_its_own_opens_it_again(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a running agent with a command channel, no event, no drain and no held command
+    clock = FakeClock()
+    transport = FakeTransport()
+    agent, metrics = build(tmp_path, transport, FakeProcessor(), clock=clock)
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    try:
+        # it receives while the linger after its start lasts
+        wait_until(lambda: transport.receiver.calls >= 1, 20, "the agent never received")
+        assert transport.rests == 0
+        assert "mbridge_command_path_open 1" in metrics.render()
+
+        # WHEN the linger runs out
+        clock.advance(DEFAULT_LINGER_SECONDS)
+        wait_until(lambda: transport.rests >= 1, 20, "the agent kept its command path")
+
+        # THEN it let the transport's connections go and stopped receiving
+        received_before_the_event = transport.receiver.calls
+        assert "mbridge_command_path_open 0" in metrics.render()
+
+        # WHEN an event of this VM is seen (a Freeze naming WestNO_0)
+        agent.observe(observation(2))
+
+        # THEN the command path opens again for the commands that answer its report
+        wait_until(lambda: transport.receiver.calls > received_before_the_event, 20, "no receive after the event")
+        assert "mbridge_command_path_open 1" in metrics.render()
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+    assert not runner.is_alive()

@@ -19,6 +19,7 @@ from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.settings import Settings, SettingsError
 from functions.azure_app.wiring import command_bus_settings
 from wire.commands import Command, CommandType, decode_command, new_command
+from wire.shards import entity_for
 from wire.transports.servicebus import ReceiverLike, ServiceBusOperator, ServiceBusSettings, body_bytes
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -138,3 +139,62 @@ def test_the_operator_settings_of_the_topic_mode_validate() -> None:
         bus = command_bus_settings(Settings.from_env({**MINIMAL, names.COMMANDS_MODE: mode}))
         assert isinstance(bus, ServiceBusSettings)
         bus.validate()
+
+
+# ---------------------------------------------------------------- MBRIDGE_COMMANDS_SHARDS
+
+
+@dataclass
+class CountingClient(RecordingClient):
+    """Also counts the senders the SDK was asked for, by entity."""
+
+    opened: list[str] = field(default_factory=list)
+
+    def get_queue_sender(self, queue_name: str) -> _Sender:
+        self.opened.append(f"queue:{queue_name}")
+        return super().get_queue_sender(queue_name)
+
+    def get_topic_sender(self, topic_name: str) -> _Sender:
+        self.opened.append(f"topic:{topic_name}")
+        return super().get_topic_sender(topic_name)
+
+
+def test_one_commands_shard_is_the_default() -> None:
+    settings = Settings.from_env(MINIMAL)
+    assert settings.commands_shards == 1
+    assert command_bus_settings(settings).commands_shards == 1
+
+
+@pytest.mark.parametrize("value", ["0", "1025", "four", "2.5", "-1"])
+def test_a_shard_count_out_of_range_is_refused_naming_the_setting(value: str) -> None:
+    with pytest.raises(SettingsError, match=r"MBRIDGE_COMMANDS_SHARDS.*from 1 to 1024"):
+        Settings.from_env({**MINIMAL, names.COMMANDS_SHARDS: value})
+
+
+@pytest.mark.parametrize(("mode", "kind"), [("queue", "queue"), ("topic", "topic")])
+def test_with_shards_each_command_goes_to_its_vms_entity_through_one_sender_each(mode: str, kind: str) -> None:
+    # GIVEN the sender of an app spreading commands over 4 entities, with a queue and a topic of its own
+    client = CountingClient()
+    environ = {
+        **MINIMAL,
+        names.COMMANDS_MODE: mode,
+        names.COMMANDS_SHARDS: "4",
+        names.COMMANDS_QUEUE: "cmds",
+        names.COMMANDS_TOPIC: "cmds",
+    }
+    sender = sender_for(environ, client)
+    vms = [f"web-{i}" for i in range(12)]
+    # WHEN it sends a drain to every VM, twice
+    for _ in range(2):
+        for vm in vms:
+            sender.send(drain(vm))
+    # THEN each VM's drains are on the entity of its shard, in its session on a queue
+    for vm in vms:
+        entity = f"{kind}:{entity_for('cmds', vm, 4)}"
+        mine = [m for m in client.sent[entity] if (m.application_properties or {}).get("target") == vm]
+        assert len(mine) == 2, (vm, entity)
+        assert {m.session_id for m in mine} == ({vm} if kind == "queue" else {None})
+    # AND nothing went anywhere else, through one sender per entity opened once
+    assert sorted(client.sent) == sorted({f"{kind}:{entity_for('cmds', vm, 4)}" for vm in vms})
+    assert sorted(client.opened) == sorted(client.sent)
+    assert sum(len(messages) for messages in client.sent.values()) == 2 * len(vms)

@@ -19,7 +19,7 @@ import pytest
 from functions.azure_app import settings as azure_names
 from functions.azure_app.settings import Settings as AzureSettings
 from functions.azure_app.settings import SettingsError as AzureSettingsError
-from functions.core.notify import DEFAULT_FILTER, Notice, NotifyingAuditLog
+from functions.core.notify import DEFAULT_FILTER, Notice, NotifyingAuditLog, WebhookTemplate, digest_notice
 from functions.core.policy import Policy
 from functions.core.ports import AuditRecord
 from functions.core.process import Deps, process
@@ -219,6 +219,52 @@ def test_a_full_queue_drops_its_oldest_notice(receiver: Receiver) -> None:
     # THEN the oldest waiting one (E-1) was dropped and counted, the others went out
     assert notifier.counts() == {"sent": 2, "failed": 1, "dropped": 1, "retried": 0}
     assert receiver.count() == 3
+
+
+def test_notices_waiting_behind_a_slow_post_go_out_as_one_digest_in_order(receiver: Receiver) -> None:
+    # GIVEN a webhook that takes its time over the first post (as a chat service taking one a second)
+    receiver.answers = ["hang"]
+    template = WebhookTemplate.parse()
+    notifier = WebhookNotifier(
+        WebhookClient(receiver.url, RetryBounds(tries=1, try_seconds=1.0)),
+        digest=lambda notices: digest_notice(notices, template, "azure"),
+    )
+    lines = [f"[maintenance-bridge] web-{index} taken out of its pools" for index in range(10)]
+    notifier.notify(Notice("E-0", "web-0", "action", "drain", json.dumps({"text": lines[0]}), line=lines[0]))
+    wait_until(lambda: receiver.count() == 1, 5.0, "the first notice at the receiver")
+
+    # WHEN nine more come while it is busy
+    for index in range(1, 10):
+        notifier.notify(
+            Notice(
+                f"E-{index}", f"web-{index}", "action", "drain", json.dumps({"text": lines[index]}), line=lines[index]
+            )
+        )
+    assert notifier.settle(5.0)
+    notifier.close()
+
+    # THEN the nine went out in one post that lists them in order, and each notice is counted once
+    assert receiver.count() == 2
+    digest = receiver.bodies()[1]["text"]
+    assert digest.startswith("[maintenance-bridge] 9 notices: web-1 taken out of its pools | web-2")
+    assert [digest.index(f"web-{index} taken") for index in range(1, 10)] == sorted(
+        digest.index(f"web-{index} taken") for index in range(1, 10)
+    )
+    assert notifier.counts() == {"sent": 9, "failed": 1, "dropped": 0, "retried": 0}
+    assert notifier.digests() == 1
+
+
+def test_a_digest_names_each_vm_and_event_once_and_keeps_them_inert() -> None:
+    template = WebhookTemplate.parse('{"text": "${summary}", "vms": "${vm}", "events": "${event_id}", "k": "${kind}"}')
+    notices = [
+        Notice("E-1", "<!channel>", "action", "drain", "{}", line="[maintenance-bridge] &lt;!channel&gt; out"),
+        Notice("E-1", "web-1", "action", "approve", "{}", line="[maintenance-bridge] web-1: approved"),
+    ]
+    body = json.loads(digest_notice(notices, template, "azure").body)
+    assert body["text"] == "[maintenance-bridge] 2 notices: &lt;!channel&gt; out | web-1: approved"
+    assert body["vms"] == "&lt;!channel&gt;, web-1"
+    assert body["events"] == "E-1"
+    assert body["k"] == "digest"
 
 
 # ---------------------------------------------------------------- through process(): never in the way

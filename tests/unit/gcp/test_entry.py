@@ -44,6 +44,7 @@ from wire.envelope import Envelope, encode, envelope_for_command_result, envelop
 from wire.errors import PermanentError, RetryableError
 from wire.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT, Identity, ReporterName
 from wire.model import Cloud, CommandResult, EventKind, EventStatus, MaintenanceEvent
+from wire.shards import entity_for
 from wire.signing import generate_keypair, load_public_key, verify
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -388,6 +389,7 @@ def test_settings_read_every_variable() -> None:
             "MBRIDGE_TRUST_PROJECTS": "shop-prod, shop-batch ,shop-prod,example.com:legacy-shop",
             "MBRIDGE_TRUST_ZONES": "europe-west1-b, europe-west1-c",
             "MBRIDGE_TRUST_CERTS_URL": certs_url,
+            "MBRIDGE_COMMANDS_SHARDS": "8",
         }
     )
     assert settings == Settings(
@@ -406,6 +408,7 @@ def test_settings_read_every_variable() -> None:
         trust_projects=("shop-prod", "shop-batch", "example.com:legacy-shop"),
         trust_zones=("europe-west1-b", "europe-west1-c"),
         trust_certs_url=certs_url,
+        commands_shards=8,
     )
 
 
@@ -448,6 +451,9 @@ def test_settings_take_a_trust_file_that_loads(tmp_path: Path) -> None:
         ({"MBRIDGE_TRUST_CERTS_URL": "http://www.googleapis.com/oauth2/v1/certs"}, "MBRIDGE_TRUST_CERTS_URL='http:"),
         ({"MBRIDGE_TRUST_CERTS_URL": "www.googleapis.com/oauth2/v1/certs"}, "MBRIDGE_TRUST_CERTS_URL='www"),
         ({"MBRIDGE_TRUST_CERTS_URL": "https://localhost:port/certs"}, "MBRIDGE_TRUST_CERTS_URL='https://localhost:"),
+        ({"MBRIDGE_COMMANDS_SHARDS": "0"}, r"MBRIDGE_COMMANDS_SHARDS: .*from 1 to 1024"),
+        ({"MBRIDGE_COMMANDS_SHARDS": "1025"}, r"MBRIDGE_COMMANDS_SHARDS: .*from 1 to 1024"),
+        ({"MBRIDGE_COMMANDS_SHARDS": "eight"}, r"MBRIDGE_COMMANDS_SHARDS: .*from 1 to 1024"),
     ],
 )
 def test_settings_errors_name_the_variable(environ: dict[str, str], message: str) -> None:
@@ -519,6 +525,29 @@ def test_commands_are_published_with_their_target_as_attribute_and_ordering_key(
     assert decode_command(data).command == command
     assert attributes == {"type": "approve", "target": "web-0", "event_id": "E-REBOOT", "envelope_id": "c" * 32}
     assert isinstance(deps.sender, PubSubCommandSender)
+
+
+def test_with_shards_each_command_is_published_on_the_topic_of_its_vms_shard() -> None:
+    # GIVEN the wired sender of an app spreading commands over 8 topics
+    publisher = FakePublisher()
+    deps = wiring.build_deps(settings_for(commands_shards=8), offline_clients(publisher))
+    vms = [f"vm-{i}" for i in range(8)]  # shards 7, 3, 7, 4, 4, 3, 1, 0 (tests/unit/test_shards.py)
+    # WHEN it sends an approval to each VM
+    for vm in vms:
+        deps.sender.send(
+            Command(
+                command_id=vm.replace("-", "") * 4,
+                type=CommandType.APPROVE,
+                target=vm,
+                event_id="E-REBOOT",
+                issued_at=NOW,
+                expires_at=NOW + timedelta(minutes=10),
+            )
+        )
+    # THEN each was published on its VM's shard topic, keyed and addressed to that VM
+    assert [(topic, key, attributes["target"]) for topic, _, key, attributes in publisher.published] == [
+        (f"projects/{PROJECT}/topics/{entity_for('maintenance-commands', vm, 8)}", vm, vm) for vm in vms
+    ]
 
 
 # ---------------------------------------------------------------- wiring

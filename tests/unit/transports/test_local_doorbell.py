@@ -135,3 +135,23 @@ def test_a_stray_datagram_costs_a_look_and_nothing_else(tmp_path: Path) -> None:
     finally:
         agent.close()
         functions.close()
+
+
+def test_a_resting_agent_takes_its_doorbell_down_and_the_next_wait_hangs_it_again(tmp_path: Path) -> None:
+    agent = LocalTransport.open(tmp_path / "bus.db", "web-0")
+    receiver = agent.commands
+    assert receiver is not None
+    bus = LocalBus(tmp_path / "bus.db")
+    doorbells = "SELECT COUNT(*) FROM doorbells WHERE target = 'web-0'"
+    assert receiver.receive_commands(0.0) == []
+    assert bus._execute(doorbells, ()).fetchone()[0] == 1
+
+    agent.rest()  # nothing open on this VM: nobody needs to ring it
+    assert bus._execute(doorbells, ()).fetchone()[0] == 0
+    assert bus.send_command(command("c1", "web-0"))  # queued while it rests
+
+    received = receiver.receive_commands(0.0)  # the next event opens the path: the command is there
+    assert [c.body for c in received] == [command("c1", "web-0").body]
+    assert bus._execute(doorbells, ()).fetchone()[0] == 1
+    agent.close()
+    bus.close()

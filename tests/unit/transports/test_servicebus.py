@@ -36,6 +36,7 @@ from tests.kit import FakeClock, RecordingReadiness
 from tests.unit.test_command_processor import EVENT_ID, FakeImds
 from wire.commands import CommandType, encode_command, new_command
 from wire.model import Cloud
+from wire.shards import entity_for
 from wire.signing import generate_keypair
 from wire.transports.base import OutboundMessage, TransportConfigError, TransportUnavailableError
 from wire.transports.factory import servicebus_settings
@@ -992,3 +993,140 @@ def test_the_default_factory_uses_the_namespace_with_an_injected_credential() ->
     assert transport.name == "servicebus"
     assert credential.requested == []
     transport.close()
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["queue", "topic"])
+def test_a_resting_agent_closes_its_receiver_and_sender_and_the_next_use_opens_new_ones(isolated: bool) -> None:
+    # GIVEN an agent that published and received (one AMQP connection per handler in the SDK)
+    client = FakeClient()
+    transport = isolated_agent(client) if isolated else agent(client)
+    transport.publish(event(1))
+    assert transport.commands is not None
+    transport.commands.receive_commands(1.0)
+    sender, receiver = client.senders[0], client.receivers[0]
+
+    # WHEN it rests (nothing open on this VM)
+    transport.rest()
+
+    # THEN both handlers are closed, the client stays usable, and the next use opens new handlers
+    assert sender.closed
+    assert receiver.closed
+    assert not client.closed
+    transport.commands.receive_commands(1.0)
+    transport.publish(event(2))
+    assert [len(client.receivers), len(client.senders)] == [2, 2]
+    assert not client.receivers[1].closed
+    assert not client.senders[1].closed
+    assert [body_of(m) for m in client.senders[1].sent] == [event(2).body]
+
+
+def test_resting_twice_or_before_any_use_opens_nothing() -> None:
+    client = FakeClient()
+    transport = agent(client)
+    transport.rest()
+    transport.rest()
+    assert client.senders == []
+    assert client.receivers == []
+
+
+# ---------------------------------------------------------------- commands spread over shards
+
+
+def test_one_shard_sends_every_command_to_the_configured_entity() -> None:
+    # GIVEN the operator with the default single shard
+    client = FakeClient()
+    sender = operator(client)
+    # WHEN it sends commands for several VMs
+    for number, vm in enumerate(["vm-0", "vm-1", "vm-2", "vm-3"]):
+        sender.send_command(command(f"cmd-{number}", target=vm))
+    # THEN one sender to the queue carried them all, each in its VM's session
+    [queue] = client.senders
+    assert queue.entity == "queue:maintenance-commands"
+    assert [message.session_id for message in queue.sent] == ["vm-0", "vm-1", "vm-2", "vm-3"]
+
+
+@pytest.mark.parametrize(("mode", "kind"), [({}, "queue"), ({"commands_topic": COMMANDS_TOPIC}, "topic")])
+def test_each_command_goes_to_its_vms_shard_through_one_sender_per_shard(mode: dict[str, str], kind: str) -> None:
+    # GIVEN the operator spreading commands over 8 entities
+    client = FakeClient()
+    sender = operator(client, commands_shards=8, **mode)
+    vms = [f"vm-{i}" for i in range(8)]  # shards 7, 3, 7, 4, 4, 3, 1, 0 (tests/unit/test_shards.py)
+    # WHEN it sends two commands to each VM
+    for round_ in range(2):
+        for vm in vms:
+            sender.send_command(command(f"cmd-{round_}-{vm}", target=vm))
+    # THEN each command reached the entity of its VM's shard, as the session or the target property says
+    by_entity = {handler.entity: handler for handler in client.senders}
+    for vm in vms:
+        entity = f"{kind}:{entity_for('maintenance-commands', vm, 8)}"
+        targets = [(message.application_properties or {})["target"] for message in by_entity[entity].sent]
+        assert targets.count(vm) == 2, (vm, entity, targets)
+    # AND a sender was opened once per entity used and reused: shard 0 keeps the base name
+    assert sorted(by_entity) == sorted(
+        f"{kind}:{name}" for name in ("maintenance-commands", *(f"maintenance-commands-{k}" for k in (1, 3, 4, 7)))
+    )
+    assert len(client.senders) == len(by_entity)
+    in_session = [message.session_id for handler in client.senders for message in handler.sent]
+    assert all(session is not None for session in in_session) if kind == "queue" else set(in_session) == {None}
+
+
+def test_a_failed_shard_sender_is_replaced_and_the_others_stay_open() -> None:
+    # GIVEN an operator over 8 shards that sent to vm-6 (shard 1) and vm-7 (shard 0)
+    client = FakeClient()
+    sender = operator(client, commands_shards=8)
+    sender.send_command(command("cmd-1", target="vm-6"))
+    sender.send_command(command("cmd-2", target="vm-7"))
+    first_6, first_7 = client.senders
+    # WHEN the next send on shard 1 fails on the connection
+    client.faults.add("send", sb_errors.ServiceBusConnectionError(message="dropped"))
+    with pytest.raises(TransportUnavailableError):
+        sender.send_command(command("cmd-3", target="vm-6"))
+    # THEN only that shard's sender was closed; the next command for it opens a new one
+    assert (first_6.closed, first_7.closed) == (True, False)
+    sender.send_command(command("cmd-4", target="vm-6"))
+    sender.send_command(command("cmd-5", target="vm-7"))
+    assert [handler.entity for handler in client.senders] == [
+        "queue:maintenance-commands-1",
+        "queue:maintenance-commands",
+        "queue:maintenance-commands-1",
+    ]
+    assert [message.message_id for message in first_7.sent] == ["cmd-2", "cmd-5"]
+
+
+class RefusingShard(FakeClient):
+    """A namespace where the operator lacks Send on one commands queue."""
+
+    def __init__(self, refused: str) -> None:
+        super().__init__()
+        self.refused = refused
+
+    def get_queue_sender(self, queue_name: str) -> FakeSender:
+        if queue_name == self.refused:
+            self.faults.add("open_sender", sb_errors.ServiceBusAuthorizationError(message="unauthorized"))
+        return super().get_queue_sender(queue_name)
+
+
+def test_check_opens_a_sender_to_every_shard_and_names_the_one_refused() -> None:
+    # GIVEN an operator over 3 shards
+    client = FakeClient()
+    # WHEN it checks THEN every shard's sender was opened, nothing sent
+    description = operator(client, commands_shards=3).check()
+    assert [handler.entity for handler in client.senders] == [
+        "queue:maintenance-commands",
+        "queue:maintenance-commands-1",
+        "queue:maintenance-commands-2",
+    ]
+    assert all(handler.opened and not handler.sent for handler in client.senders)
+    assert "the 3 queues 'maintenance-commands' … 'maintenance-commands-2'" in description
+    # AND a shard without the role is named
+    with pytest.raises(
+        TransportConfigError,
+        match=r"Data Sender.*queue 'maintenance-commands-2'|queue 'maintenance-commands-2'.*Data Sender",
+    ):
+        operator(RefusingShard("maintenance-commands-2"), commands_shards=3).check()
+
+
+@pytest.mark.parametrize("shards", [0, -1, 1025, True])
+def test_a_shard_count_out_of_range_is_refused_naming_the_option(shards: int) -> None:
+    with pytest.raises(TransportConfigError, match=r"--commands-shards.*from 1 to 1024"):
+        settings(commands_shards=shards).validate()

@@ -58,17 +58,22 @@ class Clients:
         except auth_errors.GoogleAuthError as error:
             raise_mapped(error, resource, "create a Pub/Sub client")
 
+    def close_subscriber(self) -> None:
+        """Close the subscriber only; the next pull creates a new one."""
+        with self._lock:
+            subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            subscriber.close()
+
     def close(self) -> None:
         with self._lock:
             publisher, self._publisher = self._publisher, None
-            subscriber, self._subscriber = self._subscriber, None
         if publisher is not None:
             try:
                 publisher.stop()  # flushes what is batched; publish_message() already waited for everything it sent
             except RuntimeError:
                 LOG.debug("the publisher was already stopped")
-        if subscriber is not None:
-            subscriber.close()
+        self.close_subscriber()
 
 
 def publish_message(

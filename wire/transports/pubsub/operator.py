@@ -4,8 +4,10 @@ reads their results from the events topic."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 
+from wire.shards import entity_for, sharded_name
 from wire.transports.base import (
     CommandSender,
     OutboundMessage,
@@ -35,7 +37,8 @@ MAX_RESULTS_PER_PULL = 50
 
 
 class PubSubOperator(CommandSender, ResultReader):
-    """What `mbridge approve` uses: publishes a command with attribute `target`, and reads command
+    """What `mbridge approve` uses: publishes a command with attribute `target` (on the commands topic
+    of the target's shard, wire.shards, when `commands_shards` > 1), and reads command
     results from the events topic through the results subscription (acknowledging what it reads)."""
 
     def __init__(
@@ -50,9 +53,10 @@ class PubSubOperator(CommandSender, ResultReader):
         self._settings = settings
         self._emulator = emulator_host() is not None if emulator is None else emulator
         self._clients = Clients(publisher_factory, subscriber_factory)
-        self._commands = Resource(
-            "topic", settings.topic_path(settings.commands_topic), "the commands topic name", PUBLISHER_ROLE
-        )
+        # The commands topic of each shard (wire.shards), made on first use; one publisher client
+        # publishes to all of them.
+        self._commands: dict[str, Resource] = {}
+        self._commands_lock = threading.Lock()
         self._results = Resource(
             "subscription",
             settings.subscription_path(settings.results_subscription),
@@ -63,11 +67,25 @@ class PubSubOperator(CommandSender, ResultReader):
     def send_command(self, message: OutboundMessage) -> None:
         if not message.key:
             raise TransportConfigError("a command needs a target VM (the message key): it is the attribute target")
-        publisher = self._clients.publisher(self._commands)
+        settings = self._settings
+        resource = self._topic(entity_for(settings.commands_topic, message.key, settings.commands_shards))
+        publisher = self._clients.publisher(resource)
         attributes = with_envelope_id(message, target=message.key)
-        publish_message(
-            publisher, self._commands, message, attributes, self._settings.operation_timeout, ordering_key=message.key
-        )
+        publish_message(publisher, resource, message, attributes, settings.operation_timeout, ordering_key=message.key)
+
+    def _topic(self, name: str) -> Resource:
+        """Commands topic `name` (a shard's), as the resource errors name."""
+        with self._commands_lock:
+            resource = self._commands.get(name)
+            if resource is None:
+                path = self._settings.topic_path(name)
+                resource = Resource("topic", path, "the commands topic name", PUBLISHER_ROLE)
+                self._commands[name] = resource
+            return resource
+
+    def _commands_topics(self) -> list[Resource]:
+        shards = self._settings.commands_shards
+        return [self._topic(sharded_name(self._settings.commands_topic, shard, shards)) for shard in range(shards)]
 
     def read_results(self, max_wait: float) -> Sequence[bytes]:
         subscriber = self._clients.subscriber(self._results)
@@ -84,15 +102,19 @@ class PubSubOperator(CommandSender, ResultReader):
 
     def check(self) -> str:
         timeout = self._settings.operation_timeout
-        publisher = self._clients.publisher(self._commands)
+        topics = self._commands_topics()
+        publisher = self._clients.publisher(topics[0])
         subscriber = self._clients.subscriber(self._results)
+        commands = str(topics[0]) if len(topics) == 1 else f"the {len(topics)} topics {topics[0]} … {topics[-1].path}"
         if self._emulator:
-            ensure_topic(publisher, self._commands, timeout)
+            for resource in topics:
+                ensure_topic(publisher, resource, timeout)
             ensure_subscription(subscriber, self._results, timeout)
-            return f"pubsub (emulator {emulator_host()}): {self._commands} and {self._results} exist"
-        ensure_allowed(publisher, self._commands, PUBLISH_PERMISSION, timeout)
+            return f"pubsub (emulator {emulator_host()}): {commands} and {self._results} exist"
+        for resource in topics:
+            ensure_allowed(publisher, resource, PUBLISH_PERMISSION, timeout)
         ensure_allowed(subscriber, self._results, CONSUME_PERMISSION, timeout)
-        return f"pubsub: allowed to publish to {self._commands} and to consume {self._results}"
+        return f"pubsub: allowed to publish to {commands} and to consume {self._results}"
 
     def close(self) -> None:
         self._clients.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from wire.shards import validate_shards
 from wire.transports.base import TransportConfigError
 
 EMULATOR_VARIABLE = "PUBSUB_EMULATOR_HOST"
@@ -28,7 +29,11 @@ EVENTS_SUBSCRIPTION_ORDERED = False
 @dataclass(frozen=True)
 class PubSubSettings:
     """Options of the Pub/Sub transport (docs/contracts.md#transport-options). Names may also be full
-    resource paths (`projects/P/topics/T`), e.g. for a topic in another project. `vm_name` is needed by the agent."""
+    resource paths (`projects/P/topics/T`), e.g. for a topic in another project. `vm_name` is needed by the agent.
+
+    `commands_shards` > 1 (the publishers of commands: the functions, `mbridge approve`): the
+    commands of a VM go to `wire.shards.entity_for(commands_topic, vm, commands_shards)`, one of
+    that many topics; the agent reads its own subscription and leaves it at 1."""
 
     project: str
     topic: str = "maintenance-events"
@@ -37,6 +42,7 @@ class PubSubSettings:
     results_subscription: str = "operator-results"
     vm_name: str = ""
     operation_timeout: float = 30.0
+    commands_shards: int = 1
 
     def validate(self) -> None:
         """Raise TransportConfigError naming the flag to set when the options cannot work."""
@@ -53,6 +59,10 @@ class PubSubSettings:
                 raise TransportConfigError(f"{flag} is empty: give the name of the Pub/Sub resource")
         if self.commands_subscription is not None and not self.commands_subscription.strip():
             raise TransportConfigError("--pubsub-commands-subscription is empty: omit it to use the default")
+        try:
+            validate_shards(self.commands_shards)
+        except ValueError as error:
+            raise TransportConfigError(f"--commands-shards (MBRIDGE_COMMANDS_SHARDS): {error}") from None
         if self.operation_timeout <= 0:
             raise TransportConfigError(f"the Pub/Sub operation timeout must be positive, not {self.operation_timeout}")
 

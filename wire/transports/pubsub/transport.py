@@ -75,6 +75,11 @@ class PubSubTransport(AgentTransport):
         ensure_allowed(subscriber, self._commands.resource, CONSUME_PERMISSION, timeout)
         return f"pubsub: allowed to publish to {self._events} and to consume {self._commands.resource}"
 
+    def rest(self) -> None:
+        """Close the subscriber's channel; an idle agent pulls nothing. The publisher is kept: a
+        publish may be on its way in the publisher's thread, and publishing opens no receive."""
+        self._clients.close_subscriber()
+
     def close(self) -> None:
         self._clients.close()
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from azure.servicebus import ServiceBusReceivedMessage
 
+from wire.shards import entity_for, sharded_name
 from wire.transports.base import CommandSender, OutboundMessage, ResultReader, TransportConfigError
 from wire.transports.servicebus.client import ClientFactory, ReceiverLike, default_factory
 from wire.transports.servicebus.errors import RECEIVER_ROLE, SENDER_ROLE, Entity, map_error
@@ -28,7 +29,8 @@ MAX_RESULTS_PER_READ = 50
 class ServiceBusOperator(CommandSender, ResultReader):
     """What `mbridge approve` (and the functions) use: sends a command into the target VM's session
     of the commands queue, or with `commands_topic` onto that topic with the application property
-    `target` that the VMs' subscription filters match; reads command results from the events topic
+    `target` that the VMs' subscription filters match (with `commands_shards`, the queue or topic
+    of the VM's shard, wire.shards); reads command results from the events topic
     through the results subscription (completing what it reads)."""
 
     def __init__(
@@ -48,13 +50,10 @@ class ServiceBusOperator(CommandSender, ResultReader):
             RECEIVER_ROLE,
             settings.endpoint,
         )
-        topic, queue = settings.commands_topic, settings.commands_queue
-        if topic is not None:
-            entity = Entity("topic", topic, "--servicebus-commands-topic", SENDER_ROLE, settings.endpoint)
-            self._commands = Sending(lambda: self._client.get_topic_sender(topic), entity, settings.operation_timeout)
-        else:
-            entity = Entity("queue", queue, "--servicebus-commands-queue", SENDER_ROLE, settings.endpoint)
-            self._commands = Sending(lambda: self._client.get_queue_sender(queue), entity, settings.operation_timeout)
+        # One sender per commands entity, opened on first use and kept: with shards, each VM's commands
+        # go to the queue or topic of its shard (wire.shards), and every entity is authorised apart.
+        self._commands: dict[str, Sending] = {}
+        self._commands_lock = threading.Lock()
         self._results: Reusable[ReceiverLike] = Reusable(
             lambda: self._client.get_subscription_receiver(settings.topic, settings.results_subscription)
         )
@@ -67,7 +66,34 @@ class ServiceBusOperator(CommandSender, ResultReader):
                 "subscriptions of the commands topic filter on"
             )
         in_session = self._settings.commands_topic is None
-        self._commands.send(outbound(message, COMMAND_CONTENT_TYPE, target=message.key, in_session=in_session))
+        sending = self._sending(entity_for(self._commands_base, message.key, self._settings.commands_shards))
+        sending.send(outbound(message, COMMAND_CONTENT_TYPE, target=message.key, in_session=in_session))
+
+    @property
+    def _commands_base(self) -> str:
+        """The configured commands topic (the isolated mode) or queue: the name of shard 0."""
+        return self._settings.commands_topic or self._settings.commands_queue
+
+    def _commands_entities(self) -> list[str]:
+        shards = self._settings.commands_shards
+        return [sharded_name(self._commands_base, shard, shards) for shard in range(shards)]
+
+    def _sending(self, name: str) -> Sending:
+        """The sender to commands entity `name`, created on first use."""
+        with self._commands_lock:
+            sending = self._commands.get(name)
+            if sending is None:
+                sending = self._new_sending(name)
+                self._commands[name] = sending
+            return sending
+
+    def _new_sending(self, name: str) -> Sending:
+        settings, client = self._settings, self._client
+        if settings.commands_topic is not None:
+            entity = Entity("topic", name, "--servicebus-commands-topic", SENDER_ROLE, settings.endpoint)
+            return Sending(lambda: client.get_topic_sender(name), entity, settings.operation_timeout)
+        entity = Entity("queue", name, "--servicebus-commands-queue", SENDER_ROLE, settings.endpoint)
+        return Sending(lambda: client.get_queue_sender(name), entity, settings.operation_timeout)
 
     def read_results(self, max_wait: float) -> Sequence[bytes]:
         with self._lock:
@@ -102,8 +128,11 @@ class ServiceBusOperator(CommandSender, ResultReader):
         return mapped
 
     def check(self) -> str:
-        """Open the command sender and the results receiver: both authorise without moving a message."""
-        self._commands.open()
+        """Open the command sender of every shard and the results receiver: each authorises without
+        moving a message."""
+        entities = self._commands_entities()
+        for name in entities:
+            self._sending(name).open()
         with self._lock:
             receiver = self._results.get()
             try:
@@ -113,12 +142,19 @@ class ServiceBusOperator(CommandSender, ResultReader):
                 if mapped is None:
                     raise
                 raise mapped from error
-        commands = self._settings.commands_topic
-        destination = f"topic {commands!r}" if commands is not None else f"queue {self._settings.commands_queue!r}"
+        kind = "topic" if self._settings.commands_topic is not None else "queue"
+        if len(entities) == 1:
+            destination = f"{kind} {entities[0]!r}"
+        else:
+            destination = f"the {len(entities)} {kind}s {entities[0]!r} … {entities[-1]!r}"
         return f"servicebus: authorised to send to {destination} and to read {self._results_entity}"
 
     def close(self) -> None:
-        self._commands.close()
+        with self._commands_lock:
+            senders = list(self._commands.values())
+            self._commands.clear()
+        for sending in senders:
+            sending.close()
         with self._lock:
             self._results.discard()
         self._client.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wire.shards import validate_shards
 from wire.transports.base import TransportConfigError
 
 
@@ -18,6 +19,10 @@ class ServiceBusSettings:
 
     `commands_topic` set: commands travel through that topic instead of the session queue (the
     isolated mode); the agent then receives from its own subscription `commands_subscription`.
+
+    `commands_shards` > 1 (the senders' side: the functions, `mbridge approve`): the commands of a
+    VM go to `wire.shards.entity_for(<queue or topic>, vm, commands_shards)`, one of that many
+    queues or topics. The agent is given its own entity's name and leaves it at 1.
     """
 
     namespace: str | None = None
@@ -30,6 +35,7 @@ class ServiceBusSettings:
     operation_timeout: float = 30.0
     commands_topic: str | None = None
     commands_subscription: str | None = None
+    commands_shards: int = 1
 
     def validate(self) -> None:
         """Raise TransportConfigError naming the flag to set when the options cannot work."""
@@ -61,6 +67,7 @@ class ServiceBusSettings:
                 "--servicebus-commands-subscription names a subscription of the commands topic: "
                 "give the topic too (--servicebus-commands-topic, default maintenance-commands)"
             )
+        _validate_shards(self.commands_shards)
         if self.operation_timeout <= 0:
             raise TransportConfigError(
                 f"the Service Bus operation timeout must be positive, not {self.operation_timeout}"
@@ -72,6 +79,13 @@ class ServiceBusSettings:
         if self.namespace:
             return self.namespace
         return _namespace_of(self.connection_string or "") or "the namespace of the connection string"
+
+
+def _validate_shards(shards: int) -> None:
+    try:
+        validate_shards(shards)
+    except ValueError as error:
+        raise TransportConfigError(f"--commands-shards (MBRIDGE_COMMANDS_SHARDS): {error}") from None
 
 
 def _validate_namespace(namespace: str) -> None:

@@ -78,6 +78,12 @@ class ServiceBusTransport(AgentTransport):
             f"servicebus: authorised to send to topic {settings.topic!r} and to receive {source} in {settings.endpoint}"
         )
 
+    def rest(self) -> None:
+        """Close the command receiver and the events sender: the SDK opens one AMQP connection per
+        handler, so an idle agent holds none. The next publish or receive reopens its handler."""
+        self._commands.close()
+        self._events.close()
+
     def close(self) -> None:
         self._events.close()
         self._commands.close()

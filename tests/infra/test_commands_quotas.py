@@ -1,0 +1,250 @@
+"""The commands shards and quota checks of both Terraform roots (commands_shards.tf), evaluated by
+`terraform console` with the roots' own variables.tf and commands_shards.tf, without any provider.
+
+GIVEN a fleet, a shard count, a commands mode and the VMs given subscriptions
+WHEN  Terraform evaluates the roots' variables and the checks of commands_shards.tf
+THEN  the variable validations refuse counts out of range, each quota check refuses exactly the
+      configurations past its quota with a message naming the quota and what to change, the
+      shard of every VM is wire.shards's, and the checks are a precondition of the plan.
+
+What runs here: Terraform's own evaluation of the variables' validations and of every local the
+preconditions read (conditions and messages). What does not: the preconditions firing during a
+`terraform plan`, which needs the real providers; the last test checks instead that each
+precondition's condition and message are built from exactly the local evaluated here.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.infra.sources import TERRAFORM_AZURE, TERRAFORM_GCP, load_terraform, terraform_resources
+from wire.shards import shard_of
+
+TERRAFORM = shutil.which("terraform")
+pytestmark = pytest.mark.skipif(
+    TERRAFORM is None and os.environ.get("CI") != "true", reason="no terraform binary on PATH"
+)
+
+PRINCIPAL = "00000000-0000-0000-0000-000000000000"
+REQUIRED = {TERRAFORM_AZURE: {"resource_group_name": "rg-mbridge"}, TERRAFORM_GCP: {"project_id": "shop-prod"}}
+AZURE_CHECKS = {"subscriptions_per_topic", "fleet_per_topic", "receives_per_entity", "connections_per_namespace"}
+GCP_CHECKS = {"subscriptions_per_topic", "fleet_per_topic", "subscriptions_per_project"}
+
+
+@cache
+def console_module(root: Path, directory: Path) -> Path:
+    module = directory / root.name
+    module.mkdir(parents=True)
+    for name in ("variables.tf", "commands_shards.tf"):
+        shutil.copy(root / name, module / name)
+    return module
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Path]:
+    directory = tmp_path_factory.mktemp("quotas")
+    return {root: console_module(root, directory) for root in (TERRAFORM_AZURE, TERRAFORM_GCP)}
+
+
+def evaluate(module: Path, root: Path, variables: dict[str, Any], expression: str) -> Any:
+    """`expression` as Terraform evaluates it with `variables`; AssertionError with Terraform's
+    message when it refuses them."""
+    (module / "terraform.tfvars.json").write_text(json.dumps({**REQUIRED[root], **variables}), encoding="utf-8")
+    result = subprocess.run(
+        [str(TERRAFORM), "console"],
+        input=f"jsonencode({expression})\n",
+        capture_output=True,
+        text=True,
+        cwd=module,
+        env={**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "CHECKPOINT_DISABLE": "1", "NO_COLOR": "1"},
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0 or "Error:" in result.stderr:
+        # Terraform's diagnostic on one line, without its frame
+        raise AssertionError(" ".join(result.stderr.replace("│", " ").replace("╷", " ").replace("╵", " ").split()))
+    return json.loads(json.loads(result.stdout.strip()))
+
+
+def failing(checks: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {name: check["message"] for name, check in checks.items() if not check["ok"]}
+
+
+def azure(modules: dict[Path, Path], **variables: Any) -> dict[str, str]:
+    checks = evaluate(modules[TERRAFORM_AZURE], TERRAFORM_AZURE, variables, "local.commands_quota_checks")
+    assert set(checks) == AZURE_CHECKS
+    return failing(checks)
+
+
+def gcp(modules: dict[Path, Path], **variables: Any) -> dict[str, str]:
+    checks = evaluate(modules[TERRAFORM_GCP], TERRAFORM_GCP, variables, "local.commands_quota_checks")
+    assert set(checks) == GCP_CHECKS
+    return failing(checks)
+
+
+# ---------------------------------------------------------------- variables
+
+
+@pytest.mark.parametrize("root", [TERRAFORM_AZURE, TERRAFORM_GCP], ids=["azure", "gcp"])
+@pytest.mark.parametrize(
+    ("variables", "refused"),
+    [
+        ({"commands_shards": 0}, "commands_shards must be a whole number from 1 to 1024"),
+        ({"commands_shards": 1025}, "commands_shards must be a whole number from 1 to 1024"),
+        ({"commands_shards": 2.5}, "commands_shards must be a whole number from 1 to 1024"),
+        ({"fleet_size": 0}, "fleet_size must be a whole number of VMs, at least 1"),
+        ({"fleet_size": 10.5}, "fleet_size must be a whole number of VMs, at least 1"),
+    ],
+)
+def test_variables_refuse_counts_out_of_range(
+    modules: dict[Path, Path], root: Path, variables: dict[str, Any], refused: str
+) -> None:
+    with pytest.raises(AssertionError, match=refused):
+        evaluate(modules[root], root, variables, "var.commands_shards")
+
+
+@pytest.mark.parametrize("root", [TERRAFORM_AZURE, TERRAFORM_GCP], ids=["azure", "gcp"])
+def test_the_entities_are_the_base_then_numbered(modules: dict[Path, Path], root: Path) -> None:
+    name = "commands_entity_names" if root == TERRAFORM_AZURE else "commands_topic_names"
+    assert evaluate(modules[root], root, {"commands_shards": 3}, f"local.{name}") == [
+        "maintenance-commands",
+        "maintenance-commands-1",
+        "maintenance-commands-2",
+    ]
+    assert evaluate(modules[root], root, {}, f"local.{name}") == ["maintenance-commands"]
+
+
+# ---------------------------------------------------------------- Azure
+
+
+def test_azure_defaults_pass(modules: dict[Path, Path]) -> None:
+    assert azure(modules) == {}
+    assert azure(modules, commands_mode="topic") == {}
+
+
+def test_azure_peak_receives_per_entity_past_5000_are_refused_and_shards_cure_them(modules: dict[Path, Path]) -> None:
+    # GIVEN 17,000 VMs, 30 % engaged: 5,100 receives on one queue
+    refused = azure(modules, fleet_size=17000, function_maximum_instance_count=1)
+    assert "receives_per_entity" in refused
+    assert "5000 concurrent receive requests per queue or topic" in refused["receives_per_entity"]
+    assert "make 5100 on one. Raise commands_shards to at least 2" in refused["receives_per_entity"]
+    # THEN two queues take 2,550 each (the namespace's connections are another matter)
+    assert "receives_per_entity" not in azure(modules, fleet_size=17000, commands_shards=2)
+
+
+def test_azure_peak_connections_past_5000_are_refused_with_a_split_of_the_fleet(modules: dict[Path, Path]) -> None:
+    # GIVEN 8,000 VMs over 2 queues: 4,800 agents' connections and 40 x 3 = 120 for the function app
+    assert azure(modules, fleet_size=8000, commands_shards=2) == {}
+    # WHEN the fleet grows by 200 VMs: 4,920 + 120 = 5,040
+    refused = azure(modules, fleet_size=8200, commands_shards=2)
+    # THEN the namespace's connections are refused, and more shards cannot help
+    assert set(refused) == {"connections_per_namespace"}
+    message = refused["connections_per_namespace"]
+    assert "5000 concurrent AMQP connections per namespace" in message
+    assert "make 5040" in message
+    assert "split the fleet over several deployments, each in its own resource group" in message
+    assert set(azure(modules, fleet_size=8200, commands_shards=16)) == {"connections_per_namespace"}
+    # AND a narrower function app fits: 4,920 + 10 x 3
+    assert azure(modules, fleet_size=8200, commands_shards=2, function_maximum_instance_count=10) == {}
+
+
+def test_azure_topic_mode_refuses_more_vms_on_a_topic_than_subscriptions_allowed(modules: dict[Path, Path]) -> None:
+    # GIVEN a fleet of 2,000 VMs: with 10 % headroom, 2,200 subscriptions on one topic
+    refused = azure(modules, commands_mode="topic", fleet_size=2000)
+    assert set(refused) == {"fleet_per_topic"}
+    assert "2000 subscriptions per topic" in refused["fleet_per_topic"]
+    assert "Raise commands_shards to at least 2" in refused["fleet_per_topic"]
+    # THEN two topics take it, and the queue mode has no subscriptions to count
+    assert azure(modules, commands_mode="topic", fleet_size=2000, commands_shards=2) == {}
+    assert azure(modules, fleet_size=2000) == {}
+
+
+def test_azure_counts_the_subscriptions_it_creates_on_each_topic_as_wire_shards_does(modules: dict[Path, Path]) -> None:
+    # GIVEN 2,001 VMs given subscriptions (fleet_size left small: only the exact count can refuse)
+    vms = {f"web-{i:04d}": PRINCIPAL for i in range(2001)}
+    variables = {"commands_mode": "topic", "commands_subscription_vms": vms, "fleet_size": 1}
+    # THEN on one topic that is one too many, and the message says how many
+    refused = azure(modules, **variables)
+    assert set(refused) == {"subscriptions_per_topic"}
+    assert "2000 subscriptions per topic" in refused["subscriptions_per_topic"]
+    assert "puts 2001 VMs on one commands topic" in refused["subscriptions_per_topic"]
+    # AND over 3 topics each VM's subscription is on its shard's topic as wire.shards computes it
+    module = modules[TERRAFORM_AZURE]
+    shards = evaluate(
+        module, TERRAFORM_AZURE, {**variables, "commands_shards": 3}, "local.commands_subscription_shards"
+    )
+    assert shards == {vm: shard_of(vm, 3) for vm in vms}
+    counts = collections.Counter(shards.values())
+    assert evaluate(module, TERRAFORM_AZURE, {**variables, "commands_shards": 3}, "local.subscriptions_per_topic") == [
+        counts[0],
+        counts[1],
+        counts[2],
+    ]
+    assert azure(modules, **variables, commands_shards=3) == {}
+
+
+# ---------------------------------------------------------------- Google Cloud
+
+
+def test_gcp_defaults_pass(modules: dict[Path, Path]) -> None:
+    assert gcp(modules) == {}
+
+
+def test_gcp_refuses_more_vms_on_a_topic_than_subscriptions_allowed(modules: dict[Path, Path]) -> None:
+    # GIVEN 9,500 VMs: with 10 % headroom, 10,450 subscriptions on one topic
+    refused = gcp(modules, fleet_size=9500)
+    assert set(refused) == {"fleet_per_topic"}
+    assert "10000 subscriptions per topic" in refused["fleet_per_topic"]
+    assert "Raise commands_shards to at least 2" in refused["fleet_per_topic"]
+    # THEN two topics take them
+    assert gcp(modules, fleet_size=9500, commands_shards=2) == {}
+
+
+def test_gcp_refuses_more_subscriptions_than_a_project_allows_with_a_split_over_projects(
+    modules: dict[Path, Path],
+) -> None:
+    # GIVEN 9,997 VMs and the deployment's 3 subscriptions: 10,000
+    assert gcp(modules, fleet_size=9997, commands_shards=2) == {}
+    # WHEN one more VM THEN the project's hard limit is refused, whatever the shards
+    refused = gcp(modules, fleet_size=9998, commands_shards=64)
+    assert set(refused) == {"subscriptions_per_project"}
+    message = refused["subscriptions_per_project"]
+    assert "10000 subscriptions per project, a hard limit" in message
+    assert "make 10001" in message
+    assert "split the fleet over several deployments, each in its own project" in message
+
+
+def test_gcp_counts_the_subscriptions_it_creates_on_each_topic_as_wire_shards_does(modules: dict[Path, Path]) -> None:
+    vms = [f"web-{i}" for i in range(300)]
+    module = modules[TERRAFORM_GCP]
+    variables = {"vm_names": vms, "commands_shards": 4}
+    assert evaluate(module, TERRAFORM_GCP, variables, "local.vm_commands_shards") == {vm: shard_of(vm, 4) for vm in vms}
+    counts = collections.Counter(shard_of(vm, 4) for vm in vms)
+    assert evaluate(module, TERRAFORM_GCP, variables, "local.subscriptions_per_topic") == [counts[k] for k in range(4)]
+
+
+# ---------------------------------------------------------------- each check is a precondition of the plan
+
+
+@pytest.mark.parametrize(
+    ("root", "address"),
+    [(TERRAFORM_AZURE, "azurerm_servicebus_namespace.this"), (TERRAFORM_GCP, "google_pubsub_topic.commands")],
+    ids=["azure", "gcp"],
+)
+def test_the_checks_are_one_precondition_saying_every_failed_message(root: Path, address: str) -> None:
+    body = terraform_resources(load_terraform(root))[address]
+    preconditions = [entry for lifecycle in body["lifecycle"] for entry in lifecycle.get("precondition", [])]
+    assert {
+        "condition": "${alltrue([for check in values(local.commands_quota_checks) : check.ok])}",
+        "error_message": '${join(" ", '
+        "[for check in values(local.commands_quota_checks) : check.message if !check.ok])}",
+    } in preconditions
