@@ -142,10 +142,18 @@ class CountingStore:
             self._inner.abandon(key, now)
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         with self._counter.step("reserve"):
-            return self._inner.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at)
+            return self._inner.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at, alone=alone)
 
     def release(self, pool: str, event_key: str) -> None:
         with self._counter.step("release"):

@@ -108,8 +108,12 @@ def _reserve(
     expires_at = reservation_expiry(run.event, run.now)
     why_past = past_the_budget(run.event, run.policy, run.now)
     own = subject_key(run.event)
+    # An event whose report names only this VM: no other VM's report is expected to join its reservation.
+    alone = run.named == (run.event.reporter,)
     for pool, members in pools.values():
-        admission = run.store.reserve(pool.name, key, members, pool.max_drained, now=run.now, expires_at=expires_at)
+        admission = run.store.reserve(
+            pool.name, key, members, pool.max_drained, now=run.now, expires_at=expires_at, alone=alone
+        )
         _expired(run, pool.name, admission.expired)
         held_before = any(vm in records for vm in members)
         refusal = None
@@ -128,7 +132,7 @@ def _reserve(
         if not admission:
             # Recorded all the same (no limit), so that it counts against the events after it; and out
             # of the line, where an earlier step of it may wait, so that step is never acted on later.
-            run.store.reserve(pool.name, key, members, None, now=run.now, expires_at=expires_at)
+            run.store.reserve(pool.name, key, members, None, now=run.now, expires_at=expires_at, alone=alone)
             run.store.unpark(pool.name, own)
             past.append(f"{why_past} (pool {pool.name!r} is at {_limit(pool)})")
         elif admission.expired:

@@ -87,7 +87,15 @@ class Budget(Protocol):
     """The reservations of each pool's disruption budget."""
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         """Admit the event into the pool's budget: admitted when the VMs already reserved plus these
         stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event:
@@ -105,6 +113,12 @@ class Budget(Protocol):
         A store that can record only so many reservations per pool (one Table entity, one Firestore
         document) refuses an event that no longer fits while others are reserved: it waits for a
         slot like any other refused event.
+
+        `alone`: the report that asks names no VM but `vms` (no other VM's report of the event is
+        expected to join). A store that keeps joins apart from the reservation (Table Storage,
+        Firestore) records it with a new reservation, so that its release need not look for joins;
+        a VM that joins such a reservation all the same first has that mark taken off, in a write
+        conditional on the reservations as read, and then joins as any other.
         """
         ...
 

@@ -306,7 +306,15 @@ class FirestoreStateStore:
     # ---- budget
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         ref = self._pools.document(doc_id(pool))
         found: list[Reservation] = []  # expired reservations this call removed
@@ -322,7 +330,7 @@ class FirestoreStateStore:
                             time.sleep(store_rules.budget_backoff(attempt))
                             continue
                         found += self._forget_expired(ref, expired)
-                    if self._join(ref, held, vms):
+                    if self._join(ref, snapshot if not swept else None, pool, entries, held, vms):
                         return Admission(True, tuple(found))
                     continue  # the event let its slot go meanwhile: admit it afresh
                 counted = [entry["vms"] for entry in entries]
@@ -334,6 +342,8 @@ class FirestoreStateStore:
                     "token": uuid.uuid4().hex,
                     "admitted_at": now.timestamp(),
                     "expires_at": expires_at.timestamp(),
+                    # Admitted alone (see `StateStore.reserve`): its release looks for no joins until one comes.
+                    **({"alone": True} if alone else {}),
                 }
                 admitted = [*entries, entry] if admits(counted, vms, limit) else entries
                 if entries and admitted is not entries and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
@@ -370,8 +380,10 @@ class FirestoreStateStore:
                 )
             # Its joins only now: until the reservation is gone they count. (A redelivered release
             # that finds the reservation gone leaves any join a crash left: it counts for nothing,
-            # as its reservation's token is no pool's any more.)
-            self._forget_joins(ref, event_key, held.get("token", ""))
+            # as its reservation's token is no pool's any more.) A reservation still marked as
+            # admitted alone has none: a join takes the mark off before it is written.
+            if not held.get("alone"):
+                self._forget_joins(ref, event_key, held.get("token", ""))
 
     def _forget_joins(self, ref: firestore.DocumentReference, event_key: str, token: str) -> None:
         query = ref.collection("joins").where(filter=firestore.FieldFilter("event_key", "==", event_key))
@@ -418,18 +430,33 @@ class FirestoreStateStore:
         except _CHANGED_MEANWHILE:
             return False
 
-    def _join(self, ref: firestore.DocumentReference, held: JsonObject, vms: Sequence[str]) -> bool:
+    def _join(
+        self,
+        ref: firestore.DocumentReference,
+        read: firestore.DocumentSnapshot[firestore.DocumentReference] | None,
+        pool: str,
+        entries: list[JsonObject],
+        held: JsonObject,
+        vms: Sequence[str],
+    ) -> bool:
         """Count `vms` with the event's reservation `held`, each in a document of its own (the VMs
         of a large event join at about the same time, and would conflict on the pool's one
         document): `joins/{h(event_key, vm)}` under the pool's document.
 
         False when the reservation was let go before the joins were written (read again after
         them): they are taken back, and the caller admits the event afresh, as when it came first.
+        Also False when the reservation is marked as admitted alone and the pool's document changed
+        since `read` (None: it did) before the mark could be taken off: the caller reads it again.
         """
         event_key, token = held["event_key"], held.get("token", "")
         new = [vm for vm in vms if vm not in held["vms"]]
         if not new:
             return True
+        if held.get("alone"):
+            # Its release must look for joins from now on: the mark goes before any join is written.
+            unmarked = [{**entry, "alone": False} if entry is held else entry for entry in entries]
+            if read is None or not self._write_budget(ref, read, pool, unmarked):
+                return False
         joins = [ref.collection("joins").document(doc_id(event_key, vm)) for vm in new]
         for join, vm in zip(joins, new):
             join.set({"event_key": event_key, "vm": vm, "token": token})

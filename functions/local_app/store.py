@@ -161,8 +161,18 @@ class SqliteStore:
     # ---- budget
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
+        # `alone` changes nothing here: a VM joins its event's reservation in the same transaction.
+        del alone
         stamp = now.timestamp()
         with self._transaction() as db:
             # A reservation of an earlier version (no expiry) gets one; then the expired ones go.

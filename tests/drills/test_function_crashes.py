@@ -176,10 +176,18 @@ class CrashingStore:
         self.crashes.point("after store.abandon")
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         self.crashes.point("before store.reserve")
-        admitted = self.store.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at)
+        admitted = self.store.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at, alone=alone)
         self.crashes.point("after store.reserve")
         return admitted
 
