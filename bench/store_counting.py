@@ -30,6 +30,7 @@ from functions.core.ports import (
     AuditLog,
     AuditRecord,
     Claim,
+    Finishing,
     JsonObject,
     Parked,
     RecordedDrain,
@@ -133,6 +134,9 @@ class CountingStore:
         with self._counter.step("claim"):
             return self._inner.claim(key, now, lease)
 
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        return _CountedFinishing(self._inner.finishing(key, now, forgotten), self._counter)
+
     def complete(self, key: str, now: datetime) -> None:
         with self._counter.step("complete"):
             self._inner.complete(key, now)
@@ -196,6 +200,22 @@ class CountingStore:
             self._inner.unpark(pool, event_key)
 
 
+class _CountedFinishing:
+    """A store's `Finishing` whose own writes count as the step `completion`; one an audit log folds
+    into its commit (`writes`, Firestore) counts with the audit lines."""
+
+    def __init__(self, inner: Finishing, counter: RoundTrips) -> None:
+        self._inner = inner
+        self._counter = counter
+
+    def write(self) -> None:
+        with self._counter.step("complete"):
+            self._inner.write()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class CountingAudit:
     """An AuditLog whose appends count as the step `audit lines`."""
 
@@ -207,9 +227,9 @@ class CountingAudit:
         with self._counter.step("append"):
             self._inner.append(record)
 
-    def append_all(self, records: Sequence[AuditRecord]) -> None:
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
         with self._counter.step("append"):
-            self._inner.append_all(records)
+            self._inner.append_all(records, then)
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         return self._inner.query(vm=vm, event_id=event_id)

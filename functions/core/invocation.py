@@ -19,6 +19,7 @@ from functions.core.ports import (
     AuditLog,
     AuditRecord,
     CommandSender,
+    Finishing,
     JsonObject,
     LoadBalancer,
     Maintenance,
@@ -113,6 +114,10 @@ class Invocation:
     # request (`AuditLog.append_all`) before it completes the claim, or before it lets the claim go
     # when something failed (an event admitted from the waiting line adds its own to the same list).
     lines: list[AuditRecord] = field(default_factory=list)
+    # Drain records of VMs put back, (event key, VM), not forgotten yet: `process` forgets them with the
+    # claim's completion (`StateStore.finishing`), or on their own before it lets the claim go. Until
+    # then a redelivery finds them and puts those VMs back again, which changes nothing.
+    forgotten: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def store(self) -> StateStore:
@@ -123,7 +128,9 @@ class Invocation:
         return self.deps.policy
 
     def admitting(self, envelope: Envelope, event: MaintenanceEvent) -> Invocation:
-        return Invocation(self.deps, self.now, envelope, event, self.outcome, lines=self.lines)
+        return Invocation(
+            self.deps, self.now, envelope, event, self.outcome, lines=self.lines, forgotten=self.forgotten
+        )
 
     @property
     def named(self) -> tuple[str, ...]:
@@ -141,11 +148,22 @@ class Invocation:
         """Add a record about this step of the event, stamped with the invocation's `now`."""
         self.lines.append(event_record(self.now, kind, self.envelope, self.event, **fields))
 
-    def write_audit(self) -> None:
-        """Write the records added so far, in order, in one request where the log allows it."""
-        if self.lines:
-            self.deps.audit.append_all(list(self.lines))
+    def forget(self, event_key: str, vm: str) -> None:
+        """The VM is back in its pools: its drain record goes when the message is done (`forgotten`)."""
+        self.forgotten.append((event_key, vm))
+
+    def write_audit(self, then: Finishing | None = None) -> None:
+        """Write the records added so far, in order, in one request where the log allows it, and
+        then the end of the message in the store (with them where the log allows it)."""
+        if self.lines or then is not None:
+            self.deps.audit.append_all(list(self.lines), then)
             self.lines.clear()
+
+    def forget_now(self) -> None:
+        """Forget the drains of the VMs put back so far, on their own (the message failed)."""
+        while self.forgotten:
+            self.store.forget_drain(*self.forgotten[0])
+            del self.forgotten[0]
 
     def note(
         self,

@@ -213,7 +213,7 @@ def end_part(
             continue
         memento: JsonObject = record.get("memento", {})
         if not put_back:
-            store.forget_drain(key, vm)
+            run.forget(key, vm)
             run.note(ActionName.NONE, vm, decision, "the VM is gone: nothing put back")
             continue
         try:
@@ -225,7 +225,7 @@ def end_part(
             reason = f"could not put {vm} back ({error}); its drain is kept and retried: {memento}"
             run.note(ActionName.RESTORE_FAILED, vm, decision, reason)
             continue
-        store.forget_drain(key, vm)
+        run.forget(key, vm)
         run.note(ActionName.RESTORE, vm, decision)
     # The event is over for this VM: its slots go back even when it could not be put back, or every
     # later event of the pool would wait on a repair (and go undrained when its deadline came) —

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
 from functions.core.chat_markup import neutralised
-from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord
+from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord, Finishing
 from functions.core.refusals import DEFAULT_SUMMARY_SECONDS, RefusalDigest, RefusalSummary, is_refusal
 from wire.bounds import bounded
 from wire.timefmt import format_rfc3339
@@ -285,8 +285,8 @@ class NotifyingAuditLog:
     def append(self, record: AuditRecord) -> None:
         self.append_all([record])
 
-    def append_all(self, records: Sequence[AuditRecord]) -> None:
-        self._inner.append_all(records)
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        self._inner.append_all(records, then)
         for record in records:
             try:
                 if self._filter.matches(record):

@@ -182,6 +182,16 @@ class Parking(Protocol):
     def unpark(self, pool: str, event_key: str) -> None: ...
 
 
+class Finishing(Protocol):
+    """What the store records when a message is done (`StateStore.finishing`): its claim completed
+    and the drain records of the VMs it put back forgotten, written after the message's audit
+    records (`AuditLog.append_all`'s `then`)."""
+
+    def write(self) -> None:
+        """Forget the drains, then complete the claim, each as `forget_drain` and `complete` do."""
+        ...
+
+
 class StateStore(Claims, Budget, DrainLedger, Memory, Parking, Protocol):
     """Idempotency claims, what this system drained, budget reservations, remembered values
     (command bytes, event ends) and stored waits.
@@ -194,6 +204,13 @@ class StateStore(Claims, Budget, DrainLedger, Memory, Parking, Protocol):
     implementation is checked, and tested (tests/contract/test_state_store.py), role by role. One
     backend implements them all, as one database holds them.
     """
+
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        """The end of a message: the claim `key` completed at `now`, and the drains `forgotten`
+        ((event key, VM), VMs put back) forgotten. Nothing is written until its `write` is called, or
+        until an audit log that shares this store's database puts it in the commit of the message's
+        audit records (Firestore)."""
+        ...
 
 
 class LoadBalancer(Protocol):
@@ -308,10 +325,14 @@ _AUDIT_TEXTS = ("kind", "envelope_id", "event_id", "vm", "action", "status", "ru
 class AuditLog(Protocol):
     def append(self, record: AuditRecord) -> None: ...
 
-    def append_all(self, records: Sequence[AuditRecord]) -> None:
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
         """Append the records in their order, in as few requests as the store allows (Table Storage:
         one entity group transaction per VM's partition; Firestore: one commit; SQLite: one
-        transaction): `process` writes the records of a message together, before completing its claim."""
+        transaction): `process` writes the records of a message together, before completing its claim.
+
+        `then`, the end of the message in the state store, is written once the records are: by its
+        `write`, or in the records' own commit when this log shares the store's database (Firestore:
+        one commit holds the records, the claim's completion and the drains forgotten)."""
         ...
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]: ...

@@ -115,6 +115,7 @@ def recover(deps: Deps, request: Recovery, now: datetime) -> Outcome:
         end_part(run, decision, nothing="nothing drained by this system any more", put_back=put_back)
     finally:
         run.write_audit()  # what was done, also when a VM could not be put back
+        run.forget_now()  # the records of the VMs put back (no claim here to complete with them)
     return run.outcome
 
 

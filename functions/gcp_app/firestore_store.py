@@ -57,13 +57,14 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from google.api_core import exceptions as api_errors
 from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
 from functions.core import store_rules
-from functions.core.ports import Admission, Claim, JsonObject, Parked, RecordedDrain, Reservation
+from functions.core.ports import Admission, Claim, Finishing, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import (
     DONE,
     IN_PROGRESS,
@@ -231,6 +232,37 @@ def _forget_earlier_drain(transaction: firestore.Transaction, ref: firestore.Doc
         transaction.delete(ref)
 
 
+# ---------------------------------------------------------------- the end of a message
+
+# One write of a commit: ("delete", document, None) or ("merge", document, fields).
+_Write = tuple[str, firestore.DocumentReference, "dict[str, Any] | None"]
+
+
+def _done(now: datetime) -> dict[str, Any]:
+    """A completed claim's fields."""
+    return {"state": DONE, "updated_at": now, "expire_at": now + CLAIM_RETENTION}
+
+
+class FirestoreFinish:
+    """`FirestoreStateStore.finishing`: the claim's completion and the drains forgotten, written in the
+    commit of the message's audit records by a `FirestoreAuditLog` on the same client (`writes`), or
+    on their own (`write`)."""
+
+    def __init__(
+        self, store: FirestoreStateStore, key: str, now: datetime, forgotten: tuple[tuple[str, str], ...]
+    ) -> None:
+        self.key, self.now, self.forgotten = key, now, forgotten
+        self._store = store
+
+    def writes(self, client: firestore.Client) -> list[_Write] | None:
+        return self._store.folded_writes(self, client)
+
+    def write(self) -> None:
+        for event_key, vm in self.forgotten:
+            self._store.forget_drain(event_key, vm)
+        self._store.complete(self.key, self.now)
+
+
 # ---------------------------------------------------------------- the ports
 
 
@@ -282,8 +314,25 @@ class FirestoreStateStore:
                 return Claim.BUSY  # another invocation took it over first
             return Claim.CLAIMED
 
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        return FirestoreFinish(self, key, now, tuple(forgotten))
+
+    def folded_writes(self, finish: FirestoreFinish, client: firestore.Client) -> list[_Write] | None:
+        """The writes of `finish` for a commit of `client` (the audit log's), or None when they cannot
+        go in one: another client (another database), or a drain of an event whose drains this store
+        has not read without a document of the earlier one-document layout (see `forget_drain`)."""
+        if client is not self._client or any(key not in self._no_earlier_drains for key, _ in finish.forgotten):
+            return None
+        writes: list[_Write] = [
+            ("delete", self._drains.document(doc_id(key, vm)), None) for key, vm in finish.forgotten
+        ]
+        # A merge rather than an update: an update of a claim that is not there (completed by a
+        # test that never claimed it) would fail the whole commit, audit records and all.
+        writes.append(("merge", self._claims.document(doc_id(finish.key)), _done(finish.now)))
+        return writes
+
     def complete(self, key: str, now: datetime) -> None:
-        fields = {"state": DONE, "updated_at": now, "expire_at": now + CLAIM_RETENTION}
+        fields = _done(now)
         with self._errors("complete the claim of envelope " + key):
             try:
                 # `update` writes only an existing document: one round trip, no transaction.

@@ -16,8 +16,17 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from functions.core.audit_codec import AUDIT_FIELDS, audit_fields, audit_record
-from functions.core.ports import Admission, AuditRecord, Claim, JsonObject, Parked, RecordedDrain, Reservation
-from functions.core.store_rules import DONE, IN_PROGRESS, claim_found, joined, legacy_expiry
+from functions.core.ports import (
+    Admission,
+    AuditRecord,
+    Claim,
+    Finishing,
+    JsonObject,
+    Parked,
+    RecordedDrain,
+    Reservation,
+)
+from functions.core.store_rules import DONE, IN_PROGRESS, Finish, claim_found, joined, legacy_expiry
 
 # Columns added since files were first made: (table, column, type). A file made before gets them
 # when it is opened; its rows have NULL there (a reservation without expiry: see `reserve`).
@@ -146,6 +155,9 @@ class SqliteStore:
                 (key, IN_PROGRESS, stamp + lease.total_seconds(), stamp),
             )
             return Claim.CLAIMED
+
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        return Finish(self, self, key, now, tuple(forgotten))
 
     def complete(self, key: str, now: datetime) -> None:
         with self._transaction() as db:
@@ -294,9 +306,12 @@ class SqliteStore:
     def append(self, record: AuditRecord) -> None:
         self.append_all([record])
 
-    def append_all(self, records: Sequence[AuditRecord]) -> None:
-        with self._transaction() as db:
-            db.executemany(_AUDIT_INSERT, [audit_fields(record) for record in records])
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        if records:
+            with self._transaction() as db:
+                db.executemany(_AUDIT_INSERT, [audit_fields(record) for record in records])
+        if then is not None:
+            then.write()
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         clauses, params = [], []

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,7 @@ from functions.core.ports import (
     AuditLog,
     AuditRecord,
     Claim,
+    Finishing,
     JsonObject,
     Parked,
     RecordedDrain,
@@ -152,6 +154,24 @@ class Crashes:
 
 
 @dataclass
+class _CrashingFinishing:
+    """A store's `Finishing` with a crash point before and after its own writes (forgetting the drains
+    put back, completing the claim); writes an audit log folds into its commit (`writes`: Firestore)
+    are that commit's, between the audit log's crash points."""
+
+    inner: Finishing
+    crashes: Crashes
+
+    def write(self) -> None:
+        self.crashes.point("before store.complete")
+        self.inner.write()
+        self.crashes.point("after store.complete")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@dataclass
 class CrashingStore:
     """A StateStore and AuditLog with a crash point before and after every call."""
 
@@ -164,6 +184,9 @@ class CrashingStore:
         claim = self.store.claim(key, now, lease)
         self.crashes.point("after store.claim")
         return claim
+
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        return _CrashingFinishing(self.store.finishing(key, now, forgotten), self.crashes)
 
     def complete(self, key: str, now: datetime) -> None:
         self.crashes.point("before store.complete")
@@ -248,9 +271,9 @@ class CrashingStore:
         self.audit.append(record)
         self.crashes.point("after audit.append")
 
-    def append_all(self, records: Sequence[AuditRecord]) -> None:
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
         self.crashes.point("before audit.append")
-        self.audit.append_all(records)
+        self.audit.append_all(records, then)
         self.crashes.point("after audit.append")
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:

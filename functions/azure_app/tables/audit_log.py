@@ -13,7 +13,7 @@ from azure.data.tables import TableClient
 from functions.azure_app.tables.entities import escape_key
 from functions.azure_app.tables.errors import table_errors
 from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
-from functions.core.ports import AuditRecord
+from functions.core.ports import AuditRecord, Finishing
 
 _MAX_NS = 10**20 - 1  # 20 digits: nanoseconds since 1970 until the year 5138
 _MOST_PER_TRANSACTION = 100  # operations in one entity group transaction
@@ -31,7 +31,7 @@ class TableAuditLog:
     def append(self, record: AuditRecord) -> None:
         self.append_all([record])
 
-    def append_all(self, records: Sequence[AuditRecord]) -> None:
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
         """One entity group transaction per VM's partition (at most 100 rows each), in the order of
         the records: the records of one message are one request when they are about one VM."""
         batches: list[list[dict[str, Any]]] = []
@@ -48,6 +48,8 @@ class TableAuditLog:
                     self._table.create_entity(batch[0])
                 else:
                     self._table.submit_transaction([("create", entity) for entity in batch])
+        if then is not None:
+            then.write()
 
     def _entity(self, record: AuditRecord) -> dict[str, Any]:
         written_ns = self._next_ns()

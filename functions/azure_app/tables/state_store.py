@@ -31,11 +31,12 @@ from functions.azure_app.tables.entities import (
     unescape_key,
 )
 from functions.azure_app.tables.errors import TableStorageUnavailableError, table_errors
-from functions.core.ports import Admission, Claim, JsonObject, Parked, RecordedDrain, Reservation
+from functions.core.ports import Admission, Claim, Finishing, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import (
     BUDGET_ATTEMPTS,
     DONE,
     IN_PROGRESS,
+    Finish,
     admits,
     budget_backoff,
     claim_found,
@@ -90,6 +91,10 @@ class TableStateStore:
             except ResourceModifiedError:
                 return Claim.BUSY
             return Claim.CLAIMED
+
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        # The claims and drains are in this table, the audit records in another: no one request holds them.
+        return Finish(self, self, key, now, tuple(forgotten))
 
     def complete(self, key: str, now: datetime) -> None:
         entity = {"PartitionKey": _CLAIMS, "RowKey": escape_key(key), "state": DONE, "updated_at": now.timestamp()}
