@@ -5,7 +5,7 @@ Collections (each name starts with a prefix, `mbridge_` by default, so that two 
 can share one database):
 
     claims/{h(key)}            key, state (in-progress | done), lease_until, updated_at, expire_at
-    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms, token, admitted_at, expires_at}]
+    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms, token, admitted_at, expires_at, alone}]
                                one document per pool; the times in seconds since the epoch
       joins/{h(event_key, vm)} event_key, vm, token: a VM that joined an admitted event
     drains/{h(event_key, vm)}  event_key, vm, memento (JSON text)       one document per drained VM
@@ -42,9 +42,11 @@ whole budget of a pool is one document, so two events racing for its last slot a
 that document and never both admitted. Round trips: a claim is one `create` (a duplicate: two);
 completing it one `update`; admitting an event a read and a write, plus a query of the joins
 when the pool holds other events; a join two reads and a write; a release a read, a write and a
-query of its joins (and one batch to delete them). A reservation found expired (or written by an
-earlier version, without an expiry) costs the admission that finds it one more write, also when the
-event waits, and a query of its joins: rare, never on the common path.
+query of its joins (and one batch to delete them; no query for a reservation admitted alone). A
+reservation found expired (or written by an earlier version, without an expiry) costs the
+admission that finds it one more write, also when the event waits, and a query of its joins: rare,
+never on the common path. Completing a claim is in the commit of the message's audit records
+(`FirestoreFinish`) when the audit log is on the same client.
 """
 
 from __future__ import annotations
