@@ -10,9 +10,10 @@ The stores are used as deployed; two small pieces of ours sit around them:
   with `counting_firestore`, which puts a counting proxy in front of the client's GAPIC stub (one
   call per RPC; a commit counts its writes).
 
-A write is a request that changes something: for Table Storage any HTTP method but GET (a failed
-conditional write, a 409 or a 412, is a round trip and a write attempt all the same), for
-Firestore each write of a commit (a transaction's commit holds all of its writes in one RPC).
+A write is a change asked of the store: for Table Storage any HTTP request but a GET (a failed
+conditional write, a 409 or a 412, is a round trip and a write attempt all the same), each operation
+of an entity group transaction (`$batch`, one round trip) counted; for Firestore each write of a
+commit (a commit holds all of its writes in one RPC).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from functions.core.ports import (
     AuditLog,
     AuditRecord,
     Claim,
+    Finishing,
     JsonObject,
     Parked,
     RecordedDrain,
@@ -132,6 +134,9 @@ class CountingStore:
         with self._counter.step("claim"):
             return self._inner.claim(key, now, lease)
 
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        return _CountedFinishing(self._inner.finishing(key, now, forgotten), self._counter)
+
     def complete(self, key: str, now: datetime) -> None:
         with self._counter.step("complete"):
             self._inner.complete(key, now)
@@ -141,10 +146,18 @@ class CountingStore:
             self._inner.abandon(key, now)
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         with self._counter.step("reserve"):
-            return self._inner.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at)
+            return self._inner.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at, alone=alone)
 
     def release(self, pool: str, event_key: str) -> None:
         with self._counter.step("release"):
@@ -187,6 +200,22 @@ class CountingStore:
             self._inner.unpark(pool, event_key)
 
 
+class _CountedFinishing:
+    """A store's `Finishing` whose own writes count as the step `completion`; one an audit log folds
+    into its commit (`writes`, Firestore) counts with the audit lines."""
+
+    def __init__(self, inner: Finishing, counter: RoundTrips) -> None:
+        self._inner = inner
+        self._counter = counter
+
+    def write(self) -> None:
+        with self._counter.step("complete"):
+            self._inner.write()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class CountingAudit:
     """An AuditLog whose appends count as the step `audit lines`."""
 
@@ -198,17 +227,31 @@ class CountingAudit:
         with self._counter.step("append"):
             self._inner.append(record)
 
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        with self._counter.step("append"):
+            self._inner.append_all(records, then)
+
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         return self._inner.query(vm=vm, event_id=event_id)
 
 
 def table_hook(counter: RoundTrips) -> Any:
-    """azure-core's `raw_response_hook`: one call per HTTP response of the client it is given to."""
+    """azure-core's `raw_response_hook`: one call per HTTP response of the client it is given to;
+    an entity group transaction (`$batch`) counts each of its operations as a write."""
 
     def hook(response: Any) -> None:
-        counter.count(0 if response.http_request.method == "GET" else 1)
+        request = response.http_request
+        counter.count(0 if request.method == "GET" else _batch_operations(request) or 1)
 
     return hook
+
+
+def _batch_operations(request: Any) -> int:
+    """The operations of a `$batch` request (each is one `application/http` part of its body), else 0."""
+    body = request.body
+    if not request.url.endswith("/$batch") or not isinstance(body, bytes):
+        return 0
+    return body.count(b"Content-Type: application/http")
 
 
 class _CountingStub:

@@ -21,7 +21,7 @@ writes per envelope, which with the rate say what one round trip costs there.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -45,15 +45,17 @@ OPEN_EVENTS = 50  # events between an event's scheduled envelope and its complet
 FIRESTORE_PROJECT = "mbridge-bench"
 
 
-def workload(prefix: str) -> Iterator[tuple[list[bytes], list[bytes]]]:
-    """Rounds of `OPEN_EVENTS` new events: (their scheduled envelopes, their completed envelopes)."""
+def workload(
+    prefix: str, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc), open_events: int = OPEN_EVENTS
+) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """Rounds of `open_events` new events: (their scheduled envelopes, their completed envelopes)."""
     serial = 0
     while True:
         scheduled, completed = [], []
-        for _ in range(OPEN_EVENTS):
+        for _ in range(open_events):
             vm = f"{prefix}-{serial:07d}"
             serial += 1
-            seen = datetime.now(timezone.utc)
+            seen = clock()
             event = reported_event(reboot_entry(new_event_id(), [vm], seen, source="User"), vm, incarnation=2)
             scheduled.append(envelope_body(event, seen))
             completed.append(envelope_body(completion(event, incarnation=4), seen))
@@ -116,19 +118,60 @@ def measure(
     return Measured(len(results), elapsed, scheduled, completed, problems)
 
 
-def _problems(results: list[str], pool: MemoryPool, sender: MemorySender, scheduled: int, completed: int) -> list[str]:
+def count_per_message(
+    store: StateStore,
+    audit: AuditLog,
+    counter: RoundTrips,
+    clock: Callable[[], datetime],
+    *,
+    open_events: int = 5,
+    prefix: str = "counted",
+) -> list[str]:
+    """The workload of `measure` without a clock of its own: `open_events` events opened, then as many
+    more each with the completion of an earlier one, the requests of the second round counted per
+    envelope kind in `counter`. Returns what went wrong (see `measure`)."""
+    pool, sender = MemoryPool(), MemorySender()
+    deps = Deps(
+        store=CountingStore(store, counter),
+        balancer=pool,
+        sender=sender,
+        audit=CountingAudit(audit, counter),
+        policy=Policy(),
+        verifier=ReporterName(),
+        monotonic=lambda: 0.0,
+    )
+    rounds = workload(prefix, clock, open_events)
+    opening, pending = next(rounds)
+    results: list[str] = [process(body, deps, clock()).result for body in opening]
+    counter.reset()
+    new, _ = next(rounds)
+    for body, end in zip(new, pending):
+        for kind, message in (("scheduled", body), ("completed", end)):
+            with counter.envelope(kind):
+                results.append(process(message, deps, clock()).result)
+    return _problems(results, pool, sender, open_events, open_events, opening=open_events)
+
+
+def _problems(
+    results: list[str],
+    pool: MemoryPool,
+    sender: MemorySender,
+    scheduled: int,
+    completed: int,
+    opening: int = OPEN_EVENTS,
+) -> list[str]:
     """What the run did that it should not have: every event drained and approved once, every
-    completion restored once (the events opened before the clock included)."""
+    completion restored once (the `opening` events opened before the clock included)."""
     problems = []
     if any(result != "processed" for result in results):
         problems.append(f"outcomes {sorted(set(results))}")
     approvals = len(sender.commands(CommandType.APPROVE))
     drains, restores = sum(pool.removed.values()), sum(pool.restored.values())
-    expected = (scheduled + OPEN_EVENTS, scheduled + OPEN_EVENTS, completed)
+    expected = (scheduled + opening, scheduled + opening, completed)
     if (drains, approvals, restores) != expected:
         problems.append(
             f"{drains} drains, {approvals} approvals, {restores} restores for {scheduled} events and "
-            f"{completed} completions (and {OPEN_EVENTS} events opened before the clock)"
+            f"{completed} completions (and {opening} events opened before the clock)"
         )
     return problems
 

@@ -108,8 +108,12 @@ def _reserve(
     expires_at = reservation_expiry(run.event, run.now)
     why_past = past_the_budget(run.event, run.policy, run.now)
     own = subject_key(run.event)
+    # An event whose report names only this VM: no other VM's report is expected to join its reservation.
+    alone = run.named == (run.event.reporter,)
     for pool, members in pools.values():
-        admission = run.store.reserve(pool.name, key, members, pool.max_drained, now=run.now, expires_at=expires_at)
+        admission = run.store.reserve(
+            pool.name, key, members, pool.max_drained, now=run.now, expires_at=expires_at, alone=alone
+        )
         _expired(run, pool.name, admission.expired)
         held_before = any(vm in records for vm in members)
         refusal = None
@@ -128,7 +132,7 @@ def _reserve(
         if not admission:
             # Recorded all the same (no limit), so that it counts against the events after it; and out
             # of the line, where an earlier step of it may wait, so that step is never acted on later.
-            run.store.reserve(pool.name, key, members, None, now=run.now, expires_at=expires_at)
+            run.store.reserve(pool.name, key, members, None, now=run.now, expires_at=expires_at, alone=alone)
             run.store.unpark(pool.name, own)
             past.append(f"{why_past} (pool {pool.name!r} is at {_limit(pool)})")
         elif admission.expired:
@@ -163,7 +167,7 @@ def _expired(run: Invocation, pool: str, expired: Sequence[Reservation]) -> None
             f"it stays out until the event ends"
         )
         LOGGER.warning("%s", bounded(reason), extra={"event_id": event_id, "vm": bounded(vms), "pool": pool})
-        run.deps.audit.append(
+        run.lines.append(
             AuditRecord(
                 time=run.moment(),
                 kind=AuditKind.ACTION,
@@ -237,12 +241,14 @@ def _all_out(run: Invocation, own_drained_at: datetime) -> tuple[list[str], date
     """The VMs the event names that are not out of their pools yet (each leaves on its own report)
     nor done with the event, and when the last of those that are out left (a record of an earlier
     version has no time: now)."""
+    still_in: list[str] = []
+    last_out = own_drained_at
+    others = [vm for vm in run.named if vm != run.event.reporter]  # the reporter was drained by this very step
+    if not others:
+        return still_in, last_out  # nothing to read: the event names no other VM
     records = run.store.drains(event_key(run.event))
-    still_in, last_out = [], own_drained_at
-    for vm in run.named:
+    for vm in others:
         record = records.get(vm)
-        if vm == run.event.reporter:
-            continue  # drained by this very step
         if record is None or record.get("state") != REMOVED:
             # A VM whose part already ended (its completion came first: buses reorder) is past it.
             if run.store.recall(ended_key(own_part(run.event, vm))) is None:

@@ -57,7 +57,14 @@ def _check_actionable(event: MaintenanceEvent) -> None:
 
 def audit_malformed(body: bytes, error: MalformedEnvelopeError, deps: Deps, now: datetime) -> str:
     """Record a message that is not acted on, under the digest of its body (it has no usable id)."""
+    record = malformed_record(body, error, now)
+    deps.audit.append(record)
+    return record.envelope_id
+
+
+def malformed_record(body: bytes, error: MalformedEnvelopeError, now: datetime) -> AuditRecord:
+    """The audit record of a message that is not acted on (logged as it is made), under the digest of
+    its body (it has no usable id)."""
     digest = hashlib.sha256(body).hexdigest()
-    deps.audit.append(AuditRecord(now, AuditKind.MALFORMED, digest, "", "", action=ActionName.NONE, reason=str(error)))
     LOGGER.warning("malformed envelope %s acknowledged: %s", digest[:16], bounded(str(error)))
-    return digest
+    return AuditRecord(now, AuditKind.MALFORMED, digest, "", "", action=ActionName.NONE, reason=str(error))

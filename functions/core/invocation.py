@@ -19,6 +19,7 @@ from functions.core.ports import (
     AuditLog,
     AuditRecord,
     CommandSender,
+    Finishing,
     JsonObject,
     LoadBalancer,
     Maintenance,
@@ -109,6 +110,14 @@ class Invocation:
     drained_at: datetime | None = None
     # Pools where this step found a reservation expired: their waiting line is tried once it is done.
     freed: set[str] = field(default_factory=set)
+    # The audit records of the invocation, in order, not written yet: `process` writes them in one
+    # request (`AuditLog.append_all`) before it completes the claim, or before it lets the claim go
+    # when something failed (an event admitted from the waiting line adds its own to the same list).
+    lines: list[AuditRecord] = field(default_factory=list)
+    # Drain records of VMs put back, (event key, VM), not forgotten yet: `process` forgets them with the
+    # claim's completion (`StateStore.finishing`), or on their own before it lets the claim go. Until
+    # then a redelivery finds them and puts those VMs back again, which changes nothing.
+    forgotten: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def store(self) -> StateStore:
@@ -119,7 +128,9 @@ class Invocation:
         return self.deps.policy
 
     def admitting(self, envelope: Envelope, event: MaintenanceEvent) -> Invocation:
-        return Invocation(self.deps, self.now, envelope, event, self.outcome)
+        return Invocation(
+            self.deps, self.now, envelope, event, self.outcome, lines=self.lines, forgotten=self.forgotten
+        )
 
     @property
     def named(self) -> tuple[str, ...]:
@@ -134,8 +145,25 @@ class Invocation:
         return self.now + timedelta(seconds=max(0.0, self.deps.monotonic() - self.outcome.began))
 
     def audit(self, kind: AuditKind | Result, **fields: Any) -> None:
-        """Append a record about this step of the event, stamped with the invocation's `now`."""
-        self.deps.audit.append(event_record(self.now, kind, self.envelope, self.event, **fields))
+        """Add a record about this step of the event, stamped with the invocation's `now`."""
+        self.lines.append(event_record(self.now, kind, self.envelope, self.event, **fields))
+
+    def forget(self, event_key: str, vm: str) -> None:
+        """The VM is back in its pools: its drain record goes when the message is done (`forgotten`)."""
+        self.forgotten.append((event_key, vm))
+
+    def write_audit(self, then: Finishing | None = None) -> None:
+        """Write the records added so far, in order, in one request where the log allows it, and
+        then the end of the message in the store (with them where the log allows it)."""
+        if self.lines or then is not None:
+            self.deps.audit.append_all(list(self.lines), then)
+            self.lines.clear()
+
+    def forget_now(self) -> None:
+        """Forget the drains of the VMs put back so far, on their own (the message failed)."""
+        while self.forgotten:
+            self.store.forget_drain(*self.forgotten[0])
+            del self.forgotten[0]
 
     def note(
         self,
@@ -169,7 +197,7 @@ class Invocation:
         record = event_record(
             self.moment(), AuditKind.ACTION, self.envelope, self.event, action=action, rule=decision.rule, reason=reason
         )
-        self.deps.audit.append(replace(record, vm=vm, at=at))
+        self.lines.append(replace(record, vm=vm, at=at))
 
 
 def event_record(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from functions.core.actions import approve, drain, perform, pools_of
-from functions.core.checks import audit_malformed, decode_actionable
+from functions.core.checks import decode_actionable, malformed_record
 from functions.core.decide import NO_RESTORE_KINDS, Approve, Decision, Drain, PerformMaintenance, Restore, decide
 from functions.core.invocation import Invocation
 from functions.core.keys import ended_key, event_key, own_part, subject_key
@@ -200,10 +200,9 @@ def end_part(
     store, event = run.store, run.event
     key = event_key(event)
     own = {*event.resources, event.reporter}
-    drained = {vm: record for vm, record in store.drains(key).items() if vm in own}
+    recorded = store.drains(key)
+    drained = {vm: record for vm, record in recorded.items() if vm in own}
     pools = pools_of(sorted(own), run.policy)
-    for name in pools:
-        store.unpark(name, subject_key(event))  # ended while waiting for the budget: nothing to do
     if not drained:
         run.note(ActionName.NONE, event.reporter, decision, nothing)
     failures: list[BridgeError] = []
@@ -214,7 +213,7 @@ def end_part(
             continue
         memento: JsonObject = record.get("memento", {})
         if not put_back:
-            store.forget_drain(key, vm)
+            run.forget(key, vm)
             run.note(ActionName.NONE, vm, decision, "the VM is gone: nothing put back")
             continue
         try:
@@ -226,13 +225,16 @@ def end_part(
             reason = f"could not put {vm} back ({error}); its drain is kept and retried: {memento}"
             run.note(ActionName.RESTORE_FAILED, vm, decision, reason)
             continue
-        store.forget_drain(key, vm)
+        run.forget(key, vm)
         run.note(ActionName.RESTORE, vm, decision)
     # The event is over for this VM: its slots go back even when it could not be put back, or every
     # later event of the pool would wait on a repair (and go undrained when its deadline came) —
     # unless another VM of the event is still drained in that pool and its part has not ended: the
     # slot is the event's. (One whose part ended keeps a record only when it could not be put back.)
-    others = sorted(vm for vm in store.drains(key) if vm not in own)
+    # The drains read above say which: a VM of the event that records its drain after that read has
+    # joined the event's reservation before (`actions.drain` reserves first), as it would have before
+    # a second read too, so reading again would only narrow the same window.
+    others = sorted(vm for vm in recorded if vm not in own)
     for name in pools:
         # The first such VM found keeps the slot: its end is read only until one is found (reading
         # every other VM's end made each completion of an event of N VMs cost N reads).
@@ -240,7 +242,8 @@ def end_part(
         if not any(recall_end(own_part(event, vm), store) is None for vm in in_pool):
             store.release(name, key)
     for name in pools:
-        _admit_waiting(run, name)
+        # Ended while waiting for the budget, the part leaves the line (nothing to do for it then).
+        _admit_waiting(run, name, leaving=subject_key(event))
     if failures:
         _raise_restore_failures(failures)
 
@@ -256,9 +259,10 @@ def _raise_restore_failures(failures: Sequence[BridgeError]) -> None:
     ) from failures[0]
 
 
-def _admit_waiting(run: Invocation, pool: str) -> None:
+def _admit_waiting(run: Invocation, pool: str, leaving: str | None = None) -> None:
     """A slot may be free: the oldest waiting events of the pool go, as far as the budget allows.
 
+    `leaving` (a subject key) is a part that ended: found in the line, it is taken out and not tried.
     A waiting event that ended meanwhile is taken out of the line by `act` (a late step) and the
     next one is tried. That may admit events itself (its end frees its slots), so the line is read
     again after each event rather than walked from a list that may be stale.
@@ -266,7 +270,10 @@ def _admit_waiting(run: Invocation, pool: str) -> None:
     store, outcome = run.store, run.outcome
     tried: set[str] = set()
     while True:
-        waiting = [parked for parked in store.parked(pool) if parked.event_key not in tried]
+        line = store.parked(pool)
+        if leaving is not None and any(parked.event_key == leaving for parked in line):
+            store.unpark(pool, leaving)
+        waiting = [parked for parked in line if parked.event_key not in tried and parked.event_key != leaving]
         if not waiting:
             return
         parked = waiting[0]
@@ -275,7 +282,7 @@ def _admit_waiting(run: Invocation, pool: str) -> None:
             # Parked by an earlier version, it may be one this version would not have begun.
             envelope = decode_actionable(parked.envelope)
         except MalformedEnvelopeError as exc:
-            audit_malformed(parked.envelope, exc, run.deps, run.now)
+            run.lines.append(malformed_record(parked.envelope, exc, run.now))
             store.unpark(pool, parked.event_key)
             continue
         if not isinstance(envelope.data, MaintenanceEvent):

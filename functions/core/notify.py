@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
 from functions.core.chat_markup import neutralised
-from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord
+from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord, Finishing
 from functions.core.refusals import DEFAULT_SUMMARY_SECONDS, RefusalDigest, RefusalSummary, is_refusal
 from wire.bounds import bounded
 from wire.timefmt import format_rfc3339
@@ -283,15 +283,19 @@ class NotifyingAuditLog:
         self._on_held = on_held
 
     def append(self, record: AuditRecord) -> None:
-        self._inner.append(record)
-        try:
-            if self._filter.matches(record):
-                if is_refusal(record):
-                    self._refusals.add(record)
-                else:
-                    self._notifier.notify(notice_for(record, self._template, self._cloud))
-        except Exception:  # an announcement must never fail the action it announces
-            LOGGER.exception("notice of %s %s for event %s not sent", record.kind, record.action, record.event_id)
+        self.append_all([record])
+
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        self._inner.append_all(records, then)
+        for record in records:
+            try:
+                if self._filter.matches(record):
+                    if is_refusal(record):
+                        self._refusals.add(record)
+                    else:
+                        self._notifier.notify(notice_for(record, self._template, self._cloud))
+            except Exception:  # an announcement must never fail the action it announces
+                LOGGER.exception("notice of %s %s for event %s not sent", record.kind, record.action, record.event_id)
         self.summarise_due()
 
     def summarise_due(self) -> None:

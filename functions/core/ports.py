@@ -87,7 +87,15 @@ class Budget(Protocol):
     """The reservations of each pool's disruption budget."""
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         """Admit the event into the pool's budget: admitted when the VMs already reserved plus these
         stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event:
@@ -105,6 +113,12 @@ class Budget(Protocol):
         A store that can record only so many reservations per pool (one Table entity, one Firestore
         document) refuses an event that no longer fits while others are reserved: it waits for a
         slot like any other refused event.
+
+        `alone`: the report that asks names no VM but `vms` (no other VM's report of the event is
+        expected to join). A store that keeps joins apart from the reservation (Table Storage,
+        Firestore) records it with a new reservation, so that its release need not look for joins;
+        a VM that joins such a reservation all the same first has that mark taken off, in a write
+        conditional on the reservations as read, and then joins as any other.
         """
         ...
 
@@ -168,6 +182,16 @@ class Parking(Protocol):
     def unpark(self, pool: str, event_key: str) -> None: ...
 
 
+class Finishing(Protocol):
+    """What the store records when a message is done (`StateStore.finishing`): its claim completed
+    and the drain records of the VMs it put back forgotten, written after the message's audit
+    records (`AuditLog.append_all`'s `then`)."""
+
+    def write(self) -> None:
+        """Forget the drains, then complete the claim, each as `forget_drain` and `complete` do."""
+        ...
+
+
 class StateStore(Claims, Budget, DrainLedger, Memory, Parking, Protocol):
     """Idempotency claims, what this system drained, budget reservations, remembered values
     (command bytes, event ends) and stored waits.
@@ -180,6 +204,13 @@ class StateStore(Claims, Budget, DrainLedger, Memory, Parking, Protocol):
     implementation is checked, and tested (tests/contract/test_state_store.py), role by role. One
     backend implements them all, as one database holds them.
     """
+
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        """The end of a message: the claim `key` completed at `now`, and the drains `forgotten`
+        ((event key, VM), VMs put back) forgotten. Nothing is written until its `write` is called, or
+        until an audit log that shares this store's database puts it in the commit of the message's
+        audit records (Firestore)."""
+        ...
 
 
 class LoadBalancer(Protocol):
@@ -293,5 +324,15 @@ _AUDIT_TEXTS = ("kind", "envelope_id", "event_id", "vm", "action", "status", "ru
 
 class AuditLog(Protocol):
     def append(self, record: AuditRecord) -> None: ...
+
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        """Append the records in their order, in as few requests as the store allows (Table Storage:
+        one entity group transaction per VM's partition; Firestore: one commit; SQLite: one
+        transaction): `process` writes the records of a message together, before completing its claim.
+
+        `then`, the end of the message in the state store, is written once the records are: by its
+        `write`, or in the records' own commit when this log shares the store's database (Firestore:
+        one commit holds the records, the claim's completion and the drains forgotten)."""
+        ...
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]: ...

@@ -161,11 +161,19 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
         )
         act(run)
     except Exception:
-        # The platform retries: let that retry take the claim over at once. (If this process
-        # dies instead, the lease runs out and the redelivery takes over then.)
-        deps.store.abandon(key, now)
+        # What was done until the failure is in the audit log, then the platform retries: let that
+        # retry take the claim over at once. (If this process dies instead, the lease runs out and the
+        # redelivery takes over then; its own records say what it finds done.)
+        try:
+            run.write_audit()
+            run.forget_now()
+        finally:
+            deps.store.abandon(key, now)
         raise
-    deps.store.complete(key, now)
+    # The records first: a claim completed is never processed again, so its records must be in. The
+    # claim's completion and the drains of the VMs put back are written after them, or with them in
+    # one commit where the audit log shares the store's database (Firestore).
+    run.write_audit(then=deps.store.finishing(key, now, run.forgotten))
     return run.outcome
 
 

@@ -111,7 +111,11 @@ def recover(deps: Deps, request: Recovery, now: datetime) -> Outcome:
     put_back = any(isinstance(action, Restore) for action in decide(event, deps.policy, now).actions)
     decision = Decision(RECOVERY_RULE, f"recovered by {request.operator}: {request.reason}")
     run.outcome.decision = decision
-    end_part(run, decision, nothing="nothing drained by this system any more", put_back=put_back)
+    try:
+        end_part(run, decision, nothing="nothing drained by this system any more", put_back=put_back)
+    finally:
+        run.write_audit()  # what was done, also when a VM could not be put back
+        run.forget_now()  # the records of the VMs put back (no claim here to complete with them)
     return run.outcome
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from functions.core.holds import LONGEST_HOLD
-from functions.core.ports import Claim, Parked
+from functions.core.ports import Claim, Claims, DrainLedger, Parked
 
 # Read-then-conditional-write attempts on a pool's one budget record (Table entity, Firestore
 # document) before giving up to a redelivery. A failed write means another invocation's went
@@ -34,6 +35,23 @@ def budget_backoff(attempt: int) -> float:
 # The states of a claim, as every store writes them.
 IN_PROGRESS = "in-progress"
 DONE = "done"
+
+
+@dataclass(frozen=True)
+class Finish:
+    """`StateStore.finishing` of a store that writes the end of a message with its own methods, after
+    the audit records (Table Storage: the claims and drains are not in the audit table; SQLite)."""
+
+    claims: Claims
+    ledger: DrainLedger
+    key: str
+    now: datetime
+    forgotten: tuple[tuple[str, str], ...] = ()
+
+    def write(self) -> None:
+        for event_key, vm in self.forgotten:
+            self.ledger.forget_drain(event_key, vm)
+        self.claims.complete(self.key, self.now)
 
 
 def claim_found(state: str | None, lease_until: float | None, now: float) -> Claim:

@@ -14,9 +14,11 @@ from typing import Any
 from google.cloud import firestore
 
 from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
-from functions.core.ports import AuditRecord
+from functions.core.ports import AuditRecord, Finishing
 from functions.gcp_app.firestore_store import DEFAULT_PREFIX, firestore_errors, plain_utc
 from wire.timefmt import format_rfc3339, parse_rfc3339
+
+_MOST_PER_COMMIT = 500  # writes in one Firestore commit
 
 
 class FirestoreAuditLog:
@@ -30,22 +32,43 @@ class FirestoreAuditLog:
     """
 
     def __init__(self, client: firestore.Client, *, prefix: str = DEFAULT_PREFIX, database: str = "(default)") -> None:
+        self._client = client
         self._collection = client.collection(f"{prefix}audit")
         self._database = database
         self._counter = itertools.count()
 
     def append(self, record: AuditRecord) -> None:
-        fields = audit_fields(record)
-        document = {
-            **fields,
-            # Times as timestamps, at the codec's millisecond precision; no `at` is null.
-            "time": _timestamp(fields["time"]),
-            "at": _timestamp(fields["at"]),
-            EVENT_ID_LOWER: event_id_lower(record.event_id),
-            "recorded_at": firestore.SERVER_TIMESTAMP,
-        }
+        self.append_all([record])
+
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        """One commit (of at most 500 writes) holds them all: they share its commit time,
+        `recorded_at`, and keep their order by document id. The end of the message in the state
+        store (`then`) goes in the last commit when the store is on this client and it fits, so the
+        records and the claim's completion are written together or not at all; else it is written
+        once they are."""
+        offered = getattr(then, "writes", None)  # a FirestoreFinish, or a wrapper that lends its writes
+        folded = offered(self._client) if callable(offered) else None
         with firestore_errors(self._database, "append to the audit log"):
-            self._collection.document(self._next_id()).create(document)
+            starts = list(range(0, len(records), _MOST_PER_COMMIT)) or [0]
+            for start in starts:
+                batch = self._client.batch()
+                for reference, document in self.documents(records[start : start + _MOST_PER_COMMIT]):
+                    batch.create(reference, document)
+                if start == starts[-1] and folded is not None and len(batch) + len(folded) <= _MOST_PER_COMMIT:
+                    for kind, reference, fields in folded:
+                        if kind == "delete":
+                            batch.delete(reference)
+                        else:
+                            batch.set(reference, fields or {}, merge=True)
+                    then = None  # written with the records
+                if len(batch):
+                    batch.commit()
+        if then is not None:
+            then.write()
+
+    def documents(self, records: Sequence[AuditRecord]) -> list[tuple[firestore.DocumentReference, dict[str, Any]]]:
+        """Where each record goes and what it holds, in order, for a commit (this log's or a store's)."""
+        return [(self._collection.document(self._next_id()), _document(record)) for record in records]
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         query: Any = self._collection
@@ -61,6 +84,18 @@ class FirestoreAuditLog:
 
     def _next_id(self) -> str:
         return f"{time.time_ns():020d}-{next(self._counter) % 1_000_000:06d}-{secrets.token_hex(4)}"
+
+
+def _document(record: AuditRecord) -> dict[str, Any]:
+    fields = audit_fields(record)
+    return {
+        **fields,
+        # Times as timestamps, at the codec's millisecond precision; no `at` is null.
+        "time": _timestamp(fields["time"]),
+        "at": _timestamp(fields["at"]),
+        EVENT_ID_LOWER: event_id_lower(record.event_id),
+        "recorded_at": firestore.SERVER_TIMESTAMP,
+    }
 
 
 def _audit_record(document: Mapping[str, Any]) -> AuditRecord:

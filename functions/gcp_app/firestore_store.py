@@ -5,7 +5,7 @@ Collections (each name starts with a prefix, `mbridge_` by default, so that two 
 can share one database):
 
     claims/{h(key)}            key, state (in-progress | done), lease_until, updated_at, expire_at
-    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms, token, admitted_at, expires_at}]
+    budget_pools/{h(pool)}     pool, reservations: [{event_key, vms, token, admitted_at, expires_at, alone}]
                                one document per pool; the times in seconds since the epoch
       joins/{h(event_key, vm)} event_key, vm, token: a VM that joined an admitted event
     drains/{h(event_key, vm)}  event_key, vm, memento (JSON text)       one document per drained VM
@@ -42,9 +42,11 @@ whole budget of a pool is one document, so two events racing for its last slot a
 that document and never both admitted. Round trips: a claim is one `create` (a duplicate: two);
 completing it one `update`; admitting an event a read and a write, plus a query of the joins
 when the pool holds other events; a join two reads and a write; a release a read, a write and a
-query of its joins (and one batch to delete them). A reservation found expired (or written by an
-earlier version, without an expiry) costs the admission that finds it one more write, also when the
-event waits, and a query of its joins: rare, never on the common path.
+query of its joins (and one batch to delete them; no query for a reservation admitted alone). A
+reservation found expired (or written by an earlier version, without an expiry) costs the
+admission that finds it one more write, also when the event waits, and a query of its joins: rare,
+never on the common path. Completing a claim is in the commit of the message's audit records
+(`FirestoreFinish`) when the audit log is on the same client.
 """
 
 from __future__ import annotations
@@ -57,13 +59,14 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from google.api_core import exceptions as api_errors
 from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
 from functions.core import store_rules
-from functions.core.ports import Admission, Claim, JsonObject, Parked, RecordedDrain, Reservation
+from functions.core.ports import Admission, Claim, Finishing, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import (
     DONE,
     IN_PROGRESS,
@@ -89,6 +92,8 @@ CLAIM_RETENTION = timedelta(days=30)
 RESERVATIONS_BYTES = 900 * 1024
 # The most writes one batch commit takes.
 _BATCH_WRITES = 500
+# How many events the store remembers having read without a drains document of the earlier layout.
+_REMEMBERED_EVENTS = 10_000
 
 _RETRYABLE = (
     api_errors.Aborted,  # transaction contention the library's own attempts did not resolve
@@ -229,6 +234,37 @@ def _forget_earlier_drain(transaction: firestore.Transaction, ref: firestore.Doc
         transaction.delete(ref)
 
 
+# ---------------------------------------------------------------- the end of a message
+
+# One write of a commit: ("delete", document, None) or ("merge", document, fields).
+_Write = tuple[str, firestore.DocumentReference, "dict[str, Any] | None"]
+
+
+def _done(now: datetime) -> dict[str, Any]:
+    """A completed claim's fields."""
+    return {"state": DONE, "updated_at": now, "expire_at": now + CLAIM_RETENTION}
+
+
+class FirestoreFinish:
+    """`FirestoreStateStore.finishing`: the claim's completion and the drains forgotten, written in the
+    commit of the message's audit records by a `FirestoreAuditLog` on the same client (`writes`), or
+    on their own (`write`)."""
+
+    def __init__(
+        self, store: FirestoreStateStore, key: str, now: datetime, forgotten: tuple[tuple[str, str], ...]
+    ) -> None:
+        self.key, self.now, self.forgotten = key, now, forgotten
+        self._store = store
+
+    def writes(self, client: firestore.Client) -> list[_Write] | None:
+        return self._store.folded_writes(self, client)
+
+    def write(self) -> None:
+        for event_key, vm in self.forgotten:
+            self._store.forget_drain(event_key, vm)
+        self._store.complete(self.key, self.now)
+
+
 # ---------------------------------------------------------------- the ports
 
 
@@ -244,6 +280,10 @@ class FirestoreStateStore:
         self._drains = client.collection(f"{prefix}drains")
         self._remembered = client.collection(f"{prefix}remembered")
         self._parked = client.collection(f"{prefix}parked")
+        # Events whose drains were read and had no document of the earlier one-document layout: as
+        # no version writes that layout any more, none can appear later, and forgetting a drain of
+        # such an event need not look for it (a completion reads its event's drains first).
+        self._no_earlier_drains: dict[str, None] = {}
 
     def _errors(self, action: str) -> AbstractContextManager[None]:
         return firestore_errors(self._database, action)
@@ -276,8 +316,25 @@ class FirestoreStateStore:
                 return Claim.BUSY  # another invocation took it over first
             return Claim.CLAIMED
 
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        return FirestoreFinish(self, key, now, tuple(forgotten))
+
+    def folded_writes(self, finish: FirestoreFinish, client: firestore.Client) -> list[_Write] | None:
+        """The writes of `finish` for a commit of `client` (the audit log's), or None when they cannot
+        go in one: another client (another database), or a drain of an event whose drains this store
+        has not read without a document of the earlier one-document layout (see `forget_drain`)."""
+        if client is not self._client or any(key not in self._no_earlier_drains for key, _ in finish.forgotten):
+            return None
+        writes: list[_Write] = [
+            ("delete", self._drains.document(doc_id(key, vm)), None) for key, vm in finish.forgotten
+        ]
+        # A merge rather than an update: an update of a claim that is not there (completed by a
+        # test that never claimed it) would fail the whole commit, audit records and all.
+        writes.append(("merge", self._claims.document(doc_id(finish.key)), _done(finish.now)))
+        return writes
+
     def complete(self, key: str, now: datetime) -> None:
-        fields = {"state": DONE, "updated_at": now, "expire_at": now + CLAIM_RETENTION}
+        fields = _done(now)
         with self._errors("complete the claim of envelope " + key):
             try:
                 # `update` writes only an existing document: one round trip, no transaction.
@@ -300,7 +357,15 @@ class FirestoreStateStore:
     # ---- budget
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         ref = self._pools.document(doc_id(pool))
         found: list[Reservation] = []  # expired reservations this call removed
@@ -316,7 +381,7 @@ class FirestoreStateStore:
                             time.sleep(store_rules.budget_backoff(attempt))
                             continue
                         found += self._forget_expired(ref, expired)
-                    if self._join(ref, held, vms):
+                    if self._join(ref, snapshot if not swept else None, pool, entries, held, vms):
                         return Admission(True, tuple(found))
                     continue  # the event let its slot go meanwhile: admit it afresh
                 counted = [entry["vms"] for entry in entries]
@@ -328,6 +393,8 @@ class FirestoreStateStore:
                     "token": uuid.uuid4().hex,
                     "admitted_at": now.timestamp(),
                     "expires_at": expires_at.timestamp(),
+                    # Admitted alone (see `StateStore.reserve`): its release looks for no joins until one comes.
+                    **({"alone": True} if alone else {}),
                 }
                 admitted = [*entries, entry] if admits(counted, vms, limit) else entries
                 if entries and admitted is not entries and len(json.dumps(admitted).encode()) > RESERVATIONS_BYTES:
@@ -364,8 +431,10 @@ class FirestoreStateStore:
                 )
             # Its joins only now: until the reservation is gone they count. (A redelivered release
             # that finds the reservation gone leaves any join a crash left: it counts for nothing,
-            # as its reservation's token is no pool's any more.)
-            self._forget_joins(ref, event_key, held.get("token", ""))
+            # as its reservation's token is no pool's any more.) A reservation still marked as
+            # admitted alone has none: a join takes the mark off before it is written.
+            if not held.get("alone"):
+                self._forget_joins(ref, event_key, held.get("token", ""))
 
     def _forget_joins(self, ref: firestore.DocumentReference, event_key: str, token: str) -> None:
         query = ref.collection("joins").where(filter=firestore.FieldFilter("event_key", "==", event_key))
@@ -412,18 +481,33 @@ class FirestoreStateStore:
         except _CHANGED_MEANWHILE:
             return False
 
-    def _join(self, ref: firestore.DocumentReference, held: JsonObject, vms: Sequence[str]) -> bool:
+    def _join(
+        self,
+        ref: firestore.DocumentReference,
+        read: firestore.DocumentSnapshot[firestore.DocumentReference] | None,
+        pool: str,
+        entries: list[JsonObject],
+        held: JsonObject,
+        vms: Sequence[str],
+    ) -> bool:
         """Count `vms` with the event's reservation `held`, each in a document of its own (the VMs
         of a large event join at about the same time, and would conflict on the pool's one
         document): `joins/{h(event_key, vm)}` under the pool's document.
 
         False when the reservation was let go before the joins were written (read again after
         them): they are taken back, and the caller admits the event afresh, as when it came first.
+        Also False when the reservation is marked as admitted alone and the pool's document changed
+        since `read` (None: it did) before the mark could be taken off: the caller reads it again.
         """
         event_key, token = held["event_key"], held.get("token", "")
         new = [vm for vm in vms if vm not in held["vms"]]
         if not new:
             return True
+        if held.get("alone"):
+            # Its release must look for joins from now on: the mark goes before any join is written.
+            unmarked = [{**entry, "alone": False} if entry is held else entry for entry in entries]
+            if read is None or not self._write_budget(ref, read, pool, unmarked):
+                return False
         joins = [ref.collection("joins").document(doc_id(event_key, vm)) for vm in new]
         for join, vm in zip(joins, new):
             join.set({"event_key": event_key, "vm": vm, "token": token})
@@ -462,6 +546,10 @@ class FirestoreStateStore:
         with self._errors("read drains of " + event_key):
             documents = [snapshot.to_dict() or {} for snapshot in query.stream()]
         earlier = {vm: memento for document in documents for vm, memento in document.get("vms", {}).items()}
+        if all("vm" in document for document in documents):
+            self._no_earlier_drains[event_key] = None
+            while len(self._no_earlier_drains) > _REMEMBERED_EVENTS:
+                del self._no_earlier_drains[next(iter(self._no_earlier_drains))]  # the oldest first
         recorded = {document["vm"]: document["memento"] for document in documents if "vm" in document}
         return {vm: json.loads(memento) for vm, memento in {**earlier, **recorded}.items()}
 
@@ -481,6 +569,8 @@ class FirestoreStateStore:
         earlier = self._drains.document(doc_id(event_key))
         with self._errors(f"forget the drain of {vm}"):
             self._drains.document(doc_id(event_key, vm)).delete()
+            if event_key in self._no_earlier_drains:
+                return  # read without one already
             # The transaction only where an earlier version's document still names the VM: a plain
             # read finds out in one round trip, where the transaction takes three.
             snapshot = earlier.get()

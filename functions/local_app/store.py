@@ -16,8 +16,17 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from functions.core.audit_codec import AUDIT_FIELDS, audit_fields, audit_record
-from functions.core.ports import Admission, AuditRecord, Claim, JsonObject, Parked, RecordedDrain, Reservation
-from functions.core.store_rules import DONE, IN_PROGRESS, claim_found, joined, legacy_expiry
+from functions.core.ports import (
+    Admission,
+    AuditRecord,
+    Claim,
+    Finishing,
+    JsonObject,
+    Parked,
+    RecordedDrain,
+    Reservation,
+)
+from functions.core.store_rules import DONE, IN_PROGRESS, Finish, claim_found, joined, legacy_expiry
 
 # Columns added since files were first made: (table, column, type). A file made before gets them
 # when it is opened; its rows have NULL there (a reservation without expiry: see `reserve`).
@@ -147,6 +156,9 @@ class SqliteStore:
             )
             return Claim.CLAIMED
 
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        return Finish(self, self, key, now, tuple(forgotten))
+
     def complete(self, key: str, now: datetime) -> None:
         with self._transaction() as db:
             db.execute("UPDATE claims SET state = ?, updated_at = ? WHERE key = ?", (DONE, now.timestamp(), key))
@@ -161,8 +173,18 @@ class SqliteStore:
     # ---- budget
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
+        # `alone` changes nothing here: a VM joins its event's reservation in the same transaction.
+        del alone
         stamp = now.timestamp()
         with self._transaction() as db:
             # A reservation of an earlier version (no expiry) gets one; then the expired ones go.
@@ -282,8 +304,14 @@ class SqliteStore:
     # ---- audit
 
     def append(self, record: AuditRecord) -> None:
-        with self._transaction() as db:
-            db.execute(_AUDIT_INSERT, audit_fields(record))
+        self.append_all([record])
+
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        if records:
+            with self._transaction() as db:
+                db.executemany(_AUDIT_INSERT, [audit_fields(record) for record in records])
+        if then is not None:
+            then.write()
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         clauses, params = [], []

@@ -53,6 +53,26 @@ def test_records_come_back_in_the_order_written_by_vm_and_by_event(backend: Back
     assert list(backend.audit.query(vm="web-1", event_id="E-TWO")) == [written[2], written[5]]
 
 
+def test_the_records_of_one_message_written_together_keep_their_order(backend: Backend) -> None:
+    # GIVEN the records of two messages, each written in one call (`append_all`, as `process` writes
+    # a message's records): the first about one VM, more than one Table transaction holds; the second
+    # about two VMs in turn, as an event admitted from the waiting line adds its own
+    first = [record("action", "web-0", "E-ONE", reason=str(number)) for number in range(130)]
+    second = [
+        record("event", "web-1", "E-TWO"),
+        record("action", "web-2", "E-THREE", action="drain"),
+        record("action", "web-1", "E-TWO", action="wait"),
+    ]
+    backend.audit.append_all(first)
+    backend.audit.append_all(second)
+    backend.audit.append_all([])
+
+    # WHEN the log is read whole and by VM
+    # THEN every record is there once, in the order written
+    assert list(backend.audit.query()) == first + second
+    assert list(backend.audit.query(vm="web-1")) == [second[0], second[2]]
+
+
 def test_many_records_of_one_moment_keep_the_order_they_were_appended(backend: Backend) -> None:
     # GIVEN fifty records appended at once, of three events on five VMs
     for number in range(50):

@@ -213,6 +213,22 @@ def test_the_vms_that_joined_an_event_are_forgotten_when_it_lets_its_slot_go(bac
     assert (again, other) == (True, True)
 
 
+def test_a_vm_joining_an_event_admitted_alone_still_counts_and_goes_with_its_release(backend: Backend) -> None:
+    # GIVEN event A admitted alone for web-0 (its report named no other VM) in a pool of budget 2
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL, alone=True)
+
+    # WHEN web-1's report of A joins it all the same, twice (a redelivery)
+    joined = backend.store.reserve("web", "azure:a", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL, alone=True)
+    again = backend.store.reserve("web", "azure:a", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL, alone=True)
+
+    # THEN it counts with A: B finds no room until A is released, and then A's join counts no more
+    assert (joined.admitted, again.admitted) == (True, True)
+    assert not backend.store.reserve("web", "azure:b", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL)
+    backend.store.release("web", "azure:a")
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL, alone=True)
+    assert backend.store.reserve("web", "azure:b", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL)
+
+
 def test_release_frees_the_slot_and_pools_are_separate(backend: Backend) -> None:
     # GIVEN a full pool of budget 1, and another pool
     assert backend.store.reserve("web", "azure:a", ["web-0"], 1, now=NOW, expires_at=HELD_UNTIL)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,7 @@ from functions.core.ports import (
     AuditLog,
     AuditRecord,
     Claim,
+    Finishing,
     JsonObject,
     Parked,
     RecordedDrain,
@@ -152,6 +154,24 @@ class Crashes:
 
 
 @dataclass
+class _CrashingFinishing:
+    """A store's `Finishing` with a crash point before and after its own writes (forgetting the drains
+    put back, completing the claim); writes an audit log folds into its commit (`writes`: Firestore)
+    are that commit's, between the audit log's crash points."""
+
+    inner: Finishing
+    crashes: Crashes
+
+    def write(self) -> None:
+        self.crashes.point("before store.complete")
+        self.inner.write()
+        self.crashes.point("after store.complete")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@dataclass
 class CrashingStore:
     """A StateStore and AuditLog with a crash point before and after every call."""
 
@@ -165,6 +185,9 @@ class CrashingStore:
         self.crashes.point("after store.claim")
         return claim
 
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        return _CrashingFinishing(self.store.finishing(key, now, forgotten), self.crashes)
+
     def complete(self, key: str, now: datetime) -> None:
         self.crashes.point("before store.complete")
         self.store.complete(key, now)
@@ -176,10 +199,18 @@ class CrashingStore:
         self.crashes.point("after store.abandon")
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         self.crashes.point("before store.reserve")
-        admitted = self.store.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at)
+        admitted = self.store.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at, alone=alone)
         self.crashes.point("after store.reserve")
         return admitted
 
@@ -238,6 +269,11 @@ class CrashingStore:
     def append(self, record: AuditRecord) -> None:
         self.crashes.point("before audit.append")
         self.audit.append(record)
+        self.crashes.point("after audit.append")
+
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        self.crashes.point("before audit.append")
+        self.audit.append_all(records, then)
         self.crashes.point("after audit.append")
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:

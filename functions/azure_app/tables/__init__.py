@@ -12,7 +12,10 @@ budget of a pool       ``budget``                  pool            reservations:
                                                                    tokens: JSON {event key: token},
                                                                    terms: JSON {event key: [admitted_at,
                                                                    expires_at]} (epoch s; absent before
-                                                                   expiries: see ``_Budget.swept``)
+                                                                   expiries: see ``_Budget.swept``),
+                                                                   alone: JSON [event keys admitted by a
+                                                                   report naming only its own VM, not
+                                                                   joined since] (absent before)
 VMs joining an event   ``joins:<pool>``            [event, VM]     event_key, vm, token
 drains of an event     ``drain:<event key>``       VM              event_key, vm, memento (JSON)
 remembered values      ``remembered``              key             value (binary): command bytes, event ends
@@ -31,7 +34,8 @@ that let its slot go meanwhile is deleted and the event admitted afresh. Admitti
 counts the joins of the reservations it finds (one query of the pool's joins partition); a join
 counts only with the token of the admission it joined, so one a crash left behind after its
 event's release never counts for a later admission. A release deletes its joins after the
-reservation.
+reservation, unless the event is still listed in ``alone``: a VM that joins such an event takes it
+off that list (If-Match on the pool's entity) before it writes its join.
 
 The audit table (default `mbridgeaudit`): PartitionKey = VM name, RowKey = inverted write time
 in nanoseconds + a uuid, so a partition lists a VM's records newest first (the portal and

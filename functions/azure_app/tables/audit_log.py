@@ -6,15 +6,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from azure.data.tables import TableClient
 
 from functions.azure_app.tables.entities import escape_key
 from functions.azure_app.tables.errors import table_errors
 from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
-from functions.core.ports import AuditRecord
+from functions.core.ports import AuditRecord, Finishing
 
 _MAX_NS = 10**20 - 1  # 20 digits: nanoseconds since 1970 until the year 5138
+_MOST_PER_TRANSACTION = 100  # operations in one entity group transaction
 
 
 class TableAuditLog:
@@ -27,16 +29,37 @@ class TableAuditLog:
         self._last_ns = 0
 
     def append(self, record: AuditRecord) -> None:
+        self.append_all([record])
+
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        """One entity group transaction per VM's partition (at most 100 rows each), in the order of
+        the records: the records of one message are one request when they are about one VM."""
+        batches: list[list[dict[str, Any]]] = []
+        for record in records:
+            entity = self._entity(record)
+            last = batches[-1] if batches else None
+            if last and last[0]["PartitionKey"] == entity["PartitionKey"] and len(last) < _MOST_PER_TRANSACTION:
+                last.append(entity)
+            else:
+                batches.append([entity])
+        with table_errors(self._table.table_name, "append audit records"):
+            for batch in batches:
+                if len(batch) == 1:
+                    self._table.create_entity(batch[0])
+                else:
+                    self._table.submit_transaction([("create", entity) for entity in batch])
+        if then is not None:
+            then.write()
+
+    def _entity(self, record: AuditRecord) -> dict[str, Any]:
         written_ns = self._next_ns()
-        entity = {
+        return {
             "PartitionKey": escape_key(record.vm),
             "RowKey": f"{_MAX_NS - written_ns:020d}-{uuid.uuid4().hex}",
             "written_ns": str(written_ns),  # as text: Edm.Int64 would come back wrapped
             **audit_fields(record),
             EVENT_ID_LOWER: event_id_lower(record.event_id),
         }
-        with table_errors(self._table.table_name, "append an audit record"):
-            self._table.create_entity(entity)
 
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
         clauses: list[str] = []

@@ -31,11 +31,12 @@ from functions.azure_app.tables.entities import (
     unescape_key,
 )
 from functions.azure_app.tables.errors import TableStorageUnavailableError, table_errors
-from functions.core.ports import Admission, Claim, JsonObject, Parked, RecordedDrain, Reservation
+from functions.core.ports import Admission, Claim, Finishing, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import (
     BUDGET_ATTEMPTS,
     DONE,
     IN_PROGRESS,
+    Finish,
     admits,
     budget_backoff,
     claim_found,
@@ -91,6 +92,10 @@ class TableStateStore:
                 return Claim.BUSY
             return Claim.CLAIMED
 
+    def finishing(self, key: str, now: datetime, forgotten: Sequence[tuple[str, str]] = ()) -> Finishing:
+        # The claims and drains are in this table, the audit records in another: no one request holds them.
+        return Finish(self, self, key, now, tuple(forgotten))
+
     def complete(self, key: str, now: datetime) -> None:
         entity = {"PartitionKey": _CLAIMS, "RowKey": escape_key(key), "state": DONE, "updated_at": now.timestamp()}
         with self._errors("complete a claim"):
@@ -121,7 +126,15 @@ class TableStateStore:
     # ---- budget
 
     def reserve(
-        self, pool: str, event_key: str, vms: Sequence[str], limit: int | None, *, now: datetime, expires_at: datetime
+        self,
+        pool: str,
+        event_key: str,
+        vms: Sequence[str],
+        limit: int | None,
+        *,
+        now: datetime,
+        expires_at: datetime,
+        alone: bool = False,
     ) -> Admission:
         row = escape_key(pool)
         found: list[Reservation] = []  # expired reservations this call removed
@@ -142,7 +155,7 @@ class TableStateStore:
                 counted = budget.reservations
                 if limit is not None and counted:
                     counted = self._with_joins(pool, budget)
-                admitted = budget.admitting(event_key, vms, now, expires_at)
+                admitted = budget.admitting(event_key, vms, now, expires_at, alone=alone)
                 if not admits(counted.values(), vms, limit):
                     admitted = budget
                 elif len(admitted.reservations) > 1 and not fits_in_an_entity(admitted.text()):
@@ -176,6 +189,8 @@ class TableStateStore:
                 if event_key not in budget.reservations:
                     return
                 token = budget.tokens.get(event_key, "")
+                # Admitted alone and never joined (a join takes the mark off first): no joins to look for.
+                joins = event_key not in budget.alone
                 if self._write_budget(row, budget.releasing(event_key), budget):
                     break
                 self._sleep(budget_backoff(attempt))
@@ -187,7 +202,8 @@ class TableStateStore:
             # Its joins only now: until the reservation is gone they count. (A redelivered release
             # that finds the reservation gone leaves any join a crash left here: it counts for
             # nothing, as its reservation's token is no pool's any more.)
-            self._forget_joins(pool, event_key, token)
+            if joins:
+                self._forget_joins(pool, event_key, token)
 
     def _write_budget(self, row: str, new: _Budget, read: _Budget) -> bool:
         """Write the pool's reservations if its entity is still as `read`; False when another
@@ -214,11 +230,15 @@ class TableStateStore:
 
         False when the reservation was let go before the joins were written (read again after
         them): they are taken back, and the caller admits the event afresh, as when it came first.
+        Also False when the reservation was admitted alone and another invocation wrote the pool's
+        entity before its mark could be taken off: the caller reads it again.
         """
         token = budget.tokens.get(event_key, "")
         new = [vm for vm in vms if vm not in budget.reservations[event_key]]
         if not new:
             return True
+        if event_key in budget.alone and not self._write_budget(row, budget.joinable(event_key), budget):
+            return False  # its release must look for joins from now on: the mark goes before any join is written
         for vm in new:
             self._table.upsert_entity(_join_entity(pool, event_key, vm, token), mode=UpdateMode.REPLACE)
         after = _Budget.read(self._table, row)
@@ -389,6 +409,9 @@ class _Budget:
     reservations: dict[str, list[str]]
     tokens: dict[str, str]
     terms: dict[str, list[float | None]]
+    # Events admitted alone (`StateStore.reserve`) that no VM joined: their release looks for no joins.
+    # Entities written before this have none.
+    alone: frozenset[str] = frozenset()
     etag: str | None = field(default=None, compare=False)  # None: no entity
 
     @classmethod
@@ -396,10 +419,11 @@ class _Budget:
         try:
             entity = table.get_entity(_BUDGET, row)
         except ResourceNotFoundError:
-            return cls({}, {}, {}, None)
+            return cls({}, {}, {}, frozenset(), None)
         tokens = json.loads(entity["tokens"]) if entity.get("tokens") else {}
         terms = json.loads(text_of(entity, "terms")) if entity.get("terms") else {}
-        return cls(json.loads(text_of(entity, "reservations")), tokens, terms, entity.metadata["etag"])
+        alone = frozenset(json.loads(text_of(entity, "alone"))) if entity.get("alone") else frozenset()
+        return cls(json.loads(text_of(entity, "reservations")), tokens, terms, alone, entity.metadata["etag"])
 
     def swept(self, now: datetime) -> tuple[_Budget, tuple[Reservation, ...]]:
         """The budget without the reservations expired at `now` (returned), and with an expiry for
@@ -416,23 +440,31 @@ class _Budget:
                 terms[key] = [admitted_at, expires_at]
         reservations = {key: vms for key, vms in self.reservations.items() if key in terms}
         tokens = {key: token for key, token in self.tokens.items() if key in terms}
-        return _Budget(reservations, tokens, terms, self.etag), tuple(expired)
+        return _Budget(reservations, tokens, terms, self.alone.intersection(terms), self.etag), tuple(expired)
 
-    def admitting(self, event_key: str, vms: Sequence[str], now: datetime, expires_at: datetime) -> _Budget:
+    def admitting(
+        self, event_key: str, vms: Sequence[str], now: datetime, expires_at: datetime, *, alone: bool = False
+    ) -> _Budget:
         tokens = {**self.tokens, event_key: uuid.uuid4().hex}
         term: list[float | None] = [now.timestamp(), expires_at.timestamp()]
         terms = {**self.terms, event_key: term}
-        return _Budget({**self.reservations, event_key: list(vms)}, tokens, terms, self.etag)
+        marked = self.alone | {event_key} if alone else self.alone - {event_key}
+        return _Budget({**self.reservations, event_key: list(vms)}, tokens, terms, marked, self.etag)
 
     def releasing(self, event_key: str) -> _Budget:
         reservations = {key: vms for key, vms in self.reservations.items() if key != event_key}
         tokens = {key: token for key, token in self.tokens.items() if key in reservations}
         terms = {key: term for key, term in self.terms.items() if key in reservations}
-        return _Budget(reservations, tokens, terms, self.etag)
+        return _Budget(reservations, tokens, terms, self.alone - {event_key}, self.etag)
+
+    def joinable(self, event_key: str) -> _Budget:
+        """The same reservations, the event's no longer marked as admitted alone."""
+        return _Budget(self.reservations, self.tokens, self.terms, self.alone - {event_key}, self.etag)
 
     def text(self) -> str:
         """What the entity holds, as the text its properties take."""
-        return json.dumps(self.reservations) + json.dumps(self.tokens) + json.dumps(self.terms)
+        held = (self.reservations, self.tokens, self.terms, sorted(self.alone))
+        return "".join(json.dumps(part) for part in held)
 
     def entity(self, row: str) -> dict[str, Any]:
         return {
@@ -441,6 +473,7 @@ class _Budget:
             **text_properties("reservations", json.dumps(self.reservations)),
             "tokens": json.dumps(self.tokens),
             **text_properties("terms", json.dumps(self.terms)),
+            **text_properties("alone", json.dumps(sorted(self.alone))),
         }
 
 

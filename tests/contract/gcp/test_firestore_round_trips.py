@@ -91,6 +91,17 @@ def test_forgetting_a_drain_is_a_delete_and_one_read_of_the_earlier_layout(count
     assert counted.store.drains("azure:e1") == {}
 
 
+def test_forgetting_a_drain_of_an_event_whose_drains_were_read_is_the_delete_alone(counted: Counted) -> None:
+    # As a completion does: it reads the event's drains (no document of the earlier layout among
+    # them), puts the VM back, then forgets its drain
+    counted.store.record_drain("azure:e1", "web-0", {"pools": ["web"]})
+    assert counted.store.drains("azure:e1") == {"web-0": {"pools": ["web"]}}
+    counted.counter.reset()
+    counted.store.forget_drain("azure:e1", "web-0")
+    assert counted.rpcs() == 1
+    assert counted.store.drains("azure:e1") == {}
+
+
 def test_parking_an_event_is_one_rpc_and_parking_it_again_two(counted: Counted) -> None:
     counted.store.park("web", "azure:e1|web-0", b"first", NOW)
     assert counted.rpcs() == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -15,6 +15,7 @@ import pytest
 
 from functions.core.keys import claim_key
 from functions.core.policy import Policy, Pool
+from functions.core.ports import AuditRecord, Finishing
 from functions.core.process import CLAIM_LEASE, ClaimBusyError, ClaimWait, Deps, process
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
@@ -177,6 +178,43 @@ def test_a_removal_that_went_through_but_never_answered_is_still_restored(world:
     assert world.pool.members("web") == list(SET)
     assert world.pool.restored == ["web-0"]
     assert len(world.sent.commands) == 1
+
+
+class _DiesWritingTheRecords:
+    """An audit log whose process dies as it is about to write a message's records (and so the claim's
+    completion and the drains forgotten that go with them)."""
+
+    def append(self, record: AuditRecord) -> None:
+        raise Killed()
+
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        raise Killed()
+
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
+        return ()
+
+
+def test_a_completion_that_dies_after_putting_back_keeps_the_drain_for_its_redelivery(world: World) -> None:
+    # GIVEN web-0 drained and approved, then a completion that put it back and died before its records,
+    # its claim's completion and the forgetting of its drain were written (they go together)
+    world.run(reboot(EventStatus.SCHEDULED))
+    completed = reboot(EventStatus.COMPLETED)
+    with pytest.raises(Killed):
+        world.run(completed, at=NOW + timedelta(minutes=30), audit=_DiesWritingTheRecords())
+    assert world.pool.members("web") == list(SET)
+    assert "web-0" in world.store.drains("azure:e-reboot")
+
+    # WHEN the completion is redelivered once its claim's lease ran out, and once more
+    later = NOW + timedelta(minutes=30) + CLAIM_LEASE + timedelta(seconds=1)
+    outcomes = [world.run(completed, at=later).result for _ in range(2)]
+
+    # THEN putting it back again changed nothing, its drain is forgotten and the claim done
+    assert outcomes == ["processed", "duplicate"]
+    assert world.pool.members("web") == list(SET)
+    assert world.store.drains("azure:e-reboot") == {}
+    # AND the audit log holds the redelivery's restore, the dead attempt having written nothing
+    actions = [(line.action, line.vm) for line in world.store.query() if line.kind == "action"]
+    assert actions == [("drain", "web-0"), ("approve", "web-0"), ("restore", "web-0")]
 
 
 def test_a_redelivery_while_the_first_attempt_still_holds_its_lease_is_retried_later(world: World) -> None:
