@@ -62,6 +62,8 @@ HOOK_SETTLE_SECONDS = 2.0
 # streaming pull, Service Bus's receive) and a stop interrupts the wait, so this only bounds how
 # long an unexpected silence of a transport goes unnoticed.
 COMMAND_IDLE_WAIT_SECONDS = 60.0
+# How long a resting command loop waits for an event of this VM before it looks again on its own.
+RESTING_WAIT_SECONDS = 300.0
 # How long a stopping agent waits for the observations it had already received to be recorded.
 RECORD_SETTLE_SECONDS = 2.0
 
@@ -125,6 +127,7 @@ class Agent:
         # command loop waits on it instead of receiving.
         self._wake = threading.Event()
         self.command_path_open = False  # for /metrics: whether the command path holds a receive
+        self._rested = False  # the transport let its command path go since it was last used
         self._flush_seconds = flush_seconds
         # a metadata service that refuses proofs is asked again only every few minutes
         self._prover: Prover = NoProof() if prover is None else BackOffAfterRefusal(prover, clock.monotonic)
@@ -495,6 +498,7 @@ class Agent:
         )
 
     def _open_command_path(self) -> None:
+        self._rested = False
         if not self.command_path_open:
             self.command_path_open = True
             LOGGER.info("receiving commands", extra=logs.fields(vm=self.vm_name))
@@ -507,8 +511,13 @@ class Agent:
                 "no open event, drain or held command: the command path is released until the next event",
                 extra=logs.fields(vm=self.vm_name),
             )
-        self._transport.rest()
-        self._wake.wait(COMMAND_IDLE_WAIT_SECONDS)
+        if not self._rested:
+            # Once per rest (also at a start with nothing open: the start-up check opened links).
+            self._transport.rest()
+            self._rested = True
+        # Only an event of this VM can open the path again (a drain or a held command comes with
+        # one), and it wakes this wait; the timeout only bounds a wake that went missing.
+        self._wake.wait(RESTING_WAIT_SECONDS)
         self._wake.clear()
 
     def _command_wait(self) -> float:
