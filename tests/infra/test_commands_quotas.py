@@ -43,6 +43,7 @@ AZURE_CHECKS = {
     "connections_per_namespace",
     "servicebus_credits",
     "network_writes",
+    "isolation",
 }
 GCP_CHECKS = {"subscriptions_per_topic", "fleet_per_topic", "subscriptions_per_project"}
 
@@ -156,6 +157,14 @@ def test_azure_topic_mode_on_standard_is_refused_when_a_freeze_would_outrun_the_
     assert azure(modules, commands_mode="topic", servicebus_sku="Premium") == {}
     # AND the queue mode, with no filters per command, is far from it: 2,400 x 8 at 8,000 VMs
     assert "servicebus_credits" not in azure(modules, fleet_size=8000, commands_shards=2)
+
+
+def test_azure_vms_with_identities_of_their_own_are_refused_the_queue_mode(modules: dict[Path, Path]) -> None:
+    vms = {"commands_subscription_vms": {"web-0": PRINCIPAL, "web-1": PRINCIPAL}}
+    refused = azure(modules, **vms)
+    assert set(refused) == {"isolation"}
+    assert 'set commands_mode = "topic" to give each its own subscription' in refused["isolation"]
+    assert azure(modules, commands_mode="topic", commands_shards=12, **vms) == {}
 
 
 def test_azure_pool_drains_past_the_network_writes_a_freeze_can_use_are_refused(modules: dict[Path, Path]) -> None:

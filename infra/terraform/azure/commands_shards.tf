@@ -89,6 +89,10 @@ locals {
       ok      = local.peak_receives_per_entity <= local.servicebus_receives_per_entity
       message = "Service Bus allows ${local.servicebus_receives_per_entity} concurrent receive requests per queue or topic (a topic's subscriptions together): ${var.fleet_size} VMs, 30 % of them engaged at the peak, over ${var.commands_shards} commands entities make ${local.peak_receives_per_entity} on one. Raise commands_shards to at least ${ceil(var.fleet_size * local.peak_engaged_fraction / local.servicebus_receives_per_entity)}."
     }
+    isolation = {
+      ok      = local.commands_via_topic || length(var.commands_subscription_vms) == 0
+      message = "commands_subscription_vms gives ${length(var.commands_subscription_vms)} VMs identities of their own, and the queue mode would let each of them read or take the others' commands: set commands_mode = \"topic\" to give each its own subscription (docs/security.md), or leave commands_subscription_vms empty for the queue mode."
+    }
     servicebus_credits = {
       ok      = var.servicebus_sku != "Standard" || local.peak_freeze_credits <= local.servicebus_credits_per_second * local.credits_window_seconds
       message = "Service Bus Standard allows ${local.servicebus_credits_per_second} credits a second per namespace, and a message sent to a topic costs one more per subscription filter: a freeze of 30 % of ${var.fleet_size} VMs needs ${local.peak_freeze_credits} credits for its reports, drains and approvals, more than a minute's ${local.servicebus_credits_per_second * local.credits_window_seconds}. ${local.credits_shards_needed > 0 ? "Raise commands_shards to at least ${local.credits_shards_needed} (fewer VMs per commands topic), or use" : "Use"} servicebus_sku = \"Premium\" (no credit limit)."

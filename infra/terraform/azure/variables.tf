@@ -95,7 +95,7 @@ variable "commands_mode" {
 }
 
 variable "commands_subscription_vms" {
-  description = "Topic mode: the VMs to give a commands subscription (vm-<name>), as VM name (as Scheduled Events name it in Resources) => principal (object) id of that VM's own managed identity. Ignored in queue mode."
+  description = "Topic mode: the VMs to give a commands subscription (vm-<name>), as VM name (as Scheduled Events name it in Resources) => principal (object) id of that VM's own managed identity. Refused in queue mode, which would not isolate them."
   type        = map(string)
   default     = {}
 
