@@ -2,8 +2,9 @@
 deployment spreads them over several (wire.shards).
 
 Terraform computes it itself; the Bicep cannot (it has no SHA-256), so whoever deploys a VM's
-commands subscription with infra/azure/modules/vm-commands-subscription.bicep, or points an agent
-of the queue mode at its queue, asks this command which entity that is.
+commands subscription with infra/azure/modules/vm-commands-subscription.bicep or an entry of
+main.bicep's commandsSubscriptionVms (its `topic`), or points an agent of the queue mode at its
+queue, asks this command which entity that is.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@
 //   function app and for `mbridge approve` (`operator-results`), queue `maintenance-commands`
 //   (functions -> agents, one session per VM); or, with commandsMode = 'topic', topic
 //   `maintenance-commands` and one subscription per VM of commandsSubscriptionVms, each readable
-//   by that VM's own identity only (modules/vm-commands-subscription.bicep)
+//   by that VM's own identity only (modules/vm-commands-subscription.bicep). With commandsShards
+//   = N > 1, N such queues or topics: `maintenance-commands`, `maintenance-commands-1`, ...
+//   (modules/commands-entity.bicep)
 // - the function app on Flex Consumption, its storage (host, deployment package, state and audit
 //   tables) and its telemetry (Log Analytics + Application Insights)
 // - two user-assigned identities, one for the function app and one for the VMs (agents), each
@@ -79,7 +81,7 @@ param functionSubscriptionName string = 'functions'
 ])
 param commandsMode string = 'queue'
 
-@description('How many commands entities (queues, or topics in topic mode) the VMs are spread over (MBRIDGE_COMMANDS_SHARDS; the shard of a VM is SHA-256 of its lower-cased name: `mbridge commands-entity --vm NAME --shards N`). Service Bus allows 2,000 subscriptions per topic and 5,000 concurrent receive requests per entity (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas). This template deploys 1 only and stops otherwise: the Terraform (infra/terraform/azure) creates the shard entities.')
+@description('How many commands entities (queues, or topics in topic mode) the VMs are spread over (MBRIDGE_COMMANDS_SHARDS; the shard of a VM is SHA-256 of its lower-cased name: `mbridge commands-entity --vm NAME --shards N`). Service Bus allows 2,000 subscriptions per topic and 5,000 concurrent receive requests per entity (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas). Shard 0 is `maintenance-commands`, shard k `maintenance-commands-<k>`, each with the same settings and roles (output commandsEntities). Change it outside a maintenance wave (docs/deploy.md).')
 @minValue(1)
 @maxValue(1024)
 param commandsShards int = 1
@@ -88,7 +90,7 @@ param commandsShards int = 1
 @minValue(1)
 param fleetSize int = 1000
 
-@description('topic mode: the VMs to give a commands subscription, each { name: VM name as Scheduled Events name it, principalId: principal id of that VM\'s own managed identity }. More can be added later with modules/vm-commands-subscription.bicep.')
+@description('topic mode: the VMs to give a commands subscription, each { name: VM name as Scheduled Events name it, principalId: principal id of that VM\'s own managed identity, topic: that VM\'s commands topic }. topic is required with commandsShards above 1 (Bicep has no SHA-256 to compute a VM\'s shard): what `mbridge commands-entity --vm NAME --shards N` prints; with one shard it may be left out. More can be added later with modules/vm-commands-subscription.bicep.')
 param commandsSubscriptionVms array = []
 
 @description('Replication of the storage account (only zone- or geo-redundant: the audit table is the record of every approval). Use Standard_GRS where the region has no availability zones.')
@@ -207,6 +209,20 @@ param encryptionAtHost bool = false
 
 var suffix = uniqueString(resourceGroup().id)
 var commandsViaTopic = commandsMode == 'topic'
+// The commands entities, shard 0 first: the base name, then `<base>-<k>` (wire/shards.py).
+var commandsEntityBaseName = 'maintenance-commands'
+var commandsEntityNames = [
+  for shard in range(0, commandsShards): (shard == 0) ? commandsEntityBaseName : '${commandsEntityBaseName}-${shard}'
+]
+// topic mode: each VM of commandsSubscriptionVms gets its subscription on the topic it is given
+// (`topic`), or on the one topic when there is one shard and it gives none. Bicep has no SHA-256
+// to compute a VM's shard, so with several shards a VM without a topic, or with a topic that is
+// none of commandsEntityNames, stops the deployment (a wrong shard of the right form cannot be
+// told: `mbridge commands-entity --vm NAME --shards N` prints the right one).
+var commandsSubscriptionTopicChecks = [
+  for vm in commandsSubscriptionVms: contains(vm, 'topic') ? (contains(commandsEntityNames, vm.topic) ? '' : 'commandsSubscriptionVms: the topic of ${vm.name}, \'${vm.topic}\', is not one of the ${commandsShards} commands topics of this deployment (maintenance-commands, then maintenance-commands-<k>): give what `mbridge commands-entity --vm ${vm.name} --shards ${commandsShards}` prints.') : ((commandsShards == 1) ? '' : 'commandsSubscriptionVms: ${vm.name} has no topic; with commandsShards = ${commandsShards}, Bicep cannot compute a VM\'s shard (SHA-256 of its name): give its topic, what `mbridge commands-entity --vm ${vm.name} --shards ${commandsShards}` prints.')
+]
+var commandsSubscriptionTopicProblems = filter(commandsSubscriptionTopicChecks, problem => !empty(problem))
 
 // Service Bus quotas (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas):
 // subscriptions per topic, concurrent receive requests per entity (a topic's subscriptions
@@ -234,8 +250,12 @@ var peakFreezeVms = (fleetSize * peakEngagedTenths + 9) / 10
 var filtersPerCommand = commandsViaTopic ? vmsPerTopicWithSkew : 0
 var peakFreezeCredits = peakFreezeVms * (4 + 2 * (2 + filtersPerCommand))
 var networkPutsAllowed = 2800
+// Resource Manager deploys at most 800 resources per template, copies of a loop included
+// (https://learn.microsoft.com/azure/azure-resource-manager/templates/best-practices#template-limits):
+// modules/servicebus.bicep holds the commands entities' module loop and 7 resources of its own.
+var commandsShardsPerTemplate = 793
 var commandsQuotaProblems = filter([
-  commandsShards == 1 ? '' : 'commandsShards is ${commandsShards}: this template deploys one commands entity only; deploy the shard entities with the Terraform (infra/terraform/azure, commands_shards).'
+  commandsShards <= commandsShardsPerTemplate ? '' : 'commandsShards is ${commandsShards}: Resource Manager deploys at most 800 resources per template, and this one takes ${commandsShardsPerTemplate} commands entities at most. Deploy more shards with the Terraform (infra/terraform/azure, commands_shards).'
   !commandsViaTopic || length(commandsSubscriptionVms) <= serviceBusSubscriptionsPerTopic ? '' : 'Service Bus allows ${serviceBusSubscriptionsPerTopic} subscriptions per topic, and commandsSubscriptionVms puts ${length(commandsSubscriptionVms)} VMs on one commands topic: raise commandsShards.'
   !commandsViaTopic || vmsPerTopicWithSkew <= serviceBusSubscriptionsPerTopic ? '' : 'Service Bus allows ${serviceBusSubscriptionsPerTopic} subscriptions per topic: a fleet of ${fleetSize} VMs over ${commandsShards} commands topic(s) puts up to ${vmsPerTopicWithSkew} VMs on one (10 % headroom for the hash\'s skew). Raise commandsShards.'
   peakReceivesPerEntity <= serviceBusReceivesPerEntity ? '' : 'Service Bus allows ${serviceBusReceivesPerEntity} concurrent receive requests per queue or topic: ${fleetSize} VMs, 30 % of them engaged at the peak, over ${commandsShards} commands entities make ${peakReceivesPerEntity} on one. Raise commandsShards.'
@@ -251,6 +271,16 @@ module commandsQuotaCheck 'modules/check.bicep' = {
     outcome: empty(commandsQuotaProblems) ? 'ok' : join(commandsQuotaProblems, ' ')
   }
 }
+
+// Stops the deployment before the namespace when a VM of commandsSubscriptionVms has no commands
+// topic of this deployment.
+module commandsTopicsCheck 'modules/check.bicep' = if (commandsViaTopic) {
+  name: '${namePrefix}-commands-topics-check-${suffix}'
+  params: {
+    outcome: empty(commandsSubscriptionTopicProblems) ? 'ok' : join(commandsSubscriptionTopicProblems, ' ')
+  }
+}
+
 var stateTableName = 'mbridgestate'
 var auditTableName = 'mbridgeaudit'
 var deploymentContainerName = 'app-package'
@@ -293,6 +323,7 @@ module serviceBus 'modules/servicebus.bicep' = {
   name: '${namePrefix}-servicebus'
   dependsOn: [
     commandsQuotaCheck
+    commandsTopicsCheck
   ]
   params: {
     namespaceName: '${namePrefix}-sb-${suffix}'
@@ -304,16 +335,18 @@ module serviceBus 'modules/servicebus.bicep' = {
     functionPrincipalId: functionIdentity.properties.principalId
     agentPrincipalId: agentIdentity.properties.principalId
     commandsMode: commandsMode
+    commandsEntityNames: commandsEntityNames
   }
 }
 
-// The isolated mode: each VM's filtered subscription and its own receiver role on it.
+// The isolated mode: each VM's filtered subscription, on its shard's topic, and its own receiver
+// role on it.
 module vmCommandSubscriptions 'modules/vm-commands-subscription.bicep' = [
   for vm in commandsSubscriptionVms: if (commandsViaTopic) {
     name: '${namePrefix}-commands-${uniqueString(vm.name)}'
     params: {
       namespaceName: serviceBus.outputs.namespaceName
-      topicName: serviceBus.outputs.commandsTopicName
+      topicName: contains(vm, 'topic') ? vm.topic : serviceBus.outputs.commandsTopicName
       eventsTopicName: serviceBus.outputs.eventsTopicName
       vmName: vm.name
       principalId: vm.principalId
@@ -500,6 +533,7 @@ module exampleScaleSet 'modules/vmss-example.bicep' = if (deployExampleScaleSet 
     agentIdentityId: agentIdentity.id
     agentIdentityClientId: agentIdentity.properties.clientId
     serviceBusNamespaceFqdn: serviceBus.outputs.namespaceFqdn
+    commandsShards: commandsShards
     agentVerifyKey: agentVerifyKey
     agentPackage: agentPackage
     terminateNotBeforeTimeout: terminateNotBeforeTimeout
@@ -519,10 +553,11 @@ output servicebusNamespaceName string = serviceBus.outputs.namespaceName
 output eventsTopic string = serviceBus.outputs.eventsTopicName
 output functionSubscription string = serviceBus.outputs.functionSubscriptionName
 output operatorResultsSubscription string = serviceBus.outputs.operatorResultsSubscriptionName
+@description('The commands queue of shard 0 (empty in the topic mode): the agents\' MBRIDGE_COMMANDS_QUEUE, the base name of the shard queues.')
 output commandsQueue string = serviceBus.outputs.commandsQueueName
 @description('Every commands entity (queues, or topics in topic mode), shard 0 first.')
-output commandsEntities array = [commandsViaTopic ? serviceBus.outputs.commandsTopicName : serviceBus.outputs.commandsQueueName]
-@description('The commands topic of the topic mode (empty in the queue mode).')
+output commandsEntities array = serviceBus.outputs.commandsEntityNames
+@description('The commands topic of shard 0 in the topic mode (empty in the queue mode), the base name of the shard topics.')
 output commandsTopic string = serviceBus.outputs.commandsTopicName
 @description('topic mode: MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION of each VM of commandsSubscriptionVms, in its order.')
 output commandsSubscriptions array = [for (vm, index) in commandsSubscriptionVms: commandsViaTopic ? vmCommandSubscriptions[index].outputs.subscriptionName : '']

@@ -42,9 +42,15 @@ DEPLOYMENT_SUBSCRIPTION = "(the deployment's subscription)"
 DRAINER_ROLE = "Maintenance Bridge Drainer"
 
 
-def commands_subscription_scope(subscription: str) -> str:
-    """The scope of one VM's subscription of the commands topic (the isolated mode)."""
-    return f"{SCOPE_COMMANDS_TOPIC}/subscriptions/{subscription}"
+def commands_entity_scope(scope: str, shard: int) -> str:
+    """The scope of the commands queue or topic (SCOPE_COMMANDS_QUEUE, SCOPE_COMMANDS_TOPIC) of one
+    shard: shard 0 is the entity itself, shard k `maintenance-commands-<k>` (wire/shards.py)."""
+    return scope if shard == 0 else f"{scope}[{shard}]"
+
+
+def commands_subscription_scope(subscription: str, shard: int = 0) -> str:
+    """The scope of one VM's subscription of the commands topic of its shard (the isolated mode)."""
+    return f"{commands_entity_scope(SCOPE_COMMANDS_TOPIC, shard)}/subscriptions/{subscription}"
 
 
 def vm_principal(principal_id: str) -> str:

@@ -47,6 +47,7 @@ from tests.infra.azure_facts import (
     IsolatedCommandsFacts,
     RoleGrant,
     VmCommandsSubscription,
+    commands_entity_scope,
     commands_subscription_scope,
     vm_principal,
 )
@@ -159,13 +160,13 @@ class Unit:
                     path=path,
                     doc=_parsed(path),
                     caller=self,
-                    arguments=arguments if loop is None else _bound(arguments, loop["detail"]["item_name"], item),
+                    arguments=arguments if loop is None else _bound(arguments, _loop_variable(self, loop), item),
                     scope=config.get("scope")
                     if loop is None
-                    else _bound(config.get("scope"), loop["detail"]["item_name"], item),
-                    condition=condition if loop is None else _bound(condition, loop["detail"]["item_name"], item),
-                    loop_item=None if loop is None else loop["detail"]["item_name"],
-                    loop_array=None if loop is None else loop["detail"]["array_name"],
+                    else _bound(config.get("scope"), _loop_variable(self, loop), item),
+                    condition=condition if loop is None else _bound(condition, _loop_variable(self, loop), item),
+                    loop_item=None if loop is None else _loop_variable(self, loop),
+                    loop_array=None if loop is None else loop["detail"].get("array_name"),
                     declared_scope=config.get("scope"),
                 )
                 for item in bindings
@@ -179,22 +180,41 @@ class Unit:
 _ANY_ELEMENT = object()
 
 
+def _loop_variable(unit: Unit, loop: Mapping[str, Any]) -> str:
+    """The variable of `[for item in array: ...]` or of `[for index in range(start, count): ...]`."""
+    detail = loop.get("detail") or {}
+    if loop.get("type") == "array" and detail.get("item_name"):
+        return str(detail["item_name"])
+    if loop.get("type") == "range" and detail.get("index_name") and not detail.get("item_name"):
+        return str(detail["index_name"])
+    raise ExtractionError(f"{unit.path.name}: only `for item in array` and `for index in range(...)` loops are read")
+
+
 def _loop_items(unit: Unit, loop: Mapping[str, Any]) -> list[Any]:
-    """The elements a module loop runs over: the array's, when it is known; else one stand-in."""
-    if loop.get("type") != "array":
-        raise ExtractionError(f"{unit.path.name}: only `for item in array` module loops are read")
-    array = resolve(unit, loop["detail"]["array_name"])
+    """The elements a loop runs over: the array's, or the integers of `range(start, count)`, when
+    they are known; else one stand-in."""
+    _loop_variable(unit, loop)
+    detail = loop["detail"]
+    if loop["type"] == "range":
+        start, count = (deref(resolve(unit, detail[key])) for key in ("start_index", "count"))
+        if type(start) is int and type(count) is int:  # not a bool
+            return list(range(start, start + count))
+        return [_ANY_ELEMENT]
+    array = deref(resolve(unit, detail["array_name"]))
     if isinstance(array, Lit) and isinstance(array.node, list):
         return [value_of(resolve(array.unit, item)) for item in array.node]
     return [_ANY_ELEMENT]
 
 
 def _bound(node: Any, name: str, item: Any) -> Any:
-    """`node` with the loop variable `name` replaced: by the element's values when it is known, by a
-    `{"loop_item": ...}` marker (resolved to a LoopRef) when it stands for every element."""
+    """`node` with the loop (or lambda) variable `name` replaced: by the element's values when it is
+    known, by a `{"loop_item": ...}` marker (resolved to a LoopRef) when it stands for every element.
+    In a string, a known element's text or number takes the place of `${name}` (`${name.x}`)."""
     if isinstance(node, str):
         if node == name:
             return _element(name, item, ())
+        if item is not _ANY_ELEMENT and "${" in node:
+            return _interpolated(node, name, item)
         return node
     if isinstance(node, list):
         return [_bound(value, name, item) for value in node]
@@ -214,12 +234,40 @@ def _element(name: str, item: Any, path: tuple[str, ...]) -> Any:
     value = item
     for key in path:
         if not isinstance(value, dict) or key not in value:
-            raise ExtractionError(f"the loop element {item!r} has no {'.'.join(path)}")
+            # An error only if read: `contains(vm, 'topic') ? vm.topic : ...` reads it when it is there.
+            return {"missing": f"the loop element {item!r} has no {'.'.join(path)}"}
         value = value[key]
     if isinstance(value, str):
         # A literal string, whatever it spells (even the name of a symbol).
         return {"literal": value}
     return value
+
+
+def _interpolated(text: str, name: str, item: Any) -> Any:
+    """A string with interpolations, those of the variable `name` replaced by the element's value
+    where it is text or a number; the element itself for a string that is only `${name...}`."""
+
+    def chain(inner: str) -> tuple[str, ...] | None:
+        head, *names = inner.strip().split(".")
+        return tuple(names) if head == name and _CHAIN.match(inner.strip()) else None
+
+    whole = _INTERPOLATION.fullmatch(text)
+    if whole and chain(whole.group(1)) is not None:
+        return _element(name, item, chain(whole.group(1)) or ())
+
+    def part(match: re.Match[str]) -> str:
+        path = chain(match.group(1))
+        if path is None:
+            return match.group(0)
+        value = _element(name, item, path)
+        if isinstance(value, dict) and set(value) == {"literal"}:
+            value = value["literal"]
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            return match.group(0)
+        # Written back as the text of a Bicep string: what unescape() reads back as the value.
+        return str(value).replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${")
+
+    return _INTERPOLATION.sub(part, text)
 
 
 _PARSED: dict[Path, dict[str, Any]] = {}
@@ -399,6 +447,10 @@ def resolve(unit: Unit, node: Any, path: tuple[str, ...] = ()) -> Resolved:
     if isinstance(node, dict):
         if set(node) == {"loop_item"}:
             return LoopRef(node["loop_item"]["name"], (*node["loop_item"]["path"], *path))
+        if set(node) == {"missing"}:
+            raise ExtractionError(f"{unit.path.name}: {node['missing']}")
+        if "loop_type" in node and set(node) <= {"loop_type", "condition", "config"}:
+            return _for_expression(unit, node, path)
         if set(node) == {"literal"}:
             if path:
                 raise ExtractionError(f"{unit.path.name}: cannot read {'.'.join(path)} of {node['literal']!r}")
@@ -410,6 +462,11 @@ def resolve(unit: Unit, node: Any, path: tuple[str, ...] = ()) -> Resolved:
                 if chain is not None:
                     base, names = chain
                     return resolve(unit, base, (*names, *path))
+            if operator["type"] == "index_accessor":
+                index = deref(resolve(unit, operator["operands"]["operand_2"]))
+                if isinstance(index, int) and not isinstance(index, bool):
+                    return resolve(unit, operator["operands"]["operand_1"], (str(index), *path))
+                return Expr(unit, node)
             if operator["type"] == "conditional":
                 operands = operator["operands"]
                 known = truth(unit, operands["condition"])
@@ -421,6 +478,8 @@ def resolve(unit: Unit, node: Any, path: tuple[str, ...] = ()) -> Resolved:
                 return Choice(unit, node, options)
             return Expr(unit, node)
         if "function" in node:
+            if node["function"].get("type") == "filter" and not path:
+                return _filtered(unit, node)
             return Expr(unit, node)
         if path:
             try:
@@ -429,6 +488,65 @@ def resolve(unit: Unit, node: Any, path: tuple[str, ...] = ()) -> Resolved:
                 raise ExtractionError(f"{unit.path.name}: no {'.'.join(path)} in {sorted(node)}") from None
         return Lit(unit, node)
     raise ExtractionError(f"{unit.path.name}: unexpected node {node!r}")
+
+
+def _for_expression(unit: Unit, node: dict[str, Any], path: tuple[str, ...]) -> Resolved:
+    """`[for item in array: value]` or `[for index in range(start, count): value]`: an array of the
+    values, each with the variable bound, when the elements are known; else the expression."""
+    loop = node["loop_type"]
+    items = _loop_items(unit, loop)
+    if node.get("condition") is not None or _ANY_ELEMENT in items:
+        return Expr(unit, node)
+    values = [_bound(node["config"], _loop_variable(unit, loop), item) for item in items]
+    if path:
+        if not path[0].isdigit() or int(path[0]) >= len(values):
+            raise ExtractionError(f"{unit.path.name}: no element {path[0]} in an array of {len(values)}")
+        return resolve(unit, values[int(path[0])], path[1:])
+    return Lit(unit, values)
+
+
+def _filtered(unit: Unit, node: dict[str, Any]) -> Resolved:
+    """`filter(array, x => condition)`: the elements whose condition holds, when the array and each
+    element's condition are known; else the expression."""
+    parameters = node["function"]["parameters"]
+    array = deref(resolve(unit, parameters["input_array"]))
+    if not isinstance(array, Lit) or not isinstance(array.node, list):
+        return Expr(unit, node)
+    kept = []
+    for item in array.node:
+        value = known(resolve(array.unit, item))
+        if value is _UNKNOWN:
+            return Expr(unit, node)
+        holds = truth(unit, _bound(parameters["expression"], parameters["input_element"], value))
+        if holds is None:
+            return Expr(unit, node)
+        if holds:
+            kept.append(item)
+    return Lit(array.unit, kept)
+
+
+_UNKNOWN = object()
+
+
+def known(resolved: Resolved) -> Any:
+    """The value as a deployment computes it where every part of it is written down (literals,
+    assumed parameters, what they select); _UNKNOWN where any part is decided at deployment time."""
+    resolved = deref(resolved)
+    if isinstance(resolved, (str, int, bool)) or resolved is None:
+        return resolved
+    if isinstance(resolved, ParamRef):
+        return _UNKNOWN
+    if isinstance(resolved, Expr) and isinstance(resolved.node, str):
+        text = value_of(resolved)
+        return _UNKNOWN if "${" in text else text
+    if isinstance(resolved, Lit):
+        node = resolved.node
+        pairs = enumerate(node) if isinstance(node, list) else ((key.strip("'"), item) for key, item in node.items())
+        values = {key: known(resolve(resolved.unit, item)) for key, item in pairs}
+        if any(value is _UNKNOWN for value in values.values()):
+            return _UNKNOWN
+        return list(values.values()) if isinstance(node, list) else values
+    return _UNKNOWN
 
 
 def _assumed(unit: Unit, value: Any, path: tuple[str, ...]) -> Resolved:
@@ -542,11 +660,21 @@ def truth(unit: Unit, node: Any) -> bool | None:
             return False if False in values else (True if all(values) else None)
         return True if True in values else (False if all(value is False for value in values) else None)
     if function.get("type") == "empty":
-        tested = resolve(unit, function["parameters"]["item_to_test"])
+        tested = deref(resolve(unit, function["parameters"]["item_to_test"]))
         if isinstance(tested, str):
             return tested == ""
         if isinstance(tested, Lit):
             return len(tested.node) == 0
+    if function.get("type") == "contains":
+        container = known(resolve(unit, function["parameters"]["container"]))
+        item = known(resolve(unit, function["parameters"]["item_to_find"]))
+        if container is _UNKNOWN or item is _UNKNOWN:
+            return None
+        if isinstance(container, dict) and isinstance(item, str):
+            # An object's keys compare without case (ARM's contains()).
+            return item.lower() in {key.lower() for key in container}
+        if isinstance(container, (list, str)):
+            return item in container
     return None
 
 
@@ -591,6 +719,10 @@ def render_node(unit: Unit, node: Any) -> str:
         return node if unit.is_symbol(node) else "'" + node + "'"
     if isinstance(node, list):
         return "[" + ", ".join(render_node(unit, item) for item in node) + "]"
+    if set(node) == {"loop_item"}:
+        return ".".join((node["loop_item"]["name"], *node["loop_item"]["path"]))
+    if set(node) == {"literal"}:
+        return "'" + str(node["literal"]) + "'"
     operator = node.get("operator")
     if isinstance(operator, dict):
         operands = operator["operands"]
@@ -661,6 +793,8 @@ def _render_template(unit: Unit, text: str) -> str:
         resolved = resolve_symbol(unit, head, tuple(names))
         if isinstance(resolved, str):
             return resolved
+        if isinstance(resolved, int) and not isinstance(resolved, bool):
+            return str(resolved)
         return "${" + render(resolved) + "}"
 
     return unescape(_INTERPOLATION.sub(part, text))
@@ -673,8 +807,9 @@ class Deployment:
     """main.bicep and every module it declares, with the arguments of each declaration."""
 
     def __init__(self, main: Path = MAIN, parameters: Mapping[str, Any] | None = None) -> None:
-        """`parameters`: values of main.bicep's parameters to assume, as a deployment would set them."""
-        assumed = {"agentPackage": EXAMPLE_AGENT_PACKAGE, **(parameters or {})}
+        """`parameters`: values of main.bicep's parameters to assume, as a deployment would set them.
+        commandsShards is assumed 1 (one commands entity) unless given: it is how many there are."""
+        assumed = {"agentPackage": EXAMPLE_AGENT_PACKAGE, "commandsShards": 1, **(parameters or {})}
         self.main = Unit(path=main.resolve(), doc=_parsed(main.resolve()), assumed=assumed)
         self.units: list[Unit] = []
         self._function_identity: Ref | None = None
@@ -890,13 +1025,31 @@ class Deployment:
         """The topic of the isolated mode (commandsMode = 'topic')."""
         return self.named(TOPIC, value_of(self._setting("MBRIDGE_COMMANDS_TOPIC")))
 
+    def commands_entities(self) -> dict[int, Resource]:
+        """shard -> the commands queue (the topic in the topic mode) of that shard: shard 0 is the
+        one the function app's setting names (MBRIDGE_COMMANDS_QUEUE, MBRIDGE_COMMANDS_TOPIC), shard
+        k the queue (topic) of that name with `-<k>` (wire/shards.py)."""
+        via_topic = value_of(self._setting("MBRIDGE_COMMANDS_MODE")) == "topic"
+        kind = TOPIC if via_topic else QUEUE
+        base = str(value_of(self._setting("MBRIDGE_COMMANDS_TOPIC" if via_topic else "MBRIDGE_COMMANDS_QUEUE")))
+        pattern = re.compile(re.escape(base) + r"(?:-([1-9][0-9]*))?")
+        found: dict[int, Resource] = {}
+        for resource in self.resources(kind):
+            match = pattern.fullmatch(str(resource.name))
+            if match:
+                shard = int(match.group(1) or 0)
+                if shard in found:
+                    raise ExtractionError(f"two commands entities of shard {shard}: {resource.name}")
+                found[shard] = resource
+        return dict(sorted(found.items()))
+
     def commands_subscriptions(self) -> list[Resource]:
-        """The per-VM subscriptions of the commands topic (modules/vm-commands-subscription.bicep)."""
-        topic = self.commands_topic().name
+        """The per-VM subscriptions of the commands topics (modules/vm-commands-subscription.bicep)."""
+        topics = {resource.name for resource in self.commands_entities().values() if resource.type == TOPIC}
         found = []
         for subscription in self.resources(SUBSCRIPTION):
             parent = self.resource_of(subscription.get("parent"))
-            if parent.type == TOPIC and parent.name == topic:
+            if parent.type == TOPIC and parent.name in topics:
                 found.append(subscription)
         return found
 
@@ -952,26 +1105,28 @@ class Deployment:
                 return SCOPE_NIC_RESOURCE_GROUP
             return f"resource group {render(group) if group is not None else '(the deployment)'}"
         target = self.resource_of(resolve(assignment.unit, assignment.config["scope"]))
-        # The entities this deployment has (the queue or the commands topic, by the commands mode).
         by_name = {
             (kind, name): scope
             for kind, lookup, scope in (
                 (TOPIC, self.events_topic, SCOPE_EVENTS_TOPIC),
                 (SUBSCRIPTION, self.function_subscription, SCOPE_FUNCTION_SUBSCRIPTION),
-                (QUEUE, self.commands_queue, SCOPE_COMMANDS_QUEUE),
-                (TOPIC, self.commands_topic, SCOPE_COMMANDS_TOPIC),
                 (TABLE, self.state_table, SCOPE_STATE_TABLE),
                 (TABLE, self.audit_table, SCOPE_AUDIT_TABLE),
                 (STORAGE_ACCOUNT, self.storage_account, SCOPE_STORAGE_ACCOUNT),
             )
             for name in _names_of(lookup)
         }
+        # The commands entities this deployment has (queues or topics, by the commands mode), by shard.
+        shards = {(entity.type, entity.name): shard for shard, entity in self.commands_entities().items()}
         if (target.type, target.name) in by_name:
             return by_name[(target.type, target.name)]
+        if (target.type, target.name) in shards:
+            base = SCOPE_COMMANDS_TOPIC if target.type == TOPIC else SCOPE_COMMANDS_QUEUE
+            return commands_entity_scope(base, shards[(target.type, target.name)])
         if target.type == SUBSCRIPTION:
             parent = self.resource_of(target.get("parent"))
-            if (TOPIC, parent.name) in by_name and by_name[(TOPIC, parent.name)] == SCOPE_COMMANDS_TOPIC:
-                return commands_subscription_scope(str(target.name))
+            if (TOPIC, parent.name) in shards:
+                return commands_subscription_scope(str(target.name), shards[(TOPIC, parent.name)])
         if target.type == APP_INSIGHTS:
             return SCOPE_APP_INSIGHTS
         if target.type == KEY_VAULT_SECRET:
@@ -1077,12 +1232,11 @@ class CustomData:
 def custom_data(scale_set: Resource) -> CustomData | None:
     """None unless the custom data is base64(replace(...replace(loadTextContent(file)...)))."""
     outer = deref(scale_set.get("properties", "virtualMachineProfile", "osProfile", "customData"))
-    if not isinstance(outer, Expr) or not isinstance(outer.node, dict):
+    arguments = _call_arguments(outer, "base64")
+    if arguments is None:
         return None
-    function = outer.node.get("function") or {}
-    if function.get("type") != "base64":
-        return None
-    current = deref(resolve(outer.unit, function["parameters"]["input_string"]))
+    assert isinstance(outer, Expr)
+    current = deref(resolve(outer.unit, arguments["input_string"]))
     replacements: dict[str, Resolved] = {}
     while isinstance(current, Expr) and isinstance(current.node, dict):
         function = current.node.get("function") or {}
@@ -1231,14 +1385,14 @@ COMMANDS_QUOTA_PROBLEMS = "commandsQuotaProblems"
 
 
 def refusal(deployment: Deployment) -> str:
-    """Why the deployment is refused: the outcome given to a deployed modules/check.bicep that its
-    @allowed list refuses; "" when every check passes. A check whose outcome depends on what is not
+    """Why the deployment is refused: the outcome given to a deployed modules/check.bicep (a file of
+    that name) that its @allowed list refuses; "" when every check passes. A check whose outcome depends on what is not
     assumed is an error: the caller must assume the parameters it reads."""
     for unit in deployment.units:
-        if unit.path != CHECK.resolve() or not deployed(unit):
+        if unit.path.name != CHECK.name or not deployed(unit):
             continue
         allowed = _decorator(unit, "outcome", "allowed") or []
-        outcome = deref(resolve_symbol(unit, "outcome"))
+        outcome = _joined(deref(resolve_symbol(unit, "outcome")))
         if not isinstance(outcome, str) and COMMANDS_QUOTA_PROBLEMS in render(outcome):
             # The quota check computes with integers and filter(), which this reader does not
             # evaluate: it is left out here, and its messages are checked as text (test_bicep.py).
@@ -1248,6 +1402,31 @@ def refusal(deployment: Deployment) -> str:
         if outcome not in allowed:
             return outcome
     return ""
+
+
+def _call_arguments(resolved: Resolved, kind: str) -> dict[str, Any] | None:
+    """The arguments (pycep's parameters, as written) of an expression that is one call of `kind`
+    (pycep's snake_case name); None for anything else."""
+    if not isinstance(resolved, Expr) or not isinstance(resolved.node, dict):
+        return None
+    function = resolved.node.get("function") or {}
+    if function.get("type") != kind:
+        return None
+    arguments: dict[str, Any] = function["parameters"]
+    return arguments
+
+
+def _joined(resolved: Resolved) -> Resolved:
+    """`join(array, delimiter)` as its text when every element is known text; else as it is."""
+    arguments = _call_arguments(resolved, "join")
+    if arguments is None:
+        return resolved
+    assert isinstance(resolved, Expr)
+    items = known(resolve(resolved.unit, arguments["input_array"]))
+    delimiter = known(resolve(resolved.unit, arguments["delimiter"]))
+    if not isinstance(items, list) or not isinstance(delimiter, str) or not all(isinstance(i, str) for i in items):
+        return resolved
+    return delimiter.join(items)
 
 
 def drain_refusal(deployment: Deployment, virtual_network: str) -> str:

@@ -23,14 +23,22 @@ from tests.infra.azure_facts import (
     DRAINER_ROLE,
     FUNCTION,
     SCOPE_COMMANDS_QUEUE,
+    SCOPE_COMMANDS_TOPIC,
+    SCOPE_EVENTS_TOPIC,
     SCOPE_SIGNING_SECRET,
+    RoleGrant,
+    commands_entity_scope,
+    commands_subscription_scope,
     duration_seconds,
+    vm_principal,
 )
 from tests.infra.bicep_facts import (
     BUILT_IN_ROLES,
     LOAD_BALANCER,
+    QUEUE,
     ROLE_DEFINITION,
     SCALE_SET,
+    TOPIC,
     Choice,
     Deployment,
     Expr,
@@ -49,6 +57,7 @@ from tests.infra.bicep_facts import (
     value_of,
 )
 from tests.infra.sources import AGENT_INSTALL, BICEP_DIR, REPO_ROOT, load_bicep
+from wire.shards import entity_for, shard_of, sharded_name
 
 PARAMETERS_FILE = BICEP_DIR / "main.parameters.json"
 BICEP_FILES = sorted(BICEP_DIR.rglob("*.bicep"))
@@ -61,6 +70,7 @@ AGENT_ENVIRONMENT_KEYS = {
     "AZURE_CLIENT_ID",
     "MBRIDGE_LISTEN",
     "MBRIDGE_VERIFY_KEY",
+    "MBRIDGE_COMMANDS_SHARDS",
 }
 # Azure refuses custom data above 64 KB (the base64 text).
 CUSTOM_DATA_LIMIT = 65535
@@ -109,6 +119,8 @@ def _drain_parameters(**overrides: str) -> dict[str, str]:
         "drainNicResourceGroup": "rg-vms",
         "drainVirtualNetworkName": "vnet-web",
         "drainVirtualNetworkResourceGroup": "rg-network",
+        # The topic mode's check of commandsSubscriptionVms depends on them: the queue mode has none.
+        "commandsMode": "queue",
     }
     parameters.update(overrides)
     return parameters
@@ -377,7 +389,7 @@ def test_without_a_virtual_network_name_the_deployment_stops_before_any_drain_ro
             name = bicep_facts.subscription_role_name(assignment.get("properties", "roleDefinitionId"))
             assert render(resolve(deployment.main, name)) == render(role.get("name"))
     # AND without a drain load balancer there is nothing to check
-    assert bicep_facts.refusal(Deployment(parameters={"drainLoadBalancerName": ""})) == ""
+    assert bicep_facts.refusal(Deployment(parameters={"drainLoadBalancerName": "", "commandsMode": "queue"})) == ""
 
 
 def test_the_example_scale_set_needs_an_agent_package() -> None:
@@ -644,6 +656,10 @@ def test_agent_environment_sets_what_the_agent_reads(deployment: Deployment) -> 
     module = next(unit for unit in deployment.units if unit.path.name == "vmss-example.bicep")
     decorators = module.section("parameters")["agentVerifyKey"]["decorators"]
     assert {"type": "min_length", "argument": 1} in decorators
+    # AND the count of commands queues, from which each agent derives its own (wire/shards.py)
+    assert environment["MBRIDGE_COMMANDS_SHARDS"] == 1
+    sharded = _environment_lines(Deployment(parameters={"commandsMode": "queue", "commandsShards": 3}))
+    assert sharded["MBRIDGE_COMMANDS_SHARDS"] == 3
 
 
 def _evaluate(resolved: Resolved) -> str:
@@ -706,7 +722,8 @@ def test_custom_data_is_valid_cloud_config_within_the_azure_limit(deployment: De
     assert (AGENT_INSTALL / "install-agent.sh").read_bytes() in contents
     assert f"MBRIDGE_PACKAGE={bicep_facts.EXAMPLE_AGENT_PACKAGE}\n".encode() in contents
     environment = next(c for c in contents if c.startswith(b"MBRIDGE_CLOUD=azure\n"))
-    assert environment.endswith(b"MBRIDGE_VERIFY_KEY=\n")
+    assert b"\nMBRIDGE_VERIFY_KEY=\n" in environment
+    assert environment.endswith(b"\nMBRIDGE_COMMANDS_SHARDS=1\n")
 
 
 def test_load_balancer_probe_reaches_the_agent_port_only(deployment: Deployment) -> None:
@@ -813,7 +830,7 @@ def test_the_per_vm_module_is_called_for_each_vm_in_the_topic_mode_only() -> Non
     assert len("vm-") + limits["max_length"] == 50
 
 
-def test_the_commands_quota_check_names_each_quota_and_stops_shards_this_template_does_not_deploy() -> None:
+def test_the_commands_quota_check_names_each_quota() -> None:
     # GIVEN main.bicep's quota check (its arithmetic is not evaluated by tests/infra: bicep_facts
     # has no integer arithmetic nor filter())
     text = (BICEP_DIR / "main.bicep").read_text(encoding="utf-8")
@@ -828,12 +845,169 @@ def test_the_commands_quota_check_names_each_quota_and_stops_shards_this_templat
     ):
         assert line in text, line
     for message in (
-        "this template deploys one commands entity only",
         "subscriptions per topic",
         "concurrent receive requests per queue or topic",
         "split the fleet over several deployments, each in its own resource group",
         "Service Bus Standard allows 1000 credits a second per namespace",
         "Drain through /readyz instead",
+        "Resource Manager deploys at most 800 resources per template",
     ):
         assert message in text, message
     assert "https://learn.microsoft.com/azure/service-bus-messaging/service-bus-throttling" in text
+    # AND shards are deployed, not refused
+    assert "one commands entity only" not in text
+
+
+# --- commands shards -----------------------------------------------------------------------
+
+SENDER = "Azure Service Bus Data Sender"
+RECEIVER = "Azure Service Bus Data Receiver"
+WEB_0 = {"name": "web-0", "principalId": "11111111-1111-4111-8111-111111111111"}
+DB_1 = {"name": "db-1", "principalId": "22222222-2222-4222-8222-222222222222"}
+
+
+def _sharded(mode: str, shards: int, vms: list[dict[str, str]] | None = None) -> Deployment:
+    parameters: dict[str, Any] = {"commandsMode": mode, "commandsShards": shards, "drainLoadBalancerName": ""}
+    if vms is not None:
+        parameters["commandsSubscriptionVms"] = vms
+    return Deployment(parameters=parameters)
+
+
+def _with_topics(vms: list[dict[str, str]], shards: int) -> list[dict[str, str]]:
+    """Each VM with the topic of its shard, as `mbridge commands-entity --vm NAME --shards N` prints it."""
+    return [{**vm, "topic": entity_for("maintenance-commands", vm["name"], shards)} for vm in vms]
+
+
+def _commands_scope(mode: str, shard: int) -> str:
+    return commands_entity_scope(SCOPE_COMMANDS_TOPIC if mode == "topic" else SCOPE_COMMANDS_QUEUE, shard)
+
+
+@pytest.mark.parametrize("mode", ["queue", "topic"])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_each_shard_has_a_commands_entity_with_the_settings_of_the_single_one(mode: str, shards: int) -> None:
+    # GIVEN the deployment with one commands entity, and with `shards` of them
+    single = _sharded(mode, 1).commands_entities()
+    entities = _sharded(mode, shards).commands_entities()
+    # THEN shard k is `maintenance-commands` for k = 0, `maintenance-commands-<k>` else (wire/shards.py)
+    assert list(entities) == list(range(shards))
+    names = [entity.name for entity in entities.values()]
+    assert names == [sharded_name("maintenance-commands", shard, shards) for shard in range(shards)]
+    # AND each is the single entity's kind with its settings: the queue's sessions, lock, lifetime
+    # and duplicate detection, or the topic's
+    expected = single[0].value("properties")
+    assert {entity.type for entity in entities.values()} == {TOPIC if mode == "topic" else QUEUE}
+    for entity in entities.values():
+        assert entity.value("properties") == expected, entity.name
+    assert expected["requiresDuplicateDetection"] is True
+    assert expected["defaultMessageTimeToLive"] == "PT10M"
+    if mode == "queue":
+        assert expected["requiresSession"] is True
+    # AND no entity of the other kind is deployed
+    other = QUEUE if mode == "topic" else TOPIC
+    assert [r.name for r in _sharded(mode, shards).resources(other) if "commands" in str(r.name)] == []
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_in_the_queue_mode_each_shard_queue_is_sent_to_by_the_functions_and_read_by_the_agents(shards: int) -> None:
+    # GIVEN the queue mode with `shards` queues, and with one
+    deployment = _sharded("queue", shards)
+    grants = set(deployment.grants())
+    single = set(_sharded("queue", 1).grants())
+    # THEN on each shard queue the functions hold Data Sender and the agents' identity Data Receiver
+    on_queues = {
+        grant
+        for shard in range(shards)
+        for grant in (
+            RoleGrant(FUNCTION, SENDER, _commands_scope("queue", shard)),
+            RoleGrant(AGENT, RECEIVER, _commands_scope("queue", shard)),
+        )
+    }
+    assert {grant for grant in grants if grant.scope.startswith(SCOPE_COMMANDS_QUEUE)} == on_queues
+    # AND everything else is what a single queue's deployment grants: nothing broader appears
+    assert grants - on_queues == {grant for grant in single if not grant.scope.startswith(SCOPE_COMMANDS_QUEUE)}
+    # AND each assignment is guid(its queue's id, principal, role) with the built-in role's id
+    assert len(deployment.assignments()) == len(_sharded("queue", 1).assignments()) - 2 + 2 * shards
+    assert_guid_names(deployment.assignments())
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_in_the_topic_mode_each_shard_topic_is_sent_to_by_the_functions_and_each_vm_reads_its_own(
+    shards: int,
+) -> None:
+    # GIVEN the topic mode with `shards` topics and two VMs, each given its shard's topic
+    vms = _with_topics([WEB_0, DB_1], shards)
+    deployment = _sharded("topic", shards, vms)
+    assert bicep_facts.refusal(deployment) == ""
+    grants = set(deployment.grants())
+    # THEN the functions hold Data Sender on each shard topic, and no agent identity anything on one
+    on_topics = {RoleGrant(FUNCTION, SENDER, _commands_scope("topic", shard)) for shard in range(shards)}
+    assert {
+        grant for grant in grants if grant.scope in {_commands_scope("topic", k) for k in range(shards)}
+    } == on_topics
+    # AND each VM's own identity receives from its subscription on its shard's topic, and nothing else
+    # of the commands
+    for vm in vms:
+        shard = shard_of(vm["name"], shards)
+        mine = {grant for grant in grants if grant.principal == vm_principal(vm["principalId"])}
+        assert mine == {
+            RoleGrant(
+                vm_principal(vm["principalId"]), RECEIVER, commands_subscription_scope(f"vm-{vm['name']}", shard)
+            ),
+            RoleGrant(vm_principal(vm["principalId"]), SENDER, SCOPE_EVENTS_TOPIC),
+        }
+    subscriptions = {
+        str(s.name): bicep_facts.vm_subscription(deployment, s) for s in deployment.commands_subscriptions()
+    }
+    assert {name: s.topic for name, s in subscriptions.items()} == {f"vm-{vm['name']}": vm["topic"] for vm in vms}
+    # AND apart from the topics and the VMs, the grants are those of a single topic's deployment
+    single = set(_sharded("topic", 1, []).grants())
+    vm_principals = {vm_principal(vm["principalId"]) for vm in vms}
+    rest = {grant for grant in grants if grant not in on_topics and grant.principal not in vm_principals}
+    assert rest == single - {RoleGrant(FUNCTION, SENDER, SCOPE_COMMANDS_TOPIC)}
+    assert_guid_names(deployment.assignments())
+
+
+@pytest.mark.parametrize("mode", ["queue", "topic"])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_outputs_and_settings_name_every_shard(mode: str, shards: int) -> None:
+    # GIVEN the deployment with `shards` commands entities
+    deployment = _sharded(mode, shards, [])
+    outputs = deployment.main.section("outputs")
+
+    def output(name: str) -> Any:
+        return value_of(resolve(deployment.main, outputs[name]["value"]))
+
+    names = [sharded_name("maintenance-commands", shard, shards) for shard in range(shards)]
+    # THEN commandsEntities lists every entity, shard 0 first
+    assert output("commandsEntities") == names
+    # AND commandsQueue / commandsTopic stay shard 0's, the base name the agents and functions take
+    assert (output("commandsQueue"), output("commandsTopic")) == (("", names[0]) if mode == "topic" else (names[0], ""))
+    settings = deployment.settings
+    assert value_of(settings["MBRIDGE_COMMANDS_TOPIC" if mode == "topic" else "MBRIDGE_COMMANDS_QUEUE"]) == names[0]
+    # AND the function app is told the count, from which it derives each VM's entity
+    assert _evaluate(settings["MBRIDGE_COMMANDS_SHARDS"]) == str(shards)
+    assert value_of(settings["MBRIDGE_COMMANDS_MODE"]) == mode
+
+
+def test_with_several_shards_each_vm_needs_its_shard_topic() -> None:
+    # GIVEN one shard: a VM without a topic gets its subscription on the one topic
+    one = _sharded("topic", 1, [WEB_0])
+    [subscription] = one.commands_subscriptions()
+    assert bicep_facts.refusal(one) == ""
+    assert one.resource_of(subscription.get("parent")).name == "maintenance-commands"
+    # WHEN there are 3 shards and a VM gives no topic (Bicep cannot compute its shard)
+    refusal = bicep_facts.refusal(_sharded("topic", 3, [WEB_0, *_with_topics([DB_1], 3)]))
+    # THEN the deployment stops, naming the VM and the command that prints its topic
+    assert refusal.startswith("commandsSubscriptionVms: web-0 has no topic; with commandsShards = 3,")
+    assert "`mbridge commands-entity --vm web-0 --shards 3`" in refusal
+    assert "db-1" not in refusal
+    # AND so does a topic that is none of the deployment's
+    refusal = bicep_facts.refusal(_sharded("topic", 3, [{**WEB_0, "topic": "maintenance-commands-3"}]))
+    assert refusal.startswith(
+        "commandsSubscriptionVms: the topic of web-0, 'maintenance-commands-3', is not one of the 3 commands topics"
+    )
+    # AND the check runs before the namespace, in the topic mode only
+    check = _sharded("topic", 3).main.section("modules")["commandsTopicsCheck"]
+    assert check["detail"]["path"] == "modules/check.bicep"
+    assert "commandsTopicsCheck" in _sharded("topic", 3).main.section("modules")["serviceBus"]["config"]["dependsOn"]
+    assert bicep_facts.refusal(_sharded("queue", 3, [WEB_0])) == ""

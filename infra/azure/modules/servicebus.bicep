@@ -1,11 +1,12 @@
 // The bus between the agents and the functions (docs/architecture.md, docs/transports.md):
 // - topic `maintenance-events`: agents publish envelopes, duplicate detection on MessageId
 // - its subscription for the function app, and `operator-results` for `mbridge approve`
-// - queue `maintenance-commands`: one session per VM (SessionId = VM name); or, with
-//   commandsMode = 'topic', topic `maintenance-commands`, whose subscriptions (one per VM, each
-//   readable by that VM's identity only) come from vm-commands-subscription.bicep
+// - the commands entities, one per shard (commandsEntityNames: `maintenance-commands`, then
+//   `maintenance-commands-<k>`; commands-entity.bicep): queues, one session per VM (SessionId = VM
+//   name); or, with commandsMode = 'topic', topics, whose subscriptions (one per VM, on its shard's
+//   topic, each readable by that VM's identity only) come from vm-commands-subscription.bicep
 // Entra ID only: SAS keys are disabled on the namespace, every reader and writer gets a
-// data-plane role on the one entity it uses, never on the namespace.
+// data-plane role on each entity it uses, never on the namespace.
 
 targetScope = 'resourceGroup'
 
@@ -56,18 +57,19 @@ param agentPrincipalId string
 ])
 param commandsMode string
 
+@description('The commands entities, shard 0 first: `maintenance-commands`, `maintenance-commands-1`, ... (MBRIDGE_COMMANDS_SHARDS of them; docs/deploy.md, "Large fleets: commands shards").')
+@minLength(1)
+@maxLength(1024)
+param commandsEntityNames array
+
 var commandsViaTopic = commandsMode == 'topic'
 
 var eventsTopicName = 'maintenance-events'
 var operatorResultsSubscriptionName = 'operator-results'
-var commandsQueueName = 'maintenance-commands'
-// The same name: a deployment has the queue or the topic, never both.
-var commandsTopicName = 'maintenance-commands'
 var commandResultsFilter = 'type LIKE \'org.maintenancebridge.command.%\''
 
 // Built-in role definitions (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles)
 var serviceBusDataSenderRoleId = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
-var serviceBusDataReceiverRoleId = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
 var serviceBusDataOwnerRoleId = '090c5cfd-751d-490a-894a-3ce6f1109419'
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
@@ -140,39 +142,19 @@ resource commandResultsOnly 'Microsoft.ServiceBus/namespaces/topics/subscription
   }
 }
 
-resource commandsQueue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = if (!commandsViaTopic) {
-  parent: namespace
-  name: commandsQueueName
-  properties: {
-    requiresSession: true // SessionId = target VM: each agent locks its own session
-    // The agent renews the session lock before each wait (docs/transports.md).
-    lockDuration: 'PT1M'
-    // A command's default lifetime (docs/contracts.md#command-fields: expires_at = issued_at + 10 minutes).
-    defaultMessageTimeToLive: 'PT10M'
-    requiresDuplicateDetection: true // MessageId = command_id: a re-sent command is dropped
-    duplicateDetectionHistoryTimeWindow: 'PT10M'
-    maxDeliveryCount: 10
-    // An expired command is useless (the agent would reject it anyway) and nobody replays
-    // approvals from a dead-letter queue: let it go instead of piling it up.
-    deadLetteringOnMessageExpiration: false
-    enablePartitioning: false
+// The commands entities, one per shard (shard 0 first), each with its roles (commands-entity.bicep).
+module commandsEntities 'commands-entity.bicep' = [
+  for entityName in commandsEntityNames: {
+    name: '${namespaceName}-${entityName}'
+    params: {
+      namespaceName: namespace.name
+      entityName: entityName
+      commandsMode: commandsMode
+      functionPrincipalId: functionPrincipalId
+      agentPrincipalId: agentPrincipalId
+    }
   }
-}
-
-// The isolated mode: the functions send each command here with the application property `target`;
-// each VM's subscription (vm-commands-subscription.bicep) filters on it.
-resource commandsTopic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = if (commandsViaTopic) {
-  parent: namespace
-  name: commandsTopicName
-  properties: {
-    requiresDuplicateDetection: true // MessageId = command_id: a re-sent command is dropped
-    duplicateDetectionHistoryTimeWindow: 'PT10M'
-    // A command's default lifetime (docs/contracts.md#command-fields: expires_at = issued_at + 10 minutes).
-    defaultMessageTimeToLive: 'PT10M'
-    supportOrdering: true // one VM's commands in the order they were sent
-    enablePartitioning: false
-  }
-}
+]
 
 // The agents publish events and command results on the topic.
 resource agentSendsEvents 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
@@ -181,21 +163,6 @@ resource agentSendsEvents 'Microsoft.Authorization/roleAssignments@2022-04-01' =
   properties: {
     principalId: agentPrincipalId
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
-    principalType: 'ServicePrincipal'
-  }
-}
-
-// Session caveat (docs/security.md#commands-on-azure-who-can-take-them): Service Bus roles cannot be scoped to a session, so this lets
-// every VM open any session of the queue. A compromised VM could read, take or hold another VM's
-// commands, but it can never make an agent approve an event that is not its own (each agent
-// re-checks the target and the event's Resources against its own IMDS); a lost approval means
-// Azure starts the event at its NotBefore. commandsMode = 'topic' gives each VM its own subscription.
-resource agentReceivesCommands 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!commandsViaTopic) {
-  name: guid(commandsQueue.id, agentPrincipalId, serviceBusDataReceiverRoleId)
-  scope: commandsQueue
-  properties: {
-    principalId: agentPrincipalId
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiverRoleId)
     principalType: 'ServicePrincipal'
   }
 }
@@ -218,36 +185,15 @@ resource functionReceivesEvents 'Microsoft.Authorization/roleAssignments@2022-04
   }
 }
 
-// The function app sends approve/drain/restore commands.
-resource functionSendsCommands 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!commandsViaTopic) {
-  name: guid(commandsQueue.id, functionPrincipalId, serviceBusDataSenderRoleId)
-  scope: commandsQueue
-  properties: {
-    principalId: functionPrincipalId
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
-    principalType: 'ServicePrincipal'
-  }
-}
-
-// In the isolated mode, onto the topic. The agents get no role here: each VM receives from its own
-// subscription only (vm-commands-subscription.bicep).
-resource functionSendsCommandsToTopic 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (commandsViaTopic) {
-  name: guid(commandsTopic.id, functionPrincipalId, serviceBusDataSenderRoleId)
-  scope: commandsTopic
-  properties: {
-    principalId: functionPrincipalId
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
-    principalType: 'ServicePrincipal'
-  }
-}
-
 @description('FQDN of the namespace (`<name>.servicebus.windows.net`), the host of its serviceBusEndpoint.')
 output namespaceFqdn string = split(split(namespace.properties.serviceBusEndpoint, '/')[2], ':')[0]
 output namespaceName string = namespace.name
 output eventsTopicName string = eventsTopic.name
 output functionSubscriptionName string = functionSubscription.name
 output operatorResultsSubscriptionName string = operatorResultsSubscription.name
-@description('The commands queue; empty in the topic mode.')
-output commandsQueueName string = commandsViaTopic ? '' : commandsQueue.name
-@description('The commands topic; empty in the queue mode.')
-output commandsTopicName string = commandsViaTopic ? commandsTopic.name : ''
+@description('The commands queue of shard 0; empty in the topic mode.')
+output commandsQueueName string = commandsViaTopic ? '' : commandsEntityNames[0]
+@description('The commands topic of shard 0; empty in the queue mode.')
+output commandsTopicName string = commandsViaTopic ? commandsEntityNames[0] : ''
+@description('Every commands entity (queues, or topics in the topic mode), shard 0 first.')
+output commandsEntityNames array = commandsEntityNames

@@ -18,6 +18,11 @@
 //     params: { namespaceName: '<namespace>', topicName: 'maintenance-commands', vmName: 'web-0', principalId: vm.identity.principalId }
 //   }
 //
+// topicName is the VM's shard's topic. With one commands topic (commandsShards = 1) that is
+// `maintenance-commands`; with several, the one `mbridge commands-entity --vm web-0 --shards N`
+// prints (shard = SHA-256 of the lower-cased name, which Bicep cannot compute). On another topic
+// the VM's commands never reach its subscription.
+//
 // The agent on that VM then sets MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION to the output subscriptionName.
 
 targetScope = 'resourceGroup'
@@ -25,7 +30,7 @@ targetScope = 'resourceGroup'
 @description('The Service Bus namespace of the commands topic (in this resource group).')
 param namespaceName string
 
-@description('The commands topic (commandsMode = \'topic\').')
+@description('The VM\'s commands topic (commandsMode = \'topic\'): its shard\'s, `mbridge commands-entity --vm <vmName> --shards <commandsShards>` prints it; `maintenance-commands` when the deployment has one.')
 param topicName string = 'maintenance-commands'
 
 @description('The VM\'s name exactly as its Scheduled Events name it in Resources (IMDS compute name): the commands\' `target`. At most 47 characters, so that the subscription name fits in 50.')

@@ -27,6 +27,11 @@ param agentIdentityClientId string
 @description('FQDN of the Service Bus namespace.')
 param serviceBusNamespaceFqdn string
 
+@description('MBRIDGE_COMMANDS_SHARDS: how many commands queues the commands are spread over; each agent derives its own queue from its VM\'s name and the count (wire/shards.py).')
+@minValue(1)
+@maxValue(1024)
+param commandsShards int
+
 @description('MBRIDGE_VERIFY_KEY: the Ed25519 public key commands must be signed with (one line: the raw key as base64). Required: the agents refuse to start without it on Service Bus.')
 @minLength(1)
 param agentVerifyKey string
@@ -88,6 +93,7 @@ var agentEnvironment = join([
   'AZURE_CLIENT_ID=${agentIdentityClientId}'
   'MBRIDGE_LISTEN=0.0.0.0:${agentPort}'
   'MBRIDGE_VERIFY_KEY=${agentVerifyKey}'
+  'MBRIDGE_COMMANDS_SHARDS=${commandsShards}'
   ''
 ], '\n')
 var installEnvironment = 'MBRIDGE_PACKAGE=${agentPackage}\n'
