@@ -255,6 +255,7 @@ var networkPutsAllowed = 2800
 // modules/servicebus.bicep holds the commands entities' module loop and 7 resources of its own.
 var commandsShardsPerTemplate = 793
 var commandsQuotaProblems = filter([
+  commandsViaTopic || empty(commandsSubscriptionVms) ? '' : 'commandsSubscriptionVms gives ${length(commandsSubscriptionVms)} VMs identities of their own, and the queue mode would let each of them read or take the others\' commands: set commandsMode = \'topic\' to give each its own subscription (docs/security.md), or leave commandsSubscriptionVms empty for the queue mode.'
   commandsShards <= commandsShardsPerTemplate ? '' : 'commandsShards is ${commandsShards}: Resource Manager deploys at most 800 resources per template, and this one takes ${commandsShardsPerTemplate} commands entities at most. Deploy more shards with the Terraform (infra/terraform/azure, commands_shards).'
   !commandsViaTopic || length(commandsSubscriptionVms) <= serviceBusSubscriptionsPerTopic ? '' : 'Service Bus allows ${serviceBusSubscriptionsPerTopic} subscriptions per topic, and commandsSubscriptionVms puts ${length(commandsSubscriptionVms)} VMs on one commands topic: raise commandsShards.'
   !commandsViaTopic || vmsPerTopicWithSkew <= serviceBusSubscriptionsPerTopic ? '' : 'Service Bus allows ${serviceBusSubscriptionsPerTopic} subscriptions per topic: a fleet of ${fleetSize} VMs over ${commandsShards} commands topic(s) puts up to ${vmsPerTopicWithSkew} VMs on one (10 % headroom for the hash\'s skew). Raise commandsShards.'

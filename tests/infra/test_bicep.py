@@ -850,6 +850,7 @@ def test_the_commands_quota_check_names_each_quota() -> None:
         "split the fleet over several deployments, each in its own resource group",
         "Service Bus Standard allows 1000 credits a second per namespace",
         "Drain through /readyz instead",
+        "the queue mode would let each of them read or take the others",
         "Resource Manager deploys at most 800 resources per template",
     ):
         assert message in text, message
