@@ -46,7 +46,11 @@ query of its joins (and one batch to delete them; no query for a reservation adm
 reservation found expired (or written by an earlier version, without an expiry) costs the
 admission that finds it one more write, also when the event waits, and a query of its joins: rare,
 never on the common path. Completing a claim is in the commit of the message's audit records
-(`FirestoreFinish`) when the audit log is on the same client.
+(`FirestoreFinish`) when the audit log is on the same client. What a step reads before it acts
+(`glance`: its end, its VMs' drains, its pools' budget documents) is one `BatchGetDocuments`, and
+the budget document read there is `reserve`'s first read (its write stays conditional on it). A
+drain is recorded removed in a commit whose precondition is that the event's end is not remembered
+(`record_drain_unless`): a delete of the end's document with `exists: false`.
 """
 
 from __future__ import annotations
