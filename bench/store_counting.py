@@ -31,6 +31,7 @@ from functions.core.ports import (
     AuditRecord,
     Claim,
     Finishing,
+    Glance,
     JsonObject,
     Parked,
     RecordedDrain,
@@ -44,7 +45,9 @@ STEPS: Mapping[str, str] = {
     "abandon": "completion",
     "reserve": "budget",
     "release": "budget",
+    "glance": "first reads (end, drains, budget)",
     "record_drain": "drain records",
+    "record_drain_unless": "drain records",
     "drains": "drain records",
     "forget_drain": "drain records",
     "remember": "remembered (approval, end)",
@@ -155,9 +158,12 @@ class CountingStore:
         now: datetime,
         expires_at: datetime,
         alone: bool = False,
+        seen: object | None = None,
     ) -> Admission:
         with self._counter.step("reserve"):
-            return self._inner.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at, alone=alone)
+            return self._inner.reserve(
+                pool, event_key, vms, limit, now=now, expires_at=expires_at, alone=alone, seen=seen
+            )
 
     def release(self, pool: str, event_key: str) -> None:
         with self._counter.step("release"):
@@ -166,6 +172,16 @@ class CountingStore:
     def record_drain(self, event_key: str, vm: str, memento: JsonObject) -> None:
         with self._counter.step("record_drain"):
             self._inner.record_drain(event_key, vm, memento)
+
+    def record_drain_unless(self, event_key: str, vm: str, memento: JsonObject, ended: str) -> bytes | None:
+        with self._counter.step("record_drain_unless"):
+            return self._inner.record_drain_unless(event_key, vm, memento, ended)
+
+    def glance(
+        self, recall: Sequence[str], event_key: str = "", vms: Sequence[str] = (), pools: Sequence[str] = ()
+    ) -> Glance:
+        with self._counter.step("glance"):
+            return self._inner.glance(recall, event_key, vms, pools)
 
     def drains(self, event_key: str) -> Mapping[str, JsonObject]:
         with self._counter.step("drains"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, approval_time
@@ -30,23 +31,36 @@ LOCATED = "located"
 REMOVED = "removed"
 
 
-def drain(run: Invocation, action: Drain, decision: Decision) -> bool:
-    """Take the action's VMs out of their pools. False when the budget has no room: the step is
-    parked, and what follows it (the approval) waits with it."""
+@dataclass(frozen=True)
+class Drained:
+    """What `drain` came to when the VMs are out: whether it checked the end of the event once it had
+    recorded them removed (`StateStore.record_drain_unless`: it recorded at least one), and the end
+    it found then (None: none, or not checked)."""
+
+    checked: bool = False
+    ended: bytes | None = None
+
+
+def drain(run: Invocation, action: Drain, decision: Decision) -> Drained | None:
+    """Take the action's VMs out of their pools. None when the budget has no room: the step is
+    parked, and what follows it (the approval) waits with it. When the end of the event is found as
+    a VM is recorded removed, the VMs after it are left alone (the step is late: `lifecycle`)."""
     store, event = run.store, run.event
     key = event_key(event)
-    records = store.drains(key)
+    glanced = run.glanced
+    records = glanced.drains if glanced is not None else store.drains(key)
     refused, past = _reserve(run, key, action.vms, records)
     if refused is not None:
         pool, why = refused
         store.park(pool.name, subject_key(event), encode(run.envelope), run.now)
         run.note(ActionName.WAIT, ",".join(action.vms), decision, why)
-        return False
+        return None
     if past:
         decision = Decision(decision.rule, f"drained past the budget: {'; '.join(past)}", decision.actions)
     if all(records.get(vm, {}).get("state") == REMOVED for vm in action.vms):
         run.note(ActionName.NONE, ",".join(action.vms), decision, "already drained")
-        return True
+        return Drained()
+    checked = False
     for vm in action.vms:
         record = records.get(vm)
         if record is not None and record.get("state") == REMOVED:
@@ -64,16 +78,21 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> bool:
             run.deps.balancer.remove(vm, memento)
         # When it was out: an approval of an event of several VMs counts its drain period from the last one.
         drained_at = format_rfc3339(run.moment())
-        store.record_drain(
-            key, vm, {"memento": memento, "state": REMOVED, "drained_at": drained_at, **_what_for(event)}
-        )
+        removed = {"memento": memento, "state": REMOVED, "drained_at": drained_at, **_what_for(event)}
+        run.removed[vm] = removed
+        # Recorded removed unless the event ended meanwhile, checked with the record (see
+        # `lifecycle.mark_ended`): then the step stops here, and puts back what it took out.
+        ended = store.record_drain_unless(key, vm, removed, ended_key(event))
+        checked = True
         run.note(
             ActionName.DRAIN,
             vm,
             decision,
             decision.reason if memento else f"{decision.reason} ({vm} was in no managed pool)",
         )
-    return True
+        if ended is not None:
+            return Drained(checked, ended)
+    return Drained(checked)
 
 
 def _what_for(event: MaintenanceEvent) -> JsonObject:
@@ -110,9 +129,18 @@ def _reserve(
     own = subject_key(run.event)
     # An event whose report names only this VM: no other VM's report is expected to join its reservation.
     alone = run.named == (run.event.reporter,)
+    # The pools' budgets as the step read them before it acted: each reservation's first read.
+    seen = run.glanced.budgets if run.glanced is not None else {}
     for pool, members in pools.values():
         admission = run.store.reserve(
-            pool.name, key, members, pool.max_drained, now=run.now, expires_at=expires_at, alone=alone
+            pool.name,
+            key,
+            members,
+            pool.max_drained,
+            now=run.now,
+            expires_at=expires_at,
+            alone=alone,
+            seen=seen.get(pool.name),
         )
         _expired(run, pool.name, admission.expired)
         held_before = any(vm in records for vm in members)

@@ -20,6 +20,7 @@ from functions.core.ports import (
     AuditRecord,
     CommandSender,
     Finishing,
+    Glance,
     JsonObject,
     LoadBalancer,
     Maintenance,
@@ -114,6 +115,13 @@ class Invocation:
     # request (`AuditLog.append_all`) before it completes the claim, or before it lets the claim go
     # when something failed (an event admitted from the waiting line adds its own to the same list).
     lines: list[AuditRecord] = field(default_factory=list)
+    # What the step read before it acted (`StateStore.glance`): the drains of the VMs it drains, and
+    # the first guess at their pools' budgets.
+    glanced: Glance | None = None
+    # The VMs this step took out of their pools, with their drain records as this step knows them: a
+    # step that finds its event ended once they are out puts them back from these (their records may
+    # not have been written, or have been forgotten by the end).
+    removed: dict[str, JsonObject] = field(default_factory=dict)
     # Drain records of VMs put back, (event key, VM), not forgotten yet: `process` forgets them with the
     # claim's completion (`StateStore.finishing`), or on their own before it lets the claim go. Until
     # then a redelivery finds them and puts those VMs back again, which changes nothing.

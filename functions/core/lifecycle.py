@@ -57,12 +57,12 @@ def _act(run: Invocation) -> None:
     event = run.event
     if event.status in ENDING:
         mark_ended(run)
-    else:
-        ended = recall_end(event, run.store)
+    decision = decide(event, run.policy, run.now)  # pure: nothing is done until the end is checked
+    if event.status not in ENDING:
+        ended = _glance(run, decision)
         if ended is not None:
             _late(run, ended, during_drain=False)
             return
-    decision = decide(event, run.policy, run.now)
     run.outcome.decision = decision
     run.audit(AuditKind.DECISION, rule=decision.rule, reason=decision.reason)
     if not decision.actions:
@@ -81,15 +81,31 @@ def _act(run: Invocation) -> None:
         _let_go_of_deleted(run, decision)
 
 
+def _glance(run: Invocation, decision: Decision) -> Ended | None:
+    """Read what the step needs before it acts, together (`StateStore.glance`): the end of its event,
+    and when it drains, the drain records of those VMs and a first read of their pools' budgets. The
+    end, or None while the event has not ended."""
+    event = run.event
+    vms = [vm for action in decision.actions if isinstance(action, Drain) for vm in action.vms]
+    key = ended_key(event)
+    pools = list(pools_of(vms, run.policy))
+    run.glanced = run.store.glance([key], event_key(event), vms, pools)
+    return _read_end(event, key, run.glanced.recalled.get(key))
+
+
 def _drain_step(run: Invocation, action: Drain, decision: Decision) -> bool:
-    if not drain(run, action, decision):
+    drained = drain(run, action, decision)
+    if drained is None:
         if _deleted(run.event):
             _let_go_of_deleted(run, decision)
         return False  # parked for the budget: the approval waits with it
     run.drained_at = run.moment()
     # Check again now that the drains are on record: the end may have been processed since the
-    # check in `act`. See `mark_ended` for why one of the two always sees them.
-    ended = recall_end(run.event, run.store)
+    # check in `act`. See `mark_ended` for why one of the two always sees them. A step that recorded
+    # a VM removed checked the end with that record (`record_drain_unless`); one that changed nothing
+    # (already drained, dry run) reads it.
+    key = ended_key(run.event)
+    ended = _read_end(run.event, key, drained.ended) if drained.checked else recall_end(run.event, run.store)
     if ended is not None:
         _late(run, ended, during_drain=True)
         return False
@@ -140,9 +156,11 @@ def mark_ended(run: Invocation) -> None:
     """Remember that the event ended, before its drains are read and restored.
 
     The order closes the race with a late step processed at the same time: that step records its
-    drains, then checks for the end. Either its check sees this mark (and it restores its drains
-    itself), or the mark came later — and so did the completion's read of the drains, which then
-    finds them and restores them. Both may happen; restoring twice is harmless. The first end
+    drains removed, checking for the end in the same write or after it (`record_drain_unless`).
+    Either its check sees this mark (and it puts back what it took out itself, from what it holds:
+    the record may not be written, or this end may have forgotten it), or the mark came later — and
+    so did the completion's read of the drains, which then finds them removed and restores them.
+    Both may happen; restoring twice is harmless. The first end
     processed wins (`remember`); a redelivered or second end changes nothing.
     """
     envelope = run.envelope
@@ -153,7 +171,11 @@ def mark_ended(run: Invocation) -> None:
 def recall_end(event: MaintenanceEvent, store: StateStore) -> Ended | None:
     """How the event ended, or None while it has not (read only)."""
     key = ended_key(event)
-    stored = store.recall(key)
+    return _read_end(event, key, store.recall(key))
+
+
+def _read_end(event: MaintenanceEvent, key: str, stored: bytes | None) -> Ended | None:
+    """The end remembered under `key` as `stored` (None: not ended)."""
     if stored is None:
         return None
     try:
@@ -201,7 +223,10 @@ def end_part(
     key = event_key(event)
     own = {*event.resources, event.reporter}
     recorded = store.drains(key)
-    drained = {vm: record for vm, record in recorded.items() if vm in own}
+    # What this step took out itself counts as recorded (a step that found the end once its VMs were
+    # out): its record may not be written, or the end may have forgotten it after putting back
+    # nothing (the VM was not out yet when it read it).
+    drained = {vm: record for vm, record in {**run.removed, **recorded}.items() if vm in own}
     pools = pools_of(sorted(own), run.policy)
     if not drained:
         run.note(ActionName.NONE, event.reporter, decision, nothing)
@@ -222,6 +247,8 @@ def end_part(
         except BridgeError as error:
             # Keep its record for the retry; put the others back and free the budget first.
             failures.append(error)
+            if vm not in recorded:
+                store.record_drain(key, vm, record)  # out on this step's own account: on record for the retry
             reason = f"could not put {vm} back ({error}); its drain is kept and retried: {memento}"
             run.note(ActionName.RESTORE_FAILED, vm, decision, reason)
             continue

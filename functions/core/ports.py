@@ -68,6 +68,21 @@ class Admission:
         return self.admitted
 
 
+@dataclass(frozen=True)
+class Glance:
+    """What a step of an event reads before it acts, read together (`StateStore.glance`).
+
+    `recalled`: each key asked → the value remembered under it, or None. `drains`: each VM asked →
+    its drain record in the event, for those that have one. `budgets`: each pool asked → the store's
+    own first read of its budget, which the step's first `reserve` in that pool takes as `seen` (a
+    store that reads the budget in `reserve` itself leaves it empty).
+    """
+
+    recalled: Mapping[str, bytes | None]
+    drains: Mapping[str, JsonObject] = field(default_factory=dict)
+    budgets: Mapping[str, object] = field(default_factory=dict)
+
+
 class Claims(Protocol):
     """Idempotency claims on envelope ids, each with a lease."""
 
@@ -96,6 +111,7 @@ class Budget(Protocol):
         now: datetime,
         expires_at: datetime,
         alone: bool = False,
+        seen: object | None = None,
     ) -> Admission:
         """Admit the event into the pool's budget: admitted when the VMs already reserved plus these
         stay within `limit`, or nothing else is reserved, or `limit` is None. Idempotent per event:
@@ -119,6 +135,11 @@ class Budget(Protocol):
         Firestore) records it with a new reservation, so that its release need not look for joins;
         a VM that joins such a reservation all the same first has that mark taken off, in a write
         conditional on the reservations as read, and then joins as any other.
+
+        `seen`: the pool's budget as this store read it a moment ago (`Glance.budgets`), taken as the
+        first read instead of reading it again. It is only a first guess: the write stays conditional
+        on the budget being as read, a write that finds it changed reads it again, and a refusal is
+        decided on a fresh read.
         """
         ...
 
@@ -210,6 +231,30 @@ class StateStore(Claims, Budget, DrainLedger, Memory, Parking, Protocol):
         ((event key, VM), VMs put back) forgotten. Nothing is written until its `write` is called, or
         until an audit log that shares this store's database puts it in the commit of the message's
         audit records (Firestore)."""
+        ...
+
+    def glance(
+        self, recall: Sequence[str], event_key: str = "", vms: Sequence[str] = (), pools: Sequence[str] = ()
+    ) -> Glance:
+        """What a step reads before it acts, in as few requests as the store allows (Firestore: one
+        batched read of the documents): the values remembered under `recall` (as `recall`), the drain
+        records of `vms` in event `event_key` (as `drains`, for those VMs), and a first read of the
+        budgets of `pools` for `reserve` (`seen`). Read only; each value is as it was when read, and
+        nothing read here is assumed to hold later but the budgets' first guess, which `reserve` checks.
+        """
+        ...
+
+    def record_drain_unless(self, event_key: str, vm: str, memento: JsonObject, ended: str) -> bytes | None:
+        """Record the drain as `record_drain` does unless a value is remembered under `ended`, and
+        return that value (None: there was none, and the drain is recorded).
+
+        It closes the race of a step that drains with the end of its event (see
+        `functions.core.lifecycle.mark_ended`): the end is checked after the record is written, or in
+        the same atomic write (Firestore: one commit that fails when the end is there; SQLite: one
+        transaction). A store that cannot do both in one request writes the record, then reads the
+        end (Table Storage). Either way, when an end is returned the caller puts back what it drained
+        itself: the record may not be written, or be forgotten by the end that came first.
+        """
         ...
 
 

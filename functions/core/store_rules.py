@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from functions.core.holds import LONGEST_HOLD
-from functions.core.ports import Claim, Claims, DrainLedger, Parked
+from functions.core.ports import Claim, Claims, DrainLedger, Glance, Memory, Parked
 
 # Read-then-conditional-write attempts on a pool's one budget record (Table entity, Firestore
 # document) before giving up to a redelivery. A failed write means another invocation's went
@@ -52,6 +52,19 @@ class Finish:
         for event_key, vm in self.forgotten:
             self.ledger.forget_drain(event_key, vm)
         self.claims.complete(self.key, self.now)
+
+
+def glance_each(
+    memory: Memory, ledger: DrainLedger, recall: Sequence[str], event_key: str, vms: Sequence[str]
+) -> Glance:
+    """`StateStore.glance` of a store that reads each thing in a request of its own (Table Storage,
+    SQLite): the remembered values one by one, the event's drains once when VMs are asked (as a
+    step read them before), and no budget (its `reserve` reads it)."""
+    recalled = {key: memory.recall(key) for key in dict.fromkeys(recall)}
+    if not vms:
+        return Glance(recalled)
+    recorded = ledger.drains(event_key)
+    return Glance(recalled, {vm: recorded[vm] for vm in vms if vm in recorded})
 
 
 def claim_found(state: str | None, lease_until: float | None, now: float) -> Claim:

@@ -46,7 +46,11 @@ query of its joins (and one batch to delete them; no query for a reservation adm
 reservation found expired (or written by an earlier version, without an expiry) costs the
 admission that finds it one more write, also when the event waits, and a query of its joins: rare,
 never on the common path. Completing a claim is in the commit of the message's audit records
-(`FirestoreFinish`) when the audit log is on the same client.
+(`FirestoreFinish`) when the audit log is on the same client. What a step reads before it acts
+(`glance`: its end, its VMs' drains, its pools' budget documents) is one `BatchGetDocuments`, and
+the budget document read there is `reserve`'s first read (its write stays conditional on it). A
+drain is recorded removed in a commit whose precondition is that the event's end is not remembered
+(`record_drain_unless`): a delete of the end's document with `exists: false`.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ from google.auth import exceptions as auth_errors
 from google.cloud import firestore
 
 from functions.core import store_rules
-from functions.core.ports import Admission, Claim, Finishing, JsonObject, Parked, RecordedDrain, Reservation
+from functions.core.ports import Admission, Claim, Finishing, Glance, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import (
     DONE,
     IN_PROGRESS,
@@ -208,12 +212,20 @@ def _swept(entries: Sequence[JsonObject], now: datetime) -> tuple[list[JsonObjec
 
 
 def _read_budget(
-    ref: firestore.DocumentReference, event_key: str
+    ref: firestore.DocumentReference,
+    event_key: str,
+    seen: firestore.DocumentSnapshot[firestore.DocumentReference] | None = None,
 ) -> tuple[firestore.DocumentSnapshot[firestore.DocumentReference], list[JsonObject], JsonObject | None]:
-    """The pool's document as read now, its reservations, and the event's among them (None: not admitted)."""
-    snapshot = ref.get()
+    """The pool's document as read now (or as `seen`, read a moment ago), its reservations, and the
+    event's among them (None: not admitted)."""
+    snapshot = seen if seen is not None else ref.get()
     entries = _entries(snapshot)
     return snapshot, entries, _entry(entries, event_key)
+
+
+def _unique(references: Sequence[firestore.DocumentReference]) -> list[firestore.DocumentReference]:
+    """Each document once, in order (a batched read returns one snapshot per document)."""
+    return list({reference.path: reference for reference in references}.values())
 
 
 # ---------------------------------------------------------------- transactions
@@ -366,12 +378,16 @@ class FirestoreStateStore:
         now: datetime,
         expires_at: datetime,
         alone: bool = False,
+        seen: object | None = None,
     ) -> Admission:
         ref = self._pools.document(doc_id(pool))
         found: list[Reservation] = []  # expired reservations this call removed
+        # The pool's document as `glance` read it: the first read, a guess that the writes below check.
+        guess = seen if isinstance(seen, firestore.DocumentSnapshot) and seen.reference.path == ref.path else None
         with self._errors(f"reserve budget in pool {pool}"):
             for attempt in range(store_rules.BUDGET_ATTEMPTS):
-                snapshot, read, _ = _read_budget(ref, event_key)
+                snapshot, read, _ = _read_budget(ref, event_key, guess)
+                guessed, guess = snapshot is guess, None
                 entries, expired = _swept(read, now)
                 swept = entries != read
                 held = _entry(entries, event_key)
@@ -402,6 +418,8 @@ class FirestoreStateStore:
                     LOGGER.warning("the reservations of pool %s fill their document: %s waits", pool, event_key)
                     admitted = entries
                 if admitted is entries and not swept:
+                    if guessed:
+                        continue  # a refusal is decided on a fresh read, not on the guess
                     return Admission(False, tuple(found))
                 # Written also when the event waits, if it found reservations expired (or of an earlier
                 # version): their removal (or expiry) is then on record, and reported by this call only.
@@ -538,6 +556,66 @@ class FirestoreStateStore:
         with self._errors(f"record the drain of {vm}"):
             self._drains.document(doc_id(event_key, vm)).set(fields)
 
+    def record_drain_unless(self, event_key: str, vm: str, memento: JsonObject, ended: str) -> bytes | None:
+        # One commit: the record, and a delete of the end's document on condition that it does not
+        # exist (a no-op that fails the whole commit when the end is there). The end is checked where
+        # the record is written: no later read of it, and no record written once the event ended.
+        fields = {"event_key": event_key, "vm": vm, "memento": json.dumps(memento, sort_keys=True)}
+        end = self._remembered.document(doc_id(ended))
+        with self._errors(f"record the drain of {vm}"):
+            while True:
+                batch = self._client.batch()
+                batch.set(self._drains.document(doc_id(event_key, vm)), fields)
+                batch.delete(end, option=self._client.write_option(exists=False))
+                try:
+                    batch.commit()
+                    return None
+                except _CHANGED_MEANWHILE:
+                    pass
+                stored = end.get()  # the end is there: what it says (a rare extra read)
+                if stored.exists:
+                    return bytes(stored.get("value"))
+
+    def glance(
+        self, recall: Sequence[str], event_key: str = "", vms: Sequence[str] = (), pools: Sequence[str] = ()
+    ) -> Glance:
+        # One BatchGetDocuments for them all: the remembered values, the VMs' drain documents with the
+        # event's document of the earlier one-document layout, and the pools' budget documents.
+        remembered = {key: self._remembered.document(doc_id(key)) for key in recall}
+        drained = {vm: self._drains.document(doc_id(event_key, vm)) for vm in vms}
+        earlier = self._drains.document(doc_id(event_key))
+        budgets = {pool: self._pools.document(doc_id(pool)) for pool in pools}
+        references = [*remembered.values(), *drained.values(), *([earlier] if vms else []), *budgets.values()]
+        with self._errors("read what the step needs"):
+            found = {snapshot.reference.path: snapshot for snapshot in self._client.get_all(_unique(references))}
+        recalled = {
+            key: bytes(found[ref.path].get("value")) if found[ref.path].exists else None
+            for key, ref in remembered.items()
+        }
+        records: dict[str, str] = {}
+        if vms:
+            layout = found[earlier.path]
+            if layout.exists:
+                records.update(
+                    (vm, memento) for vm, memento in (layout.to_dict() or {}).get("vms", {}).items() if vm in drained
+                )
+            else:
+                self._read_without_earlier(event_key)
+            for vm, ref in drained.items():
+                if found[ref.path].exists:
+                    records[vm] = found[ref.path].get("memento")  # a newer record of the VM replaces its entry
+        return Glance(
+            recalled,
+            {vm: json.loads(memento) for vm, memento in records.items()},
+            {pool: found[ref.path] for pool, ref in budgets.items()},
+        )
+
+    def _read_without_earlier(self, event_key: str) -> None:
+        """Remember that the event's drains were read without a document of the earlier layout."""
+        self._no_earlier_drains[event_key] = None
+        while len(self._no_earlier_drains) > _REMEMBERED_EVENTS:
+            del self._no_earlier_drains[next(iter(self._no_earlier_drains))]  # the oldest first
+
     def drains(self, event_key: str) -> Mapping[str, JsonObject]:
         # An equality filter only (the automatic single-field index); it also finds the one document
         # in which an earlier version kept all of the event's drains, whose entries a newer
@@ -547,9 +625,7 @@ class FirestoreStateStore:
             documents = [snapshot.to_dict() or {} for snapshot in query.stream()]
         earlier = {vm: memento for document in documents for vm, memento in document.get("vms", {}).items()}
         if all("vm" in document for document in documents):
-            self._no_earlier_drains[event_key] = None
-            while len(self._no_earlier_drains) > _REMEMBERED_EVENTS:
-                del self._no_earlier_drains[next(iter(self._no_earlier_drains))]  # the oldest first
+            self._read_without_earlier(event_key)
         recorded = {document["vm"]: document["memento"] for document in documents if "vm" in document}
         return {vm: json.loads(memento) for vm, memento in {**earlier, **recorded}.items()}
 

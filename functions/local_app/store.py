@@ -21,12 +21,13 @@ from functions.core.ports import (
     AuditRecord,
     Claim,
     Finishing,
+    Glance,
     JsonObject,
     Parked,
     RecordedDrain,
     Reservation,
 )
-from functions.core.store_rules import DONE, IN_PROGRESS, Finish, claim_found, joined, legacy_expiry
+from functions.core.store_rules import DONE, IN_PROGRESS, Finish, claim_found, glance_each, joined, legacy_expiry
 
 # Columns added since files were first made: (table, column, type). A file made before gets them
 # when it is opened; its rows have NULL there (a reservation without expiry: see `reserve`).
@@ -182,9 +183,11 @@ class SqliteStore:
         now: datetime,
         expires_at: datetime,
         alone: bool = False,
+        seen: object | None = None,
     ) -> Admission:
         # `alone` changes nothing here: a VM joins its event's reservation in the same transaction.
-        del alone
+        # `seen` neither: the transaction reads the pool's reservations itself.
+        del alone, seen
         stamp = now.timestamp()
         with self._transaction() as db:
             # A reservation of an earlier version (no expiry) gets one; then the expired ones go.
@@ -231,6 +234,24 @@ class SqliteStore:
                 "INSERT OR REPLACE INTO drains (event_key, vm, memento) VALUES (?, ?, ?)",
                 (event_key, vm, json.dumps(memento, sort_keys=True)),
             )
+
+    def record_drain_unless(self, event_key: str, vm: str, memento: JsonObject, ended: str) -> bytes | None:
+        with self._transaction() as db:
+            row = db.execute("SELECT value FROM remembered WHERE key = ?", (ended,)).fetchone()
+            if row is not None:
+                return bytes(row[0])
+            db.execute(
+                "INSERT OR REPLACE INTO drains (event_key, vm, memento) VALUES (?, ?, ?)",
+                (event_key, vm, json.dumps(memento, sort_keys=True)),
+            )
+            return None
+
+    def glance(
+        self, recall: Sequence[str], event_key: str = "", vms: Sequence[str] = (), pools: Sequence[str] = ()
+    ) -> Glance:
+        # Reads of one local file: no request to save. The budget is read by `reserve`'s transaction.
+        del pools
+        return glance_each(self, self, recall, event_key, vms)
 
     def drains(self, event_key: str) -> Mapping[str, JsonObject]:
         with self._lock:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -275,6 +276,25 @@ def test_two_events_racing_for_the_last_slot_admit_exactly_one(backend: Backend,
     assert not backend.store.reserve(pool, "azure:d", ["web-3"], 2, now=NOW, expires_at=HELD_UNTIL)
 
 
+def test_a_budget_read_a_moment_ago_is_only_a_first_guess(backend: Backend) -> None:
+    # GIVEN a pool of budget 2 holding event A, read by a step (its glance) before it reserves
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 2, now=NOW, expires_at=HELD_UNTIL)
+    stale = backend.store.glance([], pools=["web"]).budgets.get("web")
+    # ... and, since, another worker took the last slot for event B
+    assert backend.another_client().reserve("web", "azure:b", ["web-1"], 2, now=NOW, expires_at=HELD_UNTIL)
+
+    # WHEN event C reserves with that read as its first
+    late = backend.store.reserve("web", "azure:c", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL, seen=stale)
+
+    # THEN it is refused: the budget is as stored, not as read
+    assert not late
+    # AND a read that saw the pool full, once a slot is free again, admits on a fresh read
+    full = backend.store.glance([], pools=["web"]).budgets.get("web")
+    backend.another_client().release("web", "azure:b")
+    assert backend.store.reserve("web", "azure:c", ["web-2"], 2, now=NOW, expires_at=HELD_UNTIL, seen=full)
+    assert not backend.store.reserve("web", "azure:d", ["web-3"], 2, now=NOW, expires_at=HELD_UNTIL)
+
+
 def test_an_expired_reservation_no_longer_counts_and_is_reported_once(backend: Backend) -> None:
     # GIVEN a pool of budget 1 held by event A until NOW + 30 min
     until = NOW + timedelta(minutes=30)
@@ -387,6 +407,46 @@ def test_forget_drain_removes_one_vm_then_the_last(backend: Backend) -> None:
     assert after_one == {"web/1": {}}
     assert dict(backend.store.drains("azure:a")) == {}
     assert dict(backend.store.drains("azure:b")) == {"web-0": {}}
+
+
+def test_glance_reads_the_values_and_drains_asked_and_stores_nothing(backend: Backend) -> None:
+    # GIVEN an event's end remembered, drains of two of its VMs, and another event's drain
+    backend.store.remember("ended|azure:a|web-0", b"ended\x00")
+    backend.store.record_drain("azure:a", "web-0", {"state": "removed"})
+    backend.store.record_drain("azure:a", "web/1", {"state": "located"})
+    backend.store.record_drain("azure:b", "web-2", {})
+
+    # WHEN a step glances at two remembered keys, three VMs of event A and a pool's budget
+    glanced = backend.store.glance(
+        ["ended|azure:a|web-0", "ended|azure:a|web/1"], "azure:a", ["web-0", "web/1", "web-2"], ["web"]
+    )
+
+    # THEN it reads what is stored (nothing for what is not), and changes nothing
+    assert dict(glanced.recalled) == {"ended|azure:a|web-0": b"ended\x00", "ended|azure:a|web/1": None}
+    assert dict(glanced.drains) == {"web-0": {"state": "removed"}, "web/1": {"state": "located"}}
+    assert backend.store.recall("ended|azure:a|web/1") is None
+    assert backend.store.glance(["ended|azure:z"]).drains == {}
+    assert backend.store.reserve("web", "azure:a", ["web-0"], 1, now=NOW, expires_at=HELD_UNTIL)
+
+
+def test_a_drain_is_recorded_unless_its_event_ended_and_the_end_is_returned(backend: Backend) -> None:
+    # GIVEN an event not ended yet
+    # WHEN a VM's drain is recorded on that condition
+    first = backend.store.record_drain_unless("azure:a", "web-0", {"state": "removed"}, "ended|azure:a|web-0")
+
+    # THEN it is recorded, and nothing is returned nor remembered
+    assert first is None
+    assert dict(backend.store.drains("azure:a")) == {"web-0": {"state": "removed"}}
+    assert backend.store.recall("ended|azure:a|web-0") is None
+
+    # WHEN the event's end is remembered (by another worker), and another VM's drain is recorded
+    backend.another_client().remember("ended|azure:a|web-1", b"completed")
+    found = backend.store.record_drain_unless("azure:a", "web-1", {"state": "removed"}, "ended|azure:a|web-1")
+
+    # THEN the end is returned, as remembered (the record may be written or not: the caller puts back
+    # what it drained either way)
+    assert found == b"completed"
+    assert backend.store.recall("ended|azure:a|web-1") == b"completed"
 
 
 def test_all_drains_lists_every_event_s_drains_in_order_and_nothing_else(backend: Backend) -> None:
@@ -585,19 +645,23 @@ def test_a_value_and_an_envelope_larger_than_a_property_are_kept_whole(backend: 
 # ---------------------------------------------------------------- the core's process on every backend
 
 
-def test_process_runs_a_whole_lifecycle_with_a_budget_on_this_backend(backend: Backend) -> None:
-    # GIVEN a pool that may have one VM drained, and two reboots of its VMs
-    balancer, sender = FakeBalancer({"web": ["web-0", "web-1"]}), RecordingSender()
-    policy = Policy(pools=(Pool("web", frozenset({"web-0", "web-1"}), max_drained=1),))
-    deps = Deps(
+def _deps(backend: Backend, balancer: FakeBalancer, sender: RecordingSender, policy: Policy | None = None) -> Deps:
+    return Deps(
         store=backend.store,
         balancer=balancer,
         sender=sender,
         audit=backend.audit,
-        policy=policy,
+        policy=policy or Policy(),
         verifier=ReporterName(),
         monotonic=FakeClock().monotonic,
     )
+
+
+def test_process_runs_a_whole_lifecycle_with_a_budget_on_this_backend(backend: Backend) -> None:
+    # GIVEN a pool that may have one VM drained, and two reboots of its VMs
+    balancer, sender = FakeBalancer({"web": ["web-0", "web-1"]}), RecordingSender()
+    policy = Policy(pools=(Pool("web", frozenset({"web-0", "web-1"}), max_drained=1),))
+    deps = _deps(backend, balancer, sender, policy)
     first, second = reboot(EventStatus.SCHEDULED, "E1", ("web-0",)), reboot(EventStatus.SCHEDULED, "E2", ("web-1",))
 
     # WHEN both are scheduled (each delivered twice), then the first completes
@@ -616,15 +680,7 @@ def test_process_runs_a_whole_lifecycle_with_a_budget_on_this_backend(backend: B
 def test_process_drains_nothing_for_a_scheduled_step_that_comes_after_its_completion(backend: Backend) -> None:
     # GIVEN an event whose completion was processed first (the trigger's subscription is not ordered)
     balancer, sender = FakeBalancer({"web": ["web-0", "web-1"]}), RecordingSender()
-    deps = Deps(
-        store=backend.store,
-        balancer=balancer,
-        sender=sender,
-        audit=backend.audit,
-        policy=Policy(),
-        verifier=ReporterName(),
-        monotonic=FakeClock().monotonic,
-    )
+    deps = _deps(backend, balancer, sender)
     process(reboot(EventStatus.COMPLETED), deps, NOW)
 
     # WHEN its scheduled step arrives
@@ -635,3 +691,28 @@ def test_process_drains_nothing_for_a_scheduled_step_that_comes_after_its_comple
         ("none", "late: event already completed at 2026-03-01T12:00:00Z, nothing to do")
     ]
     assert (balancer.drained, sender.commands) == ([], [])
+
+
+def test_process_puts_back_a_vm_whose_event_completed_while_it_was_taken_out(backend: Backend) -> None:
+    # GIVEN a scheduled step of a VM's own event, and its completion processed by another worker
+    # while the step's removal is under way (the completion finds the VM located, still in its pool)
+    balancer, sender = FakeBalancer({"web": ["web-0", "web-1"]}), RecordingSender()
+    deps = _deps(backend, balancer, sender)
+    other = replace(deps, store=backend.another_client())
+    completions: list[Any] = []
+    own = ("web-0",)
+    balancer.on(
+        "remove",
+        lambda vm: completions.append(process(reboot(EventStatus.COMPLETED, vms=own), other, NOW)),
+        times=1,
+    )
+
+    # WHEN the step goes on: it takes web-0 out, records it removed with its check of the end
+    outcome = process(reboot(EventStatus.SCHEDULED, vms=own), deps, NOW)
+
+    # THEN it finds the end and puts web-0 back itself: nothing is left out, nothing approved
+    assert [taken.action for taken in completions[0].actions] == ["restore"]
+    assert [(taken.action, taken.vm) for taken in outcome.actions] == [("drain", "web-0"), ("restore", "web-0")]
+    assert balancer.members("web") == ["web-0", "web-1"]
+    assert sender.commands == []
+    assert dict(backend.store.drains("azure:e-reboot")) == {}

@@ -42,6 +42,7 @@ from functions.core.ports import (
     AuditRecord,
     Claim,
     Finishing,
+    Glance,
     JsonObject,
     Parked,
     RecordedDrain,
@@ -208,9 +209,12 @@ class CrashingStore:
         now: datetime,
         expires_at: datetime,
         alone: bool = False,
+        seen: object | None = None,
     ) -> Admission:
         self.crashes.point("before store.reserve")
-        admitted = self.store.reserve(pool, event_key, vms, limit, now=now, expires_at=expires_at, alone=alone)
+        admitted = self.store.reserve(
+            pool, event_key, vms, limit, now=now, expires_at=expires_at, alone=alone, seen=seen
+        )
         self.crashes.point("after store.reserve")
         return admitted
 
@@ -223,6 +227,20 @@ class CrashingStore:
         self.crashes.point("before store.record_drain")
         self.store.record_drain(event_key, vm, memento)
         self.crashes.point("after store.record_drain")
+
+    def record_drain_unless(self, event_key: str, vm: str, memento: JsonObject, ended: str) -> bytes | None:
+        self.crashes.point("before store.record_drain")
+        stored = self.store.record_drain_unless(event_key, vm, memento, ended)
+        self.crashes.point("after store.record_drain")
+        return stored
+
+    def glance(
+        self, recall: Sequence[str], event_key: str = "", vms: Sequence[str] = (), pools: Sequence[str] = ()
+    ) -> Glance:
+        self.crashes.point("before store.glance")
+        found = self.store.glance(recall, event_key, vms, pools)
+        self.crashes.point("after store.glance")
+        return found
 
     def drains(self, event_key: str) -> Mapping[str, JsonObject]:
         self.crashes.point("before store.drains")

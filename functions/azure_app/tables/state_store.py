@@ -31,7 +31,7 @@ from functions.azure_app.tables.entities import (
     unescape_key,
 )
 from functions.azure_app.tables.errors import TableStorageUnavailableError, table_errors
-from functions.core.ports import Admission, Claim, Finishing, JsonObject, Parked, RecordedDrain, Reservation
+from functions.core.ports import Admission, Claim, Finishing, Glance, JsonObject, Parked, RecordedDrain, Reservation
 from functions.core.store_rules import (
     BUDGET_ATTEMPTS,
     DONE,
@@ -40,6 +40,7 @@ from functions.core.store_rules import (
     admits,
     budget_backoff,
     claim_found,
+    glance_each,
     has_expired,
     in_line,
     joined,
@@ -135,7 +136,9 @@ class TableStateStore:
         now: datetime,
         expires_at: datetime,
         alone: bool = False,
+        seen: object | None = None,
     ) -> Admission:
+        del seen  # the budget entity is read here, with its ETag for the conditional write
         row = escape_key(pool)
         found: list[Reservation] = []  # expired reservations this call removed
         with self._errors("reserve a budget slot"):
@@ -279,6 +282,19 @@ class TableStateStore:
         }
         with self._errors("record a drain"):
             self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+    def record_drain_unless(self, event_key: str, vm: str, memento: JsonObject, ended: str) -> bytes | None:
+        # The drain and the end are in other partitions: no one request writes the one and checks the
+        # other. The record first, then the end (the order `lifecycle.mark_ended` relies on).
+        self.record_drain(event_key, vm, memento)
+        return self.recall(ended)
+
+    def glance(
+        self, recall: Sequence[str], event_key: str = "", vms: Sequence[str] = (), pools: Sequence[str] = ()
+    ) -> Glance:
+        # A request reads one entity or one partition: as many requests as the reads asked.
+        del pools
+        return glance_each(self, self, recall, event_key, vms)
 
     def drains(self, event_key: str) -> Mapping[str, JsonObject]:
         with self._errors("read the drains of an event"):
