@@ -37,7 +37,12 @@ What is the harness's:
   each, 10,000 agents would hold 10,000 more descriptors than a process may open here;
 - counting: turns, calls and CPU time (per thread) of idle and engaged turns, and receives held
   (doorbells waited on, subscribers open, pulls outstanding), counted where the agent meets its
-  transport.
+  transport;
+- failures: a turn that raises is counted by the exception's kind, with the first traceback of
+  each kind (bench/fleet.py reports them and logs them to `agent-failures.log`), and taken again
+  `RETRY_SECONDS` later: a VM whose document read failed reads it again, and a command whose
+  handling or result publish failed is given back to the receiver, as the agent's loop gives back
+  a command it failed on (the real agent's results go through its outbox, which retries).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import selectors
 import socket
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -111,12 +117,14 @@ class FleetClock:
 
 
 class Tally:
-    """Thread-safe counts and CPU seconds."""
+    """Thread-safe counts, CPU seconds and the failures of turns (each kind once, with its traceback)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self.cpu: dict[str, float] = {}
+        self.failures: Counter[str] = Counter()  # "<Type>: <message>" → how many turns failed so
+        self.tracebacks: dict[str, str] = {}  # the first traceback of each
 
     def add(self, name: str, amount: int = 1) -> None:
         with self._lock:
@@ -126,9 +134,23 @@ class Tally:
         with self._lock:
             self.cpu[name] = self.cpu.get(name, 0.0) + seconds
 
+    def fail(self, vm: str, error: BaseException) -> None:
+        """A turn of `vm`'s agent raised `error`: counted by its kind, its first traceback kept."""
+        kind = "".join(traceback.format_exception_only(type(error), error)).strip()
+        with self._lock:
+            self.counts["turn_failures"] += 1
+            self.failures[kind] += 1
+            if kind not in self.tracebacks:
+                self.tracebacks[kind] = f"{vm}: " + "".join(traceback.format_exception(error))
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {"counts": dict(self.counts), "cpu": dict(self.cpu)}
+            return {
+                "counts": dict(self.counts),
+                "cpu": dict(self.cpu),
+                "failures": dict(self.failures),
+                "tracebacks": dict(self.tracebacks),
+            }
 
 
 class CountingSubscriber:
@@ -228,13 +250,21 @@ class VirtualAgent:
         for command in receiver.receive_commands(wait):
             try:
                 result = self.processor.handle(command.body)
+                if result is not None:
+                    self._record([result])
             except RetryableError:
                 self._tally.add("commands_given_back")
                 if command.abandon is not None:
                     command.abandon()
                 continue
-            if result is not None:
-                self._record([result])
+            except Exception:
+                # Given back unsettled, as the agent's loop gives back a command it failed on; here
+                # that includes a result the bus refused (the agent records it in its outbox, which
+                # retries): the replay is answered with the result the ledger stored.
+                self._tally.add("commands_given_back")
+                if command.abandon is not None:
+                    command.abandon()
+                raise
             command.settle()
             self._tally.add("commands_settled")
 
@@ -447,8 +477,12 @@ class Fleet:
         try:
             if agent.changed:
                 agent.changed = False
-                agent.read_document()
                 kind = "engaged"
+                try:
+                    agent.read_document()
+                except Exception:
+                    agent.changed = True  # read again at the retry: the watcher tells a change once
+                    raise
             if agent.wanted():
                 kind = "engaged"
                 next_at = self._receive(agent)
@@ -457,8 +491,8 @@ class Fleet:
                     self._unregister(agent)
                 agent.rest()
                 next_at = time.monotonic() + COMMAND_IDLE_WAIT_SECONDS
-        except Exception:
-            self.tally.add("turn_failures")
+        except Exception as error:
+            self.tally.fail(agent.vm, error)
             next_at = time.monotonic() + RETRY_SECONDS
         finally:
             self.tally.spend(kind, time.thread_time() - started)
@@ -552,9 +586,21 @@ class Workers:
         """The counts, CPU seconds and gauges of every process, summed."""
         counts: Counter[str] = Counter()
         cpu: dict[str, float] = {}
-        total: dict[str, Any] = {"counts": counts, "cpu": cpu, "path_open": 0, "doorbells_waited_on": 0}
+        failures: Counter[str] = Counter()
+        tracebacks: dict[str, str] = {}
+        total: dict[str, Any] = {
+            "counts": counts,
+            "cpu": cpu,
+            "failures": failures,
+            "tracebacks": tracebacks,
+            "path_open": 0,
+            "doorbells_waited_on": 0,
+        }
         for snapshot in self.each(("stats",)):
             counts.update(snapshot["counts"])
+            failures.update(snapshot["failures"])
+            for kind, text in snapshot["tracebacks"].items():
+                tracebacks.setdefault(kind, text)
             for name, seconds in snapshot["cpu"].items():
                 cpu[name] = cpu.get(name, 0.0) + seconds
             total["path_open"] += snapshot["path_open"]

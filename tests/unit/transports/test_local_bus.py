@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections import Counter
 from pathlib import Path
 
-from wire.transports.base import OutboundMessage
+from wire.transports.base import OutboundMessage, TransportUnavailableError
 from wire.transports.local import LocalBus
 
 OLD_SCHEMA = """
@@ -72,3 +74,53 @@ def test_a_bus_file_of_an_earlier_version_keeps_its_events_and_positions(tmp_pat
     assert again.publish_event(event("b" * 64, "web-1", b"web-1's", message_id="m1"))
     bus.close()
     again.close()
+
+
+def test_threads_sharing_one_bus_do_not_fail_while_another_connection_writes(tmp_path: Path) -> None:
+    # GIVEN one bus shared by threads, as an agent's publisher and command threads share it (and a
+    # process of the fleet benchmark's agents shares one), and another connection writing, as the
+    # function host does. A query whose rows were read after the lock was let go left its
+    # statement open while another thread wrote on the connection: that write met a snapshot
+    # older than the other connection's commit and failed at once ("database is locked"), and a
+    # result or a settle was lost (the fleet benchmark at c79932d: 3 results of its 1,000-event wave
+    # never reached the bus, 9 commands stayed unsettled).
+    path = tmp_path / "bus.db"
+    shared = LocalBus(path)
+    host = LocalBus(path)
+    for index in range(50):
+        assert host.send_command(event(f"c{index}", f"web-{index % 10}", b"{}"))
+    errors: Counter[str] = Counter()
+    done = threading.Event()
+
+    def agents(thread: int) -> None:
+        for step in range(800):
+            try:
+                if step % 8 == 0:
+                    shared.publish_event(event(f"r{thread}-{step}", f"web-{thread}", f"{thread}-{step}".encode()))
+                elif step % 8 == 4:
+                    shared.settle_command(step % 50 + 1)
+                else:
+                    shared.open_commands(f"web-{step % 10}")
+            except TransportUnavailableError as exc:
+                errors[str(exc)] += 1
+
+    def functions() -> None:
+        step = 0
+        while not done.is_set():
+            step += 1
+            host.publish_event(event(f"h{step}", "host", f"h{step}".encode()))
+
+    writer = threading.Thread(target=functions)
+    writer.start()
+    threads = [threading.Thread(target=agents, args=(thread,)) for thread in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    done.set()
+    writer.join(60)
+
+    # THEN no call failed: every query is read whole under the lock
+    assert not errors
+    shared.close()
+    host.close()
