@@ -126,6 +126,7 @@ def count_per_message(
     *,
     open_events: int = 5,
     prefix: str = "counted",
+    policy: Policy | None = None,
 ) -> list[str]:
     """The workload of `measure` without a clock of its own: `open_events` events opened, then as many
     more each with the completion of an earlier one, the requests of the second round counted per
@@ -136,7 +137,7 @@ def count_per_message(
         balancer=pool,
         sender=sender,
         audit=CountingAudit(audit, counter),
-        policy=Policy(),
+        policy=policy or Policy(),
         verifier=ReporterName(),
         monotonic=lambda: 0.0,
     )

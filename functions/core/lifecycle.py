@@ -88,7 +88,8 @@ def _glance(run: Invocation, decision: Decision) -> Ended | None:
     event = run.event
     vms = [vm for action in decision.actions if isinstance(action, Drain) for vm in action.vms]
     key = ended_key(event)
-    pools = list(pools_of(vms, run.policy))
+    # Only budgets that count: an unlimited pool keeps no record (`actions._reserve`).
+    pools = [name for name, (pool, _) in pools_of(vms, run.policy).items() if pool.max_drained is not None]
     run.glanced = run.store.glance([key], event_key(event), vms, pools)
     return _read_end(event, key, run.glanced.recalled.get(key))
 
@@ -262,7 +263,9 @@ def end_part(
     # joined the event's reservation before (`actions.drain` reserves first), as it would have before
     # a second read too, so reading again would only narrow the same window.
     others = sorted(vm for vm in recorded if vm not in own)
-    for name in pools:
+    for name, (pool, _) in pools.items():
+        if pool.max_drained is None:
+            continue  # an unlimited pool holds no slot (reservations an earlier version made there expire)
         # The first such VM found keeps the slot: its end is read only until one is found (reading
         # every other VM's end made each completion of an event of N VMs cost N reads).
         in_pool = (vm for vm in others if run.policy.pool_of(vm).name == name)

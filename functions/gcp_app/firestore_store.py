@@ -401,7 +401,9 @@ class FirestoreStateStore:
                         return Admission(True, tuple(found))
                     continue  # the event let its slot go meanwhile: admit it afresh
                 counted = [entry["vms"] for entry in entries]
-                if limit is not None and entries:
+                # Reservations still marked alone have no joins (a join takes the mark off first, in
+                # a write this one's would then fail on): the joins are queried only past them.
+                if limit is not None and entries and not all(entry.get("alone") for entry in entries):
                     counted = self._with_joins(ref, entries)
                 entry = {
                     "event_key": event_key,

@@ -41,18 +41,24 @@ def reboot(status: EventStatus, reporter: str) -> MaintenanceEvent:
     )
 
 
-def test_a_completion_reads_the_end_of_one_other_drained_vm_not_of_all_of_them() -> None:
-    # GIVEN an event of ten VMs, each drained on its own report
+def counting_world(policy: Policy) -> tuple[ReadCountingStore, Deps]:
+    """The core on a store that counts its reads of remembered values, over one pool of VMS."""
     store = ReadCountingStore(":memory:")
     deps = Deps(
         store=store,
         balancer=FakeBalancer({"web": VMS}),
         sender=RecordingSender(),
         audit=store,
-        policy=Policy(),
+        policy=policy,
         verifier=ReporterName(),
         monotonic=FakeClock().monotonic,
     )
+    return store, deps
+
+
+def test_a_completion_reads_the_end_of_one_other_drained_vm_not_of_all_of_them() -> None:
+    # GIVEN an event of ten VMs of a pool with a budget, each drained on its own report
+    store, deps = counting_world(Policy(default_max_drained=20))
     for vm in VMS:
         process(encode(envelope_for_event(reboot(EventStatus.SCHEDULED, vm), NOW)), deps, NOW)
     store.recalls = 0
@@ -61,4 +67,22 @@ def test_a_completion_reads_the_end_of_one_other_drained_vm_not_of_all_of_them()
     # THEN it read one other VM's end (which keeps the event's slot), not nine
     assert outcome.result == "processed"
     assert store.recalls == 1
+    store.close()
+
+
+def test_an_unlimited_pool_keeps_no_budget_record_and_its_completion_reads_no_other_end() -> None:
+    # GIVEN the default policy (the default pool has no budget) and an event of ten VMs
+    store, deps = counting_world(Policy())
+    # WHEN each VM is drained on its own report
+    for vm in VMS:
+        process(encode(envelope_for_event(reboot(EventStatus.SCHEDULED, vm), NOW)), deps, NOW)
+    # THEN every VM is out, and the pool records nothing: its record would be a wave's hottest key
+    removed = {vm for method, vm in deps.balancer.calls if method == "remove"}  # type: ignore[attr-defined]
+    assert removed == set(VMS)
+    assert store._db.execute("SELECT COUNT(*) FROM reservations").fetchone() == (0,)
+    # AND a completion has no slot to keep, so it reads no other VM's end
+    store.recalls = 0
+    outcome = process(encode(envelope_for_event(reboot(EventStatus.COMPLETED, VMS[0]), NOW)), deps, NOW)
+    assert outcome.result == "processed"
+    assert store.recalls == 0
     store.close()
