@@ -16,23 +16,18 @@ precondition's condition and message are built from exactly the local evaluated 
 from __future__ import annotations
 
 import collections
-import json
-import os
 import shutil
-import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.infra import console
 from tests.infra.sources import TERRAFORM_AZURE, TERRAFORM_GCP, load_terraform, terraform_resources
 from wire.shards import shard_of
 
-TERRAFORM = shutil.which("terraform")
-pytestmark = pytest.mark.skipif(
-    TERRAFORM is None and os.environ.get("CI") != "true", reason="no terraform binary on PATH"
-)
+pytestmark = console.needs_terraform
 
 PRINCIPAL = "00000000-0000-0000-0000-000000000000"
 REQUIRED = {TERRAFORM_AZURE: {"resource_group_name": "rg-mbridge"}, TERRAFORM_GCP: {"project_id": "shop-prod"}}
@@ -66,21 +61,7 @@ def modules(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Path]:
 def evaluate(module: Path, root: Path, variables: dict[str, Any], expression: str) -> Any:
     """`expression` as Terraform evaluates it with `variables`; AssertionError with Terraform's
     message when it refuses them."""
-    (module / "terraform.tfvars.json").write_text(json.dumps({**REQUIRED[root], **variables}), encoding="utf-8")
-    result = subprocess.run(
-        [str(TERRAFORM), "console"],
-        input=f"jsonencode({expression})\n",
-        capture_output=True,
-        text=True,
-        cwd=module,
-        env={**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "CHECKPOINT_DISABLE": "1", "NO_COLOR": "1"},
-        timeout=120,
-        check=False,
-    )
-    if result.returncode != 0 or "Error:" in result.stderr:
-        # Terraform's diagnostic on one line, without its frame
-        raise AssertionError(" ".join(result.stderr.replace("│", " ").replace("╷", " ").replace("╵", " ").split()))
-    return json.loads(json.loads(result.stdout.strip()))
+    return console.evaluate(module, expression, {**REQUIRED[root], **variables})
 
 
 def failing(checks: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -17,8 +17,6 @@ import base64
 import json
 import os
 import re
-import shutil
-import subprocess
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from tests.infra import console as terraform_console
 from tests.infra.sources import TERRAFORM_AZURE, TERRAFORM_GCP, load_terraform
 from wire.signing import load_private_key, load_public_key, public_key_text, sign, verify
 
@@ -195,8 +194,6 @@ def test_a_key_of_another_algorithm_fails_the_plan() -> None:
 
 # ---------------------------------------------------------------- the same, by terraform itself
 
-TERRAFORM = shutil.which("terraform")
-
 
 def console_module(directory: Path, names: tuple[str, ...], tmp_path: Path) -> Path:
     """A module of variables standing for tls_private_key's attributes and the given locals of
@@ -220,25 +217,11 @@ def console_module(directory: Path, names: tuple[str, ...], tmp_path: Path) -> P
 
 
 def console(module: Path, private_pem: str, public_pem: str, expression: str) -> Any:
-    (module / "terraform.tfvars.json").write_text(
-        json.dumps({"private_key_pem_pkcs8": private_pem, "public_key_pem": public_pem}), encoding="utf-8"
-    )
-    environment = {**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "CHECKPOINT_DISABLE": "1"}
-    result = subprocess.run(
-        [str(TERRAFORM), "console"],
-        input=f"jsonencode({expression})\n",
-        capture_output=True,
-        text=True,
-        cwd=module,
-        env=environment,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(json.loads(result.stdout.strip()))
+    variables = {"private_key_pem_pkcs8": private_pem, "public_key_pem": public_pem}
+    return terraform_console.evaluate(module, expression, variables, timeout=60)
 
 
-@pytest.mark.skipif(TERRAFORM is None, reason="no terraform binary on PATH (the Python evaluation above still runs)")
+@terraform_console.needs_terraform
 @pytest.mark.parametrize("seed", SEEDS, ids=IDS)
 def test_terraform_makes_the_same_one_line_keys(seed: bytes, tmp_path: Path) -> None:
     # GIVEN signing.tf's expressions of both modules, evaluated by terraform on a pair tls would write

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import collections
-import shutil
-import subprocess
 
 import pytest
 
-from wire.shards import MAX_SHARDS, entity_for, parse_shards, shard_of, sharded_name, validate_shards
+from tests.infra.console import evaluate, needs_terraform
+from wire.shards import MAX_SHARDS, entity_for, shard_of, sharded_name, validate_shards
 
 
 def test_one_shard_keeps_the_base_name_for_every_vm() -> None:
@@ -48,23 +47,8 @@ def test_a_shard_outside_the_count_and_an_empty_name_are_refused() -> None:
         shard_of("", 3)
 
 
-@pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")
+@needs_terraform
 def test_terraform_computes_the_same_shard() -> None:
     names = ["web-0", "Web-1", "db-primary", "gce-0", "a" * 60]
     expression = "[" + ", ".join(f'parseint(substr(sha256(lower("{n}")), 0, 8), 16) % 7' for n in names) + "]"
-    out = subprocess.run(
-        ["terraform", "console"], input=expression, capture_output=True, text=True, check=True, timeout=60
-    ).stdout
-    numbers = [int(token.strip().strip(",")) for token in out.split() if token.strip().strip(",").isdigit()]
-    assert numbers == [shard_of(n, 7) for n in names]
-
-
-@pytest.mark.parametrize(("text", "count"), [("1", 1), (" 16 ", 16), ("1024", 1024)])
-def test_a_shard_count_is_read_from_text(text: str, count: int) -> None:
-    assert parse_shards(text) == count
-
-
-@pytest.mark.parametrize("text", ["0", "1025", "two", "1.5", "-3", ""])
-def test_text_that_is_no_usable_shard_count_is_refused_with_the_range(text: str) -> None:
-    with pytest.raises(ValueError, match="from 1 to 1024"):
-        parse_shards(text)
+    assert evaluate(None, expression, timeout=60) == [shard_of(n, 7) for n in names]
