@@ -4,8 +4,8 @@ The agent runs as a real process (tests/agent_runner.py's AgentProcess), publish
 standard output into a pipe of one page (4 KiB) that the drill reads slowly: a bus that takes its
 time, so a kill can land while envelopes wait in the outbox or between a write and its mark.
 Unlike the embedded bus, the stream keeps every duplicate, so "duplicates only as exact repeats"
-can be checked. After each kill the agent is started again at once on the same state directory,
-as systemd would.
+can be checked (the event's bytes: its proof of identity is made by each life of the agent). After
+each kill the agent is started again at once on the same state directory, as systemd would.
 
 Builds on tests/contract/agent/test_process.py (six kills while 120 pre-added events are advanced by
 hand, output through a slow pipe): here 20 kills at seeded random moments of a timed scenario in
@@ -48,6 +48,7 @@ from tests.drills.conftest import (
     wait_for_timeline_end,
 )
 from tests.waiting import wait_until
+from wire.identity import AZURE_ATTESTED, AZURE_SESSION_KEY, AZURE_SIGNATURE, content_digest
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(60)]
 
@@ -195,11 +196,14 @@ def test_twenty_sigkills_lose_nothing_and_duplicate_only_exact_repeats(
     for envelope in envelopes:
         ids_by_fact.setdefault(fact_of(envelope), set()).add(envelope["id"])
     assert all(ids == {expected_id(fact)} for fact, ids in ids_by_fact.items()), f"unstable ids (seed {seed})"
-    # ... a duplicate is always an exact repeat, byte for byte
-    lines_by_id: dict[str, set[str]] = {}
-    for line, envelope in zip(lines, envelopes):
-        lines_by_id.setdefault(envelope["id"], set()).add(line)
-    assert all(len(variants) == 1 for variants in lines_by_id.values()), f"a duplicate differs (seed {seed})"
+    # ... a duplicate is always an exact repeat of the event, byte for byte once its proof of
+    # identity is set aside (each life of the agent proves with a key of its own), and it is proven
+    events_by_id: dict[str, set[str]] = {}
+    for envelope in envelopes:
+        events_by_id.setdefault(envelope["id"], set()).add(content_digest(envelope))
+    assert all(len(variants) == 1 for variants in events_by_id.values()), f"a duplicate differs (seed {seed})"
+    proven = {AZURE_ATTESTED, AZURE_SESSION_KEY, AZURE_SIGNATURE}
+    assert all(proven <= set(e) for e in envelopes), f"an envelope without its proof (seed {seed})"
     # ... and first appearances follow the outbox, which kept the order the agents observed
     first_seen = list(dict.fromkeys(e["id"] for e in envelopes))
     assert first_seen == _outbox_ids(state_dir), f"publish order differs from the outbox (seed {seed})"

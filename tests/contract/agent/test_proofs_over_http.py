@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -32,8 +33,16 @@ from tests.kit import FakeClock
 from tests.unit.agent.test_loop import FakeTransport
 from tests.waiting import wait_until
 from wire.envelope import decode, encode, envelope_for_event
-from wire.identity import DEFAULT_AUDIENCE, PROOF_ATTRIBUTES, Identity, UnverifiedError
+from wire.identity import (
+    AZURE_SESSION_KEY,
+    DEFAULT_AUDIENCE,
+    PROOF_ATTRIBUTES,
+    Identity,
+    UnverifiedError,
+    content_digest,
+)
 from wire.model import Cloud, EventKind, EventStatus, MaintenanceEvent
+from wire.transports.base import OutboundMessage, TransportUnavailableError
 
 VMS = ("web-0", "web-1")
 
@@ -144,25 +153,10 @@ def test_a_metadata_service_that_refuses_proofs_costs_no_wait_and_proofs_come_ba
     # GIVEN the VM's metadata service refusing the proof endpoint (404, as Microsoft's mock server
     # does), and a clock that stands still: a message that waited for its proof would never go
     run.faults(refuse_proofs=404)
-    clock, transport, metrics, state = FakeClock(), FakeTransport(), Metrics(), AgentState(tmp_path / "agent.db")
-    agent = Agent(
-        cloud=run.cloud,
-        vm_name="web-0",
-        tracker=AzureTracker("web-0", None),  # not used: the test records the messages itself
-        transport=transport,
-        state=state,
-        readiness=Readiness(follows_commands=False),
-        metrics=metrics,
-        clock=clock,
-        flush_seconds=1.0,
-        prover=run.prover("web-0", clock),
-    )
-    record_reports(state, run.cloud, "first", "second")
+    clock, transport, metrics = FakeClock(), FakeTransport(), Metrics()
+    with running_agent(run, tmp_path / "agent.db", transport, clock, metrics) as state:
+        record_reports(state, run.cloud, "first", "second")
 
-    stop = threading.Event()
-    runner = threading.Thread(target=agent.run, args=(stop,))
-    runner.start()
-    try:
         # WHEN the agent runs, THEN both messages go out at once, without a proof, counted
         wait_until(lambda: len(transport.published) == 2, 10, "the messages to go out")
         assert metrics.value("mbridge_unproven_messages_total") == 2
@@ -178,6 +172,69 @@ def test_a_metadata_service_that_refuses_proofs_costs_no_wait_and_proofs_come_ba
         wait_until(lambda: len(transport.published) == 3, 10, "the next message to go out")
         assert run.verify(transport.published[2].body).vm == "web-0"
         assert metrics.value("mbridge_unproven_messages_total") == 2
+
+
+class AnswerLost(FakeTransport):
+    """A bus that takes every message and whose answer never reaches the agent: the agent cannot
+    mark one published, as when it is killed between the write and the mark."""
+
+    def publish(self, message: OutboundMessage) -> None:
+        super().publish(message)
+        raise TransportUnavailableError("the bus took the message; its answer was lost")
+
+
+def test_a_message_sent_again_by_the_next_life_is_the_same_event_under_that_lifes_proof(
+    run: Run, tmp_path: Path
+) -> None:
+    # GIVEN an agent whose bus took a report but whose answer was lost, and which then stopped
+    state_path = tmp_path / "agent.db"
+    lost = AnswerLost()
+    with running_agent(run, state_path, lost) as state:
+        record_reports(state, run.cloud, "first")
+        wait_until(lambda: len(lost.published) >= 1, 10, "the report to reach the bus")
+
+    # WHEN the agent starts again on the same state
+    sent_again = FakeTransport()
+    with running_agent(run, state_path, sent_again):
+        wait_until(lambda: len(sent_again.published) == 1, 10, "the report to go out again")
+
+    # THEN the repeat is the same event, byte for byte once the proof is set aside ...
+    first, repeat = lost.published[0], sent_again.published[0]
+    first_document, repeat_document = json.loads(first.body), json.loads(repeat.body)
+    assert decode(repeat.body).id == decode(first.body).id
+    assert content_digest(repeat_document) == content_digest(first_document)
+    # ... proven by the new life, and the functions verify both as this VM's
+    assert PROOF_ATTRIBUTES & set(first_document), "the first report carried no proof"
+    if run.cloud is Cloud.AZURE:  # each life makes a key of its own and never writes it to disk
+        assert repeat_document[AZURE_SESSION_KEY] != first_document[AZURE_SESSION_KEY]
+    assert run.verify(first.body).vm == run.verify(repeat.body).vm == "web-0"
+    # ... under a bus id of its own (the digest of the body as sent): the functions know it by its id
+    assert repeat.bus_id != first.bus_id
+
+
+@contextmanager
+def running_agent(
+    run: Run, state_path: Path, transport: FakeTransport, clock: FakeClock | None = None, metrics: Metrics | None = None
+) -> Iterator[AgentState]:
+    """One life of the agent web-0 on `state_path`, publishing through `transport`, stopped on exit."""
+    clock, state = clock or FakeClock(), AgentState(state_path)
+    agent = Agent(
+        cloud=run.cloud,
+        vm_name="web-0",
+        tracker=AzureTracker("web-0", None),  # not used: the test records the messages itself
+        transport=transport,
+        state=state,
+        readiness=Readiness(follows_commands=False),
+        metrics=metrics or Metrics(),
+        clock=clock,
+        flush_seconds=0.5,
+        prover=run.prover("web-0", clock),
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    try:
+        yield state
     finally:
         stop.set()
         runner.join(timeout=10)
