@@ -27,9 +27,21 @@ def subject_key(event: MaintenanceEvent) -> str:
     return f"{event_key(event)}|{event.reporter}"
 
 
+_ENDED = "ended|"
+
+
 def ended_key(event: MaintenanceEvent) -> str:
     """Where the end of the event for its VM is remembered (a key of `StateStore.remember`)."""
-    return f"ended|{subject_key(event)}"
+    return f"{_ENDED}{subject_key(event)}"
+
+
+def ended_subject(key: str) -> tuple[str, str] | None:
+    """(event key, VM) of an `ended_key`, or None for any other key: a store may keep an end beside
+    the event's drains. A VM name never holds '|'; an event id may, so the VM is the last part."""
+    if not key.startswith(_ENDED):
+        return None
+    event, bar, vm = key[len(_ENDED) :].rpartition("|")
+    return (event, vm) if bar and event and vm else None
 
 
 def own_part(event: MaintenanceEvent, vm: str) -> MaintenanceEvent:

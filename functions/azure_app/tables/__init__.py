@@ -18,7 +18,9 @@ budget of a pool       ``budget``                  pool            reservations:
                                                                    joined since] (absent before)
 VMs joining an event   ``joins:<pool>``            [event, VM]     event_key, vm, token
 drains of an event     ``drain:<event key>``       VM              event_key, vm, memento (JSON)
-remembered values      ``remembered``              key             value (binary): command bytes, event ends
+ends of an event       ``drain:<event key>``       ``%end:<VM>``   value (binary): how it ended for the VM
+                                                   ``%mark:<VM>``  none: an end or a drain was here (ends.py)
+remembered values      ``remembered``              key             value (binary): command bytes, proofs seen
 waits for the budget   ``parked:<pool>``           event key       event_key, envelope (binary), parked_at
 =====================  ==========================  ==============  ==========================================
 
@@ -26,6 +28,11 @@ Atomicity comes from ETags, never from locks: a claim is created once (409 on a 
 taken over only with If-Match on the expired lease; a pool's reservations live in ONE entity
 updated read-modify-write with If-Match, so two invocations can never both take the last slot
 (the loser's write fails with 412, it re-reads and sees the pool full).
+
+An event's end for a VM lives beside the event's drains (ends.py): a step reads its end and its drain
+records in one query, records a drain with its end check in one transaction (the VM's mark, created
+with the record, fails it when an end came first), and an end writes its value and the mark in one.
+Ends kept in ``remembered`` by earlier versions are still read while one was written lately.
 
 Every VM of an admitted event joins its reservation with its own report, all at about the same
 time: each join is an entity of its own (its RowKey the JSON pair [event key, VM], escaped), one

@@ -19,8 +19,17 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
 )
-from azure.data.tables import TableClient, TableEntity, UpdateMode
+from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
+from functions.azure_app.tables.ends import (
+    REMEMBERED,
+    EarlierEnds,
+    EndRows,
+    already_exists,
+    drain_partition,
+    end_rows,
+    is_end_row,
+)
 from functions.azure_app.tables.entities import (
     bytes_of,
     bytes_properties,
@@ -49,7 +58,10 @@ from functions.core.store_rules import (
 
 LOGGER = logging.getLogger("mbridge.functions.azure.tables")
 
-_CLAIMS, _BUDGET, _REMEMBERED = "claims", "budget", "remembered"
+_CLAIMS, _BUDGET, _REMEMBERED = "claims", "budget", REMEMBERED
+# A filter holds at most 15 comparisons (https://learn.microsoft.com/rest/api/storageservices/querying-tables-and-entities):
+# the partition's and at most 14 rows.
+_MOST_ROWS_IN_A_FILTER = 14
 
 
 class TableStateStore:
@@ -61,10 +73,13 @@ class TableStateStore:
         *,
         attempts: int = BUDGET_ATTEMPTS,
         sleep: Callable[[float], None] = time.sleep,
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._table = table
         self._attempts = attempts
         self._sleep = sleep
+        self._earlier_ends = EarlierEnds(table, now, monotonic)
 
     # ---- claims
 
@@ -275,37 +290,62 @@ class TableStateStore:
     # ---- drains
 
     def record_drain(self, event_key: str, vm: str, memento: JsonObject) -> None:
-        entity = {
-            "PartitionKey": _drain_partition(event_key),
-            "RowKey": escape_key(vm),
-            "event_key": event_key,
-            "vm": vm,
-            **text_properties("memento", json.dumps(memento, sort_keys=True)),
-        }
         with self._errors("record a drain"):
-            self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+            self._table.upsert_entity(_drain_entity(event_key, vm, memento), mode=UpdateMode.REPLACE)
 
     def record_drain_unless(self, event_key: str, vm: str, memento: JsonObject, ended: str) -> bytes | None:
-        # The drain and the end are in other partitions: no one request writes the one and checks the
-        # other. The record first, then the end (the order `lifecycle.mark_ended` relies on).
+        end = end_rows(ended)
+        if end is not None and end.partition == drain_partition(event_key) and not self._earlier_ends.recent():
+            with self._errors("record a drain"):
+                try:
+                    # The record with the VM's mark, which an end writes with its value: created here, it
+                    # says no end came before; an end that comes after finds this record (ends.py).
+                    self._table.submit_transaction(
+                        [
+                            ("upsert", _drain_entity(event_key, vm, memento), {"mode": UpdateMode.REPLACE}),
+                            ("create", end.mark_entity()),
+                        ]
+                    )
+                    return None
+                except TableTransactionError as exc:
+                    if not already_exists(exc):
+                        raise
+        # The mark was there (an end, or an earlier drain of this VM in the event), or the end is kept
+        # elsewhere: the record first, then the end (the order `lifecycle.mark_ended` relies on).
         self.record_drain(event_key, vm, memento)
         return self.recall(ended)
 
     def glance(
         self, recall: Sequence[str], event_key: str = "", vms: Sequence[str] = (), pools: Sequence[str] = ()
     ) -> Glance:
-        # A request reads one entity or one partition: as many requests as the reads asked.
+        # The budgets are read by `reserve`, with the ETag its write needs.
         del pools
-        return glance_each(self, self, recall, event_key, vms)
+        ends = {key: end_rows(key) for key in dict.fromkeys(recall)}
+        partition = drain_partition(event_key)
+        wanted = [escape_key(vm) for vm in dict.fromkeys(vms)] + [end.row for end in ends.values() if end]
+        beside = all(end is not None and end.partition == partition for end in ends.values())
+        if not vms or not beside or self._earlier_ends.recent():
+            return glance_each(self, self, recall, event_key, vms)
+        # The VMs' drains and their ends in one query of the event's partition (ends.py).
+        with self._errors("read the drains and ends of an event"):
+            if len(wanted) <= _MOST_ROWS_IN_A_FILTER:
+                rows = {row["RowKey"]: row for row in self._rows(partition, wanted)}
+            else:
+                rows = {row["RowKey"]: row for row in self._partition(partition)}
+        recalled = {
+            key: bytes_of(rows[end.row], "value") if end and end.row in rows else None for key, end in ends.items()
+        }
+        drained = {vm: json.loads(text_of(rows[escape_key(vm)], "memento")) for vm in vms if escape_key(vm) in rows}
+        return Glance(recalled, drained)
 
     def drains(self, event_key: str) -> Mapping[str, JsonObject]:
         with self._errors("read the drains of an event"):
-            rows = self._partition(_drain_partition(event_key))
-            return {row["vm"]: json.loads(text_of(row, "memento")) for row in rows}
+            rows = self._partition(drain_partition(event_key))
+            return {row["vm"]: json.loads(text_of(row, "memento")) for row in rows if not is_end_row(row["RowKey"])}
 
     def forget_drain(self, event_key: str, vm: str) -> None:
         with self._errors("forget a drain"):
-            self._table.delete_entity(_drain_partition(event_key), escape_key(vm))
+            self._table.delete_entity(drain_partition(event_key), escape_key(vm))
 
     def all_drains(self) -> Sequence[RecordedDrain]:
         # Every drain partition: their keys run from "drain:" to just before "drain;" (';' follows ':').
@@ -324,26 +364,54 @@ class TableStateStore:
                 json.loads(text_of(row, "memento")),
             )
             for row in rows
+            if not is_end_row(row["RowKey"])
         ]
         return sorted(found, key=lambda drain: (drain.event_key, drain.vm))
 
     # ---- remembered values and waits
 
     def remember(self, key: str, value: bytes) -> bytes:
-        entity = {"PartitionKey": _REMEMBERED, "RowKey": escape_key(key), **bytes_properties("value", value)}
+        end = end_rows(key)
         with self._errors("remember a value"):
+            if end is not None:
+                return self._remember_end(key, end, value)
+            entity = {"PartitionKey": _REMEMBERED, "RowKey": escape_key(key), **bytes_properties("value", value)}
             try:
                 self._table.create_entity(entity)
                 return value
             except ResourceExistsError:
                 return bytes_of(self._table.get_entity(_REMEMBERED, escape_key(key)), "value")
 
+    def _remember_end(self, key: str, end: EndRows, value: bytes) -> bytes:
+        earlier = self._remembered(key) if self._earlier_ends.recent() else None
+        if earlier is not None:
+            return earlier  # an earlier version's end came first
+        try:
+            # The value with the VM's mark: a drain recorded from now on finds the mark (ends.py).
+            self._table.submit_transaction(
+                [("create", end.entity(bytes_properties("value", value))), ("upsert", end.mark_entity())]
+            )
+            return value
+        except TableTransactionError as exc:
+            if not already_exists(exc):
+                raise
+        return bytes_of(self._table.get_entity(end.partition, end.row), "value")
+
     def recall(self, key: str) -> bytes | None:
+        end = end_rows(key)
         with self._errors("recall a value"):
+            if end is None:
+                return self._remembered(key)
             try:
-                return bytes_of(self._table.get_entity(_REMEMBERED, escape_key(key)), "value")
+                return bytes_of(self._table.get_entity(end.partition, end.row), "value")
             except ResourceNotFoundError:
-                return None
+                return self._remembered(key) if self._earlier_ends.recent() else None
+
+    def _remembered(self, key: str) -> bytes | None:
+        try:
+            return bytes_of(self._table.get_entity(_REMEMBERED, escape_key(key)), "value")
+        except ResourceNotFoundError:
+            return None
 
     def park(self, pool: str, event_key: str, envelope: bytes, now: datetime) -> None:
         entity = {
@@ -387,12 +455,25 @@ class TableStateStore:
     def _partition(self, partition: str) -> list[TableEntity]:
         return list(self._table.query_entities("PartitionKey eq @pk", parameters={"pk": partition}))
 
+    def _rows(self, partition: str, rows: Sequence[str]) -> list[TableEntity]:
+        """The rows of `partition` among `rows` (at most `_MOST_ROWS_IN_A_FILTER`), in one query. (The
+        SDK takes a parameter's name up to the next space: a bracket needs one before it.)"""
+        either = " or ".join(f"RowKey eq @r{index}" for index in range(len(rows)))
+        parameters = {"pk": partition, **{f"r{index}": row for index, row in enumerate(rows)}}
+        return list(self._table.query_entities(f"PartitionKey eq @pk and ( {either} )", parameters=parameters))
+
     def _errors(self, action: str) -> AbstractContextManager[None]:
         return table_errors(self._table.table_name, action)
 
 
-def _drain_partition(event_key: str) -> str:
-    return f"drain:{escape_key(event_key)}"
+def _drain_entity(event_key: str, vm: str, memento: JsonObject) -> dict[str, Any]:
+    return {
+        "PartitionKey": drain_partition(event_key),
+        "RowKey": escape_key(vm),
+        "event_key": event_key,
+        "vm": vm,
+        **text_properties("memento", json.dumps(memento, sort_keys=True)),
+    }
 
 
 def _parked_partition(pool: str) -> str:
