@@ -27,6 +27,7 @@ from functions.core.ports import (
     Result,
     StateStore,
 )
+from functions.core.proofs_seen import ProofsSeen
 from wire.bounds import AUDIT_RESOURCES, bounded
 from wire.commands import Command
 from wire.envelope import Envelope
@@ -69,6 +70,8 @@ class Deps:
     verifier: IdentityVerifier | None = None
     # How long the invocation has taken so far is measured on this clock and added to its `now`.
     monotonic: Callable[[], float] = time.monotonic
+    # Proof bindings whose first value this process found in the store: no request when one comes again.
+    proofs_seen: ProofsSeen = field(default_factory=ProofsSeen)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
         )
         return Outcome(envelope.id, result)
     assert isinstance(identity, Identity)
-    forged = _rebound(identity, deps.store)
+    forged = _rebound(identity, deps)
     if forged is not None:
         deps.audit.append(
             event_record(now, Result.UNVERIFIED, envelope, reported, action=ActionName.NONE, reason=forged)
@@ -195,15 +195,25 @@ def _identify(envelope: Envelope, deps: Deps, accepted_at: datetime, now: dateti
         return str(error)
 
 
-def _rebound(identity: Identity, store: StateStore) -> str | None:
+def _rebound(identity: Identity, deps: Deps) -> str | None:
     """Why a proof that verified is still a forgery: its one-time part came before with another value
     (an Azure document seen with another key, which was ground to match its 10-digit nonce). The
-    first value seen is kept for good; None when this is it."""
+    first value seen is kept for good; None when this is it.
+
+    A document's later messages are the most: they cost one read (a first message, a read and a
+    write), and none once this process found the value first (`ProofsSeen`)."""
     binding = identity.binding
     if binding is None:
         return None
-    first = store.remember(f"proof|{binding.key}", binding.value.encode("utf-8"))
-    if first == binding.value.encode("utf-8"):
+    value = binding.value.encode("utf-8")
+    if deps.proofs_seen.is_first(binding.key, value):
+        return None
+    key = f"proof|{binding.key}"
+    first = deps.store.recall(key)
+    if first is None:
+        first = deps.store.remember(key, value)
+    if first == value:
+        deps.proofs_seen.found_first(binding.key, value)
         return None
     return (
         f"unverified: {identity.vm}'s proof of identity was first seen with another key: this message's key "

@@ -17,6 +17,7 @@ import pytest
 
 from functions.core.policy import Policy, PolicyError, Pool, policy_from_mapping
 from functions.core.process import Deps, Outcome, process
+from functions.core.proofs_seen import ProofsSeen
 from functions.local_app.balancer import LocalPool
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
@@ -134,6 +135,55 @@ def test_a_key_ground_to_match_a_genuine_attested_document_is_refused_alerted_an
     # AND the genuine agent's later messages with D and K1 still count
     completed = world.deliver(proven(envelope_for_event(reboot(EventStatus.COMPLETED), NOW), "web-0", "D", "K1"))
     assert [(a.action, a.vm) for a in completed.actions] == [("restore", "web-0")]
+
+
+class ProofRequests(SqliteStore):
+    """The store, counting what it is asked about proof bindings (keys `proof|...`)."""
+
+    def __init__(self) -> None:
+        super().__init__(":memory:")
+        self.asked: list[str] = []
+
+    def remember(self, key: str, value: bytes) -> bytes:
+        if key.startswith("proof|"):
+            self.asked.append("remember")
+        return super().remember(key, value)
+
+    def recall(self, key: str) -> bytes | None:
+        if key.startswith("proof|"):
+            self.asked.append("recall")
+        return super().recall(key)
+
+    def taken(self) -> list[str]:
+        asked, self.asked = self.asked, []
+        return asked
+
+
+def test_a_documents_first_value_is_asked_of_the_store_once_per_process_and_another_value_always(
+    world: World,
+) -> None:
+    # GIVEN a store counting its proof requests, and the deps of one function process on it
+    store = ProofRequests()
+    process_deps = replace(world.deps(), store=store, audit=store)
+
+    def deliver(status: EventStatus, key: str, deps: Deps = process_deps) -> str:
+        return process(proven(envelope_for_event(reboot(status), NOW), "web-0", "D", key), deps, NOW).result
+
+    # WHEN web-0's first message with document D and its key K1 comes, then its next one
+    # THEN the first is read and written, the next costs nothing: this process found K1 first
+    assert (deliver(EventStatus.SCHEDULED, "K1"), store.taken()) == ("processed", ["recall", "remember"])
+    assert (deliver(EventStatus.STARTED, "K1"), store.taken()) == ("processed", [])
+
+    # WHEN another process (a new instance) takes web-0's next message
+    other_process = replace(process_deps, proofs_seen=ProofsSeen())
+    # THEN it reads the binding once, and writes nothing
+    assert (deliver(EventStatus.COMPLETED, "K1", other_process), store.taken()) == ("processed", ["recall"])
+
+    # WHEN a key ground to match D comes to the process that knows K1, twice
+    # THEN each is asked of the store, and refused
+    assert [deliver(EventStatus.COMPLETED, "K2") for _ in range(2)] == ["unverified", "unverified"]
+    assert store.taken() == ["recall", "recall"]
+    store.close()
 
 
 def test_a_forgery_that_passed_verification_first_never_makes_the_genuine_report_a_duplicate(world: World) -> None:
