@@ -61,7 +61,8 @@ def check(settings: AgentSettings, out: TextIO) -> int:
         report(
             False,
             f"metadata service at {settings.metadata_url}: {exc}. Is this a VM of that cloud, "
-            "and is the link-local address reachable (no proxy, no firewall rule)?",
+            "and is the link-local address reachable (no proxy, no firewall rule)? Until it answers, a running "
+            "agent is not ready (/readyz 503) and mbridge_last_good_poll_timestamp_seconds is 0",
         )
     try:
         name = source.own_name()

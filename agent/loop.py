@@ -155,7 +155,8 @@ class Agent:
         self._metrics.info(
             "mbridge_build_info", version=version(), cloud=self.cloud.value, transport=self._transport.name
         )
-        self._metrics.gauge("mbridge_last_good_poll_timestamp_seconds", lambda: self.liveness.last_good_poll_at)
+        # 0 (never) until the first good poll: the alert `time() - it > 90` fires on an agent that never saw one.
+        self._metrics.gauge("mbridge_last_good_poll_timestamp_seconds", lambda: self.liveness.last_good_poll_at or 0.0)
         self._metrics.gauges("mbridge_maintenance_pending", self.pending_maintenance)
         self._metrics.gauge("mbridge_command_path_open", lambda: 1.0 if self.command_path_open else 0.0)
 
@@ -180,6 +181,7 @@ class Agent:
         else:
             self.liveness.last_good_poll = self._clock.monotonic()
             self.liveness.last_good_poll_at = self._clock.now().timestamp()
+            self._readiness.metadata_answered()
 
     # ---- running
 

@@ -221,9 +221,13 @@ def run_agent(
     )
     agent.attach_watchers(source.watchers(agent, clock))
     metrics.gauge("mbridge_outbox_depth", lambda: float(state.depth()))
+    started = clock.monotonic()
+    # Before the first good poll: the time since the start, so the age grows from the start.
     metrics.gauge(
         "mbridge_seconds_since_last_good_poll",
-        lambda: None if agent.liveness.last_good_poll is None else clock.monotonic() - agent.liveness.last_good_poll,
+        lambda: (
+            clock.monotonic() - (started if agent.liveness.last_good_poll is None else agent.liveness.last_good_poll)
+        ),
     )
     health = _start_health(settings, metrics, readiness, agent)
     try:
@@ -285,6 +289,7 @@ def _readiness(state: AgentState, *, follows_commands: bool) -> Readiness:
         drained=bool(saved.get("drained", False)),
         reason=str(saved.get("reason", "")),
         persist=persist,
+        awaiting_first_poll=True,
     )
 
 

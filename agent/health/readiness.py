@@ -15,12 +15,23 @@ from typing import Callable
 LOGGER = logging.getLogger("mbridge.health")
 
 
+BLIND = (
+    "the metadata service has not answered yet: maintenance of this VM cannot be seen "
+    "(see mbridge_errors_total and the agent's log; mbridge agent --check)"
+)
+
+
 class Readiness:
     """Whether the load balancer should send traffic to this VM, and why not.
 
     With a command channel, `drain`/`restore` commands decide. Without one, a pending
     impactful event for this VM decides. `persist` saves the drained flag, so a restart
     in the middle of maintenance does not readmit the VM.
+
+    An agent made `awaiting_first_poll` is not ready until its metadata service answered once: a
+    VM whose agent cannot see its maintenance does not take traffic when it starts. (A later
+    outage leaves readiness alone: the alerts on the last good poll say so, and taking every VM
+    out when a metadata service hiccups would be worse than the maintenance.)
     """
 
     def __init__(
@@ -30,7 +41,9 @@ class Readiness:
         drained: bool = False,
         reason: str = "",
         persist: Callable[[bool, str], None] = lambda drained, reason: None,
+        awaiting_first_poll: bool = False,
     ) -> None:
+        self._blind = awaiting_first_poll
         self._follows_commands = follows_commands
         self._drained = drained
         self._drain_reason = reason
@@ -51,12 +64,20 @@ class Readiness:
         with self._lock:
             return self._follows_commands and self._drained
 
+    def metadata_answered(self) -> None:
+        """The metadata service answered: from now on, maintenance of this VM can be seen."""
+        if self._blind:
+            with self._lock:
+                self._blind = False
+
     def set_pending_impact(self, reason: str | None) -> None:
         with self._lock:
             self._pending_impact = reason
 
     def status(self) -> tuple[bool, str]:
         with self._lock:
+            if self._blind:
+                return False, BLIND
             if self._follows_commands:
                 return (not self._drained, self._drain_reason or ("drained" if self._drained else "ready"))
             if self._pending_impact:
