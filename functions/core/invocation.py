@@ -129,6 +129,9 @@ class Invocation:
     # claim's completion (`StateStore.finishing`), or on their own before it lets the claim go. Until
     # then a redelivery finds them and puts those VMs back again, which changes nothing.
     forgotten: list[tuple[str, str]] = field(default_factory=list)
+    # A step on the control plane's word (functions/core/central.py), not the VM's own report: its
+    # decision keeps the drains and restores, never an approval nor a maintenance started early.
+    drain_only: bool = False
 
     @property
     def store(self) -> StateStore:
@@ -169,6 +172,27 @@ class Invocation:
         if self.lines or then is not None:
             self.deps.audit.append_all(list(self.lines), then)
             self.lines.clear()
+
+    def carry_through(self, claim: str, steps: Callable[[], None]) -> Outcome:
+        """Run `steps` on a message whose `claim` this invocation holds, then complete the claim after
+        the records are written (a claim completed is never processed again, so its records must be in;
+        its completion and the drains of the VMs put back go after them, or with them in one commit
+        where the audit log shares the store's database).
+
+        When a step fails, what was done until then is written and the claim let go, so the platform's
+        retry takes it over at once (if the process dies instead, the lease runs out and the
+        redelivery takes over then; its own records say what it finds done)."""
+        try:
+            steps()
+        except Exception:
+            try:
+                self.write_audit()
+                self.forget_now()
+            finally:
+                self.store.abandon(claim, self.now)
+            raise
+        self.write_audit(then=self.store.finishing(claim, self.now, self.forgotten))
+        return self.outcome
 
     def forget_now(self) -> None:
         """Forget the drains of the VMs put back so far, on their own (the message failed)."""

@@ -58,6 +58,8 @@ def _act(run: Invocation) -> None:
     if event.status in ENDING:
         mark_ended(run)
     decision = decide(event, run.policy, run.now)  # pure: nothing is done until the end is checked
+    if run.drain_only:
+        decision = _drains_only(decision)
     if event.status not in ENDING:
         ended = _glance(run, decision)
         if ended is not None:
@@ -92,6 +94,15 @@ def _glance(run: Invocation, decision: Decision) -> Ended | None:
     pools = [name for name, (pool, _) in pools_of(vms, run.policy).items() if pool.max_drained is not None]
     run.glanced = run.store.glance([key], event_key(event), vms, pools)
     return _read_end(event, key, run.glanced.recalled.get(key))
+
+
+def _drains_only(decision: Decision) -> Decision:
+    """The decision on the control plane's word: its drains and restores, none of its approvals nor
+    maintenance started early (only the VM's own agent may have its maintenance started)."""
+    kept = tuple(action for action in decision.actions if isinstance(action, (Drain, Restore)))
+    if kept == decision.actions:
+        return decision
+    return Decision(decision.rule, f"{decision.reason}; on the control plane's word: no approval", kept)
 
 
 def _drain_step(run: Invocation, action: Drain, decision: Decision) -> bool:

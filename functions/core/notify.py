@@ -77,6 +77,7 @@ FILTER_NAMES: tuple[str, ...] = (
 DEFAULT_FILTER: tuple[str, ...] = (
     AuditKind.DECISION.value,
     AuditKind.RECOVERY.value,
+    AuditKind.AGENT_SILENT.value,
     ActionName.DRAIN.value,
     ActionName.APPROVE.value,
     ActionName.RESTORE.value,
@@ -451,6 +452,8 @@ def _summary(values: Mapping[str, str]) -> str:
         headline = f"{vm}: {what} {status} reported again, already processed"
     elif kind == AuditKind.MALFORMED:
         headline = f"a message that cannot be acted on (digest {values['envelope_id'][:16]})"
+    elif kind == AuditKind.AGENT_SILENT:
+        headline = f"{vm}'s agent is silent: the control plane reports {what} {status}"
     else:
         headline = f"a report of {what} by {vm} not acted on ({kind})"
     reason = values["reason"]

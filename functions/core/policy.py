@@ -21,6 +21,7 @@ from wire.model import DEFAULT_HARMLESS_FREEZE_SECONDS
 TRUST_ATTESTED = "attested"
 TRUST_REPORTER_NAME = "reporter-name"
 TRUST_MODES = (TRUST_ATTESTED, TRUST_REPORTER_NAME)
+SILENT_AGENT_ACTIONS = ("audit", "drain")
 
 
 class PolicyError(PermanentError):
@@ -61,6 +62,11 @@ class Policy:
     dry_run: bool = False
     # Whose word a report is: see TRUST_MODES.
     trust: str = TRUST_ATTESTED
+    # An event the control plane reported whose VM's agent did not within `silent_agent_seconds`:
+    # "audit" (default: audited `agent-silent`, alerted, notified) or "drain" (also take the VM out
+    # of its pools on the control plane's word; never approved from there).
+    silent_agents: str = "audit"
+    silent_agent_seconds: float = 60.0
 
     def pool_of(self, vm: str) -> Pool:
         for pool in self.pools:
@@ -88,6 +94,8 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "gce_upcoming_action": (str,),
     "dry_run": (bool,),
     "trust": (str,),
+    "silent_agents": (str,),
+    "silent_agent_seconds": (int, float),
 }
 
 
@@ -123,7 +131,13 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
         if not isinstance(value, kinds):
             raise PolicyError(f"policy setting {name!r} has the wrong type: {value!r}")
         values[name] = value
-    for name in ("harmless_freeze_seconds", "drain_period_seconds", "not_before_margin_seconds", "command_ttl_seconds"):
+    for name in (
+        "harmless_freeze_seconds",
+        "drain_period_seconds",
+        "not_before_margin_seconds",
+        "command_ttl_seconds",
+        "silent_agent_seconds",
+    ):
         if name in values and not math.isfinite(values[name]):
             raise PolicyError(f"policy setting {name!r} must be a finite number")
         if name in values and values[name] < 0:
@@ -138,6 +152,11 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
         )
     if values.get("default_max_drained") is not None and values["default_max_drained"] < 1:
         raise PolicyError("policy setting 'default_max_drained' must be >= 1, or null for unlimited")
+    if values.get("silent_agents", "audit") not in SILENT_AGENT_ACTIONS:
+        raise PolicyError(
+            "policy setting 'silent_agents' is 'audit' (say so: audit, alert, notify) or 'drain' (also take the VM "
+            "out of its pools on the control plane's word; it is never approved from there)"
+        )
     if values.get("gce_upcoming_action", "audit") not in ("audit", "perform_maintenance"):
         raise PolicyError("policy setting 'gce_upcoming_action' is 'audit' or 'perform_maintenance'")
     if values.get("trust", TRUST_ATTESTED) not in TRUST_MODES:
@@ -160,6 +179,10 @@ def _pools(raw: Any) -> tuple[Pool, ...]:
     for name, spec in raw.items():
         if name == "default":
             raise PolicyError("pool name 'default' is reserved for VMs in no pool (see 'default_max_drained')")
+        if name.startswith("~"):
+            raise PolicyError(
+                f"pool name {name[:60]!r}: names starting with '~' are reserved for the functions' own lines"
+            )
         if not isinstance(spec, dict) or set(spec) - {"vms", "max_drained"}:
             raise PolicyError(f"pool {name!r} takes 'vms' (list of VM names) and 'max_drained' (>= 1 or null)")
         vms = spec.get("vms", [])

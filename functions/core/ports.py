@@ -312,6 +312,7 @@ class AuditKind(_Term):
     UNVERIFIED = "unverified"  # no valid proof of who sent it
     NOT_SELF = "not-self"  # a VM reporting an event of other VMs
     RECOVERY = "recovery"  # an operator ending a VM's part of an event by hand (`mbridge recover`)
+    AGENT_SILENT = "agent-silent"  # the control plane reported an event of a VM whose agent did not
 
 
 class ActionName(_Term):

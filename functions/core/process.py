@@ -154,27 +154,15 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
             "retry later"
         )
     run = Invocation(deps, now, envelope, event, Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic()))
-    try:
+
+    def steps() -> None:
         # What was reported (its VMs, as far as the audit names them) and who vouches for it.
         run.audit(
             AuditKind.EVENT, reason=event.description, detail={**event_detail(reported), "sender": _vouched(identity)}
         )
         act(run)
-    except Exception:
-        # What was done until the failure is in the audit log, then the platform retries: let that
-        # retry take the claim over at once. (If this process dies instead, the lease runs out and the
-        # redelivery takes over then; its own records say what it finds done.)
-        try:
-            run.write_audit()
-            run.forget_now()
-        finally:
-            deps.store.abandon(key, now)
-        raise
-    # The records first: a claim completed is never processed again, so its records must be in. The
-    # claim's completion and the drains of the VMs put back are written after them, or with them in
-    # one commit where the audit log shares the store's database (Firestore).
-    run.write_audit(then=deps.store.finishing(key, now, run.forgotten))
-    return run.outcome
+
+    return run.carry_through(key, steps)
 
 
 def _identify(envelope: Envelope, deps: Deps, accepted_at: datetime, now: datetime) -> Identity | str:

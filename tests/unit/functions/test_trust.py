@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -63,13 +64,26 @@ class World:
         return [record.reason for record in self.store.query() if record.kind == kind]
 
 
+WorldType = TypeVar("WorldType", bound=World)
+
+
+@contextmanager
+def opened(kind: type[WorldType], vms: tuple[str, ...]) -> Iterator[WorldType]:
+    """A world of `kind` whose pool `web` holds `vms`, on stores in memory."""
+    pool = LocalPool(":memory:")
+    pool.add("web", vms)
+    store = SqliteStore(":memory:")
+    try:
+        yield kind(store, pool, RecordingSender())
+    finally:
+        store.close()
+        pool.close()
+
+
 @pytest.fixture
 def world() -> Iterator[World]:
-    pool = LocalPool(":memory:")
-    pool.add("web", SET)
-    store = SqliteStore(":memory:")
-    yield World(store, pool, RecordingSender())
-    store.close()
+    with opened(World, SET) as made:
+        yield made
 
 
 def reboot(status: EventStatus = EventStatus.SCHEDULED, of: str = "web-0", **fields: Any) -> MaintenanceEvent:
