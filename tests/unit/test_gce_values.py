@@ -10,7 +10,6 @@ import pytest
 
 from agent.sources.gce.values import (
     MaintenanceValue,
-    gce_event_id,
     maintenance_event,
     parse_maintenance_event,
     parse_preempted,
@@ -20,6 +19,7 @@ from agent.sources.gce.values import (
 )
 from tests.fixtures import fixture_text
 from wire.errors import MalformedDocumentError
+from wire.gce_ids import gce_event_id
 from wire.model import EventKind, EventStatus
 
 OBSERVED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)

@@ -26,17 +26,11 @@ from datetime import datetime
 from typing import Callable
 
 from agent import logs
-from agent.sources.gce.values import (
-    MAINTENANCE_EVENT_KEY,
-    PREEMPTED_KEY,
-    UPCOMING_MAINTENANCE_KEY,
-    parse_maintenance_event,
-    parse_preempted,
-    parse_upcoming_maintenance,
-)
+from agent.sources.gce.values import parse_maintenance_event, parse_preempted, parse_upcoming_maintenance
 from agent.sources.http import MetadataHttp, MetadataUnavailableError
 from agent.timing import Backoff, Clock
 from wire.errors import MalformedDocumentError
+from wire.gce_ids import MAINTENANCE_EVENT_KEY, PREEMPTED_KEY, UPCOMING_MAINTENANCE_KEY
 from wire.model import Cloud
 
 LOGGER = logging.getLogger("mbridge.gce")

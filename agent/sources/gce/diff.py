@@ -13,9 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from agent.sources.gce.values import (
-    MAINTENANCE_EVENT_KEY,
-    PREEMPTED_KEY,
-    UPCOMING_MAINTENANCE_KEY,
     MaintenanceValue,
     UpcomingMaintenance,
     maintenance_event,
@@ -25,6 +22,7 @@ from agent.sources.gce.values import (
     preempted_event,
     upcoming_event,
 )
+from wire.gce_ids import MAINTENANCE_EVENT_KEY, PREEMPTED_KEY, UPCOMING_MAINTENANCE_KEY
 from wire.model import EventStatus, MaintenanceEvent
 from wire.timefmt import format_rfc3339, parse_rfc3339
 

@@ -6,8 +6,9 @@ from typing import Any
 
 from agent.sources.gce.client import GceObservation
 from agent.sources.gce.diff import GceIdentity, GceState, diff_gce, gce_state_from_json, gce_state_to_json
-from agent.sources.gce.values import MAINTENANCE_EVENT_KEY, PREEMPTED_KEY, MaintenanceValue, parse_maintenance_event
+from agent.sources.gce.values import MaintenanceValue, parse_maintenance_event
 from agent.sources.tracking import Applied, Approvals, Observation
+from wire.gce_ids import MAINTENANCE_EVENT_KEY, PREEMPTED_KEY
 
 
 class GceTracker:

@@ -1,13 +1,12 @@
 """GCE metadata values: maintenance-event, upcoming-maintenance and preempted.
 
-GCE has no event ids, so one is derived (docs/contracts.md#deterministic-ids): SHA-256 of
-`instance_id|key|anchor`, where the anchor is the first-observed time (persisted
+GCE has no event ids, so one is derived (wire/gce_ids.py, docs/contracts.md#deterministic-ids):
+SHA-256 of `instance_id|key|anchor`, where the anchor is the first-observed time (persisted
 by the agent) or, for upcoming-maintenance, its stable windowStartTime.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,13 +15,15 @@ from enum import Enum
 from typing import Callable, TypedDict, TypeVar
 
 from wire.errors import MalformedDocumentError
+from wire.gce_ids import (
+    MAINTENANCE_EVENT_KEY,
+    PREEMPTED_KEY,
+    UPCOMING_MAINTENANCE_KEY,
+    gce_event_id,
+)
 from wire.jsontext import load_json
 from wire.model import Cloud, EventKind, EventStatus, JsonObject, MaintenanceEvent
 from wire.timefmt import format_rfc3339, parse_rfc3339
-
-MAINTENANCE_EVENT_KEY = "maintenance-event"
-UPCOMING_MAINTENANCE_KEY = "upcoming-maintenance"
-PREEMPTED_KEY = "preempted"
 
 
 class MaintenanceValue(str, Enum):
@@ -171,12 +172,6 @@ def _lenient(
     except MalformedDocumentError as exc:
         unreadable[name] = str(exc)
         return empty
-
-
-def gce_event_id(instance_id: str, key: str, anchor: str | datetime) -> str:
-    """The derived id of a GCE notice: SHA-256 of `instance_id|key|anchor`."""
-    anchor_text = format_rfc3339(anchor) if isinstance(anchor, datetime) else anchor
-    return hashlib.sha256(f"{instance_id}|{key}|{anchor_text}".encode()).hexdigest()
 
 
 def _text(value: bytes | str) -> str:

@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 import pytest
 
 from agent.sources.gce.client import GceKeyWatcher, GceMetadataClient, GceObservation, GceReading
-from agent.sources.gce.values import MAINTENANCE_EVENT_KEY, UPCOMING_MAINTENANCE_KEY
 from agent.sources.http import MetadataHttp, MetadataUnavailableError
 from tests.kit import FakeClock
+from wire.gce_ids import MAINTENANCE_EVENT_KEY, UPCOMING_MAINTENANCE_KEY
 
 NOW = datetime(2026, 11, 25, 9, 0, tzinfo=timezone.utc)
 
