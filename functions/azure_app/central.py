@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from functions.core.central import EVENT_GRID, RESOURCE_GRAPH, CentralReport
+from functions.core.central import EVENT_GRID, RESOURCE_GRAPH, CentralRefused, CentralReport
 from wire.bounds import MAX_RESOURCES
 from wire.commands import MalformedCommandError, check_event_id, check_target
-from wire.errors import PermanentError
 from wire.model import Cloud, EventKind, EventSource, EventStatus
 from wire.timefmt import parse_rfc1123
 
@@ -52,10 +51,6 @@ _RESOURCE = re.compile(
 )
 
 
-class CentralEventRefused(PermanentError):
-    """A control-plane event that is not ours to act on, or cannot be read; the reason says which."""
-
-
 @dataclass(frozen=True)
 class AzureScope:
     """The subscriptions (and, when given, resource groups) whose VMs this deployment looks after."""
@@ -73,12 +68,12 @@ def event_grid_report(event: Mapping[str, Any], scope: AzureScope) -> CentralRep
     """The report of one Event Grid event (either schema) of the VMs in `scope`.
 
     Raises:
-        CentralEventRefused: another event type, a field that cannot be read, or a resource outside
+        CentralRefused: another event type, a field that cannot be read, or a resource outside
             the deployment's scope.
     """
     kind = event.get("eventType", event.get("type"))
     if kind != EVENT_TYPE:
-        raise CentralEventRefused(f"event type {str(kind)[:120]!r} is not {EVENT_TYPE}: not a scheduled event")
+        raise CentralRefused(f"event type {str(kind)[:120]!r} is not {EVENT_TYPE}: not a scheduled event")
     data = _object(event.get("data"), "data")
     info = _object(data.get("resourceInfo"), "data.resourceInfo")
     return scheduled_event_report(
@@ -99,10 +94,10 @@ def scheduled_event_report(
         raise ValueError(f"{source!r} is not an Azure feed")
     where = _RESOURCE.match(resource_id)
     if where is None:
-        raise CentralEventRefused(f"resource {resource_id[:200]!r} is not a VM, scale set or availability set")
+        raise CentralRefused(f"resource {resource_id[:200]!r} is not a VM, scale set or availability set")
     subscription, group = where["subscription"], where["group"]
     if not scope.holds(subscription, group):
-        raise CentralEventRefused(
+        raise CentralRefused(
             f"resource group {group[:90]!r} of subscription {subscription[:40]!r} is not in this deployment's scope "
             "(MBRIDGE_TRUST_SUBSCRIPTIONS, MBRIDGE_TRUST_RESOURCE_GROUPS): its VMs are not ours, whatever their names"
         )
@@ -111,10 +106,10 @@ def scheduled_event_report(
     try:
         check_event_id(event_id, "EventId")
     except MalformedCommandError as exc:
-        raise CentralEventRefused(str(exc)) from exc
+        raise CentralRefused(str(exc)) from exc
     status_text = _text(properties.get("EventStatus"), "EventStatus").lower()
     if status_text not in _STATUSES:
-        raise CentralEventRefused(f"EventStatus {status_text[:40]!r} is not one Azure documents")
+        raise CentralRefused(f"EventStatus {status_text[:40]!r} is not one Azure documents")
     base = f"/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/"
     return CentralReport(
         cloud=Cloud.AZURE,
@@ -134,17 +129,17 @@ def scheduled_event_report(
 
 def _vms(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
-        raise CentralEventRefused("Resources must be a list of the VMs' names")
+        raise CentralRefused("Resources must be a list of the VMs' names")
     if len(value) > MAX_RESOURCES:
-        raise CentralEventRefused(f"Resources lists {len(value)} VMs; at most {MAX_RESOURCES}")
+        raise CentralRefused(f"Resources lists {len(value)} VMs; at most {MAX_RESOURCES}")
     names = tuple(dict.fromkeys(value))
     for index, name in enumerate(names):
         if not isinstance(name, str):
-            raise CentralEventRefused(f"Resources[{index}] is not a name")
+            raise CentralRefused(f"Resources[{index}] is not a name")
         try:
             check_target(name, f"Resources[{index}]")
         except MalformedCommandError as exc:
-            raise CentralEventRefused(str(exc)) from exc
+            raise CentralRefused(str(exc)) from exc
     return names
 
 
@@ -154,24 +149,24 @@ def _not_before(value: Any) -> datetime | None:
     try:
         return parse_rfc1123(_text(value, "NotBefore"))
     except ValueError as exc:
-        raise CentralEventRefused(f"NotBefore: {exc}") from exc
+        raise CentralRefused(f"NotBefore: {exc}") from exc
 
 
 def _duration(value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CentralEventRefused(f"DurationInSeconds must be a whole number, got {repr(value)[:40]}")
+        raise CentralRefused(f"DurationInSeconds must be a whole number, got {repr(value)[:40]}")
     return int(value)
 
 
 def _object(value: Any, name: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
-        raise CentralEventRefused(f"{name} must be an object")
+        raise CentralRefused(f"{name} must be an object")
     return value
 
 
 def _text(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value:
-        raise CentralEventRefused(f"{name} must be a non-empty string")
+        raise CentralRefused(f"{name} must be a non-empty string")
     return value

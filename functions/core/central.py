@@ -35,6 +35,7 @@ from functions.core.log_fields import event_fields
 from functions.core.ports import ActionName, AuditKind, AuditLog, Claim, Result
 from functions.core.process import ClaimBusyError
 from wire.envelope import envelope_for_event
+from wire.errors import PermanentError
 from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 from wire.timefmt import format_rfc3339, parse_rfc3339
 
@@ -54,6 +55,11 @@ WATCH_LINE = "~central"
 SENDER_PREFIX = "control plane: "
 WATCH_RULE = "central"
 SILENT_RULE = "agent-silent"
+
+
+class CentralRefused(PermanentError):
+    """A control-plane notice that is not ours to act on (a VM outside the deployment's scope), or that
+    cannot be read; the reason says which, naming the field or the setting."""
 
 
 @dataclass(frozen=True)

@@ -25,19 +25,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from functions.core.central import GCE_UPCOMING, CentralReport
+from functions.core.central import GCE_UPCOMING, CentralRefused, CentralReport
 from wire.commands import MalformedCommandError, check_target
-from wire.errors import PermanentError
 from wire.gce_ids import UPCOMING_MAINTENANCE_KEY, gce_event_id
 from wire.model import Cloud, EventKind, EventStatus
 from wire.timefmt import format_rfc3339, parse_rfc3339
 
 _STATUSES = {"PENDING": EventStatus.SCHEDULED, "ONGOING": EventStatus.STARTED, "COMPLETE": EventStatus.COMPLETED}
 _ZONE = re.compile(r"(?:^|/)projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)$")
-
-
-class CentralNoticeRefused(PermanentError):
-    """An instance whose notice is not ours to act on, or cannot be read; the reason says which."""
 
 
 @dataclass(frozen=True)
@@ -56,34 +51,34 @@ def upcoming_report(instance: Mapping[str, Any], scope: GceScope) -> CentralRepo
     window start: see the module docstring).
 
     Raises:
-        CentralNoticeRefused: an instance outside the deployment's scope, or a field that cannot be read.
+        CentralRefused: an instance outside the deployment's scope, or a field that cannot be read.
     """
     name, instance_id = _text(instance.get("name"), "name"), _text(instance.get("id"), "id")
     where = _ZONE.search(_text(instance.get("zone"), "zone"))
     if where is None:
-        raise CentralNoticeRefused(f"zone {str(instance.get('zone'))[:200]!r} is not projects/P/zones/Z")
+        raise CentralRefused(f"zone {str(instance.get('zone'))[:200]!r} is not projects/P/zones/Z")
     project, zone = where["project"], where["zone"]
     if not scope.holds(project, zone):
-        raise CentralNoticeRefused(
+        raise CentralRefused(
             f"instance {name[:63]!r} is in project {project[:100]!r}, zone {zone[:63]!r}, outside this deployment's "
             "scope (MBRIDGE_TRUST_PROJECTS, MBRIDGE_TRUST_ZONES): not ours, whatever its name"
         )
     try:
         check_target(name, "name")
     except MalformedCommandError as exc:
-        raise CentralNoticeRefused(str(exc)) from exc
+        raise CentralRefused(str(exc)) from exc
     status = instance.get("resourceStatus")
     upcoming = status.get("upcomingMaintenance") if isinstance(status, dict) else None
     if not upcoming:
         return None
     if not isinstance(upcoming, dict):
-        raise CentralNoticeRefused("resourceStatus.upcomingMaintenance must be an object")
+        raise CentralRefused("resourceStatus.upcomingMaintenance must be an object")
     start = _time(upcoming.get("windowStartTime"), "windowStartTime")
     if start is None:
         return None
     state = str(upcoming.get("maintenanceStatus", "PENDING")).upper()
     if state not in _STATUSES:
-        raise CentralNoticeRefused(f"maintenanceStatus {state[:40]!r} is not one GCE documents")
+        raise CentralRefused(f"maintenanceStatus {state[:40]!r} is not one GCE documents")
     end = _time(upcoming.get("windowEndTime"), "windowEndTime")
     kind = str(upcoming.get("type", "UNKNOWN"))[:40]
     window = f"window {format_rfc3339(start)} to {format_rfc3339(end) if end else '?'}"
@@ -107,12 +102,12 @@ def _time(value: Any, name: str) -> datetime | None:
     try:
         return parse_rfc3339(_text(value, name))
     except ValueError as exc:
-        raise CentralNoticeRefused(f"upcomingMaintenance.{name}: {exc}") from exc
+        raise CentralRefused(f"upcomingMaintenance.{name}: {exc}") from exc
 
 
 def _text(value: Any, name: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)  # an instance id may come as a number
     if not isinstance(value, str) or not value:
-        raise CentralNoticeRefused(f"{name} must be a non-empty string")
+        raise CentralRefused(f"{name} must be a non-empty string")
     return value
