@@ -1,4 +1,4 @@
-"""Event Grid's `ScheduledEventEmitted` events made into central reports (functions/azure_app/central.py).
+"""Event Grid's `ScheduledEventEmitted` events made into central reports (functions/central/event_grid.py).
 
 The events are Microsoft's published examples (Azure/azure-rest-api-specs,
 specification/eventgrid/data-plane/Microsoft.ResourceNotifications/stable/2018-01-01/examples/
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from functions.azure_app.central import EVENT_TYPE, AzureScope, event_grid_report
+from functions.central.event_grid import EVENT_TYPE, AzureScope, event_grid_report
 from functions.core.central import EVENT_GRID
 from wire.model import Cloud, EventKind, EventSource, EventStatus
 

@@ -1,5 +1,5 @@
 """An instance's `upcomingMaintenance` from the Compute API made into a central report
-(functions/gcp_app/central.py): the same notice the agent reads from the metadata server, under the
+(functions/central/gce_upcoming.py): the same notice the agent reads from the metadata server, under the
 same id.
 
 The notice is Google's documented example ("Manage host events across compute instances", REST
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from agent.sources.gce.values import parse_upcoming_maintenance, upcoming_event
+from functions.central.gce_upcoming import GceScope, upcoming_report
 from functions.core.central import GCE_UPCOMING
-from functions.gcp_app.central import GceScope, upcoming_report
 from wire.model import Cloud, EventKind, EventStatus
 
 UPCOMING: dict[str, Any] = {
