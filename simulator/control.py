@@ -106,8 +106,13 @@ class Actions:
         return vm, self._ctx.gce.apply(change, vm, at=at)
 
     def set_faults(self, change: FaultChange, at: float | None = None) -> list[str]:
+        if change.touches_central:
+            self._require(Cloud.AZURE, "the central_* faults (of Azure's central feed)")
         vms = list(self._ctx.vm_names) if change.vm is None else [self.resolve_vm(change.vm, "vm")]
-        self._ctx.faults.apply(change, vms, at=at)
+        if change.touches_vms:
+            self._ctx.faults.apply(change, vms, at=at)
+        if change.touches_central:
+            self._ctx.central.apply(change.central_delay, change.central_duplicates, change.central_off, at=at)
         return vms
 
     def advance_clock(self, seconds: float) -> float:

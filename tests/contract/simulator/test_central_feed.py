@@ -2,11 +2,13 @@
 `ScheduledEventEmitted` event for every state change of the simulator's events, including the
 Completed and Canceled that IMDS never shows, and the functions read every one of them.
 
-Time moves by clock advance, as in the lifecycle tests.
+Time moves by clock advance, as in the lifecycle tests; the one real wait (a delayed delivery) polls
+with a deadline and asserts only what holds however fast the machine is.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from datetime import datetime
@@ -17,7 +19,8 @@ import requests
 
 from functions.azure_app.central import AzureScope, event_grid_report
 from simulator.azure_api import SIM_LOCATION, SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
-from simulator.scenarios import LIVE_MIGRATION_EVENT_ID
+from simulator.scenarios import LIVE_MIGRATION_EVENT_ID, ScenarioError
+from simulator.scenarios.parsing import parse_scenario
 from tests.contract.simulator.conftest import TIMEOUT, StartSim, VmClient, clients
 from tests.unit.azure.test_central_events import EVENT_GRID_SCHEMA
 from wire.model import EventStatus
@@ -235,3 +238,104 @@ def test_a_gce_simulator_has_no_central_feed(gce: VmClient) -> None:
     response = central(gce)
     assert response.status_code == 404
     assert "central feed is Azure's" in response.json()["error"]
+    refused = gce.control("POST", "faults", {"central_off": True})
+    assert refused.status_code == 400
+    assert "central" in refused.json()["error"]
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_duplicates_repeat_the_whole_event_with_the_same_id(azure: VmClient) -> None:
+    # GIVEN every second emission delivered twice
+    azure.post_ok("faults", {"central_duplicates": 2})
+    # WHEN four emissions are made
+    for event_id in (EVENT_ID, OTHER_ID):
+        azure.add_event(event_type="Reboot", event_id=event_id)
+        azure.post_ok(f"events/{event_id}/cancel", {})
+    # THEN the second and the fourth come twice, byte for byte, under one id
+    raw = central(azure).text
+    events = emitted(azure)
+    assert [(props["EventId"], props["EventStatus"]) for props in map(properties, events)] == [
+        (EVENT_ID, "Scheduled"),
+        (EVENT_ID, "Canceled"),
+        (EVENT_ID, "Canceled"),
+        (OTHER_ID, "Scheduled"),
+        (OTHER_ID, "Canceled"),
+        (OTHER_ID, "Canceled"),
+    ]
+    for first, second in ((1, 2), (4, 5)):
+        assert events[first]["id"] == events[second]["id"]
+        assert json.dumps(events[first]) == json.dumps(events[second])
+        assert raw.count(json.dumps(events[first])) == 2
+    assert len({e["id"] for e in events}) == 4
+    assert azure.state()["central"]["faults"]["central_duplicates"] == 2
+
+
+def test_central_off_loses_the_emissions_made_while_it_is_on(azure: VmClient) -> None:
+    # GIVEN the feed switched off
+    azure.post_ok("faults", {"central_off": True})
+    # WHEN an event is scheduled, the feed comes back, and the event is canceled
+    azure.add_event(event_type="Reboot", event_id=EVENT_ID)
+    off = feed(azure)
+    azure.post_ok("faults", {"central_off": False})
+    azure.post_ok(f"events/{EVENT_ID}/cancel", {})
+    # THEN only the cancel was emitted; the log says what was lost
+    assert off == {"events": [], "next": 0}
+    assert lifecycle(azure) == [(EVENT_ID, "Canceled")]
+    assert any("lost (central_off)" in entry["message"] for entry in azure.get_list("log"))
+
+
+def test_central_delay_holds_an_emission_back(azure: VmClient) -> None:
+    # GIVEN emissions held back an hour
+    azure.post_ok("faults", {"central_delay": 3600})
+    # WHEN an event is scheduled
+    azure.add_event(event_type="Reboot", event_id=EVENT_ID)
+    # THEN it is not readable yet: no seq is spent on it
+    assert feed(azure) == {"events": [], "next": 0}
+    assert azure.state()["central"]["pending"] == 1
+    # WHEN the delay goes back to 0 and another event is scheduled
+    azure.post_ok("faults", {"central_delay": 0})
+    azure.add_event(event_type="Freeze", event_id=OTHER_ID)
+    # THEN that one is readable at once, as seq 1; the first still waits out its hour
+    assert lifecycle(azure) == [(OTHER_ID, "Scheduled")]
+
+
+def test_a_delayed_emission_arrives_no_sooner_than_its_delay(azure: VmClient) -> None:
+    # GIVEN a short delay
+    azure.post_ok("faults", {"central_delay": 0.3})
+    # WHEN an event is scheduled and the feed polled until it shows
+    before = time.monotonic()
+    azure.add_event(event_type="Reboot", event_id=EVENT_ID)
+    deadline = before + 10
+    while not feed(azure)["events"]:
+        assert time.monotonic() < deadline, "the delayed emission never arrived"
+        time.sleep(0.02)
+    # THEN it came, and not before its delay
+    assert time.monotonic() - before >= 0.3
+    assert lifecycle(azure) == [(EVENT_ID, "Scheduled")]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"central_delay": -1}, "central_delay"),
+        ({"central_delay": "soon"}, "central_delay"),
+        ({"central_delay": True}, "central_delay"),
+        ({"central_duplicates": -1}, "central_duplicates"),
+        ({"central_duplicates": 1.5}, "central_duplicates"),
+        ({"central_off": "yes"}, "central_off"),
+        ({"vm": "$0", "central_off": True}, "vm"),
+    ],
+)
+def test_central_fault_fields_are_validated(azure: VmClient, body: dict[str, object], field: str) -> None:
+    response = azure.control("POST", "faults", body)
+    assert response.status_code == 400
+    assert f"field '{field}'" in response.json()["error"]
+    assert azure.state()["central"]["faults"] == {"central_delay": 0.0, "central_duplicates": 0, "central_off": False}
+
+
+def test_a_gce_scenario_cannot_set_central_faults() -> None:
+    document = {"cloud": "gce", "steps": [{"at": 0, "fault": {"central_off": True}}]}
+    with pytest.raises(ScenarioError, match="central_"):
+        parse_scenario(document, "central.json")
