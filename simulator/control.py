@@ -20,6 +20,7 @@ from simulator.faults import FaultBook, FaultChange, parse_fault_change
 from simulator.gce_api import GceChange, GceState, parse_gce_change
 from simulator.store import (
     ApprovalResult,
+    CentralFeed,
     Cloud,
     EventSpec,
     EventStatus,
@@ -37,6 +38,8 @@ from simulator.traffic import TrafficLog
 
 CONTROL_PREFIX = "/_sim/"
 _WIRE_VERSION = "2020-07-01"  # the control API shows events with every field
+CENTRAL_PAGE = 100  # GET /_sim/central/events: entries a page unless `limit` says otherwise
+CENTRAL_PAGE_MAX = 1000
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class SimContext:
     faults: FaultBook
     traffic: TrafficLog
     departures: Departures
+    central: CentralFeed
     vm_names: tuple[str, ...]
     urls: tuple[str, ...]
     default_names: tuple[str, ...] = ()  # the scenario's VM names, for "$N" beyond the VMs given
@@ -102,8 +106,13 @@ class Actions:
         return vm, self._ctx.gce.apply(change, vm, at=at)
 
     def set_faults(self, change: FaultChange, at: float | None = None) -> list[str]:
+        if change.touches_central:
+            self._require(Cloud.AZURE, "the central_* faults (of Azure's central feed)")
         vms = list(self._ctx.vm_names) if change.vm is None else [self.resolve_vm(change.vm, "vm")]
-        self._ctx.faults.apply(change, vms, at=at)
+        if change.touches_vms:
+            self._ctx.faults.apply(change, vms, at=at)
+        if change.touches_central:
+            self._ctx.central.apply(change.central_delay, change.central_duplicates, change.central_off, at=at)
         return vms
 
     def advance_clock(self, seconds: float) -> float:
@@ -193,6 +202,7 @@ def state_view(ctx: SimContext) -> dict[str, object]:
             "events": [event_view(e) for e in ctx.store.events()],
             "gce": ctx.gce.snapshot() if ctx.cloud is Cloud.GCE else {},
             "faults": ctx.faults.snapshot(),
+            "central": ctx.central.snapshot() if ctx.cloud is Cloud.AZURE else {},
             "scenario": {
                 "name": ctx.scenario_name,
                 "steps_pending": sum(1 for entry in pending if str(entry["key"]).startswith("step:")),
@@ -218,6 +228,8 @@ class ControlApi:
         path = request.path[len(CONTROL_PREFIX) :].strip("/")
         parts = path.split("/")
         method = request.method
+        if method == "GET" and path == "central/events":
+            return self._central_events(request)
         if method == "GET":
             views: dict[str, Callable[[], object]] = {
                 "state": lambda: state_view(self._ctx),
@@ -230,7 +242,8 @@ class ControlApi:
             view = views.get(path)
             if view is None:
                 raise RequestError(
-                    404, f"no GET /_sim/{path}; try /_sim/state, approvals, log, faults, events, traffic"
+                    404,
+                    f"no GET /_sim/{path}; try /_sim/state, approvals, log, faults, events, traffic, central/events",
                 )
             return _json(200, view())
         if method != "POST":
@@ -255,6 +268,22 @@ class ControlApi:
             f"no POST /_sim/{path}; try events, events/<id>/advance, events/<id>/cancel, gce, faults, clock/advance",
         )
 
+    def _central_events(self, request: MetadataRequest) -> Response:
+        # Azure's Event Grid topic, read as pages of a log; GCE's control-plane notices travel otherwise.
+        if self._ctx.cloud is not Cloud.AZURE:
+            raise RequestError(
+                404,
+                "the central feed is Azure's (Event Grid, Microsoft.ResourceNotifications.MaintenanceResources); "
+                f"this simulator serves {self._ctx.cloud.value} (--cloud azure)",
+            )
+        after = _whole_parameter(request, "after", 0, lowest=0)
+        limit = _whole_parameter(request, "limit", CENTRAL_PAGE, lowest=1)
+        if limit > CENTRAL_PAGE_MAX:
+            raise RequestError(400, f"parameter 'limit': at most {CENTRAL_PAGE_MAX} entries a page, got {limit}")
+        page = self._ctx.central.page(after, limit)
+        entries = [{"seq": seq, "event": event} for seq, event in page]
+        return _json(200, {"events": entries, "next": page[-1][0] if page else after})
+
     def _event_step(self, event_id: str, step: str) -> Response:
         if step == "cancel":
             event = self._actions.cancel_event(event_id)
@@ -277,6 +306,15 @@ def _body(raw: bytes) -> Mapping[str, object]:
     if not isinstance(payload, dict):
         raise RequestError(400, "the body must be a JSON object")
     return payload
+
+
+def _whole_parameter(request: MetadataRequest, name: str, default: int, lowest: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit() or int(raw) < lowest:
+        raise RequestError(400, f"parameter '{name}': must be a whole number >= {lowest}, got {raw[:40]!r}")
+    return int(raw)
 
 
 def _seconds(body: Mapping[str, object]) -> float:

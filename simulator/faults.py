@@ -4,6 +4,10 @@ Faults apply to metadata paths only, never to /_sim/. For each request the order
 connection (nothing else is consumed), the rate limit, an error burst, a refused proof of identity,
 then the delays (first-call delay and added latency); a malformed body replaces the body of a
 document-carrying 200 answer.
+
+The `central_*` fields are the Azure central feed's (store/central_feed.py): simulator-wide, not a
+VM's, since Event Grid delivers to the subscription, not to a VM. They arrive through the same POST
+so a scenario's `fault` step can set them too.
 """
 
 from __future__ import annotations
@@ -39,6 +43,26 @@ class FaultChange:
     malformed: int | None = None
     drop: int | None = None
     refuse_proofs: int | None = None  # a 4xx status; 0 lifts it
+    central_delay: float | None = None  # real seconds before an emission of the central feed is readable
+    central_duplicates: int | None = None  # every Nth emission delivered twice; 0: never
+    central_off: bool | None = None  # no emissions recorded while true
+
+    @property
+    def touches_vms(self) -> bool:
+        vm_fields = (
+            self.rate_limit,
+            self.error_burst,
+            self.latency_ms,
+            self.first_call_delay,
+            self.malformed,
+            self.drop,
+            self.refuse_proofs,
+        )
+        return any(value is not None for value in vm_fields)
+
+    @property
+    def touches_central(self) -> bool:
+        return any(value is not None for value in (self.central_delay, self.central_duplicates, self.central_off))
 
 
 @dataclass(frozen=True)
@@ -65,7 +89,18 @@ class Admission:
     reason: str = ""
 
 
-_FIELDS = {"vm", "rate_limit", "error_burst", "latency_ms", "first_call_delay", "malformed", "drop", "refuse_proofs"}
+_CENTRAL_FIELDS = {"central_delay", "central_duplicates", "central_off"}
+_FIELDS = {
+    "vm",
+    "rate_limit",
+    "error_burst",
+    "latency_ms",
+    "first_call_delay",
+    "malformed",
+    "drop",
+    "refuse_proofs",
+    *_CENTRAL_FIELDS,
+}
 
 
 def parse_fault_change(body: Mapping[str, object]) -> FaultChange:
@@ -77,6 +112,8 @@ def parse_fault_change(body: Mapping[str, object]) -> FaultChange:
     vm = body.get("vm")
     if vm is not None and (not isinstance(vm, str) or not vm):
         raise FieldError("vm", "must be a VM name ('$0' means the first VM); leave it out for every VM")
+    if vm is not None and _CENTRAL_FIELDS & set(body):
+        raise FieldError("vm", "the central_* faults are the whole simulator's feed, not a VM's; leave vm out")
     rate_limit = body.get("rate_limit")
     if rate_limit is not None and not isinstance(rate_limit, bool):
         raise FieldError("rate_limit", "must be true or false")
@@ -96,6 +133,14 @@ def parse_fault_change(body: Mapping[str, object]) -> FaultChange:
     if refuse_proofs and not 400 <= refuse_proofs <= 499:
         # 5xx and 429 are transient answers: error_burst gives those
         raise FieldError("refuse_proofs", "must be a client error status between 400 and 499, or 0 to answer again")
+    central_delay = body.get("central_delay")
+    if central_delay is not None and (
+        isinstance(central_delay, bool) or not isinstance(central_delay, (int, float)) or not 0 <= central_delay < 1e9
+    ):
+        raise FieldError("central_delay", "must be real seconds >= 0 before an emission can be read")
+    central_off = body.get("central_off")
+    if central_off is not None and not isinstance(central_off, bool):
+        raise FieldError("central_off", "must be true or false")
     return FaultChange(
         vm=vm,
         rate_limit=rate_limit,
@@ -105,6 +150,11 @@ def parse_fault_change(body: Mapping[str, object]) -> FaultChange:
         malformed=_count(body, "malformed", "malformed") if "malformed" in body else None,
         drop=_count(body, "drop", "drop") if "drop" in body else None,
         refuse_proofs=refuse_proofs,
+        central_delay=None if central_delay is None else float(central_delay),
+        central_duplicates=(
+            _count(body, "central_duplicates", "central_duplicates") if "central_duplicates" in body else None
+        ),
+        central_off=central_off,
     )
 
 

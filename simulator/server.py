@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Callable
 
-from simulator.azure_api import SIM_SUBSCRIPTION_ID, AzureApi, vm_id
+from simulator.azure_api import SIM_LOCATION, SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID, AzureApi, vm_id
 from simulator.clock import Clock
 from simulator.control import Actions, ControlApi, SimContext, state_view
 from simulator.departures import Departures
@@ -23,7 +23,7 @@ from simulator.faults import FaultBook
 from simulator.gce_api import PROJECT_ID, ZONE, GceApi, GceState, instance_id
 from simulator.routing import Router
 from simulator.scenarios import Scenario, check_fits, schedule
-from simulator.store import Cloud, EventStore, SimLog, Timeline
+from simulator.store import AzureHome, CentralFeed, Cloud, EventStore, SimLog, Timeline
 from simulator.traffic import TrafficLog, VmTraffic
 from simulator.vm_servers import VmServer, bind_consecutive, url_of
 from wire.identity import DEFAULT_AUDIENCE, TRUST_FILE_FORMAT
@@ -123,17 +123,19 @@ class Simulator:
         timeline = Timeline(clock, cond)
         names = tuple(self.vm_names)
         departures = Departures(cond, timeline, log, names, self.speed)
+        central = CentralFeed(clock, cond, log, AzureHome(SIM_SUBSCRIPTION_ID, SIM_RESOURCE_GROUP, SIM_LOCATION))
         return SimContext(
             cloud=self.cloud,
             clock=clock,
             cond=cond,
             timeline=timeline,
             log=log,
-            store=EventStore(clock, cond, timeline, log, names, departures),
+            store=EventStore(clock, cond, timeline, log, names, departures, central),
             gce=GceState(clock, cond, log, names, departures),
             faults=FaultBook(clock, cond, log, self.cloud, names),
             traffic=TrafficLog(names),
             departures=departures,
+            central=central,
             vm_names=names,
             urls=urls,
             default_names=self.scenario.vms if self.scenario is not None else (),

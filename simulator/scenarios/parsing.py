@@ -62,9 +62,12 @@ def _parse_step(raw: object, index: int, cloud: Cloud, where: str) -> Step:
         raise ScenarioError(f"{prefix}: action 'gce' is for gce scenarios; this one is {cloud.value}")
     body = raw[action.value]
     try:
-        return _parse_action(float(at), action, body)
+        step = _parse_action(float(at), action, body)
     except FieldError as exc:
         raise ScenarioError(f"{prefix}: field '{action.value}.{exc.field}': {exc.reason}") from None
+    if step.fault is not None and step.fault.touches_central and cloud is not Cloud.AZURE:
+        raise ScenarioError(f"{prefix}: the central_* faults are for azure scenarios (its central feed); this is gce")
+    return step
 
 
 def _parse_action(at: float, action: StepAction, body: object) -> Step:

@@ -1,4 +1,5 @@
-"""Shared simulator state: the Azure event store, the timeline that moves it, the approvals and the log.
+"""Shared simulator state: the Azure event store, the timeline that moves it, the approvals, the
+central feed and the log.
 
 One `threading.Condition` (over an RLock) guards all of it. Every HTTP handler thread, the timeline
 thread and GCE long-polls use that same condition, so any change wakes whoever waits for one; the
@@ -17,6 +18,7 @@ from simulator.store.azure_events import (
     EventType,
     SimEvent,
 )
+from simulator.store.central_feed import AzureHome, CentralFeed, FeedStatus
 from simulator.store.event_specs import bool_field, parse_event_spec
 from simulator.store.event_store import EventStore
 from simulator.store.log import LogEntry, SimLog
@@ -27,12 +29,15 @@ __all__ = [
     "ApprovalRecord",
     "ApprovalResult",
     "ApprovalRule",
+    "AzureHome",
+    "CentralFeed",
     "Cloud",
     "EventSource",
     "EventSpec",
     "EventStatus",
     "EventStore",
     "EventType",
+    "FeedStatus",
     "FieldError",
     "LogEntry",
     "MetadataRequest",

@@ -1,7 +1,8 @@
 """The Azure events shared by every VM of one simulator, and each VM's DocumentIncarnation.
 
 It moves events through their lifecycle (Scheduled, Started, removed) on the timeline, counts
-approvals (one VM's, or every tenant's), and plans the departure of the VMs an eviction deletes.
+approvals (one VM's, or every tenant's), plans the departure of the VMs an eviction deletes, and
+tells the central feed of every state change (central_feed.py), as Azure's Event Grid topic is told.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from simulator.store.azure_events import (
     EventStatus,
     SimEvent,
 )
+from simulator.store.central_feed import CentralFeed, FeedStatus, feed_status
 from simulator.store.log import SimLog
 from simulator.store.requests import FieldError, RequestError
 from simulator.store.timeline import Timeline
@@ -46,6 +48,7 @@ class EventStore:
         log: SimLog,
         vm_names: Sequence[str],
         departures: Departures,
+        feed: CentralFeed | None = None,
     ) -> None:
         self._clock = clock
         self._cond = cond
@@ -53,6 +56,7 @@ class EventStore:
         self._log = log
         self._vm_names = tuple(vm_names)
         self._departures = departures
+        self._feed = feed  # None: nothing publishes the changes centrally (the fleet benchmark's stores)
         self._events: dict[str, SimEvent] = {}  # key: lowercased EventId, in insertion order
         self._incarnation = dict.fromkeys(self._vm_names, 1)
         self._seen: dict[str, tuple[object, ...]] = dict.fromkeys(self._vm_names, ())
@@ -148,6 +152,7 @@ class EventStore:
                     at=now,
                 )
             self._schedule_next(event)
+            self._publish(event, feed_status(event.status), now)
             self._refresh()
             return event
 
@@ -245,9 +250,11 @@ class EventStore:
                     f"event {event.event_id} is already Started and cannot be canceled; "
                     f"use POST /_sim/events/{event.event_id}/advance to complete it",
                 )
+            now = self._clock.sim_now() if at is None else at
             del self._events[event.event_id.lower()]
             self._timeline.cancel(_timeline_key(event))
-            self._log.add(f"event {event.event_id} canceled (removed while Scheduled)", at=at)
+            self._log.add(f"event {event.event_id} canceled (removed while Scheduled)", at=now)
+            self._publish(event, FeedStatus.CANCELED, now)
             self._refresh()
             return event
 
@@ -287,10 +294,13 @@ class EventStore:
             self._log.add(f"event {event.event_id} Started ({why})", at=at)
             self._delete_vms_of(event)
             self._schedule_next(event)
+            self._publish(event, FeedStatus.STARTED, at)
         else:
             del self._events[event_id.lower()]
             self._timeline.cancel(_timeline_key(event))  # when completed early through the control API
             self._log.add(f"event {event.event_id} removed (completed)", at=at)
+            # Azure removes a Started event from IMDS once it is over; the central feed says Completed.
+            self._publish(event, FeedStatus.COMPLETED, at)
         self._refresh()
 
     def _delete_vms_of(self, event: SimEvent) -> None:
@@ -302,6 +312,10 @@ class EventStore:
             self._departures.leave_after(
                 vm, event.started_at, 0.0, f"deleted by {event.event_type.value} {event.event_id}"
             )
+
+    def _publish(self, event: SimEvent, status: FeedStatus, at: float) -> None:
+        if self._feed is not None:
+            self._feed.record(event, status, at)
 
     def _schedule_next(self, event: SimEvent) -> None:
         what = "start" if event.status is EventStatus.SCHEDULED else "complete"
