@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from functions.azure_app.central import AzureScope, event_grid_report
+from functions.central.event_grid import AzureScope, event_grid_report
 from simulator.azure_api import SIM_LOCATION, SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
 from simulator.scenarios import LIVE_MIGRATION_EVENT_ID, ScenarioError
 from simulator.scenarios.parsing import parse_scenario

@@ -1,0 +1,97 @@
+"""A VM whose agent is dead, handled from the control plane: the simulator's central feed (Event Grid
+events, docs/simulator.md) read by the local app's reader (functions/local_app/central.py) into
+the core, against the simulator over HTTP.
+
+No agent runs here: every report comes from the control plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+import pytest
+import requests
+
+from functions.central.event_grid import AzureScope
+from functions.core.central import WATCH_LINE
+from functions.core.policy import Policy
+from functions.core.ports import ActionName, AuditKind
+from functions.core.process import Deps
+from functions.local_app.balancer import LocalPool
+from functions.local_app.central import CentralFeedReader
+from functions.local_app.store import SqliteStore
+from simulator import Simulator
+from simulator.azure_api import SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
+from tests.kit import FakeClock, RecordingSender
+from tests.waiting import wait_until
+
+VMS = ("web-0", "web-1")
+SILENT_AFTER = 60.0
+
+
+@dataclass
+class World:
+    sim: Simulator
+    store: SqliteStore
+    pool: LocalPool
+    sent: RecordingSender
+    clock: FakeClock
+    reader: CentralFeedReader
+
+    def inject(self, **body: object) -> str:
+        answer = requests.post(f"{self.sim.base_urls[0]}/_sim/events", json=body, timeout=10)
+        assert answer.status_code in (200, 201), answer.text
+        return str(answer.json()["EventId"])
+
+    def read_until(self, predicate_text: str, predicate: object) -> None:
+        def done() -> bool:
+            self.reader.step()
+            return bool(predicate())  # type: ignore[operator]
+
+        wait_until(done, 10, predicate_text)
+
+    def audited(self, kind: str, action: str = "") -> list[str]:
+        return [r.vm for r in self.store.query() if r.kind == kind and (not action or r.action == action)]
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    with Simulator(cloud="azure", vm_names=list(VMS)) as sim:
+        store, pool, sent, clock = SqliteStore(":memory:"), LocalPool(":memory:"), RecordingSender(), FakeClock()
+        pool.add("web", VMS)
+        policy = replace(Policy(), silent_agents="drain", silent_agent_seconds=SILENT_AFTER)
+        deps = Deps(store, pool, sent, store, policy, monotonic=clock.monotonic)
+        scope = AzureScope(subscriptions=(SIM_SUBSCRIPTION_ID,), resource_groups=(SIM_RESOURCE_GROUP,))
+        reader = CentralFeedReader(sim.base_urls[0], deps, scope, clock.now)
+        yield World(sim, store, pool, sent, clock, reader)
+        reader.close()
+        store.close()
+        pool.close()
+
+
+def test_a_dead_agents_vm_is_found_silent_drained_and_put_back_from_the_control_plane(world: World) -> None:
+    # GIVEN web-1's agent is dead, WHEN Azure schedules a Reboot of web-1
+    event_id = world.inject(event_type="Reboot", resources=["web-1"])
+
+    # THEN the control plane's report of it is watched
+    world.read_until("the central Scheduled", lambda: world.store.parked(WATCH_LINE))
+
+    # WHEN no agent reports it for the bound
+    world.clock.advance(timedelta(seconds=SILENT_AFTER + 60))
+    world.reader.step()
+
+    # THEN web-1's agent is found silent, and web-1 is taken out of its pool on the centre's word
+    assert world.audited(AuditKind.AGENT_SILENT) == ["web-1"]
+    assert world.pool.members("web") == ["web-0"]
+    assert world.sent.commands == []  # never approved from the control plane
+
+    # WHEN Azure starts the Reboot at its NotBefore and it completes
+    world.sim.advance_clock(15 * 60)
+    world.sim.advance_clock(20 * 60)
+
+    # THEN the control plane's Completed puts web-1 back
+    world.read_until("web-1 back", lambda: sorted(world.pool.members("web")) == list(VMS))
+    assert world.audited(AuditKind.ACTION, ActionName.RESTORE) == ["web-1"]
+    assert any(r.event_id == event_id for r in world.store.query())
