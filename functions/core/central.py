@@ -171,6 +171,7 @@ def _part(report: CentralReport, vm: str, deps: Deps, now: datetime) -> Outcome:
         raise ClaimBusyError(f"the {report.source} report of {event.event_id} for {vm} is being processed; retry later")
     run = Invocation(deps, now, envelope, event, Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic()))
     run.drain_only = True
+    run.path = f"{SENDER_PREFIX}{report.source}"
 
     def steps() -> None:
         run.audit(

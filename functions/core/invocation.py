@@ -132,6 +132,10 @@ class Invocation:
     # A step on the control plane's word (functions/core/central.py), not the VM's own report: its
     # decision keeps the drains and restores, never an approval nor a maintenance started early.
     drain_only: bool = False
+    # The path the report came by: the VM's own agent, or a feed of the control plane
+    # (functions/core/central.py). Of two reports of one end, only the first path's acts
+    # (`lifecycle.mark_ended`); the same path's repeats are the same report.
+    path: str = "agent"
 
     @property
     def store(self) -> StateStore:

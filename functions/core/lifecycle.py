@@ -55,8 +55,9 @@ def act(run: Invocation) -> None:
 
 def _act(run: Invocation) -> None:
     event = run.event
-    if event.status in ENDING:
-        mark_ended(run)
+    if event.status in ENDING and not mark_ended(run):
+        _ended_by_another(run)
+        return
     decision = decide(event, run.policy, run.now)  # pure: nothing is done until the end is checked
     if run.drain_only:
         decision = _drains_only(decision)
@@ -164,8 +165,10 @@ def _let_go_of_deleted(run: Invocation, decision: Decision) -> None:
     mark_ended(run)
 
 
-def mark_ended(run: Invocation) -> None:
-    """Remember that the event ended, before its drains are read and restored.
+def mark_ended(run: Invocation) -> bool:
+    """Remember that the event ended, before its drains are read and restored; True when the end kept
+    is this path's (a retry or repeat of the same report included), False when the end came first by
+    the other path (the agent's report, or the control plane's).
 
     The order closes the race with a late step processed at the same time: that step records its
     drains removed, checking for the end in the same write or after it (`record_drain_unless`).
@@ -173,11 +176,35 @@ def mark_ended(run: Invocation) -> None:
     the record may not be written, or this end may have forgotten it), or the mark came later — and
     so did the completion's read of the drains, which then finds them removed and restores them.
     Both may happen; restoring twice is harmless. The first end
-    processed wins (`remember`); a redelivered or second end changes nothing.
+    processed wins (`remember`); a redelivered or second end changes nothing. Two reports of one end
+    (the VM's agent and the control plane, functions/core/central.py) often come at once: only the
+    one kept goes on to put back and free, or both would restore the VM.
     """
     envelope = run.envelope
     value = {"status": run.event.status.value, "time": format_rfc3339(envelope.time), "envelope_id": envelope.id}
-    run.store.remember(ended_key(run.event), json.dumps(value, sort_keys=True).encode())
+    value["path"] = run.path
+    kept = run.store.remember(ended_key(run.event), json.dumps(value, sort_keys=True).encode())
+    return _same_end(kept, value)
+
+
+def _same_end(kept: bytes, ours: Mapping[str, str]) -> bool:
+    """Whether the end kept came by `ours`'s path; an end written before paths were kept counts as the
+    agent's (the only path there was)."""
+    try:
+        stored = json.loads(kept)
+    except ValueError:
+        return False
+    return isinstance(stored, dict) and stored.get("path", "agent") == ours["path"]
+
+
+def _ended_by_another(run: Invocation) -> None:
+    """An end of the VM's part that another report of it (the agent's, or the control plane's) made
+    first: that one puts back and frees; this one only says so."""
+    ended = recall_end(run.event, run.store)
+    when = f"{ended.status.value} at {ended.time}" if ended is not None else "ended"
+    decision = Decision("1-ended", f"already {when} by another report of it: that one puts back what was drained")
+    run.outcome.decision = decision
+    run.audit(AuditKind.DECISION, rule=decision.rule, reason=decision.reason)
 
 
 def recall_end(event: MaintenanceEvent, store: StateStore) -> Ended | None:

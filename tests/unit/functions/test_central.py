@@ -26,7 +26,7 @@ from functions.core.central import (
 )
 from functions.core.notify import DEFAULT_TEMPLATE, NoticeFilter, WebhookTemplate, notice_for
 from functions.core.policy import Policy, PolicyError, policy_from_mapping
-from functions.core.ports import ActionName, AuditKind
+from functions.core.ports import ActionName, AuditKind, JsonObject
 from functions.core.process import Outcome, process
 from tests.factories import azure_event
 from tests.identity import proven
@@ -286,3 +286,30 @@ def test_a_silent_agent_is_announced_by_default(world: World) -> None:
     assert NoticeFilter.parse().matches(record)
     notice = notice_for(record, WebhookTemplate.parse(DEFAULT_TEMPLATE), cloud="azure")
     assert "web-1's agent is silent: the control plane reports reboot" in notice.body
+
+
+def test_the_agents_and_the_centres_ends_at_once_put_the_vm_back_once(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN web-0 drained on its agent's report
+    world.agent(EventStatus.SCHEDULED)
+    world.clock.advance(600)
+
+    # WHEN the control plane's completion is processed while the agent's is putting web-0 back
+    put_back = world.pool.restore
+    centre_first: list[bool] = []
+
+    def restore(vm: str, memento: JsonObject) -> None:
+        if not centre_first:
+            centre_first.append(True)
+            world.centre(EventStatus.COMPLETED)
+        put_back(vm, memento)
+
+    monkeypatch.setattr(world.pool, "restore", restore)
+    world.agent(EventStatus.COMPLETED)
+
+    # THEN web-0 was put back once, by the end that came first; the other says so
+    assert world.taken(ActionName.RESTORE) == ["web-0"]
+    assert sorted(world.pool.members("web")) == list(SET)
+    reasons = [record.reason for record in world.store.query() if record.kind == AuditKind.DECISION]
+    assert any("by another report of it" in reason for reason in reasons)
