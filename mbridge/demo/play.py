@@ -70,6 +70,10 @@ def play(
     on_stage: StageListener,
     say: Callable[[str], None],
 ) -> Result:
+    left_out = [flow for flow in flows if flow.agent_down is not None and not world.reads_central_feed]
+    for flow in left_out:
+        say(f"not played on this bus: {flow.title} (its functions read no control-plane feed yet)")
+    flows = [flow for flow in flows if flow not in left_out]
     timelines = {flow.key: EventTimeline(flow.key, flow.cloud, flow.kind, flow.event_id) for flow in flows}
     observer = Observer(list(timelines.values()), on_stage, world.sender_of)
     started = time.monotonic()
@@ -103,6 +107,9 @@ def _run_phase(
     pending = [_Pending(flow, reaction) for flow in flows for reaction in flow.reactions]
     forgeries = [_PendingForgery(flow, forgery) for flow in flows for forgery in flow.forgeries]
     for flow in flows:
+        if flow.agent_down is not None:
+            world.stop_agent(flow.agent_down)
+            say(f"{flow.key}: the agent of {flow.agent_down} is stopped; nothing more comes from that VM")
         timeline = timelines[flow.key]
         timeline.injected_at = datetime.now(timezone.utc)
         on_stage(timeline, "injected", flow.title)

@@ -248,6 +248,14 @@ class PubSubWorld:
         assert self._verifier is not None
         return sender_of(self._verifier, body)
 
+    @property
+    def reads_central_feed(self) -> bool:
+        # The Cloud Function here reads no control-plane feed yet (docs/architecture.md#two-paths).
+        return False
+
+    def stop_agent(self, vm: str) -> None:
+        raise NotImplementedError("this world reads no central feed: it plays no dead-agent flow")
+
     def _ready(self, vm: str) -> bool:
         try:
             return requests.get(self.health[vm] + "/readyz", timeout=READYZ_TIMEOUT).status_code == 200

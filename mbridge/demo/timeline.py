@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Optional
 
+from functions.core.central import SENDER_PREFIX as CENTRAL_SENDER
 from functions.core.ports import AuditRecord
 from wire.envelope import decode
 from wire.errors import MalformedEnvelopeError
@@ -65,6 +66,15 @@ class EventTimeline:
     rules: list[str] = field(default_factory=list)
     command_results: list[tuple[str, str, str]] = field(default_factory=list)  # vm, result, reason
     forged: list[str] = field(default_factory=list)  # "<status> claimed by <vm>, proven by <vm>"
+    silent: list[str] = field(default_factory=list)  # VMs whose agent the functions found silent
+    ended_centrally: str | None = None  # how the control plane said it ended (`ended_as`: the agents)
+    # The earliest any witness saw the end (the first sighting may be a later one: an agent polls,
+    # the control plane's feed comes at once), for what must come after it.
+    ended_at: datetime | None = None
+
+    def saw_end(self, when: datetime) -> None:
+        self.ended_at = when if self.ended_at is None else min(self.ended_at, when)
+
     refusals: list[tuple[str, str]] = field(default_factory=list)  # audit kind (unverified | not-self), reason
     vm_stages: dict[str, dict[str, datetime]] = field(default_factory=dict)  # VM -> its own first sightings
 
@@ -156,6 +166,7 @@ class Observer:
         elif event.status in (EventStatus.COMPLETED, EventStatus.CANCELED):
             if timeline.ended_as is None:
                 timeline.ended_as = event.status.value
+            timeline.saw_end(envelope.time)
             self._mark(timeline, "completed", envelope.time, f"{event.status.value}, seen by {event.reporter}", vm=own)
 
     def audit(self, record: AuditRecord) -> None:
@@ -165,6 +176,16 @@ class Observer:
         if record.kind in REFUSED:
             timeline.refusals.append((record.kind, record.reason))
             self._mark(timeline, "refused", record.time, record.reason, again=True)
+        elif record.kind == "agent-silent":
+            timeline.silent.append(record.vm)
+            self._mark(timeline, "silent", record.time, record.reason, again=True, vm=record.vm)
+        elif record.kind == "event" and str(record.detail.get("sender", "")).startswith(CENTRAL_SENDER):
+            # The control plane's report: a dead agent's event is seen, and ends, only there.
+            self._mark(timeline, "reported centrally", record.time, f"{record.status}: {record.detail['sender']}")
+            if record.status in (EventStatus.COMPLETED.value, EventStatus.CANCELED.value):
+                timeline.ended_centrally = timeline.ended_centrally or record.status
+                timeline.saw_end(record.time)
+                self._mark(timeline, "completed", record.time, f"{record.status}, by the control plane")
         elif record.kind == "decision":
             timeline.rules.append(record.rule)
             self._mark(timeline, "decided", record.time, f"rule {record.rule}: {record.reason}", vm=record.vm)

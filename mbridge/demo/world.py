@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Protocol
 
@@ -23,8 +23,10 @@ from agent.main import run_agent
 from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
 from agent.sources.azure.client import AzureImdsClient
 from agent.sources.gce.client import GceMetadataClient
+from functions.central.event_grid import AzureScope
 from functions.core.policy import Policy
 from functions.local_app.balancer import LocalPool
+from functions.local_app.central import CentralFeedReader
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
@@ -32,6 +34,7 @@ from functions.trust.verifiers import CloudVerifier
 from mbridge.demo.flows import AZURE_VMS, GCE_VM, POOLS
 from mbridge.demo.timeline import Observer
 from simulator import Simulator
+from simulator.azure_api import SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
 from wire.commands import Command
 from wire.envelope import decode
 from wire.errors import MalformedEnvelopeError
@@ -70,6 +73,15 @@ class DemoWorld(Protocol):
 
     def sender_of(self, body: bytes) -> str | None:
         """The VM a message's proof names (checked as the functions check it), or None."""
+        ...
+
+    @property
+    def reads_central_feed(self) -> bool:
+        """Whether the functions here also read the control plane's feed (a dead agent's flow needs it)."""
+        ...
+
+    def stop_agent(self, vm: str) -> None:
+        """Stop VM `vm`'s agent, as if it crashed: nothing more is reported from that VM."""
         ...
 
 
@@ -195,18 +207,26 @@ class CommandKeys:
 
 @dataclass
 class AgentThreads:
-    threads: list[threading.Thread] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
+    """One agent per VM, each in a thread of this process with a stop of its own."""
+
+    running: dict[str, tuple[threading.Thread, threading.Event]] = field(default_factory=dict)
 
     def start(self, settings: AgentSettings) -> None:
-        thread = threading.Thread(target=run_agent, args=(settings, self.stop), name=f"agent-{settings.vm_name}")
+        stop = threading.Event()
+        thread = threading.Thread(target=run_agent, args=(settings, stop), name=f"agent-{settings.vm_name}")
         thread.daemon = True
         thread.start()
-        self.threads.append(thread)
+        self.running[settings.vm_name or ""] = (thread, stop)
+
+    def stop_one(self, vm: str) -> None:
+        thread, stop = self.running[vm]
+        stop.set()
+        thread.join(timeout=15)
 
     def halt(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
+        for _, stop in self.running.values():
+            stop.set()
+        for thread, _ in self.running.values():
             thread.join(timeout=15)
 
 
@@ -230,6 +250,15 @@ class EmbeddedWorld:
             self.bus, self.store, self.pool, policy, clock, verifier=self.sims.verifier(), signer=self.commands.sign
         )
         self._host = threading.Thread(target=host.run, args=(self._host_stop,), name="function-host", daemon=True)
+        # The control plane's path: the Azure simulator's central feed (Event Grid), read as its
+        # subscription would deliver it, swept for silent agents every second (a minute in the clouds).
+        scope = AzureScope(subscriptions=(SIM_SUBSCRIPTION_ID,), resource_groups=(SIM_RESOURCE_GROUP,))
+        self._central = CentralFeedReader(
+            self.sims.azure.base_urls[0], host.deps, scope, clock, sweep_every=timedelta(seconds=1)
+        )
+        self._central_thread = threading.Thread(
+            target=_keep_reading, args=(self._central, self._host_stop), name="central-feed", daemon=True
+        )
         self._verifier = self.sims.verifier()
         self._position = 0
         self._audit_seen = 0
@@ -237,6 +266,7 @@ class EmbeddedWorld:
 
     def start(self, timeout: float = 15.0) -> EmbeddedWorld:
         self._host.start()
+        self._central_thread.start()
         for cloud, vm, url in self.sims.endpoints():
             state_dir = self.workdir / "agents" / vm
             settings = agent_settings(
@@ -278,11 +308,27 @@ class EmbeddedWorld:
     def sender_of(self, body: bytes) -> str | None:
         return sender_of(self._verifier, body)
 
+    @property
+    def reads_central_feed(self) -> bool:
+        return True
+
+    def stop_agent(self, vm: str) -> None:
+        self.agents.stop_one(vm)
+
     def close(self) -> None:
         self.agents.halt()
         self._host_stop.set()
         self._host.join(timeout=10)
+        self._central_thread.join(timeout=10)
+        self._central.close()
         self.sims.stop()
         self.store.close()
         self.pool.close()
         self.bus.close()
+
+
+def _keep_reading(reader: CentralFeedReader, stop: threading.Event, every: float = 0.1) -> None:
+    """Read the central feed until `stop`, as the function host reads the bus."""
+    while not stop.is_set():
+        if not reader.step():
+            stop.wait(every)

@@ -22,12 +22,13 @@ IMPORT_GUARD = Path(__file__).with_name("import_guard.py")
 
 # The stages each flow must not reach (everything else it must): no approval and no start for
 # what is drained only or canceled, nothing restored for what is gone or never drained, no end
-# for what only a VM that the event deletes could report.
+# for what only a VM that the event deletes could report (on a bus whose functions read no
+# control-plane feed; here the control plane reports it), nothing from the VM whose agent is dead.
 NOT_REACHED = {
     "freeze": {"drained", "restored"},
     "user-reboot": set(),
-    "spot-preempt": {"completed", "restored"},
-    "scale-in": {"completed", "restored"},
+    "spot-preempt": {"restored"},
+    "scale-in": {"restored"},
     "gce-migration": {"approved", "started"},
     "platform-reboot": set(),
     "redeploy-canceled": {"approved", "started"},
@@ -35,6 +36,7 @@ NOT_REACHED = {
     # refused forgeries: nothing at all happens for the forged event
     "forged-reboot": set(STAGES),
     "genuine-reboot": set(),
+    "dead-agent": {"detected", "published", "approved", "started"},
 }
 
 # (drained, approved by one of, restored) per Azure event, read back from the audit log: each VM of
@@ -50,6 +52,7 @@ AZURE_ACTIONS = {
     demo_flows.REDEPLOY_ID: (["web-2"], ["web-2"], ["web-2"]),
     demo_flows.FORGED_ID: ([], [], []),
     demo_flows.GENUINE_ID: (["web-0"], ["web-0"], ["web-0"]),
+    demo_flows.DEAD_AGENT_ID: (["web-2"], [], ["web-2"]),
 }
 
 
@@ -105,6 +108,9 @@ def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(t
                 ("unverified", demo_flows.GENUINE_ID),
             ]
         )
+        # the dead agent: found silent once, by the control plane's report of its event
+        silent = [(r.vm, r.event_id.upper()) for r in store.query() if r.kind == "agent-silent"]
+        assert silent == [(demo_flows.DEAD_VM, demo_flows.DEAD_AGENT_ID)]
         results = {r.event_id.upper(): r.action for r in store.query() if r.kind == "command-result"}
         assert results[demo_flows.REDEPLOY_ID] == "rejected"  # the agent re-checked IMDS: canceled
         assert results[demo_flows.PLATFORM_REBOOT_ID] == "accepted"

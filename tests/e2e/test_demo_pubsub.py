@@ -31,9 +31,19 @@ from tests.peers import require_peer
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The stages each flow must not reach, and what each Azure event did, as on the embedded bus.
-NOT_REACHED = EMBEDDED_NOT_REACHED
-AZURE_ACTIONS = EMBEDDED_AZURE_ACTIONS
+# The flows played here: the Cloud Function of this variant reads no control-plane feed yet, so the
+# dead agent's flow is not (the demo says so).
+PLAYED = tuple(flow for flow in FLOWS if flow.agent_down is None)
+# The stages each flow must not reach, and what each Azure event did, as on the embedded bus; but no
+# end of a deleted VM's event here: only the control plane could report it.
+NOT_REACHED = {
+    **EMBEDDED_NOT_REACHED,
+    "spot-preempt": {"completed", "restored"},
+    "scale-in": {"completed", "restored"},
+}
+AZURE_ACTIONS = {
+    event_id: actions for event_id, actions in EMBEDDED_AZURE_ACTIONS.items() if event_id != demo_flows.DEAD_AGENT_ID
+}
 # A Spot eviction gives 30 documented seconds of notice, 3 real seconds at the demo's speed: the
 # approval is sent at once, but an invocation of a function that has just started (cold clients,
 # Firestore transactions contending on the emulator) can take longer than that. Then the agent
@@ -81,9 +91,10 @@ def test_the_demo_on_the_emulators_holds_every_expectation_and_leaves_its_audit_
     # THEN it passed every check, within its time budget
     out = finished.stdout
     assert finished.returncode == 0, out + finished.stderr
-    checks = sum(len(flow.expectations) for flow in FLOWS) + 2
+    checks = sum(len(flow.expectations) for flow in PLAYED) + 2
     assert f"{checks}/{checks} expectations held" in out
     assert "✗" not in out
+    assert "not played on this bus: Reboot of web-2, whose agent is down" in out
 
     # AND it said where everything runs
     hosts = re.findall(r"(?:Pub/Sub|Firestore) emulator (127\.0\.0\.1:\d+)", out)
@@ -95,7 +106,7 @@ def test_the_demo_on_the_emulators_holds_every_expectation_and_leaves_its_audit_
 
     # AND each flow's row of the summary shows the stages it must reach, and none it must not
     rows = {line.split()[0]: line.split()[1 : 1 + len(STAGES)] for line in out.splitlines() if line.split()[:1]}
-    for flow in FLOWS:
+    for flow in PLAYED:
         cells = dict(zip(STAGES, rows[flow.key]))
         missing = {stage for stage, cell in cells.items() if cell == "-"}
         optional = MAY_BE_MISSED.get(flow.key, set())
@@ -106,7 +117,7 @@ def test_the_demo_on_the_emulators_holds_every_expectation_and_leaves_its_audit_
     assert "passed" in page
     assert "pubsub-emulator" in page
     assert "<script" not in page
-    assert all(f">{flow.key}<" in page for flow in FLOWS)
+    assert all(f">{flow.key}<" in page for flow in PLAYED)
 
     # AND the audit log exported from Firestore holds each action once, as the policy promises
     audit = read_audit(workdir / "audit.jsonl")

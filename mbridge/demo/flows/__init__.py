@@ -1,9 +1,10 @@
 """The demo's maintenance flows: what each injects into the simulator, how the demo reacts
 (cancel, end a GCE maintenance), and what the default policy promises for it.
 
-Phase 1, 2 and 3 use the same VMs of the availability set, so they run one after the other;
+Phase 1, 2, 3 and 4 use the same VMs of the availability set, so they run one after the other;
 the flows of a phase run at the same time. Phase 3 is an attack: a compromised VM publishes
-reports it has no right to (`Forgery`), with its own genuine proof of identity. Every expectation
+reports it has no right to (`Forgery`), with its own genuine proof of identity. Phase 4 is a dead
+agent: a VM's maintenance known from the control plane only. Every expectation
 is checked against what really happened: the agents' envelopes on the bus, the functions' audit
 log, and the simulator's log of approval POSTs (what reached IMDS).
 
@@ -21,6 +22,7 @@ from mbridge.demo.flows.checks import (
     drained,
     drained_once_each,
     ended_as,
+    found_silent,
     never_approved,
     never_drained,
     never_restored,
@@ -49,13 +51,16 @@ from mbridge.demo.flows.model import (
 from mbridge.demo.flows.phase1 import FREEZE_ID, PHASE_1, SCALE_IN_ID, SPOT_ID, USER_REBOOT_ID
 from mbridge.demo.flows.phase2 import PHASE_2, PLATFORM_REBOOT_ID, REDEPLOY_ID
 from mbridge.demo.flows.phase3 import COMPROMISED, FORGED_ID, GENUINE_ID, PHASE_3
+from mbridge.demo.flows.phase4 import DEAD_AGENT_ID, DEAD_VM, PHASE_4
 
-FLOWS: tuple[Flow, ...] = (*PHASE_1, *PHASE_2, *PHASE_3)
+FLOWS: tuple[Flow, ...] = (*PHASE_1, *PHASE_2, *PHASE_3, *PHASE_4)
 
 __all__ = [
     "AVAILABILITY_SET",
     "AZURE_VMS",
     "COMPROMISED",
+    "DEAD_AGENT_ID",
+    "DEAD_VM",
     "FLOWS",
     "FORGED_ID",
     "FREEZE_ID",
@@ -82,6 +87,7 @@ __all__ = [
     "drained",
     "drained_once_each",
     "ended_as",
+    "found_silent",
     "never_approved",
     "never_drained",
     "never_restored",

@@ -98,6 +98,13 @@ def approved_after_drain_period() -> Expectation:
     return Expectation("approved after the drain period", check)
 
 
+def found_silent(*vms: str) -> Expectation:
+    def check(timeline: EventTimeline, _: Context) -> str | None:
+        return None if sorted(set(timeline.silent)) == sorted(vms) else f"found silent: {sorted(set(timeline.silent))}"
+
+    return Expectation(f"{', '.join(vms)}'s agent found silent", check)
+
+
 def never_approved() -> Expectation:
     def check(timeline: EventTimeline, _: Context) -> str | None:
         accepted = timeline.accepted_approvals()
@@ -114,8 +121,11 @@ def reached(stage: str) -> Expectation:
 
 
 def ended_as(status: str) -> Expectation:
+    """The event ended so, as its agents reported it or, when none could, as the control plane did."""
+
     def check(timeline: EventTimeline, _: Context) -> str | None:
-        return None if timeline.ended_as == status else f"ended as {timeline.ended_as or 'nothing yet'}"
+        ended = timeline.ended_as or timeline.ended_centrally
+        return None if ended == status else f"ended as {ended or 'nothing yet'}"
 
     return Expectation(status, check)
 
@@ -130,7 +140,7 @@ def silent_after_start() -> Expectation:
 
 def restored_after_end() -> Expectation:
     def check(timeline: EventTimeline, _: Context) -> str | None:
-        end, back = timeline.stages.get("completed"), timeline.stages.get("restored")
+        end, back = timeline.ended_at or timeline.stages.get("completed"), timeline.stages.get("restored")
         if end is None or back is None:
             return f"ended at {end}, restored at {back}"
         return None if back >= end else "restored before the maintenance ended"

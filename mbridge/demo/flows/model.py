@@ -103,6 +103,9 @@ class Flow:
     event_id: str | None = None  # Azure: fixed, so the demo can follow it; GCE: the agent derives it
     reactions: tuple[Reaction, ...] = ()
     forgeries: tuple[Forgery, ...] = ()
+    # The VM whose agent is stopped before the injection: its maintenance is known from the control
+    # plane only (a world that reads no central feed does not play the flow).
+    agent_down: str | None = None
 
 
 def pools_after(flows: Sequence[Flow]) -> dict[str, list[str]]:

@@ -72,6 +72,14 @@ CASES: list[tuple[Expectation, EventTimeline, EventTimeline, str]] = [
     ),
     (flows.reached("started"), timeline(stages=stages(started=1)), timeline(), "never started"),
     (flows.ended_as("canceled"), timeline(ended_as="canceled"), timeline(ended_as="completed"), "ended as completed"),
+    # an event whose agent is dead ends only as the control plane says
+    (
+        flows.ended_as("completed"),
+        timeline(ended_centrally="completed"),
+        timeline(ended_centrally="canceled"),
+        "ended as canceled",
+    ),
+    (flows.found_silent("web-2"), timeline(silent=["web-2"]), timeline(silent=[]), "found silent: []"),
     (flows.silent_after_start(), timeline(), timeline(ended_as="completed"), "ended as completed"),
     (
         flows.restored_after_end(),
@@ -114,10 +122,13 @@ def test_each_check_holds_on_the_promise_and_fails_on_anything_else(
 def test_the_flows_cover_what_the_demo_promises() -> None:
     assert [flow.key for flow in FLOWS] == [
         "freeze", "user-reboot", "spot-preempt", "scale-in", "gce-migration",
-        "platform-reboot", "redeploy-canceled", "gce-terminate", "forged-reboot", "genuine-reboot",
+        "platform-reboot", "redeploy-canceled", "gce-terminate", "forged-reboot", "genuine-reboot", "dead-agent",
     ]  # fmt: skip
     assert all(flow.expectations and flow.ends_with for flow in FLOWS)
-    assert len({flow.event_id for flow in FLOWS if flow.event_id}) == 8  # no two Azure flows share an event
+    assert len({flow.event_id for flow in FLOWS if flow.event_id}) == 9  # no two Azure flows share an event
+    # the dead agent's VM is in the last phase: nothing after it needs its agent
+    (dead,) = [flow for flow in FLOWS if flow.agent_down]
+    assert (dead.agent_down, dead.phase) == (flows.DEAD_VM, max(flow.phase for flow in FLOWS))
     # the attack is made by a VM of the set, with its own proof, in web-0's name and its own
     forgeries = [forgery for flow in FLOWS for forgery in flow.forgeries]
     assert {forgery.by for forgery in forgeries} == {flows.COMPROMISED}

@@ -118,3 +118,22 @@ def test_a_canceled_event_ends_as_canceled_and_malformed_bodies_are_ignored() ->
     observer.envelope(body(EventStatus.CANCELED, "web-0", 700), at(701))
     assert timeline.ended_as == "canceled"
     assert "detected" not in timeline.stages
+
+
+def test_a_dead_agents_event_is_seen_from_the_control_planes_records_and_ends_at_its_earliest_witness() -> None:
+    timeline = reboot_timeline()
+    observer, seen = watch(timeline)
+    central = {"sender": "control plane: event-grid as /subscriptions/s/resourceGroups/rg/.../web-2"}
+
+    # WHEN the audit log shows the control plane's report, the agent found silent, and the end as the
+    # control plane reported it; then the agent of another VM reports the end, seen later
+    observer.audit(AuditRecord(at(100), "event", "e", EVENT_ID, "web-2", status="scheduled", detail=central))
+    observer.audit(AuditRecord(at(3200), "agent-silent", "e", EVENT_ID, "web-2", reason="its agent has not"))
+    observer.audit(AuditRecord(at(9000), "event", "e", EVENT_ID, "web-2", status="completed", detail=central))
+    observer.envelope(body(EventStatus.COMPLETED, "web-1", 9400), at(9500))
+
+    # THEN the silence and the control plane's end are on the timeline, the end at its earliest witness
+    assert timeline.silent == ["web-2"]
+    assert (timeline.ended_centrally, timeline.ended_as) == ("completed", "completed")
+    assert timeline.ended_at == at(9000)
+    assert [stage for _, stage, _ in seen][:3] == ["reported centrally", "silent", "completed"]
