@@ -55,6 +55,9 @@ WATCH_LINE = "~central"
 SENDER_PREFIX = "control plane: "
 WATCH_RULE = "central"
 SILENT_RULE = "agent-silent"
+# Watched parts one sweep looks at, at most: a sweep runs once a minute and each part costs the
+# store about three requests (docs/scale.md, "The control plane's path").
+SWEEP_MOST = 1000
 
 
 class CentralRefused(PermanentError):
@@ -200,14 +203,17 @@ def _watch(run: Invocation, report: CentralReport, vm: str) -> None:
     run.audit(AuditKind.DECISION, rule=WATCH_RULE, reason=reason)
 
 
-def sweep_silent(deps: Deps, now: datetime) -> list[Outcome]:
+def sweep_silent(deps: Deps, now: datetime, most: int = SWEEP_MOST) -> list[Outcome]:
     """The watched parts whose agent has not reported them `silent_agent_seconds` after the centre
     did: audited `agent-silent` (and drained with policy `silent_agents: drain`), once each. Parts
-    whose agent reported, or whose event ended, leave the line."""
+    whose agent reported, or whose event ended, leave the line.
+
+    At most `most` parts are looked at, oldest first (each costs a read of the audit log and a
+    delete): in a wave the rest wait for the next sweep, which the oldest then lead."""
     bound = timedelta(seconds=deps.policy.silent_agent_seconds)
     found: list[Outcome] = []
-    for watched in deps.store.parked(WATCH_LINE):
-        if now - watched.parked_at < bound:
+    for looked, watched in enumerate(deps.store.parked(WATCH_LINE)):
+        if looked >= most or now - watched.parked_at < bound:
             break  # the line is in the order the centre reported: the rest are younger
         report = CentralReport.from_bytes(watched.envelope)
         vm = report.vms[0]

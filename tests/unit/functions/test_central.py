@@ -313,3 +313,20 @@ def test_the_agents_and_the_centres_ends_at_once_put_the_vm_back_once(
     assert sorted(world.pool.members("web")) == list(SET)
     reasons = [record.reason for record in world.store.query() if record.kind == AuditKind.DECISION]
     assert any("by another report of it" in reason for reason in reasons)
+
+
+def test_a_sweep_looks_at_most_at_its_share_of_the_line_the_oldest_first(world: World) -> None:
+    # GIVEN three VMs' parts reported by the control plane a second apart, no agent reporting
+    for vm in ("web-0", "web-1", "web-2"):
+        world.centre(EventStatus.SCHEDULED, vms=(vm,))
+        world.clock.advance(1)
+    world.clock.advance(SILENT_AFTER)
+
+    # WHEN sweeps may look at two parts each
+    first = sweep_silent(world.deps(), world.clock.now(), most=2)
+    second = sweep_silent(world.deps(), world.clock.now(), most=2)
+
+    # THEN the first finds the two oldest silent, the next one the last
+    assert all(not outcome.actions for outcome in first)  # policy audit: found, not acted on
+    assert world.audited(AuditKind.AGENT_SILENT) == ["web-0", "web-1", "web-2"]
+    assert (len(first), len(second)) == (2, 1)
