@@ -16,6 +16,7 @@ from asn1crypto import pem as asn1_pem  # type: ignore[import-untyped]
 from asn1crypto import x509 as asn1_x509
 from cryptography import x509
 
+from functions.central.event_grid import AzureScope
 from functions.core.policy import TRUST_ATTESTED, Policy, load_policy
 from functions.notify import WebhookConfig, WebhookConfigError, webhook_config
 from functions.trust.azure_attested import (
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 # The trigger reads these three itself (%...% in the binding, `connection` prefix).
 EVENTS_TOPIC = "MBRIDGE_EVENTS_TOPIC"
 EVENTS_SUBSCRIPTION = "MBRIDGE_EVENTS_SUBSCRIPTION"
+CENTRAL_QUEUE = "MBRIDGE_CENTRAL_QUEUE"  # where the Event Grid subscription delivers the control plane's reports
 SERVICEBUS_CONNECTION = "MBRIDGE_SERVICEBUS"  # the binding's `connection`: a prefix, or a connection string
 SERVICEBUS_NAMESPACE = "MBRIDGE_SERVICEBUS__fullyQualifiedNamespace"
 COMMANDS_QUEUE = "MBRIDGE_COMMANDS_QUEUE"
@@ -146,6 +148,14 @@ class Settings:
     trust_subscriptions: tuple[str, ...] = ()
     # Where notices of decisions and actions are posted; None: nowhere. (Its URL is kept out of repr.)
     webhook: WebhookConfig | None = None
+    # The Service Bus queue the control plane's reports arrive on (an Event Grid subscription of the
+    # MaintenanceResources system topic); None: the app reads none (docs/azure.md).
+    central_queue: str | None = None
+
+    @property
+    def central_scope(self) -> AzureScope:
+        """Whose VMs the control plane's reports may move: the trusted subscriptions and groups."""
+        return AzureScope(subscriptions=self.trust_subscriptions, resource_groups=self.trust_resource_groups)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -178,6 +188,7 @@ class Settings:
         load_balancer = _load_balancer(env)
         trust_file = _trust_file(env.optional(TRUST_FILE))
         attested = policy.trust == TRUST_ATTESTED and trust_file is None
+        subscriptions = _subscriptions(env.optional(TRUST_SUBSCRIPTIONS), load_balancer, needed=attested)
         return cls(
             events_topic=env.required(EVENTS_TOPIC, "the Service Bus topic the agents publish to"),
             events_subscription=env.required(EVENTS_SUBSCRIPTION, "the topic's subscription this app consumes"),
@@ -200,9 +211,22 @@ class Settings:
             trust_roots=_roots(env.optional(TRUST_ROOTS), needed=attested),
             trust_intermediates=_certificates(TRUST_INTERMEDIATES, env.optional(TRUST_INTERMEDIATES)),
             trust_signer_names=_signer_names(env.optional(TRUST_SIGNER_NAMES)),
-            trust_subscriptions=_subscriptions(env.optional(TRUST_SUBSCRIPTIONS), load_balancer, needed=attested),
+            trust_subscriptions=subscriptions,
             webhook=_webhook(env),
+            central_queue=_central_queue(env, subscriptions),
         )
+
+
+def _central_queue(env: _Env, subscriptions: tuple[str, ...]) -> str | None:
+    """The queue of the control plane's reports, refused without the subscriptions they may concern."""
+    queue = env.optional(CENTRAL_QUEUE)
+    if queue is not None and not subscriptions:
+        raise SettingsError(
+            f"{CENTRAL_QUEUE} is set but {TRUST_SUBSCRIPTIONS} is not: the control plane reports every VM of a "
+            "subscription, and only the VMs of the subscriptions (and resource groups) given there are this "
+            "deployment's"
+        )
+    return queue
 
 
 class AttestedTrust(Protocol):
