@@ -31,7 +31,7 @@ from functions.core.central import WATCH_LINE
 from functions.core.policy import Policy
 from functions.core.process import Deps
 from functions.local_app.store import SqliteStore
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from tests.unit.azure.test_blueprint import MINIMAL, SUBSCRIPTION
 from tests.unit.azure.test_central_events import EVENT_GRID_SCHEMA
 
@@ -53,7 +53,14 @@ def scheduled(vm: str = "web-0", group: str = "rg-web") -> dict[str, Any]:
 @pytest.fixture
 def deps() -> Iterator[Deps]:
     store = SqliteStore(":memory:")
-    yield Deps(store, FakeBalancer({"web": ("web-0", "web-1")}), RecordingSender(), store, Policy())
+    yield Deps(
+        store,
+        FakeBalancer({"web": ("web-0", "web-1")}),
+        RecordingSender(),
+        store,
+        Policy(),
+        monotonic=FakeClock().monotonic,
+    )
     store.close()
 
 
