@@ -32,7 +32,7 @@ from functions.core.invocation import CLAIM_LEASE, Deps, Invocation, Outcome, ev
 from functions.core.keys import claim_key, subject_key
 from functions.core.lifecycle import ENDING, act, recall_end
 from functions.core.log_fields import event_fields
-from functions.core.ports import ActionName, AuditKind, AuditLog, Claim, Result
+from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord, Claim, Result
 from functions.core.process import ClaimBusyError
 from wire.envelope import envelope_for_event
 from wire.errors import PermanentError
@@ -58,6 +58,9 @@ SILENT_RULE = "agent-silent"
 # Watched parts one sweep looks at, at most: a sweep runs once a minute and each part costs the
 # store about three requests (docs/scale.md, "The control plane's path").
 SWEEP_MOST = 1000
+# A report matched by time (`CentralReport.matched_by_time`) is the agent's notice of the same kind for
+# the VM first seen this close to it: GCE's metadata value shows at most minutes before the log entry.
+MATCH_WINDOW = timedelta(minutes=10)
 
 
 class CentralRefused(PermanentError):
@@ -86,6 +89,11 @@ class CentralReport:
     event_source: EventSource | None = None
     description: str = ""
     identities: tuple[tuple[str, str], ...] = field(default=())  # (VM, its full identity)
+    # When the feed's id cannot be the agent's (a GCE system event: the agent anchors its id on when it
+    # first saw the value), the moment the centre saw it happen: the agent's report is then the notice
+    # of the same kind for the VM within MATCH_WINDOW of it. Such a report is never drained on: by the
+    # time the log has it, the maintenance is happening.
+    matched_by_time: datetime | None = None
 
     def __post_init__(self) -> None:
         if self.source not in CENTRAL_SOURCES:
@@ -128,6 +136,7 @@ class CentralReport:
             "event_source": self.event_source.value if self.event_source else None,
             "description": self.description,
             "identity": self.identity(vm),
+            "matched_by_time": format_rfc3339(self.matched_by_time) if self.matched_by_time else None,
         }
         return json.dumps(document, sort_keys=True).encode()
 
@@ -148,6 +157,7 @@ class CentralReport:
             event_source=EventSource(document["event_source"]) if document["event_source"] else None,
             description=document["description"],
             identities=((vm, document["identity"]),) if document["identity"] else (),
+            matched_by_time=parse_rfc3339(document["matched_by_time"]) if document.get("matched_by_time") else None,
         )
 
 
@@ -183,6 +193,9 @@ def _part(report: CentralReport, vm: str, deps: Deps, now: datetime) -> Outcome:
         if event.status in ENDING:
             act(run)  # the end, as the agent's would be: what this system drained goes back
             deps.store.unpark(WATCH_LINE, subject_key(event))
+        elif report.matched_by_time is not None and agent_reported(deps.audit, vm, report):
+            reason = f"{vm}'s agent already reported this {event.kind.value}: the same maintenance, nothing to watch"
+            run.audit(AuditKind.DECISION, rule=WATCH_RULE, reason=reason)
         else:
             _watch(run, report, vm)
 
@@ -218,18 +231,28 @@ def sweep_silent(deps: Deps, now: datetime, most: int = SWEEP_MOST) -> list[Outc
         report = CentralReport.from_bytes(watched.envelope)
         vm = report.vms[0]
         event = report.part(vm)
-        if recall_end(event, deps.store) is None and not agent_reported(deps.audit, vm, event.event_id):
+        if recall_end(event, deps.store) is None and not agent_reported(deps.audit, vm, report):
             found.append(_silent(report, vm, deps, now, watched.parked_at))
         deps.store.unpark(WATCH_LINE, watched.event_key)
     return found
 
 
-def agent_reported(audit: AuditLog, vm: str, event_id: str) -> bool:
-    """Whether the VM's own agent reported the event (a report of it acted on, not a refused one)."""
+def agent_reported(audit: AuditLog, vm: str, report: CentralReport) -> bool:
+    """Whether the VM's own agent reported the report's event (a report of it acted on, not a refused
+    one): under the same id, or for a report matched by time, a notice of the same kind near it."""
+    moment = report.matched_by_time
+    if moment is None:
+        return any(_from_agent(record) for record in audit.query(vm=vm, event_id=report.event_id))
     return any(
-        record.kind == AuditKind.EVENT and not str(record.detail.get("sender", "")).startswith(SENDER_PREFIX)
-        for record in audit.query(vm=vm, event_id=event_id)
+        _from_agent(record)
+        and record.detail.get("kind") == report.kind.value
+        and abs(record.time - moment) <= MATCH_WINDOW
+        for record in audit.query(vm=vm)
     )
+
+
+def _from_agent(record: AuditRecord) -> bool:
+    return record.kind == AuditKind.EVENT and not str(record.detail.get("sender", "")).startswith(SENDER_PREFIX)
 
 
 def _silent(report: CentralReport, vm: str, deps: Deps, now: datetime, since: datetime) -> Outcome:
@@ -247,6 +270,8 @@ def _silent(report: CentralReport, vm: str, deps: Deps, now: datetime, since: da
         f"{waited:.0f} s ago and {vm}'s agent has not: is it running and able to publish? "
         f"(on the VM: mbridge agent --check; policy silent_agents: {deps.policy.silent_agents})"
     )
+    if report.matched_by_time is not None and deps.policy.silent_agents == "drain":
+        reason += "; not drained: the maintenance was already under way when the log had it"
     LOGGER.error(
         "agent of %s silent: %s",
         vm,
@@ -256,7 +281,7 @@ def _silent(report: CentralReport, vm: str, deps: Deps, now: datetime, since: da
 
     def steps() -> None:
         run.audit(AuditKind.AGENT_SILENT, rule=SILENT_RULE, reason=reason)
-        if deps.policy.silent_agents == "drain":
+        if deps.policy.silent_agents == "drain" and report.matched_by_time is None:
             act(run)
 
     return run.carry_through(key, steps)

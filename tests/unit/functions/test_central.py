@@ -18,6 +18,7 @@ import pytest
 
 from functions.core.central import (
     EVENT_GRID,
+    GCE_SYSTEM_EVENT,
     RESOURCE_GRAPH,
     WATCH_LINE,
     CentralReport,
@@ -330,3 +331,44 @@ def test_a_sweep_looks_at_most_at_its_share_of_the_line_the_oldest_first(world: 
     assert all(not outcome.actions for outcome in first)  # policy audit: found, not acted on
     assert world.audited(AuditKind.AGENT_SILENT) == ["web-0", "web-1", "web-2"]
     assert (len(first), len(second)) == (2, 1)
+
+
+def happening(vm: str, at: datetime) -> CentralReport:
+    """A report whose id cannot be the agent's (as a GCE system event's): matched by its moment."""
+    return replace(central(EventStatus.STARTED, GCE_SYSTEM_EVENT, (vm,)), event_id="centre-own-id", matched_by_time=at)
+
+
+def test_a_report_matched_by_time_is_the_agents_notice_of_that_kind_near_it(world: World) -> None:
+    # GIVEN web-0's agent reported the Reboot starting, and the centre reports a Reboot of web-0 three
+    # minutes later under an id of its own
+    world.agent(EventStatus.STARTED)
+    world.clock.advance(180)
+    world.outcomes += process_central(happening("web-0", world.clock.now()), world.deps(), world.clock.now())
+
+    # THEN it is the agent's notice: not watched, never found silent
+    assert [entry.event_key for entry in world.store.parked(WATCH_LINE)] == []
+    world.clock.advance(SILENT_AFTER)
+    assert world.sweep() == []
+    decisions = [r.reason for r in world.store.query() if r.kind == AuditKind.DECISION and r.rule == "central"]
+    assert decisions == ["web-0's agent already reported this reboot: the same maintenance, nothing to watch"]
+
+
+def test_a_report_matched_by_time_far_from_the_agents_notice_is_found_silent_and_never_drained(
+    world: World,
+) -> None:
+    # GIVEN policy silent_agents: drain, web-0's agent's Reboot an hour ago, and now the centre's
+    world.policy = replace(world.policy, silent_agents="drain")
+    world.agent(EventStatus.STARTED)
+    world.clock.advance(3600)
+    world.outcomes += process_central(happening("web-0", world.clock.now()), world.deps(), world.clock.now())
+
+    # WHEN the bound passes
+    world.clock.advance(SILENT_AFTER)
+    found = world.sweep()
+
+    # THEN the agent is found silent, and the VM is not drained for what was already under way
+    assert len(found) == 1
+    assert not found[0].actions
+    (record,) = [r for r in world.store.query() if r.kind == AuditKind.AGENT_SILENT]
+    assert "not drained: the maintenance was already under way" in record.reason
+    assert world.taken(ActionName.DRAIN) == ["web-0"]  # the agent's own Reboot, an hour ago, only
