@@ -106,8 +106,6 @@ class Actions:
         return vm, self._ctx.gce.apply(change, vm, at=at)
 
     def set_faults(self, change: FaultChange, at: float | None = None) -> list[str]:
-        if change.touches_central:
-            self._require(Cloud.AZURE, "the central_* faults (of Azure's central feed)")
         vms = list(self._ctx.vm_names) if change.vm is None else [self.resolve_vm(change.vm, "vm")]
         if change.touches_vms:
             self._ctx.faults.apply(change, vms, at=at)
@@ -202,7 +200,7 @@ def state_view(ctx: SimContext) -> dict[str, object]:
             "events": [event_view(e) for e in ctx.store.events()],
             "gce": ctx.gce.snapshot() if ctx.cloud is Cloud.GCE else {},
             "faults": ctx.faults.snapshot(),
-            "central": ctx.central.snapshot() if ctx.cloud is Cloud.AZURE else {},
+            "central": ctx.central.snapshot(),
             "scenario": {
                 "name": ctx.scenario_name,
                 "steps_pending": sum(1 for entry in pending if str(entry["key"]).startswith("step:")),
@@ -269,13 +267,8 @@ class ControlApi:
         )
 
     def _central_events(self, request: MetadataRequest) -> Response:
-        # Azure's Event Grid topic, read as pages of a log; GCE's control-plane notices travel otherwise.
-        if self._ctx.cloud is not Cloud.AZURE:
-            raise RequestError(
-                404,
-                "the central feed is Azure's (Event Grid, Microsoft.ResourceNotifications.MaintenanceResources); "
-                f"this simulator serves {self._ctx.cloud.value} (--cloud azure)",
-            )
+        # Read as pages of a log: Azure's Event Grid events, or GCE's system-event log entries as a
+        # log sink delivers them to Pub/Sub.
         after = _whole_parameter(request, "after", 0, lowest=0)
         limit = _whole_parameter(request, "limit", CENTRAL_PAGE, lowest=1)
         if limit > CENTRAL_PAGE_MAX:

@@ -5,9 +5,10 @@ connection (nothing else is consumed), the rate limit, an error burst, a refused
 then the delays (first-call delay and added latency); a malformed body replaces the body of a
 document-carrying 200 answer.
 
-The `central_*` fields are the Azure central feed's (store/central_feed.py): simulator-wide, not a
-VM's, since Event Grid delivers to the subscription, not to a VM. They arrive through the same POST
-so a scenario's `fault` step can set them too.
+The `central_*` fields are the central feed's (store/central_feed.py: Azure's Event Grid events, GCE's
+system-event log entries): simulator-wide, not a VM's, since the control plane delivers to the
+subscription or project, not to a VM. They arrive through the same POST so a scenario's `fault`
+step can set them too.
 """
 
 from __future__ import annotations

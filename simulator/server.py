@@ -131,7 +131,7 @@ class Simulator:
             timeline=timeline,
             log=log,
             store=EventStore(clock, cond, timeline, log, names, departures, central),
-            gce=GceState(clock, cond, log, names, departures),
+            gce=GceState(clock, cond, log, names, departures, central),
             faults=FaultBook(clock, cond, log, self.cloud, names),
             traffic=TrafficLog(names),
             departures=departures,

@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from simulator.clock import Clock, rfc3339
 from simulator.departures import Departures
+from simulator.gce_api.system_events import HAPPENING, PREEMPTED, UPCOMING, log_entry, upcoming_change
 from simulator.gce_api.values import GceChange, GceKey, MaintenanceEvent, UpcomingJson, UpcomingPatch, VmMetadata
-from simulator.store import SimLog
+from simulator.store import CentralFeed, SimLog
 
 # A Spot VM gets 30 s between ACPI G2 Soft Off and G3 Mechanical Off once preempted: then it is off.
 PREEMPTED_SHUTDOWN_SECONDS = 30.0
@@ -35,12 +36,14 @@ class GceState:
         log: SimLog,
         vm_names: tuple[str, ...],
         departures: Departures,
+        central: CentralFeed | None = None,
     ) -> None:
         self._clock = clock
         self._cond = cond
         self._log = log
         self._vms = {vm: VmMetadata() for vm in vm_names}
         self._departures = departures
+        self._central = central  # where the system-event log entries of the changes go (system_events.py)
 
     def get(self, vm: str) -> VmMetadata:
         with self._cond:
@@ -72,9 +75,14 @@ class GceState:
             if change.key is GceKey.MAINTENANCE_EVENT:
                 assert change.maintenance_event is not None
                 shown = self._set_maintenance_event(vm, meta, change.maintenance_event, change.require_watch, now)
+                method = HAPPENING.get(change.maintenance_event)
+                if method is not None and meta.maintenance_event is MaintenanceEvent.NONE:
+                    self._publish(vm, method, now)  # logged centrally even when the VM was not shown it
             elif change.key is GceKey.PREEMPTED:
                 assert change.preempted is not None
                 self._set_preempted(vm, meta, change, now)
+                if change.preempted and not meta.preempted:
+                    self._publish(vm, PREEMPTED, now)
                 shown = True
             else:
                 upcoming = None if change.upcoming is None else self._merge(meta.upcoming, change.upcoming, now)
@@ -82,9 +90,19 @@ class GceState:
                 if upcoming != meta.upcoming:
                     text = "removed" if upcoming is None else json.dumps(upcoming)
                     self._log.add(f"upcoming-maintenance: {text}", vm=vm, at=now)
+                logged = upcoming_change(meta.upcoming, upcoming)
+                if logged is not None:
+                    self._publish(vm, UPCOMING, now, *logged)
                 shown = True
             self._cond.notify_all()
             return shown
+
+    def _publish(self, vm: str, method: str, now: float, message: str = "", window: UpcomingJson | None = None) -> None:
+        if self._central is None:
+            return
+        wall_time = self._clock.wall_at(now)
+        what = f"{method.rsplit('.', 1)[1]} of {vm}" + (f" ({message})" if message else "")
+        self._central.publish(lambda: log_entry(vm, method, wall_time, message, window), what, now, vm=vm)
 
     def _set_preempted(self, vm: str, meta: VmMetadata, change: GceChange, now: float) -> None:
         self._vms[vm] = replace(meta, preempted=bool(change.preempted))

@@ -65,8 +65,6 @@ def _parse_step(raw: object, index: int, cloud: Cloud, where: str) -> Step:
         step = _parse_action(float(at), action, body)
     except FieldError as exc:
         raise ScenarioError(f"{prefix}: field '{action.value}.{exc.field}': {exc.reason}") from None
-    if step.fault is not None and step.fault.touches_central and cloud is not Cloud.AZURE:
-        raise ScenarioError(f"{prefix}: the central_* faults are for azure scenarios (its central feed); this is gce")
     return step
 
 

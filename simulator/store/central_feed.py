@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from enum import Enum
@@ -86,18 +86,23 @@ class CentralFeed:
     def record(self, event: SimEvent, status: FeedStatus, at: float) -> None:
         """Emit the event in `status`; `at` is the documented time of the change."""
         with self._cond:
+            self.publish(
+                lambda: self._event_grid_event(event, status, at), f"{status.value} of event {event.event_id}", at
+            )
+
+    def publish(self, build: Callable[[], Mapping[str, object]], what: str, at: float, vm: str | None = None) -> None:
+        """Emit what `build` makes (called only when the feed is on), subject to the feed's faults;
+        `what` names it in the log."""
+        with self._cond:
             if self._faults.off:
-                self._log.add(f"central feed: {status.value} of event {event.event_id} lost (central_off)", at=at)
+                self._log.add(f"central feed: {what} lost (central_off)", vm=vm, at=at)
                 return
             self._emitted += 1
-            body = self._event_grid_event(event, status, at)
+            body = build()
             every = self._faults.duplicates
             copies = 2 if every and self._emitted % every == 0 else 1
             if copies == 2:
-                self._log.add(
-                    f"central feed: {status.value} of event {event.event_id} delivered twice (central_duplicates)",
-                    at=at,
-                )
+                self._log.add(f"central feed: {what} delivered twice (central_duplicates)", vm=vm, at=at)
             due = self._clock.real_now() + self._faults.delay
             for _ in range(copies):
                 self._order += 1

@@ -19,8 +19,7 @@ import requests
 
 from functions.central.event_grid import AzureScope, event_grid_report
 from simulator.azure_api import SIM_LOCATION, SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
-from simulator.scenarios import LIVE_MIGRATION_EVENT_ID, ScenarioError
-from simulator.scenarios.parsing import parse_scenario
+from simulator.scenarios import LIVE_MIGRATION_EVENT_ID
 from tests.contract.simulator.conftest import TIMEOUT, StartSim, VmClient, clients
 from tests.unit.azure.test_central_events import EVENT_GRID_SCHEMA
 from wire.model import EventStatus
@@ -234,15 +233,6 @@ def test_bad_paging_parameters_are_400_naming_the_parameter(
     assert f"parameter '{name}'" in response.json()["error"]
 
 
-def test_a_gce_simulator_has_no_central_feed(gce: VmClient) -> None:
-    response = central(gce)
-    assert response.status_code == 404
-    assert "central feed is Azure's" in response.json()["error"]
-    refused = gce.control("POST", "faults", {"central_off": True})
-    assert refused.status_code == 400
-    assert "central" in refused.json()["error"]
-
-
 # --------------------------------------------------------------------------- faults
 
 
@@ -333,9 +323,3 @@ def test_central_fault_fields_are_validated(azure: VmClient, body: dict[str, obj
     assert response.status_code == 400
     assert f"field '{field}'" in response.json()["error"]
     assert azure.state()["central"]["faults"] == {"central_delay": 0.0, "central_duplicates": 0, "central_off": False}
-
-
-def test_a_gce_scenario_cannot_set_central_faults() -> None:
-    document = {"cloud": "gce", "steps": [{"at": 0, "fault": {"central_off": True}}]}
-    with pytest.raises(ScenarioError, match="central_"):
-        parse_scenario(document, "central.json")
