@@ -135,7 +135,7 @@ def handle_message(
             extra={"labels": context},
         )
         raise
-    _log_outcome(outcome, context)
+    log_outcome(outcome, context)
     if isinstance(deps.audit, NotifyingAuditLog):
         # Cloud Functions gives an instance CPU only while it serves a request: notices still queued
         # when this one returns would wait for the next. The action is done; only the answer waits,
@@ -144,7 +144,7 @@ def handle_message(
     return outcome
 
 
-def _log_outcome(outcome: Outcome, context: dict[str, str]) -> None:
+def log_outcome(outcome: Outcome, context: dict[str, str]) -> None:
     labels = {**context, "envelope_id": outcome.envelope_id, "result": outcome.result}
     if outcome.actions:
         event = outcome.actions[0].event

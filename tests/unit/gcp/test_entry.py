@@ -206,7 +206,7 @@ def test_the_outcome_of_a_thousand_vm_event_is_logged_in_a_line_of_a_few_kib(
     outcome.actions.extend(Taken(ActionName.DRAIN, vm, None, "platform reboot", event) for vm in (*vms, "one-more"))
 
     # WHEN it is logged
-    entry_module._log_outcome(outcome, {})
+    entry_module.log_outcome(outcome, {})
 
     # THEN its one line lists the first actions and counts the others
     (line,) = capsys.readouterr().out.splitlines()

@@ -1,0 +1,110 @@
+"""The control plane's path on Cloud Functions (docs/architecture.md#two-paths): two entry points.
+
+- `on_central_log_entry`: the Compute Engine system-event audit log entries a log sink routes to
+  the `maintenance-central` topic (infra/terraform/gcp), each one a LogEntry in JSON as the
+  message's data, read into a report (functions/central/gce_system_event.py) and acted on.
+- `on_central_tick`: a Cloud Scheduler message on the tick topic once a minute; each tick sweeps
+  for silent agents (`sweep_silent`).
+
+An entry that is not this deployment's (another project's instance: a sink on a folder or an
+organisation sees them all) or that cannot be read is logged and acknowledged: it can never be
+acted on, and a retry or the dead-letter topic would bury what matters. A transient failure raises
+(HTTP 500) and Pub/Sub redelivers, as for the events topic (entry.py).
+
+Only Google writes system-event entries; who can publish to the topic the sink writes to is the
+trust of this path (docs/security.md, "Reports from the control plane").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+import functions_framework
+from cloudevents.http import CloudEvent
+
+from functions.central.gce_system_event import system_event_report
+from functions.central.gce_upcoming import GceScope
+from functions.core.central import CentralRefused, process_central, sweep_silent
+from functions.core.notify import NotifyingAuditLog
+from functions.core.process import Deps, Outcome
+from functions.gcp_app import wiring
+from functions.gcp_app.entry import NOTICE_SETTLE_SECONDS, UndecodableEventError, log_outcome, message_body
+from functions.gcp_app.settings import Settings
+from wire.bounds import bounded
+
+LOG = logging.getLogger("mbridge.gcp.central")
+
+
+@functools.cache
+def _scope() -> GceScope:
+    settings = Settings.from_env()
+    return GceScope(projects=settings.trusted_projects, zones=settings.trust_zones)
+
+
+def handle_log_entry(body: bytes, deps: Deps, scope: GceScope, now: datetime) -> list[Outcome]:
+    """Act on one message of the sink's topic: a LogEntry in JSON.
+
+    Raises:
+        RetryableError: a transient failure; Pub/Sub redelivers the message.
+    """
+    try:
+        entry: Any = json.loads(body)
+    except ValueError as exc:
+        LOG.error("a message on the central topic is not JSON, acknowledged unread: %s", bounded(str(exc)))
+        return []
+    if not isinstance(entry, dict):
+        LOG.error("a message on the central topic holds %s, not a LogEntry", type(entry).__name__)
+        return []
+    try:
+        report = system_event_report(entry, scope)
+    except CentralRefused as exc:
+        LOG.warning(
+            "system-event entry %s not acted on: %s",
+            bounded(str(entry.get("insertId")), 64),
+            bounded(str(exc)),
+            extra={"labels": {"result": "refused"}},
+        )
+        return []
+    if report is None:
+        return []
+    outcomes = process_central(report, deps, now)
+    _logged(outcomes, deps, {"source": report.source, "notice_id": report.notice_id[:64]})
+    return outcomes
+
+
+def handle_tick(deps: Deps, now: datetime) -> list[Outcome]:
+    """One tick of the scheduler: the sweep for silent agents."""
+    found = sweep_silent(deps, now)
+    if found:
+        LOG.info("silent-agent sweep: %d part(s) found silent", len(found))
+    _logged(found, deps, {"source": "sweep"})
+    return found
+
+
+def _logged(outcomes: list[Outcome], deps: Deps, labels: dict[str, str]) -> None:
+    for outcome in outcomes:
+        log_outcome(outcome, labels)
+    if outcomes and isinstance(deps.audit, NotifyingAuditLog):
+        deps.audit.settle(NOTICE_SETTLE_SECONDS)  # as entry.handle_message: notices go out before the answer
+
+
+@functions_framework.cloud_event
+def on_central_log_entry(cloud_event: CloudEvent) -> None:
+    """Deploy target: the push subscription of the log sink's topic."""
+    deps = wiring.deps()  # first: it also configures structured logging on a fresh instance
+    try:
+        body = message_body(cloud_event)
+    except UndecodableEventError as exc:
+        LOG.error("acknowledged without processing: %s (CloudEvent id %s)", bounded(str(exc)), cloud_event["id"])
+        return
+    handle_log_entry(body, deps, _scope(), datetime.now(timezone.utc))
+
+
+@functions_framework.cloud_event
+def on_central_tick(cloud_event: CloudEvent) -> None:
+    """Deploy target: the push subscription of the scheduler's tick topic (the message is not read)."""
+    handle_tick(wiring.deps(), datetime.now(timezone.utc))
