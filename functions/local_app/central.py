@@ -1,13 +1,13 @@
-"""The control plane's path for the local function host: the simulator's central feed, read as an
-Event Grid subscription would deliver it, and the sweep for silent agents on a timer
-(docs/architecture.md#two-paths).
+"""The control plane's path for the local function host: a simulator's central feed, read as the
+cloud would deliver it, and the sweep for silent agents on a timer (docs/architecture.md#two-paths).
 
-The feed is `GET /_sim/central/events?after=N` of an Azure simulator (docs/simulator.md): Event
-Grid `ScheduledEventEmitted` events in the order Azure emitted them, duplicates included. Each is
-made into a `CentralReport` of the VMs in the deployment's scope and acted on by the core; one that
-is not ours, or cannot be read, is logged and passed (a cloud queue would dead-letter it: it can
-never be acted on). A transient failure leaves the read position where it is, like a platform
-retry.
+The feed is `GET /_sim/central/events?after=N` of a simulator (docs/simulator.md), in delivery
+order, duplicates included: an Azure simulator's Event Grid `ScheduledEventEmitted` events (as an
+Event Grid subscription delivers them), a GCE simulator's system-event log entries (as a log sink
+delivers them to Pub/Sub). `azure_reports` and `gce_reports` make each into a `CentralReport` of
+the VMs in the deployment's scope, acted on by the core; one that is not ours, or cannot be read,
+is logged and passed (a cloud queue would dead-letter it: it can never be acted on). A transient
+failure leaves the read position where it is, like a platform retry.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Optional
 
 import requests
 
 from functions.central.event_grid import AzureScope, event_grid_report
-from functions.core.central import CentralRefused, process_central, sweep_silent
+from functions.central.gce_system_event import system_event_report
+from functions.central.gce_upcoming import GceScope
+from functions.core.central import CentralRefused, CentralReport, process_central, sweep_silent
 from functions.core.process import Deps, Outcome
 from wire.bounds import bounded
 from wire.errors import RetryableError
@@ -28,25 +30,36 @@ from wire.errors import RetryableError
 LOGGER = logging.getLogger("mbridge.functions.local.central")
 
 SWEEP_EVERY = timedelta(seconds=60)  # as the cloud apps' timer: once a minute
+# What a feed's entry reports: None for an entry that is no maintenance notice.
+ReportOf = Callable[[Any], Optional[CentralReport]]
+
+
+def azure_reports(scope: AzureScope) -> ReportOf:
+    return lambda event: event_grid_report(event, scope)
+
+
+def gce_reports(scope: GceScope) -> ReportOf:
+    return lambda entry: system_event_report(entry, scope)
 
 
 class CentralFeedReader:
-    """Reads an Azure simulator's central feed into the core, and sweeps for silent agents."""
+    """Reads a simulator's central feed into the core, and sweeps for silent agents (unless
+    `sweep_every` is None: another reader of the same functions sweeps)."""
 
     def __init__(
         self,
         feed_url: str,
         deps: Deps,
-        scope: AzureScope,
+        report_of: ReportOf,
         clock: Callable[[], datetime],
         *,
-        sweep_every: timedelta = SWEEP_EVERY,
+        sweep_every: timedelta | None = SWEEP_EVERY,
         on_outcome: Callable[[Outcome], None] = lambda outcome: None,
         session: requests.Session | None = None,
     ) -> None:
         self._url = feed_url.rstrip("/") + "/_sim/central/events"
         self._deps = deps
-        self._scope = scope
+        self._report_of = report_of
         self._clock = clock
         self._sweep_every = sweep_every
         self._on_outcome = on_outcome
@@ -60,7 +73,8 @@ class CentralFeedReader:
         taken = 0
         for seq, event in self._read(limit):
             try:
-                outcomes = process_central(event_grid_report(event, self._scope), self._deps, self._clock())
+                report = self._report_of(event)
+                outcomes = [] if report is None else process_central(report, self._deps, self._clock())
             except CentralRefused as exc:
                 LOGGER.warning("central event %d not acted on: %s", seq, bounded(str(exc)))
                 outcomes = []
@@ -76,7 +90,7 @@ class CentralFeedReader:
 
     def sweep_when_due(self) -> None:
         now = self._clock()
-        if self._swept_at is not None and now - self._swept_at < self._sweep_every:
+        if self._sweep_every is None or (self._swept_at is not None and now - self._swept_at < self._sweep_every):
             return
         self._swept_at = now
         for outcome in sweep_silent(self._deps, now):

@@ -70,9 +70,9 @@ def play(
     on_stage: StageListener,
     say: Callable[[str], None],
 ) -> Result:
-    left_out = [flow for flow in flows if flow.agent_down is not None and not world.reads_central_feed]
+    left_out = [flow for flow in flows if flow.agent_down is not None and not world.reads_central_feed(flow.cloud)]
     for flow in left_out:
-        say(f"not played on this bus: {flow.title} (its functions read no control-plane feed yet)")
+        say(f"not played on this bus: {flow.title} (its functions read no {flow.cloud.value} control-plane feed)")
     flows = [flow for flow in flows if flow not in left_out]
     timelines = {flow.key: EventTimeline(flow.key, flow.cloud, flow.kind, flow.event_id) for flow in flows}
     observer = Observer(list(timelines.values()), on_stage, world.sender_of)
@@ -81,6 +81,7 @@ def play(
         members = [flow for flow in flows if flow.phase == phase]
         say(f"phase {phase}: {'; '.join(flow.title for flow in members)}")
         _run_phase(world, members, timelines, observer, on_stage, say)
+        _revive_agents(world, members, say)
     deadline = time.monotonic() + SETTLE_SECONDS
     while time.monotonic() < deadline:
         world.poll(observer)
@@ -132,6 +133,14 @@ def _run_phase(
         time.sleep(POLL_SECONDS)
     late = [flow.key for flow in flows if not all(stage in timelines[flow.key].stages for stage in flow.ends_with)]
     say(f"phase time ({PHASE_TIMEOUT:g} s) is up; still waiting for: {', '.join(late)}")
+
+
+def _revive_agents(world: DemoWorld, flows: Sequence[Flow], say: Callable[[str], None]) -> None:
+    """The operator, told the agents were silent, starts them again: the VMs' own path is back."""
+    for flow in flows:
+        if flow.agent_down is not None:
+            world.restart_agent(flow.agent_down)
+            say(f"{flow.key}: the agent of {flow.agent_down} is started again (its operator was told it was silent)")
 
 
 def _react(world: DemoWorld, item: _Pending, timeline: EventTimeline, say: Callable[[str], None]) -> None:

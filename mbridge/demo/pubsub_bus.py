@@ -7,6 +7,10 @@ Eventarc would create them.
 
 Each VM has its own commands subscription (the emulator accepts the `target` filter but ignores
 it: the agents drop other VMs' commands themselves).
+
+The control plane's path has two topics of its own (`create_central_bus`), each pushed to its own
+function: `maintenance-central`, where a log sink would route the system-event log entries, and
+`maintenance-central-tick`, where Cloud Scheduler would publish once a minute.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ COMMANDS_TOPIC = "maintenance-commands"
 # Eventarc names the push subscription of a trigger eventarc-REGION-TRIGGER-sub-NNN.
 TRIGGER_SUBSCRIPTION = "eventarc-local-mbridge-events-sub-000"
 OBSERVER_SUBSCRIPTION = "demo-observer"
+CENTRAL_TOPIC = "maintenance-central"
+TICK_TOPIC = "maintenance-central-tick"
 ADMIN_TIMEOUT = 10.0
 
 
@@ -74,3 +80,19 @@ def setting_up(what: str) -> Iterator[None]:
         yield
     except Exception as exc:
         raise DemoSetupError(f"could not {what}: {exc}") from exc
+
+
+def create_central_bus(publisher: Any, subscriber: Any, log_entry_endpoint: str, tick_endpoint: str) -> None:
+    """The sink's topic and the scheduler's, each with a push subscription to its function."""
+    with setting_up("create the control plane's topics and subscriptions on the emulator"):
+        for topic, endpoint in ((CENTRAL_TOPIC, log_entry_endpoint), (TICK_TOPIC, tick_endpoint)):
+            publisher.create_topic(name=topic_path(topic), timeout=ADMIN_TIMEOUT)
+            subscriber.create_subscription(
+                request={
+                    "name": subscription_path(f"{topic}-push"),
+                    "topic": topic_path(topic),
+                    "push_config": {"push_endpoint": endpoint},
+                    "ack_deadline_seconds": PUSH_ACK_DEADLINE,
+                },
+                timeout=ADMIN_TIMEOUT,
+            )

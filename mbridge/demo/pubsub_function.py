@@ -20,8 +20,10 @@ from functions.core.policy import Policy, PolicyError, load_policy
 from mbridge.demo.emulators import FIRESTORE, PUBSUB, PeerProcess, free_port, launch
 from mbridge.demo.errors import DemoSetupError
 from mbridge.demo.pubsub_bus import COMMANDS_TOPIC, PROJECT
+from simulator.gce_api.project import PROJECT_ID as SIM_PROJECT
 
 FUNCTION_TARGET = "on_maintenance_event"
+CENTRAL_TARGETS = ("on_central_log_entry", "on_central_tick")  # the control plane's path (main.py)
 FUNCTION_STARTUP_TIMEOUT = 60.0
 GCP_EXTRA_HINT = "install the Google extras: pip install -e '.[functions-gcp]' (from the repository root)"
 
@@ -56,8 +58,9 @@ def launch_function(
     pubsub_host: str,
     firestore_host: str,
     logs: Path,
+    target: str = FUNCTION_TARGET,
 ) -> PeerProcess:
-    """functions-framework serving `repo_root`/main.py on a free loopback port."""
+    """functions-framework serving `target` of `repo_root`/main.py on a free loopback port."""
     port = free_port()
     # Nothing of the caller's own MBRIDGE_* settings (instance groups, a signing key) leaks in.
     env = {name: value for name, value in os.environ.items() if not name.startswith("MBRIDGE_")}
@@ -69,6 +72,8 @@ def launch_function(
             "MBRIDGE_POLICY": policy,
             "MBRIDGE_TRUST_FILE": str(trust_file),
             "MBRIDGE_SIGNING_KEY": signing_pem,
+            # The project of the GCE simulator's VMs: the control plane's reports of others are not ours.
+            "MBRIDGE_TRUST_PROJECTS": SIM_PROJECT,
             PUBSUB.variable: pubsub_host,
             FIRESTORE.variable: firestore_host,
             "PYTHONUNBUFFERED": "1",
@@ -76,10 +81,11 @@ def launch_function(
     )
     command = [
         sys.executable, "-m", "functions_framework",
-        "--target", FUNCTION_TARGET, "--signature-type", "cloudevent", "--source", str(repo_root / "main.py"),
+        "--target", target, "--signature-type", "cloudevent", "--source", str(repo_root / "main.py"),
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    return launch("functions-framework", command, f"127.0.0.1:{port}", logs, env=env, cwd=repo_root)
+    name = "functions-framework" if target == FUNCTION_TARGET else f"functions-framework-{target}"
+    return launch(name, command, f"127.0.0.1:{port}", logs, env=env, cwd=repo_root)
 
 
 def require_google_libraries(repo_root: Path) -> None:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -54,15 +55,20 @@ from mbridge.demo.eventarc_shim import EventarcShim
 from mbridge.demo.flows import POOLS
 from mbridge.demo.pubsub_bus import (
     ADMIN_TIMEOUT,
+    CENTRAL_TOPIC,
     COMMANDS_TOPIC,
     EVENTS_TOPIC,
     PROJECT,
+    TICK_TOPIC,
     TRIGGER_SUBSCRIPTION,
     admin_clients,
     create_bus,
+    create_central_bus,
     topic_path,
 )
+from mbridge.demo.pubsub_central import READ_EVERY, SinkRelay, Ticker, keep_going
 from mbridge.demo.pubsub_function import (
+    CENTRAL_TARGETS,
     FUNCTION_STARTUP_TIMEOUT,
     FUNCTION_TARGET,
     launch_function,
@@ -106,12 +112,16 @@ class PubSubWorld:
         self.pubsub: PeerProcess | None = None
         self.firestore: PeerProcess | None = None
         self.function: PeerProcess | None = None
+        self.central_functions: dict[str, PeerProcess] = {}  # the control plane's path, by target
+        self.central_shims: dict[str, EventarcShim] = {}
+        self._central_stop = threading.Event()
         self.shim: EventarcShim | None = None
         self.sims: Simulators | None = None
         self.health: dict[str, str] = {}  # VM → base URL of its agent's health server
         self._cleanup = ExitStack()
         self._watch = PubSubWatch()
         self._approvals_seen = 0
+        self._agents = AgentThreads()
         self._subscriber: Any = None  # the Pub/Sub admin client, also the observer's puller
         self._audit_log: FirestoreAuditLog | None = None
 
@@ -139,13 +149,21 @@ class PubSubWorld:
         self.pubsub = self._started(launch_emulator(PUBSUB, self.logs, sdk_root))
         self.firestore = self._started(launch_emulator(FIRESTORE, self.logs, sdk_root))
         self.function = self._started(self._launch_function(policy))
+        for target in CENTRAL_TARGETS:
+            self.central_functions[target] = self._started(self._launch_function(policy, target))
         wait_ready(self.pubsub, PUBSUB.ready_text)
         wait_ready(self.firestore, FIRESTORE.ready_text)
         self._point_clients_at_emulators()
-        wait_ready(self.function, accepts_connections(self.function.host), FUNCTION_STARTUP_TIMEOUT)
+        for function in (self.function, *self.central_functions.values()):
+            wait_ready(function, accepts_connections(function.host), FUNCTION_STARTUP_TIMEOUT)
         self.shim = EventarcShim(self.function_url, topic_path(EVENTS_TOPIC)).start()
         self._cleanup.callback(self.shim.stop)
+        for target, topic in zip(CENTRAL_TARGETS, (CENTRAL_TOPIC, TICK_TOPIC)):
+            shim = EventarcShim(f"http://{self.central_functions[target].host}/", topic_path(topic)).start()
+            self._cleanup.callback(shim.stop)
+            self.central_shims[target] = shim
         self._create_bus()
+        self._start_central(self.sims)
         self._start_watching()
         self._start_agents(self.sims)
         self.sims.wait_until_watched(timeout)
@@ -160,7 +178,7 @@ class PubSubWorld:
         assert self.function is not None
         return f"http://{self.function.host}/"
 
-    def _launch_function(self, policy: str) -> PeerProcess:
+    def _launch_function(self, policy: str, target: str = FUNCTION_TARGET) -> PeerProcess:
         assert self.pubsub is not None
         assert self.firestore is not None
         return launch_function(
@@ -171,6 +189,7 @@ class PubSubWorld:
             self.pubsub.host,
             self.firestore.host,
             self.logs,
+            target,
         )
 
     def _point_clients_at_emulators(self) -> None:
@@ -189,7 +208,20 @@ class PubSubWorld:
         self._publisher = publisher
         self._cleanup.callback(_quietly, "close the Pub/Sub admin clients", subscriber.close)
         create_bus(publisher, subscriber, self.shim.url)
+        log_entries, ticks = (self.central_shims[target].url for target in CENTRAL_TARGETS)
+        create_central_bus(publisher, subscriber, log_entries, ticks)
         self._subscriber = subscriber
+
+    def _start_central(self, sims: Simulators) -> None:
+        """The log sink and the scheduler of the control plane's path (pubsub_central.py)."""
+        relay, ticker = SinkRelay(sims.gce.base_urls[0], self._publisher), Ticker(self._publisher)
+        threads = (
+            keep_going(relay.step, READ_EVERY, self._central_stop, "sink-relay"),
+            keep_going(ticker.step, ticker.every, self._central_stop, "scheduler-ticks"),
+        )
+        for thread in threads:
+            self._cleanup.callback(thread.join, 10)
+        self._cleanup.callback(self._central_stop.set)  # first: the clean-up runs the last callback first
 
     # ---- what the demo watches
 
@@ -204,7 +236,7 @@ class PubSubWorld:
         self._watch.start(self._subscriber, audit_log, self._cleanup)
 
     def _start_agents(self, sims: Simulators) -> None:
-        agents = AgentThreads()
+        agents = self._agents
         self._cleanup.callback(agents.halt)
         for cloud, vm, url in sims.endpoints():
             state_dir = self.workdir / "agents" / vm
@@ -248,13 +280,16 @@ class PubSubWorld:
         assert self._verifier is not None
         return sender_of(self._verifier, body)
 
-    @property
-    def reads_central_feed(self) -> bool:
-        # The Cloud Function here reads no control-plane feed yet (docs/architecture.md#two-paths).
-        return False
+    def reads_central_feed(self, cloud: Cloud) -> bool:
+        # The Cloud Functions read GCE's system-event log (a log sink); Azure's feed is Event Grid's,
+        # delivered to the Azure Functions (docs/architecture.md#two-paths).
+        return cloud is Cloud.GCE
 
     def stop_agent(self, vm: str) -> None:
-        raise NotImplementedError("this world reads no central feed: it plays no dead-agent flow")
+        self._agents.stop_one(vm)
+
+    def restart_agent(self, vm: str) -> None:
+        self._agents.restart(vm)
 
     def _ready(self, vm: str) -> bool:
         try:
@@ -272,6 +307,10 @@ class PubSubWorld:
             f"Firestore emulator {self.firestore.host}",
             f"function: {self.function_url} (functions-framework, {FUNCTION_TARGET} from main.py), fed by the "
             f"push subscription {TRIGGER_SUBSCRIPTION} through the Eventarc shim {self.shim.url}",
+            "control plane: "
+            + "; ".join(f"{target} on {peer.host}" for target, peer in self.central_functions.items())
+            + f", fed by {CENTRAL_TOPIC} (the GCE simulator's system-event log, as a log sink) and {TICK_TOPIC} "
+            "(a tick a second, as Cloud Scheduler)",
             f"load-balancer pools: the agents' /readyz on 127.0.0.1 ({readyz})",
             f"audit log: Firestore collection mbridge_audit (FIRESTORE_EMULATOR_HOST={self.firestore.host}), "
             f"written to {self.audit_export} at the end",

@@ -170,7 +170,7 @@ class Observer:
             self._mark(timeline, "completed", envelope.time, f"{event.status.value}, seen by {event.reporter}", vm=own)
 
     def audit(self, record: AuditRecord) -> None:
-        timeline = next((t for t in self.timelines if t.owns(record.event_id)), None)
+        timeline = next((t for t in self.timelines if t.owns(record.event_id)), None) or self._adopting(record)
         if timeline is None:
             return
         if record.kind in REFUSED:
@@ -200,6 +200,22 @@ class Observer:
         elif record.kind == "action" and record.action == "restore":
             timeline.restored.append(record.vm)
             self._mark(timeline, "restored", record.time, record.vm, again=True, vm=record.vm)
+
+    def _adopting(self, record: AuditRecord) -> EventTimeline | None:
+        """The GCE flow a control-plane report is the first sighting of (its agent is down: no envelope
+        gave the flow its derived id), which takes the report's event id from now on."""
+        if record.kind != "event" or not str(record.detail.get("sender", "")).startswith(CENTRAL_SENDER):
+            return None
+        for timeline in self.timelines:
+            if (
+                timeline.event_id is None
+                and timeline.injected_at is not None
+                and timeline.cloud.value == record.detail.get("cloud")
+                and timeline.kind.value == record.detail.get("kind")
+            ):
+                timeline.event_id = record.event_id
+                return timeline
+        return None
 
     def approval(self, entry: Mapping[str, Any]) -> None:
         ids = [str(event_id) for event_id in entry.get("event_ids") or []]

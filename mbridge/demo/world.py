@@ -24,9 +24,10 @@ from agent.proofs import AzureAttestedProver, GceIdentityProver, Prover
 from agent.sources.azure.client import AzureImdsClient
 from agent.sources.gce.client import GceMetadataClient
 from functions.central.event_grid import AzureScope
+from functions.central.gce_upcoming import GceScope
 from functions.core.policy import Policy
 from functions.local_app.balancer import LocalPool
-from functions.local_app.central import CentralFeedReader
+from functions.local_app.central import CentralFeedReader, azure_reports, gce_reports
 from functions.local_app.host import LocalFunctionHost
 from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
@@ -35,6 +36,7 @@ from mbridge.demo.flows import AZURE_VMS, GCE_VM, POOLS
 from mbridge.demo.timeline import Observer
 from simulator import Simulator
 from simulator.azure_api import SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
+from simulator.gce_api.project import PROJECT_ID
 from wire.commands import Command
 from wire.envelope import decode
 from wire.errors import MalformedEnvelopeError
@@ -75,13 +77,16 @@ class DemoWorld(Protocol):
         """The VM a message's proof names (checked as the functions check it), or None."""
         ...
 
-    @property
-    def reads_central_feed(self) -> bool:
-        """Whether the functions here also read the control plane's feed (a dead agent's flow needs it)."""
+    def reads_central_feed(self, cloud: Cloud) -> bool:
+        """Whether the functions here also read `cloud`'s control-plane feed (a dead agent's flow needs it)."""
         ...
 
     def stop_agent(self, vm: str) -> None:
         """Stop VM `vm`'s agent, as if it crashed: nothing more is reported from that VM."""
+        ...
+
+    def restart_agent(self, vm: str) -> None:
+        """Start VM `vm`'s stopped agent again, as its operator would once told it was silent."""
         ...
 
 
@@ -211,12 +216,19 @@ class AgentThreads:
 
     running: dict[str, tuple[threading.Thread, threading.Event]] = field(default_factory=dict)
 
+    settings: dict[str, AgentSettings] = field(default_factory=dict)
+
     def start(self, settings: AgentSettings) -> None:
         stop = threading.Event()
         thread = threading.Thread(target=run_agent, args=(settings, stop), name=f"agent-{settings.vm_name}")
         thread.daemon = True
         thread.start()
         self.running[settings.vm_name or ""] = (thread, stop)
+        self.settings[settings.vm_name or ""] = settings
+
+    def restart(self, vm: str) -> None:
+        """Start a stopped agent again, with its settings and its state directory (its ledger)."""
+        self.start(self.settings[vm])
 
     def stop_one(self, vm: str) -> None:
         thread, stop = self.running[vm]
@@ -251,11 +263,18 @@ class EmbeddedWorld:
         )
         self._host = threading.Thread(target=host.run, args=(self._host_stop,), name="function-host", daemon=True)
         # The control plane's path: the Azure simulator's central feed (Event Grid), read as its
-        # subscription would deliver it, swept for silent agents every second (a minute in the clouds).
+        # subscription would deliver it, swept for silent agents every second (a minute in the
+        # clouds); and the GCE simulator's (its system-event log entries, as a log sink delivers them).
         scope = AzureScope(subscriptions=(SIM_SUBSCRIPTION_ID,), resource_groups=(SIM_RESOURCE_GROUP,))
-        self._central = CentralFeedReader(
-            self.sims.azure.base_urls[0], host.deps, scope, clock, sweep_every=timedelta(seconds=1)
-        )
+        self._central = (
+            CentralFeedReader(
+                self.sims.azure.base_urls[0], host.deps, azure_reports(scope), clock, sweep_every=timedelta(seconds=1)
+            ),
+            CentralFeedReader(
+                self.sims.gce.base_urls[0], host.deps, gce_reports(GceScope(projects=(PROJECT_ID,))), clock,
+                sweep_every=None,
+            ),
+        )  # fmt: skip
         self._central_thread = threading.Thread(
             target=_keep_reading, args=(self._central, self._host_stop), name="central-feed", daemon=True
         )
@@ -308,27 +327,30 @@ class EmbeddedWorld:
     def sender_of(self, body: bytes) -> str | None:
         return sender_of(self._verifier, body)
 
-    @property
-    def reads_central_feed(self) -> bool:
+    def reads_central_feed(self, cloud: Cloud) -> bool:
         return True
 
     def stop_agent(self, vm: str) -> None:
         self.agents.stop_one(vm)
+
+    def restart_agent(self, vm: str) -> None:
+        self.agents.restart(vm)
 
     def close(self) -> None:
         self.agents.halt()
         self._host_stop.set()
         self._host.join(timeout=10)
         self._central_thread.join(timeout=10)
-        self._central.close()
+        for reader in self._central:
+            reader.close()
         self.sims.stop()
         self.store.close()
         self.pool.close()
         self.bus.close()
 
 
-def _keep_reading(reader: CentralFeedReader, stop: threading.Event, every: float = 0.1) -> None:
-    """Read the central feed until `stop`, as the function host reads the bus."""
+def _keep_reading(readers: Sequence[CentralFeedReader], stop: threading.Event, every: float = 0.1) -> None:
+    """Read the central feeds until `stop`, as the function host reads the bus."""
     while not stop.is_set():
-        if not reader.step():
+        if not sum(reader.step() for reader in readers):
             stop.wait(every)

@@ -15,15 +15,17 @@ import pytest
 import requests
 
 from functions.central.event_grid import AzureScope
+from functions.central.gce_upcoming import GceScope
 from functions.core.central import WATCH_LINE
 from functions.core.policy import Policy
 from functions.core.ports import ActionName, AuditKind
 from functions.core.process import Deps
 from functions.local_app.balancer import LocalPool
-from functions.local_app.central import CentralFeedReader
+from functions.local_app.central import CentralFeedReader, azure_reports, gce_reports
 from functions.local_app.store import SqliteStore
 from simulator import Simulator
 from simulator.azure_api import SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
+from simulator.gce_api.project import PROJECT_ID
 from tests.kit import FakeClock, RecordingSender
 from tests.waiting import wait_until
 
@@ -64,7 +66,7 @@ def world() -> Iterator[World]:
         policy = replace(Policy(), silent_agents="drain", silent_agent_seconds=SILENT_AFTER)
         deps = Deps(store, pool, sent, store, policy, monotonic=clock.monotonic)
         scope = AzureScope(subscriptions=(SIM_SUBSCRIPTION_ID,), resource_groups=(SIM_RESOURCE_GROUP,))
-        reader = CentralFeedReader(sim.base_urls[0], deps, scope, clock.now)
+        reader = CentralFeedReader(sim.base_urls[0], deps, azure_reports(scope), clock.now)
         yield World(sim, store, pool, sent, clock, reader)
         reader.close()
         store.close()
@@ -95,3 +97,43 @@ def test_a_dead_agents_vm_is_found_silent_drained_and_put_back_from_the_control_
     world.read_until("web-1 back", lambda: sorted(world.pool.members("web")) == list(VMS))
     assert world.audited(AuditKind.ACTION, ActionName.RESTORE) == ["web-1"]
     assert any(r.event_id == event_id for r in world.store.query())
+
+
+def test_a_dead_agents_gce_window_is_found_silent_drained_for_while_open_and_put_back() -> None:
+    with Simulator(cloud="gce", vm_names=["gce-0"]) as sim:
+        store, pool, sent, clock = SqliteStore(":memory:"), LocalPool(":memory:"), RecordingSender(), FakeClock()
+        pool.add("gce", ["gce-0"])
+        policy = replace(Policy(), silent_agents="drain", silent_agent_seconds=SILENT_AFTER)
+        deps = Deps(store, pool, sent, store, policy, monotonic=clock.monotonic)
+        reader = CentralFeedReader(sim.base_urls[0], deps, gce_reports(GceScope(projects=(PROJECT_ID,))), clock.now)
+        world = World(sim, store, pool, sent, clock, reader)
+        try:
+            # GIVEN gce-0's agent is dead, WHEN GCE schedules a maintenance window on it
+            window = {"window_start_in": 3600, "window_length": 3600}
+            set_gce = f"{sim.base_urls[0]}/_sim/gce"
+            assert requests.post(set_gce, json={"key": "upcoming-maintenance", "value": window}, timeout=10).ok
+
+            # THEN the log's report is watched, and after the bound the agent found silent (audit only)
+            world.read_until("the scheduled window", lambda: store.parked(WATCH_LINE))
+            clock.advance(timedelta(seconds=SILENT_AFTER))
+            reader.step()
+            assert world.audited(AuditKind.AGENT_SILENT) == ["gce-0"]
+            assert pool.members("gce") == ["gce-0"]
+
+            # WHEN the window opens, and the bound passes again
+            opened = {"key": "upcoming-maintenance", "value": {"maintenanceStatus": "ONGOING"}}
+            assert requests.post(set_gce, json=opened, timeout=10).ok
+            world.read_until("the open window", lambda: store.parked(WATCH_LINE))
+            clock.advance(timedelta(seconds=SILENT_AFTER))
+            reader.step()
+
+            # THEN gce-0 is out of its pool for the window; WHEN the window is over THEN it is back
+            assert pool.members("gce") == []
+            assert requests.post(set_gce, json={"key": "upcoming-maintenance", "value": None}, timeout=10).ok
+            world.read_until("gce-0 back", lambda: pool.members("gce") == ["gce-0"])
+            assert world.audited(AuditKind.ACTION, ActionName.RESTORE) == ["gce-0"]
+            assert sent.commands == []
+        finally:
+            reader.close()
+            store.close()
+            pool.close()

@@ -1,5 +1,5 @@
 """The control-API calls that start a flow's maintenance in the simulator: an Azure event, or a value
-of GCE's maintenance-event.
+of GCE's maintenance-event or upcoming-maintenance.
 """
 
 from __future__ import annotations
@@ -18,3 +18,8 @@ def azure_event(
 
 def gce_value(value: str) -> tuple[str, dict[str, Any]]:
     return "/_sim/gce", {"vm": GCE_VM, "key": "maintenance-event", "value": value}
+
+
+def gce_upcoming(value: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """Set (or, with None, remove) GCE's upcoming-maintenance on the demo's GCE VM."""
+    return "/_sim/gce", {"vm": GCE_VM, "key": "upcoming-maintenance", "value": value}
