@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +30,10 @@ from wire.timefmt import format_rfc3339
 
 class AuditReader(Protocol):
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]: ...
+
+    def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
+        """The records from `since` on, oldest first, at most `most` (`mbridge fleet`)."""
+        ...
 
 
 class SourceError(Exception):
