@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +31,10 @@ from wire.timefmt import format_rfc3339
 class AuditReader(Protocol):
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]: ...
 
+    def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
+        """The records from `since` on, oldest first, at most `most` (`mbridge fleet`)."""
+        ...
+
 
 class SourceError(Exception):
     """The chosen audit log cannot be opened; the message says what to pass."""
@@ -41,7 +46,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     listing = actions.add_parser("list", help="print audit records as JSON lines, oldest first")
     listing.add_argument("--vm", help="only records about this VM")
     listing.add_argument("--event", help="only records of this event id (case-insensitive)")
-    source = listing.add_mutually_exclusive_group()
+    add_source_flags(listing)
+
+
+def add_source_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose the audit log (`open_reader`): the local database by default."""
+    source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--db",
         default=None,
@@ -52,17 +62,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--table-connection-string", help="Azure: a Table connection string instead (Azurite, local runs)"
     )
     source.add_argument("--firestore-project", help="Google Cloud: the project of the Firestore database")
-    listing.add_argument(
+    parser.add_argument(
         "--audit-table",
         default=env("MBRIDGE_AUDIT_TABLE", "mbridgeaudit"),
         help="Azure: the audit table [MBRIDGE_AUDIT_TABLE, default mbridgeaudit]",
     )
-    listing.add_argument(
+    parser.add_argument(
         "--firestore-database",
         default=env("MBRIDGE_FIRESTORE_DATABASE", "(default)"),
         help="Google Cloud: the database [MBRIDGE_FIRESTORE_DATABASE, default (default)]",
     )
-    listing.add_argument(
+    parser.add_argument(
         "--firestore-prefix",
         default=env("MBRIDGE_FIRESTORE_COLLECTION_PREFIX", "mbridge_"),
         help="Google Cloud: the collection prefix [MBRIDGE_FIRESTORE_COLLECTION_PREFIX, default mbridge_]",
@@ -87,21 +97,30 @@ def audit_line(record: AuditRecord) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        reader, close = open_reader(args)
-    except SourceError as error:
-        print(f"mbridge audit: {error}", file=sys.stderr)
+    records = read_log(args, lambda reader: reader.query(vm=args.vm, event_id=args.event), "mbridge audit")
+    if records is None:
         return 2
-    try:
-        records = reader.query(vm=args.vm, event_id=args.event)
-    except BridgeError as error:  # unreachable, missing role or index: the adapters' messages say which
-        print(f"mbridge audit: {error}", file=sys.stderr)
-        return 2
-    finally:
-        close()
     for record in records:
         print(json.dumps(audit_line(record)))
     return 0
+
+
+def read_log(
+    args: argparse.Namespace, read: Callable[[AuditReader], Sequence[AuditRecord]], program: str
+) -> Sequence[AuditRecord] | None:
+    """What `read` reads from the audit log the flags name; None when it cannot be read (said on stderr)."""
+    try:
+        reader, close = open_reader(args)
+    except SourceError as error:
+        print(f"{program}: {error}", file=sys.stderr)
+        return None
+    try:
+        return read(reader)
+    except BridgeError as error:  # unreachable, missing role or index: the adapters' messages say which
+        print(f"{program}: {error}", file=sys.stderr)
+        return None
+    finally:
+        close()
 
 
 def open_reader(args: argparse.Namespace) -> tuple[AuditReader, Any]:

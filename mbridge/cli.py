@@ -59,6 +59,14 @@ COMMANDS = {
         "taken from the envelopes; duplicates take no new action.",
     ),
     "audit": Command("mbridge.audit_cli", "read the local audit log", "Read the local audit log."),
+    "fleet": Command(
+        "mbridge.fleet_cli",
+        "show upcoming and running maintenance across the fleet, from the audit log",
+        "One row per (VM, event) from the audit log (the local SQLite, Table Storage or Firestore, the flags "
+        "of `mbridge audit list`): kind, NotBefore, who reported it (agent, centre, both), drained, approved, "
+        "how it ended, whether the VM's agent was found silent. Events not ended, by NotBefore; --all for "
+        "every one, --json for JSON lines. See docs/operations.md#the-fleet-view.",
+    ),
     "recover": Command(
         "mbridge.recover_cli",
         "list the VMs still drained, and put one back whose event's end no report will finish (audited)",

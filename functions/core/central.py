@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.core.invocation import CLAIM_LEASE, Deps, Invocation, Outcome, event_detail, event_record
+from functions.core.invocation import CLAIM_LEASE, Deps, Invocation, Outcome, event_record, report_detail
 from functions.core.keys import claim_key, subject_key
 from functions.core.lifecycle import ENDING, act, recall_end
 from functions.core.log_fields import event_fields
@@ -187,9 +187,7 @@ def _part(report: CentralReport, vm: str, deps: Deps, now: datetime) -> Outcome:
     run.path = f"{SENDER_PREFIX}{report.source}"
 
     def steps() -> None:
-        run.audit(
-            AuditKind.EVENT, reason=event.description, detail={**event_detail(event), "sender": _sender(report, vm)}
-        )
+        run.audit(AuditKind.EVENT, reason=event.description, detail=report_detail(event, _sender(report, vm)))
         if event.status in ENDING:
             act(run)  # the end, as the agent's would be: what this system drained goes back
             deps.store.unpark(WATCH_LINE, subject_key(event))

@@ -33,6 +33,7 @@ from wire.commands import Command
 from wire.envelope import Envelope
 from wire.identity import IdentityVerifier
 from wire.model import MaintenanceEvent
+from wire.timefmt import format_rfc3339
 
 # How long one invocation may hold a claim before a redelivery may take it over. The platform's
 # function timeout must exceed this plus `ClaimWait.longest` plus the slowest run of actions
@@ -258,6 +259,13 @@ def event_record(
         status=event.status.value,
         **fields,
     )
+
+
+def report_detail(event: MaintenanceEvent, sender: str) -> JsonObject:
+    """What the record of a report (kind `event`) says beside `event_detail`: the event's NotBefore as
+    reported (None: none), and who sent it (the VM's agent, or `central.SENDER_PREFIX` and the feed)."""
+    not_before = None if event.not_before is None else format_rfc3339(event.not_before)
+    return {**event_detail(event), "not_before": not_before, "sender": sender}
 
 
 def event_detail(event: MaintenanceEvent) -> JsonObject:

@@ -58,8 +58,8 @@ from functions.core.invocation import (
     Invocation,
     Outcome,
     Taken,
-    event_detail,
     event_record,
+    report_detail,
 )
 from functions.core.keys import claim_key, own_part
 from functions.core.lifecycle import act
@@ -157,9 +157,7 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
 
     def steps() -> None:
         # What was reported (its VMs, as far as the audit names them) and who vouches for it.
-        run.audit(
-            AuditKind.EVENT, reason=event.description, detail={**event_detail(reported), "sender": _vouched(identity)}
-        )
+        run.audit(AuditKind.EVENT, reason=event.description, detail=report_detail(reported, _vouched(identity)))
         act(run)
 
     return run.carry_through(key, steps)

@@ -82,6 +82,18 @@ class FirestoreAuditLog:
         with firestore_errors(self._database, "query the audit log"):
             return [_audit_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
 
+    def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
+        """The records written from `since` on (by `recorded_at`, the commit time), oldest first, at most
+        `most` of them: a view of the whole log that reads only what it shows (`mbridge fleet`). By
+        VM it is served by the composite index of the queries by VM (docs/gcp.md); without, by the
+        single-field index Firestore keeps on `recorded_at`."""
+        query: Any = self._collection.where(filter=firestore.FieldFilter("recorded_at", ">=", since))
+        if vm is not None:
+            query = query.where(filter=firestore.FieldFilter("vm", "==", vm))
+        query = query.order_by("recorded_at").limit(max(0, most))
+        with firestore_errors(self._database, "query the audit log"):
+            return [_audit_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
+
     def _next_id(self) -> str:
         return f"{time.time_ns():020d}-{next(self._counter) % 1_000_000:06d}-{secrets.token_hex(4)}"
 

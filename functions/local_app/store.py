@@ -28,6 +28,7 @@ from functions.core.ports import (
     Reservation,
 )
 from functions.core.store_rules import DONE, IN_PROGRESS, Finish, claim_found, glance_each, joined, legacy_expiry
+from wire.timefmt import format_rfc3339
 
 # Columns added since files were first made: (table, column, type). A file made before gets them
 # when it is opened; its rows have NULL there (a reservation without expiry: see `reserve`).
@@ -347,6 +348,19 @@ class SqliteStore:
         sql = f"SELECT {_AUDIT_COLUMNS} FROM audit{where} ORDER BY seq"  # noqa: S608
         with self._lock:
             rows = self._db.execute(sql, params).fetchall()
+        return [audit_record(dict(zip(AUDIT_FIELDS, row))) for row in rows]
+
+    def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
+        """The records from `since` on (by their `time`), oldest first, at most `most` of them: a view of
+        the whole log that reads only what it shows (`mbridge fleet`)."""
+        clauses, params = ["julianday(time) >= julianday(?)"], [format_rfc3339(since)]
+        if vm is not None:
+            clauses.append("vm = ?")
+            params.append(vm)
+        # The clauses are fixed strings; every value is a parameter.
+        sql = f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?"  # noqa: S608
+        with self._lock:
+            rows = self._db.execute(sql, [*params, max(0, most)]).fetchall()
         return [audit_record(dict(zip(AUDIT_FIELDS, row))) for row in rows]
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,13 @@ from typing import Any
 import pytest
 
 from functions.core.ports import AuditLog, AuditRecord
+from functions.core.process import Deps
 from functions.local_app.store import SqliteStore
 from mbridge.cli import main
+from tests.kit import FakeClock
+from tests.unit.functions.test_central import SET, SILENT_AFTER, World
+from tests.unit.functions.test_trust import opened
+from wire.model import EventStatus
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -140,3 +145,39 @@ def test_sources_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert exit_info.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+@dataclass
+class LoggedWorld(World):
+    """test_central.py's world, whose core writes its audit records to another log (a source's)."""
+
+    log: AuditLog | None = None
+
+    def deps(self) -> Deps:
+        return replace(super().deps(), audit=self.log or self.store)
+
+
+def test_the_fleet_view_reads_every_source(source: AuditSource, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN the core's records in the source's audit log, now: web-0's Reboot reported by its agent
+    # (drained, approved), web-1's by the control plane only (its agent silent), both not ended
+    with opened(LoggedWorld, SET) as world:
+        world.log, world.clock = source.audit, FakeClock(datetime.now(timezone.utc))
+        world.policy = replace(world.policy, silent_agents="drain")
+        world.agent(EventStatus.SCHEDULED, vm="web-0")
+        world.centre(EventStatus.SCHEDULED, vms=("web-1",))
+        world.clock.advance(SILENT_AFTER)
+        world.sweep()
+
+    # WHEN `mbridge fleet` reads it with the source's flags, as JSON and as a table
+    code = main(["fleet", *source.flags, "--since", "1h", "--json"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    table_code = main(["fleet", *source.flags, "--since", "1h", "--vm", "web-1"])
+    table = capsys.readouterr().out.splitlines()
+
+    # THEN each VM's part is one row, said as the core did it
+    assert (code, table_code) == (0, 0)
+    assert [(row["vm"], row["source"], row["drained"], row["approved"], row["silent"]) for row in rows] == [
+        ("web-0", "agent", "yes", "sent", False),
+        ("web-1", "centre", "yes", "sent", True),
+    ]
+    assert [line.split()[0] for line in table] == ["VM", "web-1"]

@@ -5,15 +5,17 @@ is one codec (functions/core/audit_codec.py, tests/unit/functions/test_audit_cod
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta, timezone
+from typing import Any, cast
 
 import pytest
 
 from functions.core.ports import AuditRecord
 from functions.gcp_app.firestore_store import FirestoreConfigError
+from mbridge.audit_cli import AuditReader
 from tests.contract.backends import BACKENDS, FIRESTORE, NOW, Backend, open_backend
 from wire.bounds import MAX_AUDIT_TEXT
 
@@ -156,3 +158,50 @@ def test_a_record_naming_a_thousand_vms_is_cut_appended_and_found(
     assert backend.audit.query(event_id="E-1") == [entry]
     assert backend.audit.query(vm="web-0") == []
     assert backend.audit.query(vm=entry.vm) == [entry]
+
+
+def _since_reader(backend: Backend) -> AuditReader:
+    """The backend's audit log as `mbridge fleet` reads it (the core's port has no `query_since`)."""
+    return cast(AuditReader, backend.audit)
+
+
+def _written_now(kind: str, vm: str, event_id: str, **fields: Any) -> AuditRecord:
+    """A record of the present moment: a query since a time is by when it was written (Firestore's
+    commit time) or its own `time` (SQLite, Table Storage), and here they agree."""
+    return replace(record(kind, vm, event_id, **fields), time=datetime.now(timezone.utc))
+
+
+def test_the_records_since_a_moment_come_oldest_first_by_vm_or_all(backend: Backend) -> None:
+    # GIVEN records written before a moment, and others after it, of two VMs
+    backend.audit.append_all([_written_now("event", f"web-{n % 2}", "E-OLD", reason=str(n)) for n in range(4)])
+    time.sleep(0.05)
+    moment = datetime.now(timezone.utc)
+    time.sleep(0.05)
+    after = [_written_now("event", f"web-{n % 2}", "E-NEW", reason=str(n)) for n in range(5)]
+    for entry in after:  # one write each: by Firestore's commit time they follow one another
+        backend.audit.append(entry)
+
+    # WHEN the log is read since the moment, whole and by VM, with room to spare
+    reader = _since_reader(backend)
+    since = reader.query_since(moment, most=100)
+    of_one_vm = reader.query_since(moment, most=100, vm="web-1")
+
+    # THEN only the later records come, in the order written
+    assert [line.reason for line in since] == ["0", "1", "2", "3", "4"]
+    assert {line.event_id for line in since} == {"E-NEW"}
+    assert [line.reason for line in of_one_vm] == ["1", "3"]
+
+
+def test_the_records_since_a_moment_are_never_more_than_asked(backend: Backend) -> None:
+    # GIVEN a dozen records of one VM, written after a moment
+    moment = datetime.now(timezone.utc) - timedelta(seconds=1)
+    backend.audit.append_all([_written_now("action", "web-0", "E-1", reason=str(n)) for n in range(12)])
+
+    # WHEN the log is read since the moment, at most five and at most twelve
+    reader = _since_reader(backend)
+
+    # THEN five come (the caller asks for one more than it shows to know it was cut), then all twelve
+    assert len(reader.query_since(moment, most=5)) == 5
+    assert len(reader.query_since(moment, most=5, vm="web-0")) == 5
+    assert [line.reason for line in reader.query_since(moment, most=12)] == [str(n) for n in range(12)]
+    assert reader.query_since(datetime.now(timezone.utc) + timedelta(minutes=5), most=5) == []

@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from azure.data.tables import TableClient
@@ -14,6 +15,7 @@ from functions.azure_app.tables.entities import escape_key
 from functions.azure_app.tables.errors import table_errors
 from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
 from functions.core.ports import AuditRecord, Finishing
+from wire.timefmt import format_rfc3339, parse_rfc3339
 
 _MAX_NS = 10**20 - 1  # 20 digits: nanoseconds since 1970 until the year 5138
 _MOST_PER_TRANSACTION = 100  # operations in one entity group transaction
@@ -76,6 +78,33 @@ class TableAuditLog:
             else:
                 rows = list(self._table.list_entities())
         # Oldest first, in write order, whatever partitions the rows came from.
+        rows.sort(key=lambda row: int(row["written_ns"]))
+        return [audit_record(row) for row in rows]
+
+    def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
+        """The records from `since` on (by their `time`), oldest first, at most `most` of them: a view of
+        the whole log that reads only what it shows (`mbridge fleet`).
+
+        Table Storage has no index on a property: the service scans the table (a VM's partition with
+        `vm`) and returns only what matches, `most` at most. `time` is RFC 3339 text with milliseconds
+        only when there are any, which does not sort as text within a second; the service is asked for
+        the records from the start of `since`'s second (a prefix sorts before every time of that
+        second) and the few of that second before `since` are left out here."""
+        second = format_rfc3339(since.replace(microsecond=0))[:-1]  # without its "Z": a prefix of the second
+        clauses, parameters = ["time ge @since"], {"since": second}
+        if vm is not None:
+            clauses.append("PartitionKey eq @vm")
+            parameters["vm"] = escape_key(vm)
+        rows: list[dict[str, Any]] = []
+        with table_errors(self._table.table_name, "query the audit log"):
+            pages = self._table.query_entities(
+                " and ".join(clauses), parameters=parameters, results_per_page=max(1, min(most, 1000))
+            )
+            for row in pages:
+                if len(rows) >= most:
+                    break
+                if parse_rfc3339(row["time"]) >= since:
+                    rows.append(row)
         rows.sort(key=lambda row: int(row["written_ns"]))
         return [audit_record(row) for row in rows]
 
