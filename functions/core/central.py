@@ -187,13 +187,15 @@ def _part(report: CentralReport, vm: str, deps: Deps, now: datetime) -> Outcome:
     run.path = f"{SENDER_PREFIX}{report.source}"
 
     def steps() -> None:
+        if report.matched_by_time is not None and agent_reported(deps.audit, vm, report):
+            # The agent's own report of it, under the agent's id: this is a repeat, not an event.
+            reason = f"{vm}'s agent already reported this {event.kind.value} ({report.source}): the same maintenance"
+            run.audit(AuditKind.DUPLICATE, action=ActionName.NONE, reason=reason)
+            return
         run.audit(AuditKind.EVENT, reason=event.description, detail=report_detail(event, _sender(report, vm)))
         if event.status in ENDING:
             act(run)  # the end, as the agent's would be: what this system drained goes back
             deps.store.unpark(WATCH_LINE, subject_key(event))
-        elif report.matched_by_time is not None and agent_reported(deps.audit, vm, report):
-            reason = f"{vm}'s agent already reported this {event.kind.value}: the same maintenance, nothing to watch"
-            run.audit(AuditKind.DECISION, rule=WATCH_RULE, reason=reason)
         else:
             _watch(run, report, vm)
 

@@ -349,8 +349,9 @@ def test_a_report_matched_by_time_is_the_agents_notice_of_that_kind_near_it(worl
     assert [entry.event_key for entry in world.store.parked(WATCH_LINE)] == []
     world.clock.advance(SILENT_AFTER)
     assert world.sweep() == []
-    decisions = [r.reason for r in world.store.query() if r.kind == AuditKind.DECISION and r.rule == "central"]
-    assert decisions == ["web-0's agent already reported this reboot: the same maintenance, nothing to watch"]
+    repeats = [r.reason for r in world.store.query() if r.kind == AuditKind.DUPLICATE]
+    assert repeats == ["web-0's agent already reported this reboot (gce-system-event): the same maintenance"]
+    assert [r.kind for r in world.store.query() if r.event_id == "centre-own-id"] == [AuditKind.DUPLICATE]
 
 
 def test_a_report_matched_by_time_far_from_the_agents_notice_is_found_silent_and_never_drained(
