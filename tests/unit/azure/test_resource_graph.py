@@ -14,11 +14,11 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
-from azure.mgmt.resourcegraph.models import QueryRequest, QueryResponse
+from azure.mgmt.resourcegraph.models import QueryRequest, QueryRequestOptions, QueryResponse
 
 from functions.azure_app.resource_graph import (
     PAGE,
@@ -127,17 +127,21 @@ class Client:
         self.requests.append(query)
         if self.error is not None:
             raise self.error
-        assert query.options is not None
-        start = int(query.options.skip_token or 0)
-        page = self.table[start : start + (query.options.top or PAGE)]
+        start = int(options(query).skip_token or 0)
+        page = self.table[start : start + (options(query).top or PAGE)]
         following = start + len(page)
         return QueryResponse(
             total_records=len(self.table),
             count=len(page),
             result_truncated="false",
-            data=page,
+            data=cast(Any, page),  # objectArray: a list of rows (the SDK annotates `data` as an object)
             skip_token=str(following) if following < len(self.table) else None,
         )
+
+
+def options(request: QueryRequest) -> QueryRequestOptions:
+    assert request.options is not None
+    return request.options
 
 
 def rows(count: int) -> list[dict[str, Any]]:
@@ -153,13 +157,13 @@ def test_the_rows_are_read_in_pages_with_the_skip_token_over_the_trusted_subscri
     read = list(SdkResourceGraphRows(client).rows(SCOPE, 5000))
 
     assert len(read) == 2500
-    assert [(r.options.skip_token, r.options.top) for r in client.requests] == [
+    assert [(options(r).skip_token, options(r).top) for r in client.requests] == [
         (None, 1000),
         ("1000", 1000),
         ("2000", 1000),
     ]
-    assert {tuple(r.subscriptions) for r in client.requests} == {(SUBSCRIPTION,)}
-    assert {r.options.result_format for r in client.requests} == {"objectArray"}
+    assert {tuple(r.subscriptions or ()) for r in client.requests} == {(SUBSCRIPTION,)}
+    assert {options(r).result_format for r in client.requests} == {"objectArray"}
     assert {r.query for r in client.requests} == {scheduled_events_query(SCOPE)}
 
 
@@ -170,7 +174,7 @@ def test_a_pass_stops_at_its_bound_and_says_so(caplog: pytest.LogCaptureFixture)
         read = list(SdkResourceGraphRows(client).rows(SCOPE, 1500))
 
     assert len(read) == 1500
-    assert [r.options.top for r in client.requests] == [1000, 500]
+    assert [options(r).top for r in client.requests] == [1000, 500]
     assert "stopped after 1500 rows" in caplog.text
 
 
