@@ -230,6 +230,8 @@ class ControlApi:
         method = request.method
         if method == "GET" and path == "central/events":
             return self._central_events(request)
+        if method == "GET" and path == "central/resource-graph":
+            return self._resource_graph()
         if method == "GET":
             views: dict[str, Callable[[], object]] = {
                 "state": lambda: state_view(self._ctx),
@@ -243,7 +245,8 @@ class ControlApi:
             if view is None:
                 raise RequestError(
                     404,
-                    f"no GET /_sim/{path}; try /_sim/state, approvals, log, faults, events, traffic, central/events",
+                    f"no GET /_sim/{path}; try /_sim/state, approvals, log, faults, events, traffic, central/events, "
+                    "central/resource-graph",
                 )
             return _json(200, view())
         if method != "POST":
@@ -268,14 +271,22 @@ class ControlApi:
             f"no POST /_sim/{path}; try events, events/<id>/advance, events/<id>/cancel, gce, faults, clock/advance",
         )
 
-    def _central_events(self, request: MetadataRequest) -> Response:
-        # Azure's Event Grid topic, read as pages of a log; GCE's control-plane notices travel otherwise.
+    def _azure_only(self, what: str) -> None:
+        # GCE's control-plane notices travel otherwise.
         if self._ctx.cloud is not Cloud.AZURE:
-            raise RequestError(
-                404,
-                "the central feed is Azure's (Event Grid, Microsoft.ResourceNotifications.MaintenanceResources); "
-                f"this simulator serves {self._ctx.cloud.value} (--cloud azure)",
-            )
+            raise RequestError(404, f"{what}; this simulator serves {self._ctx.cloud.value} (--cloud azure)")
+
+    def _resource_graph(self) -> Response:
+        # Azure Resource Graph's maintenanceresources table: every row as it stands, as one query reads it.
+        self._azure_only("the maintenanceresources table is Azure Resource Graph's")
+        rows = self._ctx.central.table.rows()
+        return _json(200, {"count": len(rows), "data": rows})
+
+    def _central_events(self, request: MetadataRequest) -> Response:
+        # Azure's Event Grid topic, read as pages of a log.
+        self._azure_only(
+            "the central feed is Azure's (Event Grid, Microsoft.ResourceNotifications.MaintenanceResources)"
+        )
         after = _whole_parameter(request, "after", 0, lowest=0)
         limit = _whole_parameter(request, "limit", CENTRAL_PAGE, lowest=1)
         if limit > CENTRAL_PAGE_MAX:
