@@ -228,6 +228,8 @@ class ControlApi:
         method = request.method
         if method == "GET" and path == "central/events":
             return self._central_events(request)
+        if method == "GET" and path == "central/resource-graph":
+            return self._resource_graph()
         if method == "GET":
             views: dict[str, Callable[[], object]] = {
                 "state": lambda: state_view(self._ctx),
@@ -241,7 +243,8 @@ class ControlApi:
             if view is None:
                 raise RequestError(
                     404,
-                    f"no GET /_sim/{path}; try /_sim/state, approvals, log, faults, events, traffic, central/events",
+                    f"no GET /_sim/{path}; try /_sim/state, approvals, log, faults, events, traffic, central/events, "
+                    "central/resource-graph",
                 )
             return _json(200, view())
         if method != "POST":
@@ -265,6 +268,17 @@ class ControlApi:
             404,
             f"no POST /_sim/{path}; try events, events/<id>/advance, events/<id>/cancel, gce, faults, clock/advance",
         )
+
+    def _resource_graph(self) -> Response:
+        # Azure Resource Graph's maintenanceresources table: every row as it stands, as one query reads it.
+        if self._ctx.cloud is not Cloud.AZURE:
+            raise RequestError(
+                404,
+                "the maintenanceresources table is Azure Resource Graph's; "
+                f"this simulator serves {self._ctx.cloud.value} (--cloud azure)",
+            )
+        rows = self._ctx.central.table.rows()
+        return _json(200, {"count": len(rows), "data": rows})
 
     def _central_events(self, request: MetadataRequest) -> Response:
         # Read as pages of a log: Azure's Event Grid events, or GCE's system-event log entries as a

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 EVENTS_TOPIC = "MBRIDGE_EVENTS_TOPIC"
 EVENTS_SUBSCRIPTION = "MBRIDGE_EVENTS_SUBSCRIPTION"
 CENTRAL_QUEUE = "MBRIDGE_CENTRAL_QUEUE"  # where the Event Grid subscription delivers the control plane's reports
+# true: a timer reads the control plane's reports back from Resource Graph every five minutes
+CENTRAL_RECONCILE = "MBRIDGE_CENTRAL_RECONCILE"
 SERVICEBUS_CONNECTION = "MBRIDGE_SERVICEBUS"  # the binding's `connection`: a prefix, or a connection string
 SERVICEBUS_NAMESPACE = "MBRIDGE_SERVICEBUS__fullyQualifiedNamespace"
 COMMANDS_QUEUE = "MBRIDGE_COMMANDS_QUEUE"
@@ -151,6 +153,8 @@ class Settings:
     # The Service Bus queue the control plane's reports arrive on (an Event Grid subscription of the
     # MaintenanceResources system topic); None: the app reads none (docs/azure.md).
     central_queue: str | None = None
+    # Whether the app reconciles with Resource Graph's maintenanceresources table (docs/azure.md).
+    central_reconcile: bool = False
 
     @property
     def central_scope(self) -> AzureScope:
@@ -214,19 +218,41 @@ class Settings:
             trust_subscriptions=subscriptions,
             webhook=_webhook(env),
             central_queue=_central_queue(env, subscriptions),
+            central_reconcile=_central_reconcile(env, subscriptions),
         )
+
+
+def central_functions(environ: Mapping[str, str]) -> tuple[bool, bool]:
+    """Whether the app registers the control plane's functions: (the queue's, the reconciliation's).
+    Read before the settings are validated (function_app.py): a value that is not a flag registers
+    nothing, and the settings' validation names it on the first invocation."""
+    queue = _Env(environ).optional(CENTRAL_QUEUE) is not None
+    return queue, (_Env(environ).optional(CENTRAL_RECONCILE) or "").lower() in _TRUE
 
 
 def _central_queue(env: _Env, subscriptions: tuple[str, ...]) -> str | None:
     """The queue of the control plane's reports, refused without the subscriptions they may concern."""
     queue = env.optional(CENTRAL_QUEUE)
-    if queue is not None and not subscriptions:
+    if queue is not None:
+        _central_scope_given(f"{CENTRAL_QUEUE} is set", subscriptions)
+    return queue
+
+
+def _central_reconcile(env: _Env, subscriptions: tuple[str, ...]) -> bool:
+    """Whether to read Resource Graph's scheduled events, refused without the subscriptions to read."""
+    reconcile = env.flag(CENTRAL_RECONCILE, default=False)
+    if reconcile:
+        _central_scope_given(f"{CENTRAL_RECONCILE} is true", subscriptions)
+    return reconcile
+
+
+def _central_scope_given(what: str, subscriptions: tuple[str, ...]) -> None:
+    if not subscriptions:
         raise SettingsError(
-            f"{CENTRAL_QUEUE} is set but {TRUST_SUBSCRIPTIONS} is not: the control plane reports every VM of a "
+            f"{what} but {TRUST_SUBSCRIPTIONS} is not set: the control plane reports every VM of a "
             "subscription, and only the VMs of the subscriptions (and resource groups) given there are this "
             "deployment's"
         )
-    return queue
 
 
 class AttestedTrust(Protocol):

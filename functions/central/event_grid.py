@@ -74,11 +74,11 @@ def event_grid_report(event: Mapping[str, Any], scope: AzureScope) -> CentralRep
     kind = event.get("eventType", event.get("type"))
     if kind != EVENT_TYPE:
         raise CentralRefused(f"event type {str(kind)[:120]!r} is not {EVENT_TYPE}: not a scheduled event")
-    data = _object(event.get("data"), "data")
-    info = _object(data.get("resourceInfo"), "data.resourceInfo")
+    data = json_object(event.get("data"), "data")
+    info = json_object(data.get("resourceInfo"), "data.resourceInfo")
     return scheduled_event_report(
-        _text(info.get("id"), "data.resourceInfo.id"),
-        _object(info.get("properties"), "data.resourceInfo.properties"),
+        json_text(info.get("id"), "data.resourceInfo.id"),
+        json_object(info.get("properties"), "data.resourceInfo.properties"),
         scope,
         source=EVENT_GRID,
         notice_id=str(event.get("id", ""))[:200],
@@ -101,13 +101,13 @@ def scheduled_event_report(
             f"resource group {group[:90]!r} of subscription {subscription[:40]!r} is not in this deployment's scope "
             "(MBRIDGE_TRUST_SUBSCRIPTIONS, MBRIDGE_TRUST_RESOURCE_GROUPS): its VMs are not ours, whatever their names"
         )
-    event_id = _text(properties.get("EventId"), "EventId")
+    event_id = json_text(properties.get("EventId"), "EventId")
     vms = _vms(properties.get("Resources"))
     try:
         check_event_id(event_id, "EventId")
     except MalformedCommandError as exc:
         raise CentralRefused(str(exc)) from exc
-    status_text = _text(properties.get("EventStatus"), "EventStatus").lower()
+    status_text = json_text(properties.get("EventStatus"), "EventStatus").lower()
     if status_text not in _STATUSES:
         raise CentralRefused(f"EventStatus {status_text[:40]!r} is not one Azure documents")
     base = f"/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/"
@@ -147,7 +147,7 @@ def _not_before(value: Any) -> datetime | None:
     if value in (None, ""):
         return None
     try:
-        return parse_rfc1123(_text(value, "NotBefore"))
+        return parse_rfc1123(json_text(value, "NotBefore"))
     except ValueError as exc:
         raise CentralRefused(f"NotBefore: {exc}") from exc
 
@@ -160,13 +160,13 @@ def _duration(value: Any) -> int | None:
     return int(value)
 
 
-def _object(value: Any, name: str) -> Mapping[str, Any]:
+def json_object(value: Any, name: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise CentralRefused(f"{name} must be an object")
     return value
 
 
-def _text(value: Any, name: str) -> str:
+def json_text(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value:
         raise CentralRefused(f"{name} must be a non-empty string")
     return value

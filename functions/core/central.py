@@ -161,20 +161,26 @@ class CentralReport:
         )
 
 
-def process_central(report: CentralReport, deps: Deps, now: datetime) -> list[Outcome]:
+def process_central(report: CentralReport, deps: Deps, now: datetime, *, quiet_repeats: bool = False) -> list[Outcome]:
     """Act on a report of the control plane, once per VM it names (see the module docstring).
+
+    A repeat of a step this feed already reported for the VM is a duplicate, audited as one; with
+    `quiet_repeats` (a feed that is polled, such as Resource Graph, reports every step again on each
+    pass) it is a duplicate that writes nothing.
 
     Raises:
         RetryableError: a transient failure; the feed's message must be redelivered.
     """
-    return [_part(report, vm, deps, now) for vm in report.vms]
+    return [_part(report, vm, deps, now, quiet_repeats) for vm in report.vms]
 
 
-def _part(report: CentralReport, vm: str, deps: Deps, now: datetime) -> Outcome:
+def _part(report: CentralReport, vm: str, deps: Deps, now: datetime, quiet_repeats: bool) -> Outcome:
     event = report.part(vm)
     envelope = envelope_for_event(event, now)  # the id the agent's report of this step carries
     key = claim_key(envelope.id, vm, f"central|{report.source}")
     claim = deps.store.claim(key, now, CLAIM_LEASE)
+    if claim is Claim.DONE and quiet_repeats:
+        return Outcome(envelope.id, Result.DUPLICATE)
     if claim is Claim.DONE:
         deps.audit.append(
             event_record(now, AuditKind.DUPLICATE, envelope, event, action=ActionName.NONE, reason=_repeated(report))

@@ -10,7 +10,9 @@ in Event Grid" page; the event's shape is the Event Grid schema example of Azure
 read, lets a consumer of the central feed be tested against the very events the agents see.
 
 The feed's own faults (delivery delay, duplicates, switched off) live here too: they are the
-simulator's, not a VM's, and the feed alone consults them.
+simulator's, not a VM's, and the feed alone consults them. The same publication writes Resource
+Graph's table (resource_graph.py, `CentralFeed.table`): at once, whatever `central_delay` and
+`central_duplicates` do to Event Grid's deliveries, and not at all while `central_off`.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from enum import Enum
+from typing import Any
 
 from simulator.clock import Clock
 from simulator.store.azure_events import EventStatus, SimEvent
 from simulator.store.log import SimLog
+from simulator.store.resource_graph import ResourceGraphTable
 
 EVENT_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 RESOURCE_TYPE = "Microsoft.Maintenance/scheduledEvents"
@@ -82,13 +86,27 @@ class CentralFeed:
         self._order = 0
         self._pending: list[_Delivery] = []
         self._delivered: list[Mapping[str, object]] = []
+        # Resource Graph's table, written by the same publication (resource_graph.py).
+        self.table = ResourceGraphTable(cond)
 
     def record(self, event: SimEvent, status: FeedStatus, at: float) -> None:
         """Emit the event in `status`; `at` is the documented time of the change."""
         with self._cond:
-            self.publish(
-                lambda: self._event_grid_event(event, status, at), f"{status.value} of event {event.event_id}", at
-            )
+            self.publish(lambda: self._emission(event, status, at), f"{status.value} of event {event.event_id}", at)
+
+    def _emission(self, event: SimEvent, status: FeedStatus, at: float) -> Mapping[str, object]:
+        # One switch publishes to both: the Event Grid event, and the Resource Graph row it updates.
+        body = self._event_grid_event(event, status, at)
+        info = body["data"]["resourceInfo"]
+        self.table.write(
+            info["id"],
+            event.event_id,
+            info["properties"],
+            subscription_id=self._home.subscription_id,
+            resource_group=self._home.resource_group,
+            location=self._home.location,
+        )
+        return body
 
     def publish(self, build: Callable[[], Mapping[str, object]], what: str, at: float, vm: str | None = None) -> None:
         """Emit what `build` makes (called only when the feed is on), subject to the feed's faults;
@@ -159,7 +177,7 @@ class CentralFeed:
             self._pending = [d for d in self._pending if d.due > now]
             self._delivered.extend(d.event for d in due)
 
-    def _event_grid_event(self, event: SimEvent, status: FeedStatus, at: float) -> dict[str, object]:
+    def _event_grid_event(self, event: SimEvent, status: FeedStatus, at: float) -> dict[str, Any]:
         # Raised on the first VM it names (Resources is never empty in Azure; the first VM that sees
         # it otherwise). Microsoft's examples raise it on a scale set: the simulator has none.
         vm = (*event.resources, *event.audience, "vm")[0]

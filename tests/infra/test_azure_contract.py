@@ -155,6 +155,9 @@ NOT_DEPLOYED = {
     # the control plane's queue: the infra that feeds it (an Event Grid system topic and its
     # subscription) is not deployed yet (docs/azure.md, "The control plane's reports")
     app_settings.CENTRAL_QUEUE,
+    # the reconciliation with Resource Graph: off unless set; its deployment (the setting, the
+    # identity's Reader on the groups) is not in infra/ yet
+    app_settings.CENTRAL_RECONCILE,
 }
 # A trust file makes the function trust the keys written in it instead of Azure's: local runs only.
 NEVER_DEPLOYED = {app_settings.TRUST_FILE}
