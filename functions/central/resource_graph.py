@@ -25,18 +25,14 @@ Graph with azure-mgmt-resourcegraph (functions/azure_app/resource_graph.py), a t
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
 from functions.central.event_grid import AzureScope, json_object, json_text, scheduled_event_report
-from functions.core.central import RESOURCE_GRAPH, CentralRefused, CentralReport, process_central
-from functions.core.ports import Result
+from functions.central.polling import poll_pass
+from functions.core.central import RESOURCE_GRAPH, CentralRefused, CentralReport
 from functions.core.process import Deps, Outcome
-from wire.bounds import bounded
-
-LOGGER = logging.getLogger("mbridge.functions.central.resource_graph")
 
 ROW_TYPE = "microsoft.maintenance/scheduledevents"
 _SCHEDULED_EVENT = "/providers/microsoft.maintenance/scheduledevents/"
@@ -86,28 +82,11 @@ def resource_graph_report(row: Mapping[str, Any], scope: AzureScope) -> CentralR
 
 def reconcile(rows_source: ResourceGraphRows, deps: Deps, scope: AzureScope, now: datetime) -> list[Outcome]:
     """One pass over the table: every row of the scope acted on through `process_central`, repeats
-    of steps already taken from this feed quietly; a row that is not ours, or cannot be read, is
-    logged and passed (the next pass reads it again, and it cannot become ours).
+    of steps already taken from this feed quietly (functions/central/polling.py).
 
     Raises:
         RetryableError: a transient failure reading the table or acting on a row: the pass stops,
             and the next one (the timer's) reads the table again.
     """
-    outcomes: list[Outcome] = []
-    refused = 0
-    for row in rows_source.rows(scope, ROWS_MOST):
-        try:
-            report = resource_graph_report(row, scope)
-        except CentralRefused as exc:
-            refused += 1
-            LOGGER.info("resource graph row %s not acted on: %s", str(row.get("id", ""))[:200], bounded(str(exc)))
-            continue
-        outcomes += process_central(report, deps, now, quiet_repeats=True)
-    acted = [outcome for outcome in outcomes if outcome.result is not Result.DUPLICATE]
-    LOGGER.info(
-        "resource graph reconciliation: %d VM part(s) acted on, %d already seen, %d row(s) not ours or unreadable",
-        len(acted),
-        len(outcomes) - len(acted),
-        refused,
-    )
-    return outcomes
+    rows = rows_source.rows(scope, ROWS_MOST)
+    return poll_pass(rows, lambda row: resource_graph_report(row, scope), deps, now, "resource graph reconciliation")

@@ -3,8 +3,11 @@
 - `on_central_log_entry`: the Compute Engine system-event audit log entries a log sink routes to
   the `maintenance-central` topic (infra/terraform/gcp), each one a LogEntry in JSON as the
   message's data, read into a report (functions/central/gce_system_event.py) and acted on.
-- `on_central_tick`: a Cloud Scheduler message on the tick topic once a minute; each tick sweeps
-  for silent agents (`sweep_silent`).
+- `on_central_tick`: a Cloud Scheduler message on the tick topic once a minute; each tick reads the
+  instances' `upcomingMaintenance` from the Compute API (upcoming.py: what the log's sink did not
+  deliver, or gave before this deployment started) and then sweeps for silent agents
+  (`sweep_silent`). A tick that cannot list the instances still sweeps, and is not redelivered:
+  the next one comes in a minute.
 
 An entry that is not this deployment's (another project's instance: a sink on a folder or an
 organisation sees them all) or that cannot be read is logged and acknowledged: it can never be
@@ -24,17 +27,23 @@ from datetime import datetime, timezone
 from typing import Any
 
 import functions_framework
+import google.auth.exceptions
 from cloudevents.http import CloudEvent
+from google.cloud import compute_v1
 
 from functions.central.gce_system_event import system_event_report
-from functions.central.gce_upcoming import GceScope
-from functions.core.central import CentralRefused, process_central, sweep_silent
+from functions.central.gce_upcoming import GceScope, upcoming_report
+from functions.central.polling import poll_pass
+from functions.core.central import GCE_UPCOMING, CentralRefused, process_central, sweep_silent
 from functions.core.notify import NotifyingAuditLog
+from functions.core.ports import Result
 from functions.core.process import Deps, Outcome
 from functions.gcp_app import wiring
 from functions.gcp_app.entry import NOTICE_SETTLE_SECONDS, UndecodableEventError, log_outcome, message_body
 from functions.gcp_app.settings import Settings
+from functions.gcp_app.upcoming import ComputeUpcoming, UpcomingInstances
 from wire.bounds import bounded
+from wire.errors import BridgeError
 
 LOG = logging.getLogger("mbridge.gcp.central")
 
@@ -76,8 +85,23 @@ def handle_log_entry(body: bytes, deps: Deps, scope: GceScope, now: datetime) ->
     return outcomes
 
 
-def handle_tick(deps: Deps, now: datetime) -> list[Outcome]:
-    """One tick of the scheduler: the sweep for silent agents."""
+def handle_tick(
+    deps: Deps, now: datetime, upcoming: UpcomingInstances | None = None, scope: GceScope | None = None
+) -> list[Outcome]:
+    """One tick of the scheduler: the instances' upcoming maintenance when `upcoming` is given, then
+    the sweep for silent agents."""
+    if upcoming is not None and scope is not None:
+        try:
+            entries = upcoming.instances(scope)
+            outcomes = poll_pass(entries, lambda instance: upcoming_report(instance, scope), deps, now, "upcoming")
+        except BridgeError as exc:
+            LOG.error(
+                "upcoming maintenance not read on this tick: %s",
+                bounded(str(exc)),
+                extra={"labels": {"alert": "upcoming-unread"}},
+            )
+        else:
+            _logged([o for o in outcomes if o.result is not Result.DUPLICATE], deps, {"source": GCE_UPCOMING})
     found = sweep_silent(deps, now)
     if found:
         LOG.info("silent-agent sweep: %d part(s) found silent", len(found))
@@ -107,4 +131,22 @@ def on_central_log_entry(cloud_event: CloudEvent) -> None:
 @functions_framework.cloud_event
 def on_central_tick(cloud_event: CloudEvent) -> None:
     """Deploy target: the push subscription of the scheduler's tick topic (the message is not read)."""
-    handle_tick(wiring.deps(), datetime.now(timezone.utc))
+    deps = wiring.deps()
+    handle_tick(deps, datetime.now(timezone.utc), _upcoming(), _scope())
+
+
+@functools.cache
+def _upcoming() -> UpcomingInstances | None:
+    """The Compute API's reader, or None when MBRIDGE_CENTRAL_UPCOMING is false or no client can be
+    made (said in the log: the tick then only sweeps)."""
+    settings = Settings.from_env()
+    if not settings.central_upcoming:
+        return None
+    try:
+        return ComputeUpcoming(compute_v1.InstancesClient(), settings.compute_timeout)
+    except google.auth.exceptions.GoogleAuthError as exc:
+        LOG.error(
+            "no Compute client (%s): the tick reads no upcoming maintenance", bounded(str(exc)),
+            extra={"labels": {"alert": "upcoming-unread"}},
+        )  # fmt: skip
+        return None

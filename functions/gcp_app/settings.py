@@ -32,6 +32,8 @@ ENV_COMMANDS_SHARDS = "MBRIDGE_COMMANDS_SHARDS"
 ENV_INSTANCE_GROUPS = "MBRIDGE_INSTANCE_GROUPS"
 ENV_MAINTENANCE_ZONES = "MBRIDGE_MAINTENANCE_ZONES"
 ENV_READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
+# on_central_tick reads the instances' upcomingMaintenance from the Compute API (central_entry.py)
+ENV_CENTRAL_UPCOMING = "MBRIDGE_CENTRAL_UPCOMING"
 ENV_POLICY = "MBRIDGE_POLICY"
 ENV_SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
 ENV_COMPUTE_TIMEOUT = "MBRIDGE_COMPUTE_TIMEOUT_SECONDS"
@@ -92,6 +94,7 @@ class Settings:
     instance_groups: tuple[GroupRef, ...] = ()
     maintenance_zones: tuple[str, ...] = ()
     readiness_drain: bool = True
+    central_upcoming: bool = True
     policy: Policy = DEFAULT_POLICY
     signing_key: str | None = None
     compute_timeout: float = DEFAULT_COMPUTE_TIMEOUT
@@ -161,6 +164,7 @@ class Settings:
             instance_groups=groups,
             maintenance_zones=zones,
             readiness_drain=readiness,
+            central_upcoming=_boolean(ENV_CENTRAL_UPCOMING, get(ENV_CENTRAL_UPCOMING), default=True),
             policy=_policy(environ.get(ENV_POLICY)),
             signing_key=environ.get(ENV_SIGNING_KEY) or None,
             compute_timeout=_seconds(ENV_COMPUTE_TIMEOUT, get(ENV_COMPUTE_TIMEOUT), DEFAULT_COMPUTE_TIMEOUT),

@@ -74,6 +74,8 @@ def launch_function(
             "MBRIDGE_SIGNING_KEY": signing_pem,
             # The project of the GCE simulator's VMs: the control plane's reports of others are not ours.
             "MBRIDGE_TRUST_PROJECTS": SIM_PROJECT,
+            # The simulator serves no Compute API: the tick only sweeps (the log's entries carry the notices).
+            "MBRIDGE_CENTRAL_UPCOMING": "false",
             PUBSUB.variable: pubsub_host,
             FIRESTORE.variable: firestore_host,
             "PYTHONUNBUFFERED": "1",

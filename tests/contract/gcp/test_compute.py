@@ -67,6 +67,8 @@ class ComputeApi:
 
     members: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     instances: dict[tuple[str, str, str], str] = field(default_factory=dict)  # (project, zone, name) -> id
+    # (project, zone, name) -> its resourceStatus.upcomingMaintenance, for the instances that have one
+    upcoming: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     fail: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     fail_operation: dict[str, list[tuple[int, str, str]]] = field(default_factory=dict)
     running: bool = False
@@ -121,7 +123,16 @@ class ComputeApi:
         for (owner, zone, name), instance_id in sorted(self.instances.items()):
             if owner == project and (wanted is None or wanted["name"] == name):
                 link = f"{BASE}/projects/{owner}/zones/{zone}"
-                entry = {"kind": "compute#instance", "id": instance_id, "name": name, "zone": link, "status": "RUNNING"}
+                entry: dict[str, Any] = {
+                    "kind": "compute#instance",
+                    "id": instance_id,
+                    "name": name,
+                    "zone": link,
+                    "status": "RUNNING",
+                }
+                window = self.upcoming.get((owner, zone, name))
+                if window is not None:
+                    entry["resourceStatus"] = {"upcomingMaintenance": window}
                 items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(
                     {**entry, "selfLink": f"{link}/instances/{name}"}
                 )

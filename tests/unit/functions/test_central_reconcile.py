@@ -176,7 +176,7 @@ def test_a_row_that_is_not_ours_is_logged_and_the_rest_of_the_pass_goes_on(
     ]
 
     # WHEN the reconciliation passes
-    with caplog.at_level(logging.INFO, logger="mbridge.functions.central.resource_graph"):
+    with caplog.at_level(logging.INFO, logger="mbridge.functions.central.polling"):
         results = world.reconcile()
 
     # THEN web-2 alone is watched, and the two others are named in the log, with why
