@@ -70,7 +70,9 @@ resource systemTopic 'Microsoft.EventGrid/systemTopics@2025-02-15' = {
 
 // The queue's only sender: the system topic's own identity.
 resource systemTopicSendsCentral 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(centralQueue.id, systemTopicName, serviceBusDataSenderRoleId)
+  // The principal id is known only once the topic exists, and a name must be known before: the
+  // topic's name stands for its identity.
+  name: guid(centralQueue.id, systemTopic.name, serviceBusDataSenderRoleId)
   scope: centralQueue
   properties: {
     principalId: systemTopic.identity.principalId
