@@ -44,13 +44,13 @@ from tests.infra.azure_facts import (
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
     SCOPE_VM_RESOURCE_GROUPS,
+    SYSTEM_TOPIC,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
     VmCommandsSubscription,
     commands_entity_scope,
     commands_subscription_scope,
-    SYSTEM_TOPIC,
     vm_principal,
 )
 from tests.infra.sources import AGENT_INSTALL, BICEP_DIR, load_bicep
@@ -1543,7 +1543,8 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         ),
         central_system_topic_type=str(system_topic.value("properties", "topicType")),
         central_system_topic_location=str(system_topic.value("location")),
-        central_system_topic_source_is_subscription=render(system_topic.get("properties", "source")) == "subscription().id",
+        central_system_topic_source_is_subscription=render(system_topic.get("properties", "source"))
+        == "subscription().id",
         central_event_types=tuple(
             str(item) for item in value_of(event_subscription.get("properties", "filter", "includedEventTypes"))
         ),

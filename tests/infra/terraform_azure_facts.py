@@ -53,12 +53,12 @@ from tests.infra.azure_facts import (
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
     SCOPE_VM_RESOURCE_GROUPS,
+    SYSTEM_TOPIC,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
     VmCommandsSubscription,
     commands_subscription_scope,
-    SYSTEM_TOPIC,
     vm_principal,
 )
 from tests.infra.sources import (
@@ -319,7 +319,9 @@ class _Extractor:
             self.settings["APPLICATIONINSIGHTS_CONNECTION_STRING"], "azurerm_application_insights"
         )
         self.signing_secret_address = module.referenced(self.settings["MBRIDGE_SIGNING_KEY"], "azapi_resource")
-        self.central_queue_address = module.referenced(self.settings["MBRIDGE_CENTRAL_QUEUE"], "azurerm_servicebus_queue")
+        self.central_queue_address = module.referenced(
+            self.settings["MBRIDGE_CENTRAL_QUEUE"], "azurerm_servicebus_queue"
+        )
         self.function_identity = module.referenced(self.settings["AZURE_CLIENT_ID"], "azurerm_user_assigned_identity")
         self.vmss_address, self.vmss = module.only("azurerm_linux_virtual_machine_scale_set")
         self.agent_environment = self._agent_environment()
@@ -764,9 +766,9 @@ class _Extractor:
         policy_address, policy = m.only("azapi_update_resource")
         if m.referenced(policy["resource_id"]) != self.vmss_address:
             raise TerraformSourceError(f"{policy_address} does not update the example scale set")
-        event_grid = policy["body"]["properties"]["scheduledEventsPolicy"]["scheduledEventsAdditionalPublishingTargets"][
-            "eventGridAndResourceGraph"
-        ]
+        event_grid = policy["body"]["properties"]["scheduledEventsPolicy"][
+            "scheduledEventsAdditionalPublishingTargets"
+        ]["eventGridAndResourceGraph"]
         delivery = _block(event_subscription, "delivery_identity")
 
         return AzureFacts(

@@ -296,7 +296,10 @@ def assert_guid_names(assignments: list[bicep_facts.Resource]) -> None:
         if isinstance(system_assigned, Ref) and system_assigned.path == ("identity", "principalId"):
             # A system-assigned identity's id is known only once its resource exists, and the name
             # must be known before: the resource's name stands for it
-            name_of_it = {"type": "property_accessor", "operands": {"operand_1": system_assigned.symbol, "operand_2": "name"}}
+            name_of_it = {
+                "type": "property_accessor",
+                "operands": {"operand_1": system_assigned.symbol, "operand_2": "name"},
+            }
             assert principal == {"operator": name_of_it}, where
         else:
             assert principal == principal_id, where
