@@ -19,6 +19,9 @@
 // - the Ed25519 key pair of signed commands, given as parameters (Bicep cannot generate one):
 //   the private key becomes the function app's MBRIDGE_SIGNING_KEY, the public key the agents'
 //   MBRIDGE_VERIFY_KEY; agents refuse to start without one (docs/deploy.md, "Signing keys")
+// - the control plane's path (centralReports, on by default): an Event Grid system topic of the
+//   subscription's Scheduled Events delivering into the queue `maintenance-central` with its own
+//   identity, the queue's only sender (modules/central-reports.bicep)
 // - optionally: the "Maintenance Bridge Drainer" custom role on an existing load balancer, its
 //   NICs' resource group and its virtual network (drainLoadBalancerName), and an example scale
 //   set that runs the agent (deployExampleScaleSet)
@@ -146,6 +149,9 @@ param trustResourceGroups array = []
 
 @description('Subscription ids (GUIDs) whose VMs may report (MBRIDGE_TRUST_SUBSCRIPTIONS): a report is acted on only with an attested document of a VM of one of them. Empty: this subscription. The Reader role above is granted in this subscription only.')
 param trustSubscriptions array = []
+
+@description('The control plane\'s path (docs/azure.md, "The control plane\'s reports"): an Event Grid system topic of type Microsoft.ResourceNotifications.MaintenanceResources on this subscription, its subscription delivering ScheduledEventEmitted into the Service Bus queue maintenance-central with the topic\'s own identity, MBRIDGE_CENTRAL_QUEUE and MBRIDGE_CENTRAL_RECONCILE for the function app, and the example scale set\'s scheduled-events policy publishing to Event Grid and Resource Graph. A Microsoft preview: register the features SendScheduledEventsPolicy (Microsoft.Compute) and ScheduledEventsActivity (Microsoft.Maintenance) first (docs/deploy.md), or set false. One such system topic per subscription.')
+param centralReports bool = true
 
 @description('Existing load balancer to drain VMs from through its backend pools (in this subscription). Empty: VMs are drained through the agents\' /readyz only and no control-plane role is granted.')
 param drainLoadBalancerName string = ''
@@ -381,6 +387,18 @@ module signingVault 'modules/signing-vault.bicep' = if (empty(signingKeySecretUr
   }
 }
 
+// The control plane's path: the queue, the system topic and its subscription, their two roles
+// (modules/central-reports.bicep).
+module centralReportsPath 'modules/central-reports.bicep' = if (centralReports) {
+  name: '${namePrefix}-central-reports'
+  params: {
+    namespaceName: serviceBus.outputs.namespaceName
+    systemTopicName: '${namePrefix}-maintenance-${suffix}'
+    tags: tags
+    functionPrincipalId: functionIdentity.properties.principalId
+  }
+}
+
 module functionApp 'modules/functionapp.bicep' = {
   name: '${namePrefix}-functionapp'
   params: {
@@ -415,6 +433,8 @@ module functionApp 'modules/functionapp.bicep' = {
     signingKey: '@Microsoft.KeyVault(SecretUri=${empty(signingKeySecretUri) ? signingVault.outputs.secretUri : signingKeySecretUri})'
     trustResourceGroups: join(trustResourceGroupNames, ',')
     trustSubscriptions: join(trustSubscriptionIds, ',')
+    centralQueueName: centralReports ? centralReportsPath.outputs.queueName : ''
+    centralReconcile: centralReports
     maximumInstanceCount: functionMaximumInstanceCount
     instanceMemoryMB: functionInstanceMemoryMB
   }
@@ -543,6 +563,7 @@ module exampleScaleSet 'modules/vmss-example.bicep' = if (deployExampleScaleSet 
     vmSize: vmSize
     instanceCount: instanceCount
     encryptionAtHost: encryptionAtHost
+    scheduledEventsToEventGrid: centralReports
     addressPrefix: '10.42.0.0/16'
     subnetPrefix: '10.42.0.0/24'
   }
@@ -576,5 +597,9 @@ output stateTable string = storage.outputs.stateTableName
 output auditTable string = storage.outputs.auditTableName
 @description('Where the function app package goes (az functionapp deployment source config-zip uploads it there).')
 output deploymentContainerUrl string = storage.outputs.deploymentContainerUrl
+@description('The queue of the control plane\'s reports (empty with centralReports false).')
+output centralQueue string = centralReports ? centralReportsPath.outputs.queueName : ''
+@description('The Event Grid system topic of the subscription\'s Scheduled Events (empty with centralReports false).')
+output centralSystemTopicName string = centralReports ? centralReportsPath.outputs.systemTopicName : ''
 output exampleScaleSetName string = deployExampleScaleSet && !commandsViaTopic ? exampleScaleSet.outputs.scaleSetName : ''
 output exampleLoadBalancerName string = deployExampleScaleSet && !commandsViaTopic ? exampleScaleSet.outputs.loadBalancerName : ''

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 # Principals
 FUNCTION = "function"  # the function app's user-assigned identity
 AGENT = "agent"  # the VMs' user-assigned identity (the agents)
+# The system-assigned identity of the Event Grid system topic of the subscription's Scheduled Events
+# (the control plane's path), which delivers them into the central queue.
+SYSTEM_TOPIC = "system topic"
 
 # Scopes a role assignment may name. Anything broader (the namespace, a resource group other
 # than the NICs' one, the subscription) is not in this list on purpose.
@@ -24,6 +27,7 @@ SCOPE_EVENTS_TOPIC = "events_topic"
 SCOPE_FUNCTION_SUBSCRIPTION = "function_subscription"
 SCOPE_COMMANDS_QUEUE = "commands_queue"
 SCOPE_COMMANDS_TOPIC = "commands_topic"  # the isolated mode's topic
+SCOPE_CENTRAL_QUEUE = "central_queue"  # the queue of the control plane's reports (MBRIDGE_CENTRAL_QUEUE)
 SCOPE_STATE_TABLE = "state_table"
 SCOPE_AUDIT_TABLE = "audit_table"
 SCOPE_STORAGE_ACCOUNT = "storage_account"  # the Functions host's own storage (leases, deployment package)
@@ -60,7 +64,7 @@ def vm_principal(principal_id: str) -> str:
 
 @dataclass(frozen=True)
 class RoleGrant:
-    principal: str  # FUNCTION or AGENT
+    principal: str  # FUNCTION, AGENT or SYSTEM_TOPIC
     role: str  # the built-in role's name, or DRAINER_ROLE
     scope: str  # one of the SCOPE_* names
 
@@ -86,6 +90,18 @@ class AzureFacts:
     commands_ttl: str  # ISO 8601 duration (default message time to live)
     commands_duplicate_detection: bool
     commands_max_delivery_count: int
+    # The control plane's path (Event Grid system topic -> central queue)
+    central_queue: str
+    central_queue_max_delivery_count: int
+    central_queue_dead_letter_on_expiration: bool
+    central_system_topic_type: str
+    central_system_topic_location: str
+    central_system_topic_source_is_subscription: bool
+    central_event_types: tuple[str, ...]  # the event subscription's included event types
+    central_delivery_schema: str
+    central_delivery_with_system_identity: bool  # delivered with the system topic's own identity
+    central_switch: str  # the parameter/variable that turns the whole path off
+    central_switch_default: bool
     # Function app
     function_plan_sku: str  # "FC1" (Flex Consumption) or "Y1" (Consumption)
     function_linux: bool
@@ -123,6 +139,12 @@ class AzureFacts:
     vmss_custom_data_from_cloud_init: bool  # custom data built from infra/agent/cloud-init.yaml
     vmss_health_probe_path: str  # "/readyz"
     vmss_health_probe_port: int  # 9797
+    # scheduledEventsPolicy.scheduledEventsAdditionalPublishingTargets.eventGridAndResourceGraph
+    # of the scale set: `enable` as the source writes it (the switch), its schema version, and the
+    # Compute API version it is written with
+    vmss_event_grid_enable: str
+    vmss_event_grid_schema_version: str
+    vmss_event_grid_api_version: str
     # Interface
     outputs: frozenset[str]
 

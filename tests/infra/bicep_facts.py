@@ -32,6 +32,7 @@ from tests.infra.azure_facts import (
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
+    SCOPE_CENTRAL_QUEUE,
     SCOPE_COMMANDS_QUEUE,
     SCOPE_COMMANDS_TOPIC,
     SCOPE_EVENTS_TOPIC,
@@ -43,6 +44,7 @@ from tests.infra.azure_facts import (
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
     SCOPE_VM_RESOURCE_GROUPS,
+    SYSTEM_TOPIC,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -89,6 +91,8 @@ SITE = "Microsoft.Web/sites"
 SCALE_SET = "Microsoft.Compute/virtualMachineScaleSets"
 LOAD_BALANCER = "Microsoft.Network/loadBalancers"
 VIRTUAL_NETWORK = "Microsoft.Network/virtualNetworks"
+SYSTEM_TOPIC_TYPE = "Microsoft.EventGrid/systemTopics"
+EVENT_SUBSCRIPTION = "Microsoft.EventGrid/systemTopics/eventSubscriptions"
 
 CLOUD_INIT = AGENT_INSTALL / "cloud-init.yaml"
 # The module that stops a deployment: its one parameter `outcome` takes 'ok' only, and the value it
@@ -965,6 +969,8 @@ class Deployment:
                 return FUNCTION
             if identity == self.agent_identity():
                 return AGENT
+            if principal.path == ("identity", "principalId") and self.resource_of(identity).type == SYSTEM_TOPIC_TYPE:
+                return SYSTEM_TOPIC
         if isinstance(principal, (str, LoopRef)):
             # A principal id the deployment is given (one VM's own identity, commandsSubscriptionVms).
             return vm_principal(render(principal))
@@ -1020,6 +1026,16 @@ class Deployment:
 
     def commands_queue(self) -> Resource:
         return self.named(QUEUE, value_of(self._setting("MBRIDGE_COMMANDS_QUEUE")))
+
+    def central_queue(self) -> Resource:
+        """The queue MBRIDGE_CENTRAL_QUEUE names when the control plane's path is deployed (the
+        setting is empty without it)."""
+        setting = self._setting("MBRIDGE_CENTRAL_QUEUE")
+        options = setting.options if isinstance(setting, Choice) else (setting,)
+        names = {value_of(option) for option in options} - {""}
+        if len(names) != 1:
+            raise ExtractionError(f"MBRIDGE_CENTRAL_QUEUE names no one queue: {render(setting)}")
+        return self.named(QUEUE, names.pop())
 
     def commands_topic(self) -> Resource:
         """The topic of the isolated mode (commandsMode = 'topic')."""
@@ -1113,6 +1129,7 @@ class Deployment:
                 (TABLE, self.state_table, SCOPE_STATE_TABLE),
                 (TABLE, self.audit_table, SCOPE_AUDIT_TABLE),
                 (STORAGE_ACCOUNT, self.storage_account, SCOPE_STORAGE_ACCOUNT),
+                (QUEUE, self.central_queue, SCOPE_CENTRAL_QUEUE),
             )
             for name in _names_of(lookup)
         }
@@ -1308,7 +1325,10 @@ def isolated_facts_of(deployment: Deployment) -> IsolatedCommandsFacts:
         commands_topic_duplicate_window=str(topic.value("properties", "duplicateDetectionHistoryTimeWindow")),
         commands_topic_ttl=str(topic.value("properties", "defaultMessageTimeToLive")),
         commands_topic_partitioned=topic.value_or_none("properties", "enablePartitioning") is True,
-        commands_queue_deployed=bool(deployment.resources(QUEUE)),
+        # Any queue but the control plane's (central-reports.bicep), which both modes have.
+        commands_queue_deployed=bool(
+            [queue for queue in deployment.resources(QUEUE) if queue.name not in _names_of(deployment.central_queue)]
+        ),
         example_scale_set_deployed=bool(deployment.resources(SCALE_SET)),
         function_app_settings={name: source_text(value) for name, value in deployment.settings.items()},
         grants=frozenset(deployment.grants()),
@@ -1480,6 +1500,20 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         not_before_parameter, allowed, not_before_default = "", (), str(value_of(not_before))
     built = custom_data(scale_set)
     probe_path, probe_port = _health_probe(deployment, scale_set)
+    event_grid = (
+        "properties",
+        "scheduledEventsPolicy",
+        "scheduledEventsAdditionalPublishingTargets",
+        "eventGridAndResourceGraph",
+    )
+
+    central_queue = deployment.central_queue()
+    system_topic = deployment.one(SYSTEM_TOPIC_TYPE)
+    event_subscription = deployment.one(EVENT_SUBSCRIPTION)
+    delivery = ("properties", "deliveryWithResourceIdentity")
+    # The module declaration's condition, written in main.bicep: the parameter that switches the path.
+    switch = resolve(system_topic.unit.caller, system_topic.unit.condition) if system_topic.unit.caller else None
+    central_switch = switch.name if isinstance(switch, ParamRef) else f"no switch parameter: {switch!r}"
 
     return AzureFacts(
         servicebus_sku=str(namespace.value("sku", "name")),
@@ -1502,6 +1536,28 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         commands_ttl=str(queue.value("properties", "defaultMessageTimeToLive")),
         commands_duplicate_detection=queue.value("properties", "requiresDuplicateDetection") is True,
         commands_max_delivery_count=int(queue.value("properties", "maxDeliveryCount")),
+        central_queue=str(central_queue.name),
+        central_queue_max_delivery_count=int(central_queue.value("properties", "maxDeliveryCount")),
+        central_queue_dead_letter_on_expiration=(
+            central_queue.value("properties", "deadLetteringOnMessageExpiration") is True
+        ),
+        central_system_topic_type=str(system_topic.value("properties", "topicType")),
+        central_system_topic_location=str(system_topic.value("location")),
+        central_system_topic_source_is_subscription=render(system_topic.get("properties", "source"))
+        == "subscription().id",
+        central_event_types=tuple(
+            str(item) for item in value_of(event_subscription.get("properties", "filter", "includedEventTypes"))
+        ),
+        central_delivery_schema=str(event_subscription.value("properties", "eventDeliverySchema")),
+        central_delivery_with_system_identity=(
+            event_subscription.value(*delivery, "identity", "type") == "SystemAssigned"
+            and deployment.resource_of(event_subscription.get("parent")) == system_topic
+            and event_subscription.value(*delivery, "destination", "endpointType") == "ServiceBusQueue"
+            and deployment.resource_of(event_subscription.get(*delivery, "destination", "properties", "resourceId"))
+            == central_queue
+        ),
+        central_switch=central_switch,
+        central_switch_default=isinstance(switch, ParamRef) and value_of(switch) is True,
         function_plan_sku=str(plan.value("sku", "name")),
         function_linux=plan.value("properties", "reserved") is True and "linux" in str(site.value("kind")).split(","),
         function_runtime=str(site.value(*runtime, "name")),
@@ -1531,5 +1587,8 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         vmss_custom_data_from_cloud_init=built is not None and built.template == CLOUD_INIT.resolve(),
         vmss_health_probe_path=probe_path,
         vmss_health_probe_port=probe_port,
+        vmss_event_grid_enable=render(deref(scale_set.get(*event_grid, "enable"))),
+        vmss_event_grid_schema_version=str(scale_set.value(*event_grid, "scheduledEventsApiVersion")),
+        vmss_event_grid_api_version=str(scale_set.unit.section("resources")[scale_set.symbol]["api_version"]),
         outputs=frozenset(_snake(name) for name in deployment.main.section("outputs")),
     )

@@ -41,6 +41,7 @@ from tests.infra.azure_facts import (
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
+    SCOPE_CENTRAL_QUEUE,
     SCOPE_COMMANDS_QUEUE,
     SCOPE_COMMANDS_TOPIC,
     SCOPE_EVENTS_TOPIC,
@@ -52,6 +53,7 @@ from tests.infra.azure_facts import (
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
     SCOPE_VM_RESOURCE_GROUPS,
+    SYSTEM_TOPIC,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -317,6 +319,9 @@ class _Extractor:
             self.settings["APPLICATIONINSIGHTS_CONNECTION_STRING"], "azurerm_application_insights"
         )
         self.signing_secret_address = module.referenced(self.settings["MBRIDGE_SIGNING_KEY"], "azapi_resource")
+        self.central_queue_address = module.referenced(
+            self.settings["MBRIDGE_CENTRAL_QUEUE"], "azurerm_servicebus_queue"
+        )
         self.function_identity = module.referenced(self.settings["AZURE_CLIENT_ID"], "azurerm_user_assigned_identity")
         self.vmss_address, self.vmss = module.only("azurerm_linux_virtual_machine_scale_set")
         self.agent_environment = self._agent_environment()
@@ -389,12 +394,20 @@ class _Extractor:
         for assignment in self.m.of_kind("azurerm_role_assignment").values():
             if self.m.exists(assignment) is False:
                 continue
-            identity = self.m.referenced(assignment["principal_id"], "azurerm_user_assigned_identity")
-            principal = {self.function_identity: FUNCTION, self.agent_identity: AGENT}.get(identity, identity)
+            principal = self._principal(assignment["principal_id"])
             grants.add(RoleGrant(principal, self._role(assignment), self._assignment_scope(assignment)))
         for instance in self._vm_subscription_modules():
             grants |= self._module_grants(instance)
         return frozenset(grants)
+
+    def _principal(self, expression: Any) -> str:
+        """FUNCTION, AGENT, SYSTEM_TOPIC (the system-assigned identity of the Event Grid system topic),
+        or the address of what else the principal id is read from."""
+        topics = self.m.references(expression, "azurerm_eventgrid_system_topic")
+        if topics and str(expression).endswith(".identity[0].principal_id}"):
+            return SYSTEM_TOPIC
+        identity = self.m.referenced(expression, "azurerm_user_assigned_identity")
+        return {self.function_identity: FUNCTION, self.agent_identity: AGENT}.get(identity, identity)
 
     def _assignment_scope(self, assignment: Mapping[str, Any]) -> str:
         if self._per_trust_resource_group(assignment):
@@ -505,6 +518,7 @@ class _Extractor:
             self.storage_address: SCOPE_STORAGE_ACCOUNT,
             self.app_insights_address: SCOPE_APP_INSIGHTS,
             self.signing_secret_address: SCOPE_SIGNING_SECRET,
+            self.central_queue_address: SCOPE_CENTRAL_QUEUE,
         }
         return by_address.get(address, address)
 
@@ -745,6 +759,17 @@ class _Extractor:
             raise TerraformSourceError("termination_notification.timeout is not set from one variable")
         vmss_identity = _block(self.vmss, "identity")
         probe_path, probe_port = self._health_probe()
+        central_queue = m.body(self.central_queue_address)
+        system_topic_address, system_topic = m.only("azurerm_eventgrid_system_topic")
+        _, event_subscription = m.only("azurerm_eventgrid_system_topic_event_subscription")
+        switch = _VARIABLE.findall(str(central_queue.get("count", "")) + str(m.local("central_count")))
+        policy_address, policy = m.only("azapi_update_resource")
+        if m.referenced(policy["resource_id"]) != self.vmss_address:
+            raise TerraformSourceError(f"{policy_address} does not update the example scale set")
+        event_grid = policy["body"]["properties"]["scheduledEventsPolicy"][
+            "scheduledEventsAdditionalPublishingTargets"
+        ]["eventGridAndResourceGraph"]
+        delivery = _block(event_subscription, "delivery_identity")
 
         return AzureFacts(
             servicebus_sku=str(m.value(namespace["sku"])),
@@ -767,6 +792,27 @@ class _Extractor:
             commands_ttl=str(m.value(queue.get("default_message_ttl", ""))),
             commands_duplicate_detection=m.value(queue.get("requires_duplicate_detection")) is True,
             commands_max_delivery_count=int(m.value(queue.get("max_delivery_count", 0))),
+            central_queue=self._name(self.central_queue_address),
+            central_queue_max_delivery_count=int(m.value(central_queue.get("max_delivery_count", 0))),
+            central_queue_dead_letter_on_expiration=(
+                m.value(central_queue.get("dead_lettering_on_message_expiration")) is True
+            ),
+            central_system_topic_type=str(m.value(system_topic["topic_type"])),
+            central_system_topic_location=str(m.value(system_topic["location"])),
+            central_system_topic_source_is_subscription=(
+                str(system_topic["source_arm_resource_id"]) == "/subscriptions/${local.subscription_id}"
+                and m.local("subscription_id") == "${data.azurerm_client_config.current.subscription_id}"
+            ),
+            central_event_types=tuple(str(t) for t in event_subscription.get("included_event_types", [])),
+            central_delivery_schema=str(m.value(event_subscription.get("event_delivery_schema", ""))),
+            central_delivery_with_system_identity=(
+                m.value(delivery.get("type")) == "SystemAssigned"
+                and m.references(event_subscription["system_topic"]) == [system_topic_address]
+                and m.references(event_subscription.get("service_bus_queue_endpoint_id"))
+                == [self.central_queue_address]
+            ),
+            central_switch=switch[0] if len(set(switch)) == 1 else f"no single switch: {switch}",
+            central_switch_default=m.variable_default(switch[0]) is True if switch else False,
             function_plan_sku=str(m.value(plan["sku_name"])),
             function_linux=m.value(plan.get("os_type")) == "Linux",
             function_runtime=str(m.value(self.function["runtime_name"])),
@@ -802,5 +848,8 @@ class _Extractor:
             vmss_custom_data_from_cloud_init=self._custom_data_from_cloud_init(),
             vmss_health_probe_path=probe_path,
             vmss_health_probe_port=probe_port,
+            vmss_event_grid_enable=str(event_grid["enable"]),
+            vmss_event_grid_schema_version=str(event_grid["scheduledEventsApiVersion"]),
+            vmss_event_grid_api_version=str(policy["type"]).rsplit("@", 1)[1],
             outputs=frozenset(m.outputs),
         )

@@ -21,6 +21,7 @@ from tests.infra.azure_facts import (
     FUNCTION,
     SCOPE_APP_INSIGHTS,
     SCOPE_AUDIT_TABLE,
+    SCOPE_CENTRAL_QUEUE,
     SCOPE_COMMANDS_QUEUE,
     SCOPE_COMMANDS_TOPIC,
     SCOPE_EVENTS_TOPIC,
@@ -32,6 +33,7 @@ from tests.infra.azure_facts import (
     SCOPE_STORAGE_ACCOUNT,
     SCOPE_VIRTUAL_NETWORK,
     SCOPE_VM_RESOURCE_GROUPS,
+    SYSTEM_TOPIC,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -152,12 +154,6 @@ NOT_DEPLOYED = {
     app_settings.TRUST_SIGNER_NAMES,
     # 60 s between two summaries of refused reports fits; refused without a webhook URL, it is set by hand
     app_settings.WEBHOOK_SUMMARY_SECONDS,
-    # the control plane's queue: the infra that feeds it (an Event Grid system topic and its
-    # subscription) is not deployed yet (docs/azure.md, "The control plane's reports")
-    app_settings.CENTRAL_QUEUE,
-    # the reconciliation with Resource Graph: off unless set; its deployment (the setting, the
-    # identity's Reader on the groups) is not in infra/ yet
-    app_settings.CENTRAL_RECONCILE,
 }
 # A trust file makes the function trust the keys written in it instead of Azure's: local runs only.
 NEVER_DEPLOYED = {app_settings.TRUST_FILE}
@@ -214,6 +210,9 @@ EXPECTED_GRANTS = {
     # the agents: publish events, receive their commands
     RoleGrant(AGENT, "Azure Service Bus Data Sender", SCOPE_EVENTS_TOPIC),
     RoleGrant(AGENT, "Azure Service Bus Data Receiver", SCOPE_COMMANDS_QUEUE),
+    # the control plane's path: the system topic delivers into the central queue, the function reads it
+    RoleGrant(SYSTEM_TOPIC, "Azure Service Bus Data Sender", SCOPE_CENTRAL_QUEUE),
+    RoleGrant(FUNCTION, "Azure Service Bus Data Receiver", SCOPE_CENTRAL_QUEUE),
 }
 
 
@@ -229,8 +228,83 @@ def test_the_trigger_may_read_its_subscriptions_message_count_and_nothing_more(f
     # with Data Receiver's Listen only it scales one instance at a time, docs/azure.md)
     owners = {grant for grant in service_bus if grant.role == "Azure Service Bus Data Owner"}
     assert owners == {RoleGrant(FUNCTION, "Azure Service Bus Data Owner", SCOPE_FUNCTION_SUBSCRIPTION)}
-    # AND the function receives nowhere else: Data Owner there covers receiving
-    assert not {g for g in service_bus if g.principal == FUNCTION and g.role == "Azure Service Bus Data Receiver"}
+    # AND the function receives nowhere else but the control plane's queue (Data Owner on its
+    # subscription covers receiving there)
+    receivers = {g for g in service_bus if g.principal == FUNCTION and g.role == "Azure Service Bus Data Receiver"}
+    assert receivers == {RoleGrant(FUNCTION, "Azure Service Bus Data Receiver", SCOPE_CENTRAL_QUEUE)}
+
+
+# ---------------------------------------------------------------- the control plane's path
+
+SCHEDULED_EVENT_EMITTED = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
+
+
+def test_the_subscriptions_scheduled_events_reach_the_central_queue(facts: AzureFacts) -> None:
+    # GIVEN the Event Grid system topic of the subscription's Scheduled Events (docs/azure.md, "The
+    # control plane's reports")
+    assert facts.central_system_topic_type == "Microsoft.ResourceNotifications.MaintenanceResources"
+    assert facts.central_system_topic_location == "global"
+    assert facts.central_system_topic_source_is_subscription
+    # THEN its subscription delivers ScheduledEventEmitted, and nothing else, in the Event Grid schema
+    assert facts.central_event_types == (SCHEDULED_EVENT_EMITTED,)
+    assert facts.central_delivery_schema == "EventGridSchema"
+    # AND it delivers into the queue the function reads (MBRIDGE_CENTRAL_QUEUE), with the topic's own
+    # identity: no key on the path
+    assert facts.central_delivery_with_system_identity
+    assert facts.central_queue == "maintenance-central"
+
+
+def test_the_central_queue_redelivers_then_dead_letters(facts: AzureFacts) -> None:
+    # As the function's events subscription: retried, then kept in the dead-letter queue
+    assert facts.central_queue_max_delivery_count == facts.function_subscription_max_delivery_count
+    assert facts.central_queue_dead_letter_on_expiration
+
+
+def test_only_the_system_topic_may_put_a_report_on_the_central_queue(facts: AzureFacts) -> None:
+    # GIVEN every grant on the central queue (docs/security.md, "Reports from the control plane")
+    on_queue = {grant for grant in facts.grants if grant.scope == SCOPE_CENTRAL_QUEUE}
+    # THEN the system topic's identity is its one sender, the function its one receiver, and nobody
+    # holds more there
+    assert on_queue == {
+        RoleGrant(SYSTEM_TOPIC, "Azure Service Bus Data Sender", SCOPE_CENTRAL_QUEUE),
+        RoleGrant(FUNCTION, "Azure Service Bus Data Receiver", SCOPE_CENTRAL_QUEUE),
+    }
+    # AND the system topic's identity holds nothing anywhere else
+    assert {grant for grant in facts.grants if grant.principal == SYSTEM_TOPIC} == {
+        RoleGrant(SYSTEM_TOPIC, "Azure Service Bus Data Sender", SCOPE_CENTRAL_QUEUE)
+    }
+
+
+def test_the_app_reads_the_central_queue_and_resource_graph_with_its_trust_scope(facts: AzureFacts) -> None:
+    settings = facts.function_app_settings
+    # GIVEN the central path switched on; THEN the app is told the queue and to read Resource Graph
+    assert "MBRIDGE_CENTRAL_QUEUE" in settings
+    assert facts.central_switch in settings["MBRIDGE_CENTRAL_QUEUE"]
+    assert "MBRIDGE_CENTRAL_RECONCILE" in settings
+    # AND the subscriptions it may concern, without which the app refuses the queue (settings.py)
+    assert settings["MBRIDGE_TRUST_SUBSCRIPTIONS"]
+    # AND Resource Graph is read with the Reader it already holds on the VMs' resource groups: the
+    # rows of a VM's Scheduled Events are under its resource group; nothing is granted on the
+    # subscription (docs/azure.md, "The control plane's reports")
+    assert {grant for grant in facts.grants if grant.role == "Reader"} == {
+        RoleGrant(FUNCTION, "Reader", SCOPE_VM_RESOURCE_GROUPS)
+    }
+
+
+def test_the_central_path_is_one_switch_on_by_default(facts: AzureFacts) -> None:
+    # A Microsoft preview that needs two registered features (docs/deploy.md): one parameter
+    # (variable) turns all of it off, and it is on unless set so
+    assert facts.central_switch in ("centralReports", "central_reports")
+    assert facts.central_switch_default is True
+
+
+def test_the_scale_set_publishes_its_scheduled_events_to_event_grid(facts: AzureFacts) -> None:
+    # scheduledEventsPolicy needs the Compute API 2025-04-01 or later; during the preview the only
+    # schema version is 2020-07-01 (Microsoft's "Scheduled Events in Event Grid" page)
+    assert facts.vmss_event_grid_api_version >= "2025-04-01"
+    assert facts.vmss_event_grid_schema_version == "2020-07-01"
+    # AND it follows the same switch
+    assert facts.central_switch in facts.vmss_event_grid_enable
 
 
 def test_a_drain_without_the_virtual_network_of_its_vms_is_refused(facts: AzureFacts) -> None:
@@ -389,7 +463,7 @@ def test_in_the_topic_mode_each_vm_may_receive_from_its_own_subscription_only(is
     # Spelled out: no agent identity, shared or a VM's own, holds a role on the commands topic or on
     # anything namespace-wide, and a VM's receiver role names its own subscription and no other
     for grant in isolated.grants:
-        if grant.principal == FUNCTION:
+        if grant.principal in (FUNCTION, SYSTEM_TOPIC):
             continue
         assert grant.scope != SCOPE_COMMANDS_TOPIC, grant
         if grant.role == "Azure Service Bus Data Receiver":

@@ -265,7 +265,8 @@ def test_role_ids_are_the_built_in_roles_their_names_say(deployment: Deployment)
 
 def test_role_assignment_names_are_guids_of_scope_principal_and_role(deployment: Deployment) -> None:
     assignments = deployment.assignments()
-    assert len(assignments) == 13
+    # 13, and the control plane's path: the system topic's sender and the function's receiver
+    assert len(assignments) == 15
     assert_guid_names(assignments)
 
 
@@ -273,7 +274,7 @@ def test_in_the_topic_mode_role_assignment_names_are_guids_too(topic_deployment:
     # GIVEN the topic mode with two VMs: the function's sender on the topic replaces its sender and
     # the agents' receiver on the queue; each VM adds its receiver and its events sender
     assignments = topic_deployment.assignments()
-    assert len(assignments) == 13 - 2 + 1 + 2 * 2
+    assert len(assignments) == 15 - 2 + 1 + 2 * 2
     assert_guid_names(assignments)
 
 
@@ -290,7 +291,18 @@ def assert_guid_names(assignments: list[bicep_facts.Resource]) -> None:
             assert render(resolve(unit, scope)) == "resourceGroup().id", where
         else:
             assert resolve(unit, scope) == Ref(unit, scope_symbol, ("id",)), where
-        assert principal == assignment.config["properties"]["principalId"], where
+        principal_id = assignment.config["properties"]["principalId"]
+        system_assigned = resolve(unit, principal_id)
+        if isinstance(system_assigned, Ref) and system_assigned.path == ("identity", "principalId"):
+            # A system-assigned identity's id is known only once its resource exists, and the name
+            # must be known before: the resource's name stands for it
+            name_of_it = {
+                "type": "property_accessor",
+                "operands": {"operand_1": system_assigned.symbol, "operand_2": "name"},
+            }
+            assert principal == {"operator": name_of_it}, where
+        else:
+            assert principal == principal_id, where
         role_definition = assignment.config["properties"]["roleDefinitionId"]
         if isinstance(role_definition, dict):  # subscriptionResourceId('...roleDefinitions', <role id>)
             role_definition = role_definition["function"]["parameters"]["resource_name_1"]

@@ -476,6 +476,13 @@ def test_drainer_assignments_exist_only_with_a_load_balancer() -> None:
                 else "${local.commands_via_topic ? 0 : var.commands_shards}"
             )
             assert others.pop(address)["count"] == expected, address
+    # the control plane's path ones on its switch (central.tf)
+    for address in (
+        "azurerm_role_assignment.system_topic_sends_central",
+        "azurerm_role_assignment.function_receives_central",
+    ):
+        assert others.pop(address)["count"] == "${local.central_count}", address
+    assert local("central_count") == "${var.central_reports ? 1 : 0}"
     assert all("count" not in body for body in others.values())
     # AND a load balancer without its virtual network is refused at plan time
     preconditions = [

@@ -158,12 +158,16 @@ def test_versions_pin_terraform_and_the_providers() -> None:
 # ---------------------------------------------------------------- topics and subscriptions
 
 
-def test_the_three_topics_exist_with_optional_cmek() -> None:
+def test_the_topics_exist_with_optional_cmek() -> None:
     topics = of_type("google_pubsub_topic")
     assert {body["name"] for body in topics.values()} == {
         "maintenance-events",
         "${local.commands_topic_names[count.index]}",
         "maintenance-events-dead",
+        # the control plane's path (central.tf)
+        "maintenance-central",
+        "maintenance-central-tick",
+        "maintenance-central-dead",
     }
     # one commands topic per shard, maintenance-commands first (commands_shards.tf)
     assert resource("google_pubsub_topic.commands")["count"] == ref("var.commands_shards")
@@ -865,10 +869,164 @@ def test_build_account_holds_exactly_the_documented_roles_on_the_narrowest_resou
 
 def test_push_invoker_may_only_invoke_the_functions_service() -> None:
     grants = members_of("push_invoker")
-    assert list(grants) == ["google_cloud_run_v2_service_iam_member.push_invoker"]
+    assert sorted(grants) == [
+        "google_cloud_run_v2_service_iam_member.push_invoker",
+        "google_cloud_run_v2_service_iam_member.push_invoker_central",
+    ]
     invoker = grants["google_cloud_run_v2_service_iam_member.push_invoker"]
     assert invoker["role"] == "roles/run.invoker"
     assert invoker["name"] == ref(f"{FUNCTION}.service_config[0].service")
+    # and the control plane's two functions, each on its own service
+    central = grants["google_cloud_run_v2_service_iam_member.push_invoker_central"]
+    assert central["role"] == "roles/run.invoker"
+    assert central["for_each"] == ref(CENTRAL_FUNCTIONS)
+    assert central["name"] == "${each.value.service_config[0].service}"
+
+
+# ---------------------------------------------------------------- the control plane's path
+
+CENTRAL_FUNCTIONS = "google_cloudfunctions2_function.central"
+CENTRAL_LOG_METHODS = {
+    "compute.instances.upcomingMaintenance",
+    "compute.instances.migrateOnHostMaintenance",
+    "compute.instances.terminateOnHostMaintenance",
+    "compute.instances.hostError",
+    "compute.instances.preempted",
+    "compute.instances.automaticRestart",
+}
+
+
+def central_functions() -> dict[str, Any]:
+    """The `central_functions` map as written (python-hcl2 keeps the conditional as text)."""
+    text = local("central_functions")
+    log, tick = re.split(r"\btick\s*=\s*\{", re.split(r"\blog\s*=\s*\{", text, maxsplit=1)[1], maxsplit=1)
+    return {"log": log, "tick": tick}
+
+
+def test_the_central_path_is_one_switch_on_by_default() -> None:
+    # A variable turns all of it off; it is on unless set so
+    assert default("central_reports") is True
+    assert local("central_count") == "${var.central_reports ? 1 : 0}"
+    assert local("central_functions").startswith("${var.central_reports ? {")
+    for key, body in resources().items():
+        if key.split(".")[0] != "google_cloud_run_v2_service_iam_member" and "central" in key.split(".")[1]:
+            assert body.get("count") == ref("local.central_count") or body.get("for_each") in (
+                ref("local.central_functions"),
+                ref(CENTRAL_FUNCTIONS),
+            ), key
+
+
+def test_the_sink_selects_host_maintenance_system_events_into_maintenance_central() -> None:
+    sink = resource("google_logging_project_sink.central")
+    assert sink["destination"] == "pubsub.googleapis.com/${google_pubsub_topic.central[0].id}"
+    assert resource("google_pubsub_topic.central")["name"] == "maintenance-central"
+    # a writer identity of the sink's own, not the shared cloud-logs account
+    assert sink["unique_writer_identity"] is True
+    assert sink["filter"] == ref("local.central_log_filter")
+    log_filter = local("central_log_filter")
+    assert '"logName:\\"cloudaudit.googleapis.com%2Fsystem_event\\""' in log_filter
+    assert '"resource.type=\\"gce_instance\\""' in log_filter
+    assert set(re.findall(r'"(compute\.instances\.\w+)"', log_filter)) == CENTRAL_LOG_METHODS
+
+
+def test_only_the_sink_writer_may_publish_on_maintenance_central() -> None:
+    # GIVEN every grant of the root on the central topic
+    on_topic = {
+        key: body
+        for key, body in of_type("google_pubsub_topic_iam_member").items()
+        if body["topic"] == ref("google_pubsub_topic.central[0].name")
+    }
+    # THEN one: publisher for the sink's writer identity (docs/security.md, "Reports from the control plane")
+    assert list(on_topic) == ["google_pubsub_topic_iam_member.central_sink_publisher"]
+    publisher = on_topic["google_pubsub_topic_iam_member.central_sink_publisher"]
+    assert publisher["role"] == "roles/pubsub.publisher"
+    assert publisher["member"] == ref("google_logging_project_sink.central[0].writer_identity")
+    # AND the sink's writer is granted nothing else
+    writer = ref("google_logging_project_sink.central[0].writer_identity")
+    assert [key for key, body in iam_grants().items() if body.get("member") == writer] == list(on_topic)
+    # AND no topic binding is authoritative (it would strip or hide other members)
+    assert not of_type("google_pubsub_topic_iam_binding")
+    assert not of_type("google_pubsub_topic_iam_policy")
+
+
+def test_only_cloud_scheduler_publishes_the_tick() -> None:
+    job = resource("google_cloud_scheduler_job.central_tick")
+    assert job["schedule"] == "* * * * *"
+    assert block(job, "pubsub_target")["topic_name"] == ref("google_pubsub_topic.central_tick[0].id")
+    assert resource("google_pubsub_topic.central_tick")["name"] == "maintenance-central-tick"
+    on_topic = {
+        key: body
+        for key, body in of_type("google_pubsub_topic_iam_member").items()
+        if body["topic"] == ref("google_pubsub_topic.central_tick[0].name")
+    }
+    assert list(on_topic) == ["google_pubsub_topic_iam_member.central_tick_publisher"]
+    assert on_topic["google_pubsub_topic_iam_member.central_tick_publisher"]["member"] == ref(
+        "local.cloud_scheduler_service_agent"
+    )
+    assert "@gcp-sa-cloudscheduler.iam.gserviceaccount.com" in local("cloud_scheduler_service_agent")
+
+
+def test_the_central_functions_are_the_events_functions_build_with_their_entry_points() -> None:
+    entries = central_functions()
+    assert re.search(r'entry_point\s*=\s*"on_central_log_entry"', entries["log"])
+    assert re.search(r'entry_point\s*=\s*"on_central_tick"', entries["tick"])
+    # one sweep at a time
+    assert re.search(r"max_instances\s*=\s*1\b", entries["tick"])
+    central = resource(CENTRAL_FUNCTIONS)
+    events = resource(FUNCTION)
+    build, events_build = block(central, "build_config"), block(events, "build_config")
+    assert build["entry_point"] == "${each.value.entry_point}"
+    for key in ("runtime", "service_account", "docker_repository", "source"):
+        assert build[key] == events_build[key], key
+    service, events_service = block(central, "service_config"), block(events, "service_config")
+    for key in ("service_account_email", "ingress_settings", "timeout_seconds", "secret_environment_variables"):
+        assert service[key] == events_service[key], key
+    assert service["environment_variables"].startswith(
+        "${merge(local.function_environment, local.function_policy_environment"
+    )
+
+
+def test_the_central_log_entries_are_pushed_retried_then_dead_lettered() -> None:
+    push = resource("google_pubsub_subscription.central")
+    assert push["topic"] == ref("google_pubsub_topic.central[0].id")
+    config = block(push, "push_config")
+    token = block(config, "oidc_token")
+    assert token["service_account_email"] == ref("google_service_account.push_invoker.email")
+    assert token["audience"] == ref(f'{CENTRAL_FUNCTIONS}["log"].service_config[0].uri')
+    assert config["push_endpoint"].startswith(f'${{{CENTRAL_FUNCTIONS}["log"].service_config[0].uri}}/')
+    dead_letter = block(push, "dead_letter_policy")
+    assert dead_letter["dead_letter_topic"] == ref("google_pubsub_topic.central_dead_letters[0].id")
+    assert dead_letter["max_delivery_attempts"] == ref("var.max_delivery_attempts")
+    assert push["ack_deadline_seconds"] >= block(resource(CENTRAL_FUNCTIONS), "service_config")["timeout_seconds"]
+    # the service agent can move them to the dead-letter topic, and the dead letters stay readable
+    publisher = resource("google_pubsub_topic_iam_member.central_dead_letter_publisher")
+    assert (publisher["topic"], publisher["member"]) == (
+        ref("google_pubsub_topic.central_dead_letters[0].name"),
+        ref("local.pubsub_service_agent"),
+    )
+    subscriber = resource("google_pubsub_subscription_iam_member.central_dead_letter_subscriber")
+    assert (subscriber["subscription"], subscriber["member"]) == (
+        ref("google_pubsub_subscription.central[0].name"),
+        ref("local.pubsub_service_agent"),
+    )
+    inspect = resource("google_pubsub_subscription.central_dead_letters_inspect")
+    assert inspect["topic"] == ref("google_pubsub_topic.central_dead_letters[0].id")
+
+
+def test_a_tick_is_pushed_to_on_central_tick_and_never_outlives_ten_minutes() -> None:
+    push = resource("google_pubsub_subscription.central_tick")
+    assert push["topic"] == ref("google_pubsub_topic.central_tick[0].id")
+    token = block(block(push, "push_config"), "oidc_token")
+    assert token["audience"] == ref(f'{CENTRAL_FUNCTIONS}["tick"].service_config[0].uri')
+    # a tick the function did not take is dropped once the next ones are due, never dead-lettered
+    assert push["message_retention_duration"] == "600s"
+    assert "dead_letter_policy" not in push
+
+
+def test_the_tick_lists_instances_with_the_instance_readers_one_permission() -> None:
+    # instances.aggregatedList needs compute.instances.list on each trusted project: the role the
+    # instance directory already holds, nothing new
+    assert resource("google_project_iam_custom_role.instance_reader")["permissions"] == ["compute.instances.list"]
 
 
 def test_agents_publish_events_and_read_their_own_commands_only() -> None:

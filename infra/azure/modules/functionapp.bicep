@@ -103,6 +103,12 @@ param trustResourceGroups string
 @minLength(36)
 param trustSubscriptions string
 
+@description('MBRIDGE_CENTRAL_QUEUE: the Service Bus queue of the control plane\'s reports (modules/central-reports.bicep); empty: the app registers no central function.')
+param centralQueueName string
+
+@description('MBRIDGE_CENTRAL_RECONCILE: read the trusted subscriptions\' Scheduled Events from Azure Resource Graph on a timer (with the Reader role on the VMs\' resource groups).')
+param centralReconcile bool
+
 @description('Upper bound of the instances the app scales out to (Flex Consumption takes 40 to 1000).')
 @minValue(40)
 @maxValue(1000)
@@ -168,6 +174,11 @@ var appSettings = [
   // local runs only and never deployed.
   { name: 'MBRIDGE_TRUST_SUBSCRIPTIONS', value: trustSubscriptions }
   { name: 'MBRIDGE_TRUST_RESOURCE_GROUPS', value: trustResourceGroups }
+  // The control plane's reports (docs/azure.md, "The control plane's reports"): the queue the Event
+  // Grid subscription delivers into (empty: none), and Resource Graph read on a timer. Both need
+  // MBRIDGE_TRUST_SUBSCRIPTIONS, set above.
+  { name: 'MBRIDGE_CENTRAL_QUEUE', value: centralQueueName }
+  { name: 'MBRIDGE_CENTRAL_RECONCILE', value: centralReconcile ? 'true' : 'false' }
 ]
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {

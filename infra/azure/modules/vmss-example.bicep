@@ -55,6 +55,9 @@ param agentPackage string
 ])
 param terminateNotBeforeTimeout string
 
+@description('Publish the VMs\' Scheduled Events to Event Grid and Azure Resource Graph too (scheduledEventsPolicy, Compute API 2025-04-01 or later; a preview that needs the SendScheduledEventsPolicy feature of Microsoft.Compute registered).')
+param scheduledEventsToEventGrid bool
+
 @description('Administrator user name (SSH key only, no password).')
 param adminUsername string
 
@@ -274,7 +277,7 @@ resource loadBalancer 'Microsoft.Network/loadBalancers@2024-01-01' = {
   }
 }
 
-resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' = {
+resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2025-04-01' = {
   // checkov:skip=CKV_AZURE_97:Encryption at host needs a subscription feature registration, so it is the encryptionAtHost parameter (off by default so that the example deploys anywhere); disks are encrypted at rest with platform keys regardless.
   // checkov:skip=CKV_AZURE_95:No VM extension is installed (the agent comes with cloud-init); the OS image itself is upgraded automatically (automaticOSUpgradePolicy).
   name: scaleSetName
@@ -307,6 +310,18 @@ resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' = {
       automaticOSUpgradePolicy: {
         enableAutomaticOSUpgrade: true
         disableAutomaticRollback: false
+      }
+    }
+    // The control plane's path: every VM's Scheduled Events also go to the subscription's Event Grid
+    // system topic (Microsoft.ResourceNotifications.MaintenanceResources) and to Resource Graph
+    // (maintenanceresources). The whole scale set shares one policy; during the preview the only
+    // schema version is 2020-07-01 (Microsoft's "Scheduled Events in Event Grid" page).
+    scheduledEventsPolicy: {
+      scheduledEventsAdditionalPublishingTargets: {
+        eventGridAndResourceGraph: {
+          enable: scheduledEventsToEventGrid
+          scheduledEventsApiVersion: '2020-07-01'
+        }
       }
     }
     virtualMachineProfile: {

@@ -75,6 +75,11 @@ locals {
     # (docs/azure.md, "Trust"); MBRIDGE_TRUST_FILE is for local runs only and never deployed.
     "MBRIDGE_TRUST_SUBSCRIPTIONS"   = join(",", local.trust_subscriptions)
     "MBRIDGE_TRUST_RESOURCE_GROUPS" = join(",", local.trust_resource_groups)
+    # The control plane's reports (docs/azure.md, "The control plane's reports"): the queue the
+    # Event Grid subscription delivers into (central.tf; empty: none), and Resource Graph read on a
+    # timer. Both need MBRIDGE_TRUST_SUBSCRIPTIONS, set above.
+    "MBRIDGE_CENTRAL_QUEUE"     = var.central_reports ? azurerm_servicebus_queue.central[0].name : ""
+    "MBRIDGE_CENTRAL_RECONCILE" = var.central_reports ? "true" : "false"
   }
 }
 

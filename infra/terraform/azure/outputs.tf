@@ -124,3 +124,13 @@ output "example_scale_set_name" {
   description = "Name of the example scale set; null without the example."
   value       = var.deploy_example_scale_set ? azurerm_linux_virtual_machine_scale_set.agents[0].name : null
 }
+
+output "central_queue" {
+  description = "The queue of the control plane's reports, MBRIDGE_CENTRAL_QUEUE (empty with central_reports = false)."
+  value       = var.central_reports ? azurerm_servicebus_queue.central[0].name : ""
+}
+
+output "central_system_topic_name" {
+  description = "The Event Grid system topic of the subscription's Scheduled Events (empty with central_reports = false)."
+  value       = var.central_reports ? azurerm_eventgrid_system_topic.maintenance[0].name : ""
+}

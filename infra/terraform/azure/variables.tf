@@ -242,6 +242,12 @@ variable "storage_replication_type" {
 
 # ---------------------------------------------------------------- drain target (Azure Load Balancer)
 
+variable "central_reports" {
+  description = "The control plane's path (docs/azure.md, \"The control plane's reports\"): an Event Grid system topic of type Microsoft.ResourceNotifications.MaintenanceResources on the subscription, its subscription delivering ScheduledEventEmitted into the Service Bus queue maintenance-central with the topic's own identity, MBRIDGE_CENTRAL_QUEUE and MBRIDGE_CENTRAL_RECONCILE for the function app, and the example scale set's scheduled-events policy publishing to Event Grid and Resource Graph. A Microsoft preview: register the features SendScheduledEventsPolicy (Microsoft.Compute) and ScheduledEventsActivity (Microsoft.Maintenance) first (docs/deploy.md), or set false. One such system topic per subscription."
+  type        = bool
+  default     = true
+}
+
 variable "drain_load_balancer_name" {
   description = "Load balancer whose backend pools the function drains VMs from (MBRIDGE_LB_NAME). Empty: no load balancer is drained by the control plane, only through the agents' /readyz, and the drainer role is assigned nowhere."
   type        = string

@@ -285,3 +285,31 @@ resource "azurerm_linux_virtual_machine_scale_set" "agents" {
     azurerm_subnet_network_security_group_association.agents,
   ]
 }
+
+# The control plane's path (central.tf): every VM's Scheduled Events also go to the subscription's
+# Event Grid system topic and to Resource Graph (maintenanceresources). azurerm has no argument for
+# the scale set's scheduledEventsPolicy, which needs the Compute API 2025-04-01 or later, so it is
+# written through Resource Manager; the whole scale set shares one policy, and during the preview the
+# only schema version is 2020-07-01 (Microsoft's "Scheduled Events in Event Grid" page). Written
+# again whenever the provider replaces the scale set.
+resource "azapi_update_resource" "agents_scheduled_events_policy" {
+  count       = local.example_count
+  type        = "Microsoft.Compute/virtualMachineScaleSets@2025-04-01"
+  resource_id = azurerm_linux_virtual_machine_scale_set.agents[0].id
+  body = {
+    properties = {
+      scheduledEventsPolicy = {
+        scheduledEventsAdditionalPublishingTargets = {
+          eventGridAndResourceGraph = {
+            enable                    = var.central_reports
+            scheduledEventsApiVersion = "2020-07-01"
+          }
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    replace_triggered_by = [azurerm_linux_virtual_machine_scale_set.agents]
+  }
+}

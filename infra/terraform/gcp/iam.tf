@@ -130,7 +130,9 @@ resource "google_project_iam_member" "function_drainer" {
 
 # Which instance a reported VM name stands for (functions/gcp_app/instance_directory.py): one
 # instances.aggregatedList per trusted project, filtered by name, which needs
-# compute.instances.list on the project and nothing else. roles/compute.viewer would also do, with
+# compute.instances.list on the project and nothing else. The central tick (central.tf,
+# on_central_tick) reads the instances' resourceStatus.upcomingMaintenance with the same call, so
+# the same one permission serves it. roles/compute.viewer would also do, with
 # get and list of every Compute resource; this role holds the one permission. It is made in each
 # trusted project (a custom role belongs to its project), so the deployer needs
 # iam.roles.create and setIamPolicy there too. List permissions are checked on the project, so a

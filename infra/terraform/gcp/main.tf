@@ -7,7 +7,7 @@
 #   function ──► Firestore (state, audit) │ unmanaged instance groups │ instances.performMaintenance
 #
 # pubsub.tf: topics and subscriptions; function.tf: the function and its source; firestore.tf:
-# database, indexes, TTL; iam.tf: service accounts and every role; vm_example.tf: VMs running the agent.
+# database, indexes, TTL; central.tf: the control plane's path (log sink, tick, two functions); iam.tf: service accounts and every role; vm_example.tf: VMs running the agent.
 
 data "google_project" "this" {
   project_id = var.project_id
@@ -25,11 +25,13 @@ locals {
   apis = [
     "artifactregistry.googleapis.com", # images built from the function source
     "cloudbuild.googleapis.com",       # builds the function
+    "cloudscheduler.googleapis.com",   # the central tick (central.tf)
     "cloudfunctions.googleapis.com",
     "cloudresourcemanager.googleapis.com", # data.google_project, project IAM
     "compute.googleapis.com",
     "firestore.googleapis.com",
     "iam.googleapis.com",
+    "logging.googleapis.com", # the central log sink (central.tf)
     "pubsub.googleapis.com",
     "run.googleapis.com", # gen2 functions are Cloud Run services
     "secretmanager.googleapis.com",

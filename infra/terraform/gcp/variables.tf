@@ -222,6 +222,12 @@ variable "extra_maintenance_zones" {
   }
 }
 
+variable "central_reports" {
+  description = "The control plane's path (docs/gcp.md): a log sink of the project's Compute Engine host-maintenance system events into the Pub/Sub topic maintenance-central, pushed to the function on_central_log_entry; a Cloud Scheduler job each minute on maintenance-central-tick, pushed to on_central_tick (the instances' upcomingMaintenance of trust_projects, the silent-agent sweep). false: none of it."
+  type        = bool
+  default     = true
+}
+
 variable "trust_projects" {
   description = "Projects whose VMs may report (MBRIDGE_TRUST_PROJECTS): a report is acted on only with an identity token of a VM of one of them. Empty: project_id."
   type        = list(string)
