@@ -353,6 +353,8 @@ NOT_DEPLOYED = {
     settings.ENV_COMPUTE_TIMEOUT,
     settings.ENV_TRUST_CERTS_URL,
     settings.ENV_WEBHOOK_SUMMARY_SECONDS,
+    # the tick reads upcomingMaintenance unless set false: its default is what a deployment wants
+    settings.ENV_CENTRAL_UPCOMING,
 }
 # A trust file makes the function trust the keys written in it instead of Google's: local runs only.
 NEVER_DEPLOYED = {settings.ENV_TRUST_FILE}

@@ -123,12 +123,14 @@ def test_the_flows_cover_what_the_demo_promises() -> None:
     assert [flow.key for flow in FLOWS] == [
         "freeze", "user-reboot", "spot-preempt", "scale-in", "gce-migration",
         "platform-reboot", "redeploy-canceled", "gce-terminate", "forged-reboot", "genuine-reboot", "dead-agent",
+        "gce-dead-agent",
     ]  # fmt: skip
     assert all(flow.expectations and flow.ends_with for flow in FLOWS)
     assert len({flow.event_id for flow in FLOWS if flow.event_id}) == 9  # no two Azure flows share an event
-    # the dead agent's VM is in the last phase: nothing after it needs its agent
-    (dead,) = [flow for flow in FLOWS if flow.agent_down]
-    assert (dead.agent_down, dead.phase) == (flows.DEAD_VM, max(flow.phase for flow in FLOWS))
+    # the dead agents' VMs, one a cloud, are in the last phase: nothing after it needs their agents
+    dead = [(flow.agent_down, flow.cloud, flow.phase) for flow in FLOWS if flow.agent_down]
+    last = max(flow.phase for flow in FLOWS)
+    assert dead == [(flows.DEAD_VM, Cloud.AZURE, last), (flows.GCE_VM, Cloud.GCE, last)]
     # the attack is made by a VM of the set, with its own proof, in web-0's name and its own
     forgeries = [forgery for flow in FLOWS for forgery in flow.forgeries]
     assert {forgery.by for forgery in forgeries} == {flows.COMPROMISED}
