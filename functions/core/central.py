@@ -270,9 +270,6 @@ def _silent(report: CentralReport, vm: str, deps: Deps, now: datetime, since: da
         return Outcome(envelope.id, Result.DUPLICATE)  # found by another sweep
     run = Invocation(deps, now, envelope, event, Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic()))
     run.drain_only = True
-    # A maintenance window the agent would have only audited is drained for while open: the agent's
-    # 60-second notice of the host event inside it will not be read (functions/core/invocation.py).
-    run.drain_for_open_window = report.kind is EventKind.UPCOMING
     waited = (now - since).total_seconds()
     reason = (
         f"the control plane ({report.source}) reported {event.kind.value} {event.event_id} {event.status.value} "

@@ -133,10 +133,6 @@ class Invocation:
     # A step on the control plane's word (functions/core/central.py), not the VM's own report: its
     # decision keeps the drains and restores, never an approval nor a maintenance started early.
     drain_only: bool = False
-    # On the control plane's word, for a VM whose own agent is silent: a maintenance window that is
-    # open is drained for, though the agent's report of it would only be audited (the agent would
-    # have drained on GCE's 60-second notice of the host event, which no one will now read).
-    drain_for_open_window: bool = False
     # The path the report came by: the VM's own agent, or a feed of the control plane
     # (functions/core/central.py). Of two reports of one end, only the first path's acts
     # (`lifecycle.mark_ended`); the same path's repeats are the same report.

@@ -60,7 +60,7 @@ def _act(run: Invocation) -> None:
         return
     decision = decide(event, run.policy, run.now)  # pure: nothing is done until the end is checked
     if run.drain_only:
-        decision = _drains_only(decision, run)
+        decision = _drains_only(decision)
     if event.status not in ENDING:
         ended = _glance(run, decision)
         if ended is not None:
@@ -97,15 +97,10 @@ def _glance(run: Invocation, decision: Decision) -> Ended | None:
     return _read_end(event, key, run.glanced.recalled.get(key))
 
 
-def _drains_only(decision: Decision, run: Invocation) -> Decision:
+def _drains_only(decision: Decision) -> Decision:
     """The decision on the control plane's word: its drains and restores, none of its approvals nor
-    maintenance started early (only the VM's own agent may have its maintenance started); and with
-    `drain_for_open_window`, a drain for a window that is open."""
+    maintenance started early (only the VM's own agent may have its maintenance started)."""
     kept = tuple(action for action in decision.actions if isinstance(action, (Drain, Restore)))
-    if run.drain_for_open_window and run.event.status is EventStatus.STARTED and not kept:
-        vms = run.event.resources or (run.event.reporter,)
-        reason = f"{decision.reason}; but the VM's agent is silent and the window is open: drain for the window"
-        return Decision(decision.rule, reason, (Drain(tuple(vms)),))
     if kept == decision.actions:
         return decision
     return Decision(decision.rule, f"{decision.reason}; on the control plane's word: no approval", kept)
