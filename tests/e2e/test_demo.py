@@ -37,7 +37,15 @@ NOT_REACHED = {
     "forged-reboot": set(STAGES),
     "genuine-reboot": set(),
     "dead-agent": {"detected", "published", "approved", "started"},
+    "gce-dead-agent": {"detected", "published", "approved", "started"},
 }
+# gce-0's actions: the live migration and the host maintenance on its agent's reports, then its
+# maintenance window on the system-event log's alone (audited while scheduled, drained once open)
+GCE_ACTIONS = [("drain", "6-gce"), ("restore", "1-ended")] * 2 + [
+    ("none", "6-gce-upcoming"),
+    ("drain", "2-started"),
+    ("restore", "1-ended"),
+]
 
 # (drained, approved by one of, restored) per Azure event, read back from the audit log: each VM of
 # an event is moved by its own report only, and the event is approved once (an approval starts it
@@ -98,7 +106,7 @@ def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(t
             assert set(approved) <= set(approvers), event_id
             assert sorted(vm for action, vm in actions if action == "restore") == restores, event_id
         gce = [(r.action, r.rule) for r in store.query(vm="gce-0") if r.kind == "action"]
-        assert gce == [("drain", "6-gce"), ("restore", "1-ended")] * 2
+        assert gce == GCE_ACTIONS
         # the forgeries: refused, and why, in the audit log
         refused = [(r.kind, r.event_id.upper()) for r in store.query() if r.kind in ("unverified", "not-self")]
         assert sorted(refused) == sorted(
@@ -108,9 +116,15 @@ def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(t
                 ("unverified", demo_flows.GENUINE_ID),
             ]
         )
-        # the dead agent: found silent once, by the control plane's report of its event
-        silent = [(r.vm, r.event_id.upper()) for r in store.query() if r.kind == "agent-silent"]
-        assert silent == [(demo_flows.DEAD_VM, demo_flows.DEAD_AGENT_ID)]
+        # the dead agents: web-2 found silent once, by Event Grid's report of its event; gce-0 twice,
+        # by the log's report of its window scheduled and then open; no live agent ever
+        silent = [(r.vm, r.event_id.upper(), r.status) for r in store.query() if r.kind == "agent-silent"]
+        assert [(vm, status) for vm, _, status in silent] == [
+            (demo_flows.DEAD_VM, "scheduled"),
+            (demo_flows.GCE_VM, "scheduled"),
+            (demo_flows.GCE_VM, "started"),
+        ]
+        assert silent[0][1] == demo_flows.DEAD_AGENT_ID
         results = {r.event_id.upper(): r.action for r in store.query() if r.kind == "command-result"}
         assert results[demo_flows.REDEPLOY_ID] == "rejected"  # the agent re-checked IMDS: canceled
         assert results[demo_flows.PLATFORM_REBOOT_ID] == "accepted"

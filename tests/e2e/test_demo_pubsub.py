@@ -26,14 +26,16 @@ from mbridge.demo.emulators import (
 from mbridge.demo.flows import FLOWS
 from mbridge.demo.timeline import STAGES
 from tests.e2e.test_demo import AZURE_ACTIONS as EMBEDDED_AZURE_ACTIONS
+from tests.e2e.test_demo import GCE_ACTIONS
 from tests.e2e.test_demo import NOT_REACHED as EMBEDDED_NOT_REACHED
 from tests.peers import require_peer
+from wire.model import Cloud
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The flows played here: the Cloud Function of this variant reads no control-plane feed yet, so the
-# dead agent's flow is not (the demo says so).
-PLAYED = tuple(flow for flow in FLOWS if flow.agent_down is None)
+# The flows played here: the Cloud Functions read GCE's control-plane feed (the system-event log),
+# not Azure's, so the Azure dead agent's flow is not played (the demo says so).
+PLAYED = tuple(flow for flow in FLOWS if flow.agent_down is None or flow.cloud is Cloud.GCE)
 # The stages each flow must not reach, and what each Azure event did, as on the embedded bus; but no
 # end of a deleted VM's event here: only the control plane could report it.
 NOT_REACHED = {
@@ -129,7 +131,9 @@ def test_the_demo_on_the_emulators_holds_every_expectation_and_leaves_its_audit_
         assert set(approved) <= set(approvers), event_id
         assert sorted(vm for action, vm in actions if action == "restore") == restores, event_id
     gce = [(r["action"], r["rule"]) for r in audit if r["kind"] == "action" and r["vm"] == "gce-0"]
-    assert gce == [("drain", "6-gce"), ("restore", "1-ended")] * 2
+    assert gce == GCE_ACTIONS
+    silent = [(r["vm"], r["status"]) for r in audit if r["kind"] == "agent-silent"]
+    assert silent == [("gce-0", "scheduled"), ("gce-0", "started")]
     results = {r["event_id"].upper(): r["action"] for r in audit if r["kind"] == "command-result"}
     assert results[demo_flows.REDEPLOY_ID] == "rejected"  # the agent re-checked IMDS: canceled
     assert results[demo_flows.PLATFORM_REBOOT_ID] == "accepted"
@@ -151,6 +155,10 @@ def test_the_demo_on_the_emulators_holds_every_expectation_and_leaves_its_audit_
     logs = workdir / "logs"
     function_log = (logs / "functions-framework.log").read_text(encoding="utf-8")
     assert '"result": "processed"' in function_log
+    # and the control plane's through its own two: the log sink's entries and the ticks
+    central_log = (logs / "functions-framework-on_central_log_entry.log").read_text(encoding="utf-8")
+    assert "gce-system-event" in central_log
+    assert "silent-agent sweep" in (logs / "functions-framework-on_central_tick.log").read_text(encoding="utf-8")
     assert (logs / "pubsub-emulator.log").exists()
     assert (logs / "firestore-emulator.log").exists()
     assert "push shim: message" in (workdir / "demo.log").read_text(encoding="utf-8")
