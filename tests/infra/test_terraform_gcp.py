@@ -1216,3 +1216,20 @@ def test_the_webhook_url_comes_from_a_secret_only_its_function_reads() -> None:
     assert settings.ENV_WEBHOOK_URL not in environment
     assert environment[settings.ENV_WEBHOOK_TEMPLATE] == ref("var.webhook_template")
     assert environment[settings.ENV_WEBHOOK_ACTIONS] == ref("var.webhook_actions")
+
+
+def test_every_alert_the_functions_raise_is_counted_by_a_log_based_metric() -> None:
+    # GIVEN the alert values the Cloud Functions' lines carry (docs/operations.md, the `alert` field)
+    raised = {"agent-silent", "proof-reused", "upcoming-unread"}
+    functions = Path(__file__).resolve().parents[2] / "functions"
+    sources = "\n".join(path.read_text(encoding="utf-8") for path in functions.rglob("*.py"))
+    assert all(f'"{alert}"' in sources for alert in raised)
+
+    # THEN each is counted by a metric of the functions' lines carrying it, by VM
+    metrics = {metric["alert"]: metric for metric in local("alert_metrics").values()}
+    assert set(metrics) == raised
+    (metric,) = of_type("google_logging_metric").values()
+    assert metric["for_each"] == "${local.alert_metrics}"
+    assert "labels.alert=" in str(metric["filter"])
+    assert "cloud_run_revision" in str(metric["filter"])
+    assert metric["label_extractors"] == {"vm": "EXTRACT(labels.vm)"}
