@@ -1,5 +1,6 @@
-"""Where one request of one VM goes: the control API (/_sim/) straight to `ControlApi`; metadata paths
-first through the faults, then to the cloud's API module.
+"""Where one request of one VM goes: the control API (/_sim/) straight to `ControlApi`, a GCE
+simulator's Compute API view (/compute/v1/) to `ComputeView`; metadata paths first through the
+faults, then to the cloud's API module.
 
 Shared by all VM servers of a simulator; it also drops the requests of a VM that has left.
 """
@@ -12,6 +13,7 @@ from dataclasses import replace
 from simulator.azure_api import ATTESTED_PATH, SCHEDULED_EVENTS_PATH, AzureApi, parse_start_requests
 from simulator.control import CONTROL_PREFIX, ControlApi, SimContext
 from simulator.gce_api import IDENTITY_PATH, PREFIX, GceApi
+from simulator.gce_api.compute_view import COMPUTE_PREFIX, ComputeView
 from simulator.store import ApprovalResult, Cloud, MetadataRequest, Response
 
 
@@ -24,6 +26,7 @@ class Router:
         self._azure = azure
         self._gce = gce
         self._stop = stop
+        self._compute = ComputeView(ctx.gce, ctx.departures.gone)
 
     def route(self, request: MetadataRequest) -> Response | None:
         """The answer, or None to drop the connection without one."""
@@ -37,6 +40,8 @@ class Router:
     def _answer(self, request: MetadataRequest) -> Response | None:
         if request.path.startswith(CONTROL_PREFIX):
             return self._control.handle(request)
+        if request.path.startswith(COMPUTE_PREFIX) and self._ctx.cloud is Cloud.GCE:
+            return self._compute.handle(request)  # the project's API, not the VM's metadata: no faults
         response = self._metadata(request)
         self._ctx.traffic.record(request.vm, None if response is None else response.status)
         return response

@@ -49,6 +49,9 @@ class GceState:
         with self._cond:
             return self._vms[vm]
 
+    def vm_names(self) -> tuple[str, ...]:
+        return tuple(self._vms)
+
     def snapshot(self) -> dict[str, dict[str, object]]:
         with self._cond:
             return {
