@@ -79,7 +79,8 @@ REDELIVERY_DELAY = 0.05
 SETTLE_TIMEOUT = 60.0
 FINAL_TIMEOUT = 30.0
 SEED = 20240502
-POLICY = Policy(drain_period_seconds=0.0)
+# The VMs' pools here are read directly, no probe between: out at once (readiness_probe_seconds 0).
+POLICY = Policy(drain_period_seconds=0.0, readiness_probe_seconds=0.0)
 # The simulator's answer to the StartRequests POST that starts the event.
 COUNTED = ("accepted",)
 

@@ -87,7 +87,8 @@ STORE_VMS = 50  # VMs per simulator store
 POLL_SECONDS = 1.0  # how often the orchestrator looks for changed documents (an agent's poll)
 SAMPLE_SECONDS = 0.25
 LINGER_SECONDS = 600.0  # the agent's default (agent/engagement.py)
-POLICY = Policy(drain_period_seconds=0.0)
+# The VMs' pools here are read directly, no probe between: out at once (readiness_probe_seconds 0).
+POLICY = Policy(drain_period_seconds=0.0, readiness_probe_seconds=0.0)
 POOL = "fleet"
 HOUR = 3600.0
 WRITES = frozenset(

@@ -65,7 +65,8 @@ def lane_policy(vms: Iterable[str]) -> Policy:
     VMs then never touch the same budget record (on Firestore, two invocations writing one
     document contend and back off for a second)."""
     pools = tuple(Pool(name=vm, vms=frozenset({vm}), max_drained=None) for vm in sorted(vms))
-    return Policy(drain_period_seconds=0.0, pools=pools)
+    # A lane's pools are the agents' /readyz read directly, no probe between: out at once.
+    return Policy(drain_period_seconds=0.0, readiness_probe_seconds=0.0, pools=pools)
 
 
 @dataclass

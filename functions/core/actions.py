@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from functions.core.balancers import through_readiness
 from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, approval_time
 from functions.core.holds import past_the_budget, reservation_expiry
 from functions.core.invocation import Invocation
@@ -39,6 +40,7 @@ class Drained:
 
     checked: bool = False
     ended: bytes | None = None
+    out_at: datetime | None = None  # when the last VM it took out is out for its load balancer
 
 
 def drain(run: Invocation, action: Drain, decision: Decision) -> Drained | None:
@@ -61,6 +63,7 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> Drained | None:
         run.note(ActionName.NONE, ",".join(action.vms), decision, "already drained")
         return Drained()
     checked = False
+    last_out: datetime | None = None
     for vm in action.vms:
         record = records.get(vm)
         if record is not None and record.get("state") == REMOVED:
@@ -76,8 +79,14 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> Drained | None:
         memento: JsonObject = record["memento"]
         if memento:
             run.deps.balancer.remove(vm, memento)
-        # When it was out: an approval of an event of several VMs counts its drain period from the last one.
-        drained_at = format_rfc3339(run.moment())
+        # When it was out: an approval of an event of several VMs counts its drain period from the last
+        # one. Out through /readyz, it is out once the balancer's probe has seen it (the policy's
+        # readiness_probe_seconds), not when the agent was told.
+        out_at = run.moment()
+        if memento and through_readiness(memento):
+            out_at += timedelta(seconds=run.policy.readiness_probe_seconds)
+        last_out = out_at if last_out is None else max(last_out, out_at)
+        drained_at = format_rfc3339(out_at)
         removed = {"memento": memento, "state": REMOVED, "drained_at": drained_at, **_what_for(event)}
         run.removed[vm] = removed
         # Recorded removed unless the event ended meanwhile, checked with the record (see
@@ -91,8 +100,8 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> Drained | None:
             decision.reason if memento else f"{decision.reason} ({vm} was in no managed pool)",
         )
         if ended is not None:
-            return Drained(checked, ended)
-    return Drained(checked)
+            return Drained(checked, ended, last_out)
+    return Drained(checked, out_at=last_out)
 
 
 def _what_for(event: MaintenanceEvent) -> JsonObject:

@@ -76,3 +76,11 @@ class CompositeBalancer:
         for name, balancer in self._balancers:
             if name in memento:
                 balancer.restore(vm, memento[name])
+
+
+def through_readiness(memento: JsonObject) -> bool:
+    """Whether a drain's memento has a part done through the agent's /readyz (ReadinessBalancer's, at
+    the top or as one part of a CompositeBalancer's): the load balancer's probe has yet to see it."""
+    if memento.get("readiness") is True:
+        return True
+    return any(isinstance(part, dict) and part.get("readiness") is True for part in memento.values())

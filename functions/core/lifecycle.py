@@ -112,7 +112,8 @@ def _drain_step(run: Invocation, action: Drain, decision: Decision) -> bool:
         if _deleted(run.event):
             _let_go_of_deleted(run, decision)
         return False  # parked for the budget: the approval waits with it
-    run.drained_at = run.moment()
+    # Out for the load balancers once its probe saw the last drain through /readyz (actions.drain).
+    run.drained_at = max(run.moment(), drained.out_at) if drained.out_at is not None else run.moment()
     # Check again now that the drains are on record: the end may have been processed since the
     # check in `act`. See `mark_ended` for why one of the two always sees them. A step that recorded
     # a VM removed checked the end with that record (`record_drain_unless`); one that changed nothing

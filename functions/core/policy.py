@@ -48,6 +48,11 @@ class Policy:
     approve_platform_events: bool = True
     drain_period_seconds: float = 30.0
     not_before_margin_seconds: float = 5.0
+    # A drain through the agent's /readyz is done for the load balancer only once its probe has seen
+    # the VM unready: probe interval x unhealthy threshold (docs/policy.md#probe-aware-drains). The
+    # drain period starts then. 30 s covers Azure Load Balancer's default probe (15 s, 2 probes) and
+    # a Cloud Load Balancing health check's (5 s, 2 checks).
+    readiness_probe_seconds: float = 30.0
     # Approvals travel as commands that expire after this long.
     command_ttl_seconds: float = 600.0
     # Disruption budget: pools and how many of their VMs may be drained at once. A VM in no
@@ -89,6 +94,7 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "approve_platform_events": (bool,),
     "drain_period_seconds": (int, float),
     "not_before_margin_seconds": (int, float),
+    "readiness_probe_seconds": (int, float),
     "command_ttl_seconds": (int, float),
     "default_max_drained": (int, type(None)),
     "gce_upcoming_action": (str,),
@@ -135,6 +141,7 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
         "harmless_freeze_seconds",
         "drain_period_seconds",
         "not_before_margin_seconds",
+        "readiness_probe_seconds",
         "command_ttl_seconds",
         "silent_agent_seconds",
     ):
@@ -145,10 +152,11 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
     if values.get("command_ttl_seconds", 1) <= 0:
         raise PolicyError("policy setting 'command_ttl_seconds' must be > 0")
     drain = values.get("drain_period_seconds", Policy.drain_period_seconds)
-    if drain >= values.get("command_ttl_seconds", Policy.command_ttl_seconds):
+    probe = values.get("readiness_probe_seconds", Policy.readiness_probe_seconds)
+    if drain + probe >= values.get("command_ttl_seconds", Policy.command_ttl_seconds):
         raise PolicyError(
-            "policy setting 'drain_period_seconds' must be shorter than 'command_ttl_seconds': an approval held "
-            "for the drain period would expire before it is executed"
+            "policy settings 'drain_period_seconds' and 'readiness_probe_seconds' together must be shorter than "
+            "'command_ttl_seconds': an approval held for them would expire before it is executed"
         )
     if values.get("default_max_drained") is not None and values["default_max_drained"] < 1:
         raise PolicyError("policy setting 'default_max_drained' must be >= 1, or null for unlimited")

@@ -54,7 +54,14 @@ def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
     live = LiveLines(sys.stdout)
     # A dead agent's VM is drained on the control plane's word once its agent was silent for 3 s (a
     # minute by default: the demo runs ten times faster, and its agents report within a second).
-    policy = Policy(drain_period_seconds=args.drain_period, silent_agents="drain", silent_agent_seconds=3.0)
+    # The demo's pools are the agents' /readyz read directly: a VM is out the moment it turns unready,
+    # with no probe interval to wait (readiness_probe_seconds 0; docs/policy.md#probe-aware-drains).
+    policy = Policy(
+        drain_period_seconds=args.drain_period,
+        readiness_probe_seconds=0,
+        silent_agents="drain",
+        silent_agent_seconds=3.0,
+    )
     with ExitStack() as cleanup:
         cleanup.enter_context(_logging_to(workdir / "demo.log"))
         live.say(f"maintenance-bridge demo on the {args.bus} bus; work dir {workdir}")

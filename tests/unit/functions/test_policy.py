@@ -141,8 +141,8 @@ def test_partial_document_keeps_the_other_defaults() -> None:
         ({"pools": {"web": {"vms": ["a"], "max_drained": None}}}, Policy(pools=(Pool("web", frozenset({"a"}), None),))),
         ({"harmless_freeze_seconds": 0, "drain_period_seconds": 0, "not_before_margin_seconds": 0}, None),
         (
-            {"command_ttl_seconds": 0.5, "drain_period_seconds": 0},
-            Policy(command_ttl_seconds=0.5, drain_period_seconds=0),
+            {"command_ttl_seconds": 0.5, "drain_period_seconds": 0, "readiness_probe_seconds": 0},
+            Policy(command_ttl_seconds=0.5, drain_period_seconds=0, readiness_probe_seconds=0),
         ),
         ({"gce_upcoming_action": "audit"}, Policy(gce_upcoming_action="audit")),
     ],
@@ -201,6 +201,9 @@ def test_policy_error_is_permanent() -> None:
         ({"harmless_freeze_seconds": -1}, "'harmless_freeze_seconds'"),
         ({"drain_period_seconds": -0.5}, "'drain_period_seconds'"),
         ({"not_before_margin_seconds": -5}, "'not_before_margin_seconds'"),
+        ({"readiness_probe_seconds": -1}, "'readiness_probe_seconds'"),
+        # the approval must outlive the probe and the drain period
+        ({"command_ttl_seconds": 60, "drain_period_seconds": 30, "readiness_probe_seconds": 30}, "readiness_probe"),
         ({"command_ttl_seconds": 0}, "'command_ttl_seconds'"),
         ({"command_ttl_seconds": -600}, "'command_ttl_seconds'"),
         ({"default_max_drained": 0}, "'default_max_drained'"),
