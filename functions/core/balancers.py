@@ -11,6 +11,12 @@ from typing import Callable
 
 from functions.core.ports import CommandSender, JsonObject, LoadBalancer
 from wire.commands import Command, CommandType, new_command
+from wire.errors import PermanentError
+
+
+class AutohealerConflictError(PermanentError):
+    """Draining the VM through /readyz would make its autohealer (a managed instance group's
+    autohealing, a scale set's automatic repairs) recreate it: refused, and nothing changed."""
 
 
 class ReadinessBalancer:
@@ -24,13 +30,21 @@ class ReadinessBalancer:
         clock: Callable[[], datetime],
         ttl: timedelta = timedelta(minutes=10),
         signer: Callable[[Command], Command] | None = None,
+        guard: Callable[[str], str | None] | None = None,
     ) -> None:
         self._sender = sender
         self._clock = clock
         self._ttl = ttl
         self._signer = signer
+        # The cloud's autohealer check (functions/gcp_app/autohealer.py): why draining the VM through
+        # /readyz would get it recreated, or None. Asked before anything changes.
+        self._guard = guard
 
     def locate(self, vm: str) -> JsonObject | None:
+        if self._guard is not None:
+            conflict = self._guard(vm)
+            if conflict is not None:
+                raise AutohealerConflictError(f"{vm} is not drained: {conflict}")
         # Every VM with an agent has a /readyz to turn; nothing to read first. The drain gets an
         # id of its own, kept in the memento: its commands are told apart from those of any
         # other drain of the VM, and a retry of this one reuses them.

@@ -34,6 +34,10 @@ ENV_MAINTENANCE_ZONES = "MBRIDGE_MAINTENANCE_ZONES"
 ENV_READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
 # on_central_tick reads the instances' upcomingMaintenance from the Compute API (central_entry.py)
 ENV_CENTRAL_UPCOMING = "MBRIDGE_CENTRAL_UPCOMING"
+# Before a drain through /readyz, read the VM's managed instance group's autohealing health checks and
+# refuse a drain that would fail one (functions/gcp_app/autohealer.py); the agents' health port.
+ENV_AUTOHEALER_CHECK = "MBRIDGE_AUTOHEALER_CHECK"
+ENV_AGENT_HEALTH_PORT = "MBRIDGE_AGENT_HEALTH_PORT"
 ENV_POLICY = "MBRIDGE_POLICY"
 ENV_SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
 ENV_COMPUTE_TIMEOUT = "MBRIDGE_COMPUTE_TIMEOUT_SECONDS"
@@ -95,6 +99,8 @@ class Settings:
     maintenance_zones: tuple[str, ...] = ()
     readiness_drain: bool = True
     central_upcoming: bool = True
+    autohealer_check: bool = True
+    agent_health_port: int = 9797
     policy: Policy = DEFAULT_POLICY
     signing_key: str | None = None
     compute_timeout: float = DEFAULT_COMPUTE_TIMEOUT
@@ -165,6 +171,8 @@ class Settings:
             maintenance_zones=zones,
             readiness_drain=readiness,
             central_upcoming=_boolean(ENV_CENTRAL_UPCOMING, get(ENV_CENTRAL_UPCOMING), default=True),
+            autohealer_check=_boolean(ENV_AUTOHEALER_CHECK, get(ENV_AUTOHEALER_CHECK), default=True),
+            agent_health_port=_port(ENV_AGENT_HEALTH_PORT, get(ENV_AGENT_HEALTH_PORT), 9797),
             policy=_policy(environ.get(ENV_POLICY)),
             signing_key=environ.get(ENV_SIGNING_KEY) or None,
             compute_timeout=_seconds(ENV_COMPUTE_TIMEOUT, get(ENV_COMPUTE_TIMEOUT), DEFAULT_COMPUTE_TIMEOUT),
@@ -299,3 +307,15 @@ def _shards(value: str) -> int:
         return parse_shards(value or "1")
     except ValueError as error:
         raise SettingsError(f"{ENV_COMMANDS_SHARDS}: {error}") from None
+
+
+def _port(name: str, text: str, default: int) -> int:
+    if not text.strip():
+        return default
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise SettingsError(f"{name} must be a TCP port, 1 to 65535 (the agents' --listen port), got {text[:20]!r}")
+    return port

@@ -25,6 +25,7 @@ from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import LoadBalancer, Maintenance
 from functions.core.process import ClaimWait, Deps
 from functions.gcp_app import logging as logs
+from functions.gcp_app.autohealer import ComputeMigReader, MigAutohealers
 from functions.gcp_app.commands import PubSubCommandSender
 from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
 from functions.gcp_app.firestore_audit import FirestoreAuditLog
@@ -67,6 +68,14 @@ class Clients:
     instance_groups: Callable[[], compute_v1.InstanceGroupsClient] = compute_v1.InstanceGroupsClient
     zone_operations: Callable[[], compute_v1.ZoneOperationsClient] = compute_v1.ZoneOperationsClient
     instances: Callable[[], compute_v1.InstancesClient] = compute_v1.InstancesClient
+    instance_group_managers: Callable[[], compute_v1.InstanceGroupManagersClient] = (
+        compute_v1.InstanceGroupManagersClient
+    )
+    region_instance_group_managers: Callable[[], compute_v1.RegionInstanceGroupManagersClient] = (
+        compute_v1.RegionInstanceGroupManagersClient
+    )
+    health_checks: Callable[[], compute_v1.HealthChecksClient] = compute_v1.HealthChecksClient
+    region_health_checks: Callable[[], compute_v1.RegionHealthChecksClient] = compute_v1.RegionHealthChecksClient
     publisher: PublisherFactory = new_commands_publisher
 
 
@@ -105,7 +114,8 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         )
         parts.append((INSTANCE_GROUPS, groups))
     if settings.readiness_drain:
-        parts.append((READINESS, ReadinessBalancer(sender, clock, signer=signer)))
+        guard = _autohealers(settings, clients, directory) if settings.autohealer_check else None
+        parts.append((READINESS, ReadinessBalancer(sender, clock, signer=signer, guard=guard)))
     maintenance: Maintenance | None = None
     if settings.maintenance_zones:
         maintenance = ComputeMaintenance(
@@ -134,6 +144,30 @@ def instance_directory(settings: Settings, clients: Clients | None = None) -> Co
         settings.trusted_zones,
         timeout=settings.compute_timeout,
     )
+
+
+def _autohealers(settings: Settings, clients: Clients, directory: InstanceDirectory) -> Callable[[str], str | None]:
+    """The readiness drain's guard against autohealing (functions/gcp_app/autohealer.py); its Compute
+    clients are made at its first question, as the directory's are."""
+    made: list[MigAutohealers] = []
+    lock = threading.Lock()
+
+    def conflict(vm: str) -> str | None:
+        with lock:
+            if not made:
+                reader = ComputeMigReader(
+                    clients.instances(),
+                    clients.instance_group_managers(),
+                    clients.region_instance_group_managers(),
+                    clients.health_checks(),
+                    clients.region_health_checks(),
+                    timeout=settings.compute_timeout,
+                )
+                made.append(MigAutohealers(reader, directory.instances_named, port=settings.agent_health_port))
+            guard = made[0]
+        return guard.conflict(vm)
+
+    return conflict
 
 
 class _LazyDirectory:

@@ -76,6 +76,8 @@ def launch_function(
             "MBRIDGE_TRUST_PROJECTS": SIM_PROJECT,
             # The simulator serves no Compute API: the tick only sweeps (the log's entries carry the notices).
             "MBRIDGE_CENTRAL_UPCOMING": "false",
+            # Nor instance groups to autoheal: the demo's pools are the agents' /readyz read directly.
+            "MBRIDGE_AUTOHEALER_CHECK": "false",
             PUBSUB.variable: pubsub_host,
             FIRESTORE.variable: firestore_host,
             "PYTHONUNBUFFERED": "1",

@@ -40,6 +40,12 @@ _ROUTE = re.compile(
     r"(?P<collection>instanceGroups|instances|operations)/(?P<name>[^/]+)(?:/(?P<verb>[A-Za-z]+))?$"
 )
 _AGGREGATED = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances$")
+# The reads of autohealing (functions/gcp_app/autohealer.py): an instance, a group manager, a health check.
+_READS = re.compile(
+    r"^/compute/v1/projects/(?P<project>[^/]+)/"
+    r"(?P<where>zones/[^/]+/instances|zones/[^/]+/instanceGroupManagers|regions/[^/]+/instanceGroupManagers"
+    r"|global/healthChecks|regions/[^/]+/healthChecks)/(?P<name>[^/]+)$"
+)
 _NAME_FILTER = re.compile(r'^name = "(?P<name>[^"]+)"$')
 
 
@@ -67,6 +73,12 @@ class ComputeApi:
 
     members: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     instances: dict[tuple[str, str, str], str] = field(default_factory=dict)  # (project, zone, name) -> id
+    # What autohealing reads: an instance's created-by metadata, (project, zone, name) -> group path;
+    # a group manager's autohealing health checks, "projects/P/zones|regions/L/instanceGroupManagers/N" ->
+    # health check URLs; a health check, "projects/P/global|regions/R/healthChecks/N" -> its resource.
+    created_by: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    managers: dict[str, list[str]] = field(default_factory=dict)
+    health_checks: dict[str, dict[str, Any]] = field(default_factory=dict)
     # (project, zone, name) -> its resourceStatus.upcomingMaintenance, for the instances that have one
     upcoming: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     fail: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
@@ -92,6 +104,13 @@ class ComputeApi:
             aggregated = _AGGREGATED.match(path)
             if aggregated is not None:
                 return self._aggregated(path, str(aggregated["project"]), body or {})
+            read = _READS.match(path) if method == "GET" else None
+            if read is not None:
+                failures = _scripted(self.fail, path)
+                if failures:
+                    status, reason = failures.pop(0)
+                    return _error(status, reason, f"scripted {reason} for {path}")
+                return self._read(str(read["project"]), str(read["where"]), str(read["name"]))
             match = _ROUTE.match(path)
             if match is None or (match["project"] != PROJECT and match["collection"] != "instances"):
                 return _error(404, "notFound", f"The resource '{path}' was not found")
@@ -111,6 +130,25 @@ class ComputeApi:
                     404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
                 )
             return 200, self._operation(zone, "compute.instances.performMaintenance", f"instances/{name}")
+
+    def _read(self, project: str, where: str, name: str) -> tuple[int, dict[str, Any]]:
+        key = f"projects/{project}/{where}/{name}"
+        if where.endswith("/instances"):
+            zone = where.split("/")[1]
+            if (project, zone, name) not in self.instances:
+                return _error(404, "notFound", f"The resource '{key}' was not found")
+            group = self.created_by.get((project, zone, name))
+            items = [{"key": "created-by", "value": group}] if group else []
+            return 200, {"kind": "compute#instance", "name": name, "id": self.instances[(project, zone, name)],
+                         "metadata": {"items": [*items, {"key": "startup-script", "value": "#!/bin/sh"}]}}  # fmt: skip
+        if where.endswith("/instanceGroupManagers"):
+            if key not in self.managers:
+                return _error(404, "notFound", f"The resource '{key}' was not found")
+            policies = [{"healthCheck": check, "initialDelaySec": 300} for check in self.managers[key]]
+            return 200, {"kind": "compute#instanceGroupManager", "name": name, "autoHealingPolicies": policies}
+        if key not in self.health_checks:
+            return _error(404, "notFound", f"The resource '{key}' was not found")
+        return 200, {"kind": "compute#healthCheck", "name": name, **self.health_checks[key]}
 
     def _aggregated(self, path: str, project: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """instances.aggregatedList: {"zones/Z": {"instances": [...]}}, with AIP-160 `name = "X"` filters."""

@@ -554,10 +554,11 @@ def test_with_shards_each_command_is_published_on_the_topic_of_its_vms_shard() -
 
 
 def test_readiness_drains_are_signed_commands_when_a_key_is_configured() -> None:
-    # GIVEN the app wired with a signing key and the readiness balancer only
+    # GIVEN the app wired with a signing key and the readiness balancer only (no autohealer to read)
     private_pem, public_pem = generate_keypair()
     publisher = FakePublisher()
-    deps = wiring.build_deps(settings_for(signing_key=private_pem.decode()), offline_clients(publisher))
+    settings = settings_for(signing_key=private_pem.decode(), autohealer_check=False)
+    deps = wiring.build_deps(settings, offline_clients(publisher))
     # WHEN a VM is drained
     memento = deps.balancer.locate("web-0")
     assert memento is not None
