@@ -55,6 +55,10 @@ LB_RESOURCE_GROUP = "MBRIDGE_LB_RESOURCE_GROUP"
 LB_NAME = "MBRIDGE_LB_NAME"
 LB_NIC_RESOURCE_GROUP = "MBRIDGE_LB_NIC_RESOURCE_GROUP"
 READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
+# Before a drain through /readyz, refuse one its scale set's automatic repairs would act on
+# (functions/azure_app/autohealer.py); the agents' health port.
+AUTOHEALER_CHECK = "MBRIDGE_AUTOHEALER_CHECK"
+AGENT_HEALTH_PORT = "MBRIDGE_AGENT_HEALTH_PORT"
 POLICY = "MBRIDGE_POLICY"
 SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
 TRUST_RESOURCE_GROUPS = "MBRIDGE_TRUST_RESOURCE_GROUPS"
@@ -153,6 +157,9 @@ class Settings:
     # The Service Bus queue the control plane's reports arrive on (an Event Grid subscription of the
     # MaintenanceResources system topic); None: the app reads none (docs/azure.md).
     central_queue: str | None = None
+    # Before a drain through /readyz: refuse one a scale set's automatic repairs act on (autohealer.py).
+    autohealer_check: bool = True
+    agent_health_port: int = 9797
     # Whether the app reconciles with Resource Graph's maintenanceresources table (docs/azure.md).
     central_reconcile: bool = False
 
@@ -219,6 +226,8 @@ class Settings:
             webhook=_webhook(env),
             central_queue=_central_queue(env, subscriptions),
             central_reconcile=_central_reconcile(env, subscriptions),
+            autohealer_check=env.flag(AUTOHEALER_CHECK, default=True),
+            agent_health_port=env.port(AGENT_HEALTH_PORT, 9797),
         )
 
 
@@ -331,6 +340,14 @@ class _Env:
         if value.lower() in _FALSE:
             return False
         raise SettingsError(f"{name} is true or false, not {value!r}")
+
+    def port(self, name: str, default: int) -> int:
+        value = self.optional(name)
+        if value is None:
+            return default
+        if not value.isdigit() or not 1 <= int(value) <= 65535:
+            raise SettingsError(f"{name} is a TCP port, 1 to 65535 (the agents' --listen port), not {value[:20]!r}")
+        return int(value)
 
     def choice(self, name: str, choices: tuple[str, ...]) -> str:
         """One of `choices` (case-insensitive); unset: the first."""

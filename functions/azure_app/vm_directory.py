@@ -302,8 +302,12 @@ class ComputeVmDirectory:
     def _read(self, client: Any, vms: Iterable[Any], scale_sets: Iterable[Any], names: dict[str, VmRecord]) -> None:
         from azure.core.exceptions import ResourceNotFoundError
 
+        scale_sets = list(scale_sets)
+        # A flexible scale set's VMs name their set; the set says what its automatic repairs probe.
+        repairs = {str(scale_set.id or "").lower(): repairs_probe(scale_set) for scale_set in scale_sets}
         for vm in vms:
-            _add(names, vm)
+            owner = getattr(getattr(vm, "virtual_machine_scale_set", None), "id", None)
+            _add(names, vm, repairs.get(str(owner or "").lower()))
         for scale_set in scale_sets:
             # Scale sets made before orchestration modes existed have none: they are uniform.
             if _value(scale_set.orchestration_mode).lower() == "flexible":
@@ -314,7 +318,7 @@ class ComputeVmDirectory:
                 continue
             try:
                 for instance in client.virtual_machine_scale_set_vms.list(group, scale_set.name):
-                    _add(names, instance)
+                    _add(names, instance, repairs.get(str(scale_set.id or "").lower()))
             except ResourceNotFoundError:
                 LOGGER.info("scale set %s was deleted while its instances were listed", scale_set.id)
 
@@ -374,10 +378,39 @@ def _compute_clients(credential: TokenCredential) -> ClientFactory:
     return create
 
 
-def _add(names: dict[str, VmRecord], resource: Any) -> None:
+def _add(names: dict[str, VmRecord], resource: Any, repairs: tuple[str, str, int | None] | None = None) -> None:
     vm_id, name, resource_id = resource.vm_id, resource.name, resource.id
     if vm_id and name and resource_id:
-        names[str(vm_id).lower()] = VmRecord(str(name), str(resource_id), str(vm_id).lower(), _nic_ids(resource))
+        names[str(vm_id).lower()] = VmRecord(
+            str(name), str(resource_id), str(vm_id).lower(), _nic_ids(resource), repairs_probe=repairs
+        )
+
+
+APPLICATION_HEALTH = ("applicationhealthlinux", "applicationhealthwindows")
+
+
+def repairs_probe(scale_set: Any) -> tuple[str, str, int | None] | None:
+    """What a scale set's automatic instance repairs act on: its Application Health extension's
+    protocol, request path and port (None: not given), when repairs are enabled; else None. A TCP
+    probe reads no path: None too (it cannot be the agent's readiness)."""
+    policy = getattr(scale_set, "automatic_repairs_policy", None)
+    if not getattr(policy, "enabled", False):
+        return None
+    profile = getattr(getattr(scale_set, "virtual_machine_profile", None), "extension_profile", None)
+    for extension in getattr(profile, "extensions", None) or ():
+        # The SDK's models put the extension's own fields under `properties` (older ones flattened
+        # them, with `type_properties_type`): read either.
+        fields = getattr(extension, "properties", None) or extension
+        kind = str(getattr(fields, "type", None) or getattr(extension, "type_properties_type", None) or "").lower()
+        settings = getattr(fields, "settings", None)
+        if kind not in APPLICATION_HEALTH or not isinstance(settings, Mapping):
+            continue
+        protocol = str(settings.get("protocol", "")).lower()
+        if protocol not in ("http", "https"):
+            return None
+        port = settings.get("port")
+        return protocol, str(settings.get("requestPath") or "/"), port if isinstance(port, int) else None
+    return None
 
 
 def _nic_ids(resource: Any) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import requests
 
+from functions.azure_app.autohealer import scale_set_repairs
 from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group, nics_of_scoped_vm
 from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, AttestedTrust, Settings, SettingsError
@@ -211,7 +212,14 @@ def _balancer(
         )
     if settings.readiness_drain:
         ttl = timedelta(seconds=settings.policy.command_ttl_seconds)
-        balancers.append((READINESS, ReadinessBalancer(sender, clock=_utc_now, ttl=ttl, signer=signer)))
+        # With the scope's VMs known, a drain a scale set's automatic repairs would act on is refused.
+        guard = (
+            scale_set_repairs(directory, port=settings.agent_health_port)
+            if directory is not None and settings.autohealer_check
+            else None
+        )
+        readiness = ReadinessBalancer(sender, clock=_utc_now, ttl=ttl, signer=signer, guard=guard)
+        balancers.append((READINESS, readiness))
     # Always composite, even with one balancer: the memento keeps the same shape when
     # balancers are added or removed later, so older drains are still restored.
     return CompositeBalancer(balancers)

@@ -72,6 +72,10 @@ class VmRecord:
     # The NICs the VM's network profile names, by resource id (standalone VMs and the VMs of flexible
     # scale sets); empty when ARM gave none (a uniform scale set's instance) or the record is static.
     nic_ids: tuple[str, ...] = ()
+    # The probe its scale set's automatic instance repairs act on (the Application Health extension's
+    # protocol, request path and port; None: a named or default port), or None when the VM's scale set
+    # repairs nothing, or it is in none (functions/azure_app/autohealer.py).
+    repairs_probe: tuple[str, str, int | None] | None = None
 
 
 class VmDirectory(Protocol):

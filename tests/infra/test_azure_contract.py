@@ -154,6 +154,9 @@ NOT_DEPLOYED = {
     app_settings.TRUST_SIGNER_NAMES,
     # 60 s between two summaries of refused reports fits; refused without a webhook URL, it is set by hand
     app_settings.WEBHOOK_SUMMARY_SECONDS,
+    # the autohealer check is on unless set false, for agents on the default health port
+    app_settings.AUTOHEALER_CHECK,
+    app_settings.AGENT_HEALTH_PORT,
 }
 # A trust file makes the function trust the keys written in it instead of Azure's: local runs only.
 NEVER_DEPLOYED = {app_settings.TRUST_FILE}

@@ -355,6 +355,9 @@ NOT_DEPLOYED = {
     settings.ENV_WEBHOOK_SUMMARY_SECONDS,
     # the tick reads upcomingMaintenance unless set false: its default is what a deployment wants
     settings.ENV_CENTRAL_UPCOMING,
+    # the autohealer check is on unless set false, for agents on the default health port
+    settings.ENV_AUTOHEALER_CHECK,
+    settings.ENV_AGENT_HEALTH_PORT,
 }
 # A trust file makes the function trust the keys written in it instead of Google's: local runs only.
 NEVER_DEPLOYED = {settings.ENV_TRUST_FILE}

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from functions.azure_app import settings as names
+from functions.azure_app.autohealer import scale_set_repairs
 from functions.azure_app.settings import Settings, SettingsError
 from functions.azure_app.vm_directory import (
     ComputeVmDirectory,
@@ -792,3 +793,50 @@ def test_a_vms_record_carries_the_nic_ids_of_its_network_profile(arm: Arm) -> No
     assert record.nic_ids == (
         f"/subscriptions/{SUB}/resourceGroups/rg-web/providers/Microsoft.Network/networkInterfaces/web-0-nic",
     )
+
+
+# ---------------------------------------------------------------- automatic repairs (docs/azure.md#autohealers)
+
+HEALED, FLEET_0 = "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c01", "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c02"
+
+
+def repaired(document: JsonObject, protocol: str, path: str, port: int) -> JsonObject:
+    """The scale set with automatic instance repairs on an Application Health extension's probe."""
+    document["properties"]["automaticRepairsPolicy"] = {"enabled": True, "gracePeriod": "PT10M"}
+    document["properties"]["virtualMachineProfile"] = {
+        "extensionProfile": {
+            "extensions": [
+                {
+                    "name": "health",
+                    "properties": {
+                        "publisher": "Microsoft.ManagedServices",
+                        "type": "ApplicationHealthLinux",
+                        "typeHandlerVersion": "2.0",
+                        "settings": {"protocol": protocol, "port": port, "requestPath": path},
+                    },
+                }
+            ]
+        }
+    }
+    return document
+
+
+def test_a_drain_a_scale_sets_repairs_would_act_on_is_refused_from_the_listing(arm: Arm) -> None:
+    # GIVEN a flexible scale set repairing on the agent's /readyz, a uniform one on the application's
+    # own check, and the standalone VMs
+    arm.fake.add_scale_set(repaired(scale_set("rg-heal", "healed", "Flexible"), "http", "/readyz", 9797), [])
+    arm.fake.add_vm(vm("rg-heal", "healed_1a2b", HEALED, scale_set="healed"))
+    fleet = repaired(scale_set("rg-heal", "fleet", "Uniform"), "https", "/health", 443)
+    arm.fake.add_scale_set(fleet, [instance("rg-heal", "fleet", 0, FLEET_0)])
+    directory = arm.directory(subscriptions=(SUB,))
+    guard = scale_set_repairs(directory)
+
+    # THEN each VM's record says what its scale set's repairs probe, from the one listing
+    assert [record.repairs_probe for record in directory.named("healed_1a2b")] == [("http", "/readyz", 9797)]
+    assert [record.repairs_probe for record in directory.named("fleet_0")] == [("https", "/health", 443)]
+    assert [record.repairs_probe for record in directory.named("web-0")] == [None]
+    # AND only the drain that would get its VM repaired is refused, saying what to change
+    refused = guard("healed_1a2b")
+    assert refused is not None
+    assert "automatic instance repairs on its Application Health extension (http /readyz on port 9797)" in refused
+    assert (guard("fleet_0"), guard("web-0")) == (None, None)
