@@ -12,6 +12,7 @@ the test reads it from the code, so that the infrastructure cannot drift from it
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -1043,7 +1044,11 @@ def test_agents_publish_events_and_read_their_own_commands_only() -> None:
 
 def test_pubsub_service_agent_can_dead_letter() -> None:
     agent = local("pubsub_service_agent")
-    assert agent == "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+    # the agent the deployment asks for, or its documented address should the API answer without an email
+    assert agent == (
+        "serviceAccount:${coalesce(google_project_service_identity.pubsub.email, "
+        '"service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com")}'
+    )
     publisher = resource("google_pubsub_topic_iam_member.dead_letter_publisher")
     assert (publisher["topic"], publisher["role"], publisher["member"]) == (
         ref("google_pubsub_topic.dead_letters.name"),
@@ -1233,3 +1238,73 @@ def test_every_alert_the_functions_raise_is_counted_by_a_log_based_metric() -> N
     assert "labels.alert=" in str(metric["filter"])
     assert "cloud_run_revision" in str(metric["filter"])
     assert metric["label_extractors"] == {"vm": "EXTRACT(labels.vm)"}
+
+
+# ---------------------------------------------------------------- a fresh project (issue 29, item 7)
+
+
+def test_the_pubsub_service_agent_is_created_before_anything_is_granted_to_it() -> None:
+    # GIVEN a project where Pub/Sub was just enabled: its service agent may not exist yet, and a
+    # binding to an account that does not exist fails. THEN the deployment asks for it
+    # (services.generateServiceIdentity, google-beta's google_project_service_identity) once the
+    # API is on
+    identity = resource("google_project_service_identity.pubsub")
+    assert identity["provider"] == "google-beta"
+    assert (identity["project"], identity["service"]) == (ref("var.project_id"), "pubsub.googleapis.com")
+    assert ref("google_project_service.apis") in identity["depends_on"]
+    # AND every grant to the agent names it through that resource, so none is made before it
+    agent = local("pubsub_service_agent")
+    assert "google_project_service_identity.pubsub.email" in agent
+    member = ref("local.pubsub_service_agent")
+    grants = {key: body for key, body in iam_grants().items() if body.get("member") == member}
+    assert {
+        "google_pubsub_topic_iam_member.dead_letter_publisher",
+        "google_pubsub_subscription_iam_member.dead_letter_subscriber",
+        "google_pubsub_topic_iam_member.central_dead_letter_publisher",
+        "google_pubsub_subscription_iam_member.central_dead_letter_subscriber",
+        "google_service_account_iam_member.pubsub_token_creator",
+        "google_kms_crypto_key_iam_member.pubsub_cmek",
+    } <= set(grants)
+    for key, body in iam_grants().items():
+        assert "gcp-sa-pubsub" not in str(body.get("member", "")), key
+    # AND the google-beta provider is pinned with the google one, and configured alike
+    providers = root()["terraform"][0]["required_providers"][0]
+    assert providers["google-beta"] == {"source": "hashicorp/google-beta", "version": providers["google"]["version"]}
+    configured = {next(iter(block)): next(iter(block.values())) for block in root()["provider"]}
+    assert configured["google-beta"] == configured["google"]
+
+
+def test_the_functions_deploy_once_their_secret_grants_have_had_time_to_propagate() -> None:
+    # GIVEN the secretAccessor grants the functions' deployments check (the signing key, the webhook URL)
+    wait = resource("time_sleep.secret_access")
+    # THEN a wait follows them, taken again whenever one of them is replaced
+    assert set(wait["triggers"]) == {"signing_key", "webhook_url"}
+    assert "google_secret_manager_secret_iam_member.signing_key.id" in wait["triggers"]["signing_key"]
+    assert "google_secret_manager_secret_iam_member.webhook_url" in wait["triggers"]["webhook_url"]
+    seconds = re.fullmatch(r"(\d+)s", wait["create_duration"])
+    assert seconds, wait["create_duration"]
+    assert int(seconds.group(1)) >= 60, wait["create_duration"]
+    # AND every function is deployed after it
+    for key in (FUNCTION, CENTRAL_FUNCTIONS):
+        assert ref("time_sleep.secret_access") in resource(key)["depends_on"], key
+    # AND the time provider is pinned
+    providers = root()["terraform"][0]["required_providers"][0]
+    assert providers["time"]["source"] == "hashicorp/time"
+    assert re.fullmatch(r"~> 0\.\d+", providers["time"]["version"])
+
+
+def test_the_offline_validation_knows_every_provider_the_root_requires() -> None:
+    pins = json.loads((REPO_ROOT / "scripts" / "tfschema" / "providers.json").read_text(encoding="utf-8"))
+    pinned = {pin["source"].removeprefix("registry.terraform.io/"): pin["version"] for pin in pin_list(pins)}
+    for name, requirement in root()["terraform"][0]["required_providers"][0].items():
+        assert requirement["source"] in pinned, name
+        constraint = re.fullmatch(r"~> (\d+)\.(\d+)", requirement["version"])
+        assert constraint, requirement
+        version = tuple(int(part) for part in pinned[requirement["source"]].split("."))
+        assert version[0] == int(constraint.group(1)), name
+        assert version[1] >= int(constraint.group(2)), name
+
+
+def pin_list(pins: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = pins["providers"]
+    return found
