@@ -1308,3 +1308,49 @@ def test_the_offline_validation_knows_every_provider_the_root_requires() -> None
 def pin_list(pins: dict[str, Any]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = pins["providers"]
     return found
+
+
+# ---------------------------------------------------------------- names (issue 29, item 8)
+
+ACCOUNT_ID = re.compile(r"[a-z](?:[-a-z0-9]{4,28}[a-z0-9])")
+# Cloud Functions: a letter, then letters, digits and hyphens, not ending in a hyphen, 63 at most.
+FUNCTION_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def validation_rule(name: str) -> re.Pattern[str]:
+    """The first regex of var.<name>'s validation, compiled as Python reads it (RE2 and Python agree here)."""
+    [validation] = terraform_variables(root())[name]["validation"]
+    found = re.search(r'regex\("((?:[^"\\]|\\.)*)", ', validation["condition"])
+    assert found, validation["condition"]
+    return re.compile(found.group(1).replace("\\\\", "\\"))
+
+
+def test_every_vm_name_the_plan_takes_gives_a_valid_service_account_id() -> None:
+    rule = validation_rule("vm_names")
+    template = resource("google_service_account.agent")["account_id"]
+    assert "${each.value}" in template
+    candidates = ["a", "ab", "a1", "a-", "a-b", "web-0", "x" * 25, "x" * 26, "x" * 27, "x" + "-" * 24 + "y"]
+    taken = [name for name in candidates if rule.fullmatch(name)]
+    assert {"ab", "a1", "a-b", "web-0", "x" * 26} <= set(taken)
+    for name in taken:
+        assert ACCOUNT_ID.fullmatch(template.replace("${each.value}", name)), name
+    # the module's own rule (a Compute instance name) takes every name the root takes
+    module_rule = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+    assert all(module_rule.fullmatch(name) for name in taken)
+
+
+def test_every_function_name_the_plan_takes_names_valid_functions_and_a_repository() -> None:
+    rule = validation_rule("function_name")
+    suffixes = [
+        re.search(r'name\s*=\s*"\$\{var\.function_name\}(-[a-z-]+)"', text).group(1)  # type: ignore[union-attr]
+        for text in central_functions().values()
+    ]
+    assert suffixes == ["-central-log", "-central-tick"]
+    for length in (1, 2, 30, 50, 51, 63):
+        name = "f" * length
+        if not rule.fullmatch(name):
+            continue
+        # the events function, its Artifact Registry repository (same rules, 63 at most), the central functions
+        for derived in [name, *(name + suffix for suffix in suffixes)]:
+            assert FUNCTION_NAME.fullmatch(derived), derived
+    assert rule.fullmatch("f" * 50)
