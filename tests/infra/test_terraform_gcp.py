@@ -1354,3 +1354,66 @@ def test_every_function_name_the_plan_takes_names_valid_functions_and_a_reposito
         for derived in [name, *(name + suffix for suffix in suffixes)]:
             assert FUNCTION_NAME.fullmatch(derived), derived
     assert rule.fullmatch("f" * 50)
+
+
+# ---------------------------------------------------------------- alerts (issue 29, item 9)
+
+
+def alert_policies() -> dict[str, Body]:
+    return of_type("google_monitoring_alert_policy")
+
+
+def threshold(policy: Body) -> Body:
+    return block(block(policy, "conditions"), "condition_threshold")
+
+
+def test_alert_policies_notify_the_channels_of_one_variable() -> None:
+    variable = terraform_variables(root())["alert_notification_channels"]
+    assert variable["default"] == []
+    assert variable["type"] == "${list(string)}"
+    policies = alert_policies()
+    assert policies
+    for key, policy in policies.items():
+        assert policy["notification_channels"] == ref("var.alert_notification_channels"), key
+        assert policy["combiner"] == "OR", key
+        assert str(block(policy, "documentation")["content"]).strip(), key
+
+
+def test_an_alert_fires_when_the_oldest_unacked_event_gets_old() -> None:
+    # GIVEN the push subscriptions that feed the functions (events; the control plane's log entries)
+    backlog = resource("google_monitoring_alert_policy.backlog")
+    assert backlog["for_each"] == ref("local.alert_backlog_subscriptions")
+    watched = local("alert_backlog_subscriptions")
+    assert "google_pubsub_subscription.functions.name" in watched
+    assert "google_pubsub_subscription.central[0].name" in watched
+    # THEN the condition is the subscription's oldest_unacked_message_age above a threshold
+    condition = threshold(backlog)
+    assert 'metric.type="pubsub.googleapis.com/subscription/oldest_unacked_message_age"' in condition["filter"]
+    assert 'resource.type="pubsub_subscription"' in condition["filter"]
+    assert "resource.label.subscription_id=" in condition["filter"]
+    assert condition["comparison"] == "COMPARISON_GT"
+    assert condition["threshold_value"] == ref("var.alert_oldest_unacked_seconds")
+    # AND the threshold's default lets one retry of the backoff pass but not the dead-letter path
+    assert 600 <= default("alert_oldest_unacked_seconds") <= 1800
+
+
+def test_an_alert_fires_while_a_dead_letter_waits_unread() -> None:
+    dead = resource("google_monitoring_alert_policy.dead_letters")
+    assert dead["for_each"] == ref("local.alert_dead_letter_subscriptions")
+    watched = local("alert_dead_letter_subscriptions")
+    assert "google_pubsub_subscription.dead_letters_inspect.name" in watched
+    assert "google_pubsub_subscription.central_dead_letters_inspect[0].name" in watched
+    condition = threshold(dead)
+    assert 'metric.type="pubsub.googleapis.com/subscription/num_undelivered_messages"' in condition["filter"]
+    assert (condition["comparison"], condition["threshold_value"]) == ("COMPARISON_GT", 0)
+
+
+def test_every_alert_the_functions_log_raises_an_alert_policy() -> None:
+    policy = resource("google_monitoring_alert_policy.log_alert")
+    assert policy["for_each"] == ref("google_logging_metric.alert")
+    # once Cloud Monitoring knows the new metrics (it refuses a policy on an unknown one)
+    assert policy["depends_on"] == [ref("time_sleep.log_metrics")]
+    assert "google_logging_metric.alert" in resource("time_sleep.log_metrics")["triggers"]["metrics"]
+    condition = threshold(policy)
+    assert "logging.googleapis.com/user/${each.value.name}" in condition["filter"]
+    assert (condition["comparison"], condition["threshold_value"]) == ("COMPARISON_GT", 0)

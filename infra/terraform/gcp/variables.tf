@@ -310,6 +310,30 @@ variable "signing_key_secret_version" {
   }
 }
 
+# ---------------------------------------------------------------- alerts
+
+variable "alert_notification_channels" {
+  description = "Cloud Monitoring notification channels (projects/P/notificationChannels/ID) every alert policy of alerts.tf notifies: a backlog on the functions' subscriptions, unread dead letters, the functions' alert lines. Empty: the policies exist without channels, their incidents shown in Cloud Monitoring only."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for channel in var.alert_notification_channels : can(regex("^projects/[^/]+/notificationChannels/[^/]+$", channel))])
+    error_message = "alert_notification_channels entries must be notification channel names, projects/P/notificationChannels/ID."
+  }
+}
+
+variable "alert_oldest_unacked_seconds" {
+  description = "Age in seconds of the oldest unacknowledged message on a subscription feeding a function (maintenance-events-functions, maintenance-central-functions) past which, for 5 minutes, the backlog alert fires. The default, 900, lets a message through a few retries (10 s to 600 s backoff) but not the whole way to its dead letter (about 40 minutes with 10 attempts)."
+  type        = number
+  default     = 900
+
+  validation {
+    condition     = var.alert_oldest_unacked_seconds >= 60 && floor(var.alert_oldest_unacked_seconds) == var.alert_oldest_unacked_seconds
+    error_message = "alert_oldest_unacked_seconds must be a whole number of seconds, at least 60."
+  }
+}
+
 # ---------------------------------------------------------------- Firestore
 
 variable "firestore_location" {
