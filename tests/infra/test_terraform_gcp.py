@@ -12,6 +12,7 @@ the test reads it from the code, so that the infrastructure cannot drift from it
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -1046,7 +1047,11 @@ def test_agents_publish_events_and_read_their_own_commands_only() -> None:
 
 def test_pubsub_service_agent_can_dead_letter() -> None:
     agent = local("pubsub_service_agent")
-    assert agent == "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+    # the agent the deployment asks for, or its documented address should the API answer without an email
+    assert agent == (
+        "serviceAccount:${coalesce(google_project_service_identity.pubsub.email, "
+        '"service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com")}'
+    )
     publisher = resource("google_pubsub_topic_iam_member.dead_letter_publisher")
     assert (publisher["topic"], publisher["role"], publisher["member"]) == (
         ref("google_pubsub_topic.dead_letters.name"),
@@ -1236,3 +1241,182 @@ def test_every_alert_the_functions_raise_is_counted_by_a_log_based_metric() -> N
     assert "labels.alert=" in str(metric["filter"])
     assert "cloud_run_revision" in str(metric["filter"])
     assert metric["label_extractors"] == {"vm": "EXTRACT(labels.vm)"}
+
+
+# ---------------------------------------------------------------- a fresh project (issue 29, item 7)
+
+
+def test_the_pubsub_service_agent_is_created_before_anything_is_granted_to_it() -> None:
+    # GIVEN a project where Pub/Sub was just enabled: its service agent may not exist yet, and a
+    # binding to an account that does not exist fails. THEN the deployment asks for it
+    # (services.generateServiceIdentity, google-beta's google_project_service_identity) once the
+    # API is on
+    identity = resource("google_project_service_identity.pubsub")
+    assert identity["provider"] == "google-beta"
+    assert (identity["project"], identity["service"]) == (ref("var.project_id"), "pubsub.googleapis.com")
+    assert ref("google_project_service.apis") in identity["depends_on"]
+    # AND every grant to the agent names it through that resource, so none is made before it
+    agent = local("pubsub_service_agent")
+    assert "google_project_service_identity.pubsub.email" in agent
+    member = ref("local.pubsub_service_agent")
+    grants = {key: body for key, body in iam_grants().items() if body.get("member") == member}
+    assert {
+        "google_pubsub_topic_iam_member.dead_letter_publisher",
+        "google_pubsub_subscription_iam_member.dead_letter_subscriber",
+        "google_pubsub_topic_iam_member.central_dead_letter_publisher",
+        "google_pubsub_subscription_iam_member.central_dead_letter_subscriber",
+        "google_service_account_iam_member.pubsub_token_creator",
+        "google_kms_crypto_key_iam_member.pubsub_cmek",
+    } <= set(grants)
+    for key, body in iam_grants().items():
+        assert "gcp-sa-pubsub" not in str(body.get("member", "")), key
+    # AND the google-beta provider is pinned with the google one, and configured alike
+    providers = root()["terraform"][0]["required_providers"][0]
+    assert providers["google-beta"] == {"source": "hashicorp/google-beta", "version": providers["google"]["version"]}
+    configured = {next(iter(block)): next(iter(block.values())) for block in root()["provider"]}
+    assert configured["google-beta"] == configured["google"]
+
+
+def test_the_functions_deploy_once_their_secret_grants_have_had_time_to_propagate() -> None:
+    # GIVEN the secretAccessor grants the functions' deployments check (the signing key, the webhook URL)
+    wait = resource("time_sleep.secret_access")
+    # THEN a wait follows them, taken again whenever one of them is replaced
+    assert set(wait["triggers"]) == {"signing_key", "webhook_url"}
+    assert "google_secret_manager_secret_iam_member.signing_key.id" in wait["triggers"]["signing_key"]
+    assert "google_secret_manager_secret_iam_member.webhook_url" in wait["triggers"]["webhook_url"]
+    seconds = re.fullmatch(r"(\d+)s", wait["create_duration"])
+    assert seconds, wait["create_duration"]
+    assert int(seconds.group(1)) >= 60, wait["create_duration"]
+    # AND every function is deployed after it
+    for key in (FUNCTION, CENTRAL_FUNCTIONS):
+        assert ref("time_sleep.secret_access") in resource(key)["depends_on"], key
+    # AND the time provider is pinned
+    providers = root()["terraform"][0]["required_providers"][0]
+    assert providers["time"]["source"] == "hashicorp/time"
+    assert re.fullmatch(r"~> 0\.\d+", providers["time"]["version"])
+
+
+def test_the_offline_validation_knows_every_provider_the_root_requires() -> None:
+    pins = json.loads((REPO_ROOT / "scripts" / "tfschema" / "providers.json").read_text(encoding="utf-8"))
+    pinned = {pin["source"].removeprefix("registry.terraform.io/"): pin["version"] for pin in pin_list(pins)}
+    for name, requirement in root()["terraform"][0]["required_providers"][0].items():
+        assert requirement["source"] in pinned, name
+        constraint = re.fullmatch(r"~> (\d+)\.(\d+)", requirement["version"])
+        assert constraint, requirement
+        version = tuple(int(part) for part in pinned[requirement["source"]].split("."))
+        assert version[0] == int(constraint.group(1)), name
+        assert version[1] >= int(constraint.group(2)), name
+
+
+def pin_list(pins: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = pins["providers"]
+    return found
+
+
+# ---------------------------------------------------------------- names (issue 29, item 8)
+
+ACCOUNT_ID = re.compile(r"[a-z](?:[-a-z0-9]{4,28}[a-z0-9])")
+# Cloud Functions: a letter, then letters, digits and hyphens, not ending in a hyphen, 63 at most.
+FUNCTION_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def validation_rule(name: str) -> re.Pattern[str]:
+    """The first regex of var.<name>'s validation, compiled as Python reads it (RE2 and Python agree here)."""
+    [validation] = terraform_variables(root())[name]["validation"]
+    found = re.search(r'regex\("((?:[^"\\]|\\.)*)", ', validation["condition"])
+    assert found, validation["condition"]
+    return re.compile(found.group(1).replace("\\\\", "\\"))
+
+
+def test_every_vm_name_the_plan_takes_gives_a_valid_service_account_id() -> None:
+    rule = validation_rule("vm_names")
+    template = resource("google_service_account.agent")["account_id"]
+    assert "${each.value}" in template
+    candidates = ["a", "ab", "a1", "a-", "a-b", "web-0", "x" * 25, "x" * 26, "x" * 27, "x" + "-" * 24 + "y"]
+    taken = [name for name in candidates if rule.fullmatch(name)]
+    assert {"ab", "a1", "a-b", "web-0", "x" * 26} <= set(taken)
+    for name in taken:
+        assert ACCOUNT_ID.fullmatch(template.replace("${each.value}", name)), name
+    # the module's own rule (a Compute instance name) takes every name the root takes
+    module_rule = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+    assert all(module_rule.fullmatch(name) for name in taken)
+
+
+def test_every_function_name_the_plan_takes_names_valid_functions_and_a_repository() -> None:
+    rule = validation_rule("function_name")
+    suffixes = [
+        re.search(r'name\s*=\s*"\$\{var\.function_name\}(-[a-z-]+)"', text).group(1)  # type: ignore[union-attr]
+        for text in central_functions().values()
+    ]
+    assert suffixes == ["-central-log", "-central-tick"]
+    for length in (1, 2, 30, 50, 51, 63):
+        name = "f" * length
+        if not rule.fullmatch(name):
+            continue
+        # the events function, its Artifact Registry repository (same rules, 63 at most), the central functions
+        for derived in [name, *(name + suffix for suffix in suffixes)]:
+            assert FUNCTION_NAME.fullmatch(derived), derived
+    assert rule.fullmatch("f" * 50)
+
+
+# ---------------------------------------------------------------- alerts (issue 29, item 9)
+
+
+def alert_policies() -> dict[str, Body]:
+    return of_type("google_monitoring_alert_policy")
+
+
+def threshold(policy: Body) -> Body:
+    return block(block(policy, "conditions"), "condition_threshold")
+
+
+def test_alert_policies_notify_the_channels_of_one_variable() -> None:
+    variable = terraform_variables(root())["alert_notification_channels"]
+    assert variable["default"] == []
+    assert variable["type"] == "${list(string)}"
+    policies = alert_policies()
+    assert policies
+    for key, policy in policies.items():
+        assert policy["notification_channels"] == ref("var.alert_notification_channels"), key
+        assert policy["combiner"] == "OR", key
+        assert str(block(policy, "documentation")["content"]).strip(), key
+
+
+def test_an_alert_fires_when_the_oldest_unacked_event_gets_old() -> None:
+    # GIVEN the push subscriptions that feed the functions (events; the control plane's log entries)
+    backlog = resource("google_monitoring_alert_policy.backlog")
+    assert backlog["for_each"] == ref("local.alert_backlog_subscriptions")
+    watched = local("alert_backlog_subscriptions")
+    assert "google_pubsub_subscription.functions.name" in watched
+    assert "google_pubsub_subscription.central[0].name" in watched
+    # THEN the condition is the subscription's oldest_unacked_message_age above a threshold
+    condition = threshold(backlog)
+    assert 'metric.type="pubsub.googleapis.com/subscription/oldest_unacked_message_age"' in condition["filter"]
+    assert 'resource.type="pubsub_subscription"' in condition["filter"]
+    assert "resource.label.subscription_id=" in condition["filter"]
+    assert condition["comparison"] == "COMPARISON_GT"
+    assert condition["threshold_value"] == ref("var.alert_oldest_unacked_seconds")
+    # AND the threshold's default lets one retry of the backoff pass but not the dead-letter path
+    assert 600 <= default("alert_oldest_unacked_seconds") <= 1800
+
+
+def test_an_alert_fires_while_a_dead_letter_waits_unread() -> None:
+    dead = resource("google_monitoring_alert_policy.dead_letters")
+    assert dead["for_each"] == ref("local.alert_dead_letter_subscriptions")
+    watched = local("alert_dead_letter_subscriptions")
+    assert "google_pubsub_subscription.dead_letters_inspect.name" in watched
+    assert "google_pubsub_subscription.central_dead_letters_inspect[0].name" in watched
+    condition = threshold(dead)
+    assert 'metric.type="pubsub.googleapis.com/subscription/num_undelivered_messages"' in condition["filter"]
+    assert (condition["comparison"], condition["threshold_value"]) == ("COMPARISON_GT", 0)
+
+
+def test_every_alert_the_functions_log_raises_an_alert_policy() -> None:
+    policy = resource("google_monitoring_alert_policy.log_alert")
+    assert policy["for_each"] == ref("google_logging_metric.alert")
+    # once Cloud Monitoring knows the new metrics (it refuses a policy on an unknown one)
+    assert policy["depends_on"] == [ref("time_sleep.log_metrics")]
+    assert "google_logging_metric.alert" in resource("time_sleep.log_metrics")["triggers"]["metrics"]
+    condition = threshold(policy)
+    assert "logging.googleapis.com/user/${each.value.name}" in condition["filter"]
+    assert (condition["comparison"], condition["threshold_value"]) == ("COMPARISON_GT", 0)

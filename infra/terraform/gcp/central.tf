@@ -207,6 +207,8 @@ resource "google_cloudfunctions2_function" "central" {
     google_project_service.apis,
     google_secret_manager_secret_iam_member.signing_key,
     google_secret_manager_secret_iam_member.webhook_url,
+    # The secret grants, once they have had time to take effect (iam.tf), as for the events function.
+    time_sleep.secret_access,
     google_project_iam_member.build_log_writer,
     google_artifact_registry_repository_iam_member.build_writer,
     google_storage_bucket_iam_member.build_source_reader,

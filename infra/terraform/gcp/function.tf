@@ -224,6 +224,8 @@ resource "google_cloudfunctions2_function" "events" {
     # The deployment checks that the runtime service account can read the secret it mounts.
     google_secret_manager_secret_iam_member.signing_key,
     google_secret_manager_secret_iam_member.webhook_url,
+    # ... and has had time to take effect (iam.tf).
+    time_sleep.secret_access,
     # The build runs as the build account: its roles must be in place before the first build.
     google_project_iam_member.build_log_writer,
     google_artifact_registry_repository_iam_member.build_writer,

@@ -173,6 +173,19 @@ resource "google_secret_manager_secret_iam_member" "webhook_url" {
   member    = "serviceAccount:${google_service_account.function.email}"
 }
 
+# A function's deployment checks that its runtime account can read every secret it mounts, and
+# fails if not. A new grant usually takes effect within about two minutes, sometimes longer
+# (https://cloud.google.com/iam/docs/access-change-propagation): the functions (function.tf,
+# central.tf) deploy after this wait, which runs again whenever one of the grants is replaced.
+resource "time_sleep" "secret_access" {
+  create_duration = "120s"
+
+  triggers = {
+    signing_key = google_secret_manager_secret_iam_member.signing_key.id
+    webhook_url = join(",", google_secret_manager_secret_iam_member.webhook_url[*].id)
+  }
+}
+
 # No roles/logging.logWriter: a gen2 function is a Cloud Run service, whose stdout and stderr
 # Cloud Logging collects without any role on the runtime account (the function logs JSON lines
 # to stdout, functions/gcp_app/logging.py).
@@ -234,6 +247,21 @@ resource "google_cloud_run_v2_service_iam_member" "push_invoker" {
 }
 
 # ---------------------------------------------------------------- Pub/Sub's service agent
+
+# Google creates a service agent when its API is enabled or first used, and not always before the
+# next call: on a fresh project a binding to service-<number>@gcp-sa-pubsub can fail because the
+# account does not exist yet. services.generateServiceIdentity creates it now, or returns it if it
+# exists (https://cloud.google.com/iam/docs/create-service-agents); every grant below names it
+# through this resource (local.pubsub_service_agent). google-beta only: the google provider does
+# not carry it. Destroying it is a no-op: the agent stays with the project.
+resource "google_project_service_identity" "pubsub" {
+  provider = google-beta
+
+  project = var.project_id
+  service = "pubsub.googleapis.com"
+
+  depends_on = [google_project_service.apis]
+}
 
 # Dead-lettering: the service agent republishes the message to the dead-letter topic and
 # acknowledges it on the source subscription.

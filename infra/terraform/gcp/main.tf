@@ -15,7 +15,9 @@ data "google_project" "this" {
 
 locals {
   # Pub/Sub's own service agent: it moves messages to dead-letter topics and signs push tokens.
-  pubsub_service_agent = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+  # Named through google_project_service_identity.pubsub (iam.tf), so that no grant to it is made
+  # before it exists; its documented address stands in should the API answer without an email.
+  pubsub_service_agent = "serviceAccount:${coalesce(google_project_service_identity.pubsub.email, "service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com")}"
 
   # The function drains the example's group plus any given; MBRIDGE_INSTANCE_GROUPS takes zone/name.
   instance_groups = distinct(concat(["${var.zone}/${var.instance_group_name}"], var.extra_instance_groups))

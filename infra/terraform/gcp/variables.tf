@@ -132,13 +132,15 @@ variable "grant_pubsub_token_creator" {
 # ---------------------------------------------------------------- the function
 
 variable "function_name" {
-  description = "Name of the Cloud Function (gen2) that handles maintenance events; its Cloud Run service has the same name."
+  description = "Name of the Cloud Function (gen2) that handles maintenance events; its Cloud Run service and its Artifact Registry repository have the same name, and the control plane's functions are <name>-central-log and <name>-central-tick."
   type        = string
   default     = "mbridge-events"
 
   validation {
-    condition     = can(regex("^[a-z][a-z0-9-]{0,61}[a-z0-9]$", var.function_name))
-    error_message = "function_name must be lowercase letters, digits and hyphens, start with a letter and be at most 63 characters."
+    # 50 at most: <name>-central-tick (central.tf) must still be a function name, 63 at most
+    # (https://cloud.google.com/functions/docs/deploying).
+    condition     = can(regex("^[a-z][a-z0-9-]{0,48}[a-z0-9]$", var.function_name))
+    error_message = "function_name must be lowercase letters, digits and hyphens, start with a letter and be at most 50 characters (the control plane's functions add -central-tick, and function names stop at 63)."
   }
 }
 
@@ -308,6 +310,30 @@ variable "signing_key_secret_version" {
   }
 }
 
+# ---------------------------------------------------------------- alerts
+
+variable "alert_notification_channels" {
+  description = "Cloud Monitoring notification channels (projects/P/notificationChannels/ID) every alert policy of alerts.tf notifies: a backlog on the functions' subscriptions, unread dead letters, the functions' alert lines. Empty: the policies exist without channels, their incidents shown in Cloud Monitoring only."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for channel in var.alert_notification_channels : can(regex("^projects/[^/]+/notificationChannels/[^/]+$", channel))])
+    error_message = "alert_notification_channels entries must be notification channel names, projects/P/notificationChannels/ID."
+  }
+}
+
+variable "alert_oldest_unacked_seconds" {
+  description = "Age in seconds of the oldest unacknowledged message on a subscription feeding a function (maintenance-events-functions, maintenance-central-functions) past which, for 5 minutes, the backlog alert fires. The default, 900, lets a message through a few retries (10 s to 600 s backoff) but not the whole way to its dead letter (about 40 minutes with 10 attempts)."
+  type        = number
+  default     = 900
+
+  validation {
+    condition     = var.alert_oldest_unacked_seconds >= 60 && floor(var.alert_oldest_unacked_seconds) == var.alert_oldest_unacked_seconds
+    error_message = "alert_oldest_unacked_seconds must be a whole number of seconds, at least 60."
+  }
+}
+
 # ---------------------------------------------------------------- Firestore
 
 variable "firestore_location" {
@@ -351,9 +377,9 @@ variable "vm_names" {
   default     = ["mbridge-vm-0", "mbridge-vm-1"]
 
   validation {
-    # 26 characters at most: the VM's service account is mba-<name>, and account ids stop at 30.
-    condition     = alltrue([for name in var.vm_names : can(regex("^[a-z]([-a-z0-9]{0,24}[a-z0-9])?$", name))]) && length(distinct(var.vm_names)) == length(var.vm_names)
-    error_message = "vm_names must be distinct, lowercase letters, digits and hyphens, start with a letter and be at most 26 characters."
+    # 2 to 26 characters: the VM's service account is mba-<name>, and account ids take 6 to 30.
+    condition     = alltrue([for name in var.vm_names : can(regex("^[a-z][-a-z0-9]{0,24}[a-z0-9]$", name))]) && length(distinct(var.vm_names)) == length(var.vm_names)
+    error_message = "vm_names must be distinct, lowercase letters, digits and hyphens, start with a letter, end with a letter or digit and be 2 to 26 characters (each VM's service account is mba-<name>, 6 to 30 characters)."
   }
 }
 

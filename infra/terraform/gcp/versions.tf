@@ -13,6 +13,18 @@ terraform {
       # `~>` stays within 6.x: a major release may rename or drop arguments.
       version = "~> 6.20"
     }
+    google-beta = {
+      source = "hashicorp/google-beta"
+      # Only for google_project_service_identity (iam.tf: Pub/Sub's service agent on a fresh
+      # project), which the google provider does not carry. Kept on the google provider's version.
+      version = "~> 6.20"
+    }
+    time = {
+      source = "hashicorp/time"
+      # time_sleep: the functions deploy once their secret grants have had time to propagate
+      # (function.tf). `~>` stays within 0.x minor releases from 0.9.
+      version = "~> 0.9"
+    }
     tls = {
       source = "hashicorp/tls"
       # The command signing key (signing.tf): ED25519 keys and private_key_pem_pkcs8 are in 4.0.
