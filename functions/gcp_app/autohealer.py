@@ -38,6 +38,13 @@ from wire.errors import PermanentError, RetryableError
 READINESS_PATH = "/readyz"
 AGENT_HEALTH_PORT = 9797  # the agent's default --listen port (agent/health/server.py)
 TTL_SECONDS = 600.0
+# What the reads need, on each trusted project (infra/terraform/gcp/iam.tf grants exactly these).
+READ_PERMISSIONS = (
+    "compute.instances.get",
+    "compute.instanceGroupManagers.get",
+    "compute.healthChecks.get",
+    "compute.regionHealthChecks.get",
+)
 _GROUP = re.compile(
     r"projects/(?P<project>[^/]+)/(?P<where>zones|regions)/(?P<location>[^/]+)/instanceGroupManagers/(?P<name>[^/]+)$"
 )
@@ -184,7 +191,7 @@ class ComputeMigReader:
         project, region, name = where["project"], where["region"], where["name"]
         if region:
             check = self._call(
-                "compute.healthChecks.get",
+                "compute.regionHealthChecks.get",
                 lambda: self._region_checks.get(
                     project=project, region=region, health_check=name, timeout=self._timeout
                 ),

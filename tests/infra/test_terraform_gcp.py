@@ -24,7 +24,7 @@ import pytest
 
 from agent.messages import result_message
 from functions.core import audit_codec
-from functions.gcp_app import compute, instance_directory, settings
+from functions.gcp_app import autohealer, compute, instance_directory, settings
 from functions.gcp_app.commands import command_message
 from scripts.build_function_package import CLOUDS, build, package_files
 from tests.infra.sources import (
@@ -424,7 +424,8 @@ def test_the_function_may_list_instances_of_each_trusted_project_and_nothing_mor
     role = resource("google_project_iam_custom_role.instance_reader")
     assert role["for_each"] == "${toset(local.trust_projects)}"
     assert role["project"] == ref("each.value")
-    assert role["permissions"] == ["compute.instances.list"]
+    # ... and the reads of what autohealing an instance before a drain through /readyz, nothing else
+    assert role["permissions"] == ["compute.instances.list", *autohealer.READ_PERMISSIONS]
     grant = resource("google_project_iam_member.function_instance_reader")
     assert grant["for_each"] == "${toset(local.trust_projects)}"
     assert grant["project"] == ref("each.value")
@@ -1029,10 +1030,10 @@ def test_a_tick_is_pushed_to_on_central_tick_and_never_outlives_ten_minutes() ->
     assert "dead_letter_policy" not in push
 
 
-def test_the_tick_lists_instances_with_the_instance_readers_one_permission() -> None:
+def test_the_tick_lists_instances_with_the_instance_readers_list_permission() -> None:
     # instances.aggregatedList needs compute.instances.list on each trusted project: the role the
     # instance directory already holds, nothing new
-    assert resource("google_project_iam_custom_role.instance_reader")["permissions"] == ["compute.instances.list"]
+    assert "compute.instances.list" in resource("google_project_iam_custom_role.instance_reader")["permissions"]
 
 
 def test_agents_publish_events_and_read_their_own_commands_only() -> None:

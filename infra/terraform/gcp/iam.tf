@@ -138,14 +138,25 @@ resource "google_project_iam_member" "function_drainer" {
 # iam.roles.create and setIamPolicy there too. List permissions are checked on the project, so a
 # condition on instance names or zones would refuse the call: the zones are narrowed in the code
 # (trust_zones).
+#
+# Before a drain through /readyz the functions read what autohealing the VM (functions/gcp_app/
+# autohealer.py, docs/gcp.md#autohealers): the instance (its created-by metadata item), its managed
+# instance group and the group's health checks, zonal, regional or global: four get permissions,
+# reads only.
 resource "google_project_iam_custom_role" "instance_reader" {
   for_each = toset(local.trust_projects)
 
   project     = each.value
   role_id     = "mbridgeInstanceReader"
   title       = "maintenance-bridge instance reader"
-  description = "List the project's instances by name, to know which instance a reporting VM's name stands for."
-  permissions = ["compute.instances.list"]
+  description = "List the project's instances by name; read what autohealing an instance before draining it through /readyz."
+  permissions = [
+    "compute.instances.list",
+    "compute.instances.get",
+    "compute.instanceGroupManagers.get",
+    "compute.healthChecks.get",
+    "compute.regionHealthChecks.get",
+  ]
 }
 
 resource "google_project_iam_member" "function_instance_reader" {
