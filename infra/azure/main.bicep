@@ -430,7 +430,7 @@ module functionApp 'modules/functionapp.bicep' = {
     webhookActions: webhookActions
     // A Key Vault reference, to this deployment's secret or to yours, which the platform resolves
     // with the function identity.
-    signingKey: '@Microsoft.KeyVault(SecretUri=${empty(signingKeySecretUri) ? signingVault.outputs.secretUri : signingKeySecretUri})'
+    signingKey: '@Microsoft.KeyVault(SecretUri=${empty(signingKeySecretUri) ? signingVault.outputs.secretUriWithVersion : signingKeySecretUri})'
     trustResourceGroups: join(trustResourceGroupNames, ',')
     trustSubscriptions: join(trustSubscriptionIds, ',')
     centralQueueName: centralReports ? centralReportsPath.outputs.queueName : ''
