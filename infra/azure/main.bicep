@@ -465,8 +465,8 @@ module drainTargetCheck 'modules/check.bicep' = if (drainEnabled) {
 
 // Only what the load balancer adapter does (docs/azure.md, "A custom role for draining"):
 // read and write NICs, read and write backend pools, and the join actions a NIC or pool
-// write is checked for. Add the join actions of whatever else the NICs link to (NSG, public
-// IP, application security groups, inbound NAT rules) if they use them.
+// write is checked for: the subnet, and the NSG, public IP, application security groups and
+// inbound NAT rules a NIC may link to.
 resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (drainEnabled) {
   name: guid(subscription().id, resourceGroup().id, drainerRoleName)
   properties: {
@@ -483,6 +483,13 @@ resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (
           'Microsoft.Network/loadBalancers/backendAddressPools/join/action'
           'Microsoft.Network/virtualNetworks/subnets/join/action'
           'Microsoft.Network/virtualNetworks/joinLoadBalancer/action'
+          // What a NIC write is also checked for when the NIC links to them (a portal-made VM's NIC
+          // has an NSG of its own): without them its first drain fails with
+          // LinkedAuthorizationFailed (https://learn.microsoft.com/azure/virtual-network/virtual-network-network-interface#permissions).
+          'Microsoft.Network/networkSecurityGroups/join/action'
+          'Microsoft.Network/publicIPAddresses/join/action'
+          'Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action'
+          'Microsoft.Network/loadBalancers/inboundNatRules/join/action'
         ]
         notActions: []
       }
