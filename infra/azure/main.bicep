@@ -127,6 +127,9 @@ param functionInstanceMemoryMB int = 2048
 @description('The decision policy as JSON or YAML (docs/policy.md); empty for the default policy.')
 param policy string = ''
 
+@description('MBRIDGE_READINESS_DRAIN: also drain through the agents\' /readyz (drain/restore commands), for health-probe based load balancing; false: through the load balancer\'s pools only (drainLoadBalancerName).')
+param readinessDrain bool = true
+
 @secure()
 @description('Where the functions post a notice of each decision and action (MBRIDGE_WEBHOOK_URL, docs/operations.md#notifications); empty for none. It holds the webhook\'s key: give a Key Vault reference, @Microsoft.KeyVault(SecretUri=...), to a secret the function identity may read (output functionIdentityPrincipalId), or the https URL itself, which then sits in the app settings.')
 param webhookUrl string = ''
@@ -375,11 +378,13 @@ module storage 'modules/storage.bicep' = {
   }
 }
 
-// Key Vault names take 24 characters at most: 7 of the prefix, '-kv-' and the 13 of the suffix.
+// Key Vault names take 24 characters at most and start with a letter, which namePrefix need not
+// (its digits are allowed for the storage account): 'kv-', 7 of the prefix, '-' and the 13 of
+// the suffix.
 module signingVault 'modules/signing-vault.bicep' = if (empty(signingKeySecretUri)) {
   name: '${namePrefix}-signing-vault'
   params: {
-    vaultName: '${take(namePrefix, 7)}-kv-${suffix}'
+    vaultName: 'kv-${take(namePrefix, 7)}-${suffix}'
     location: location
     tags: tags
     signingKey: signingKey
@@ -424,6 +429,7 @@ module functionApp 'modules/functionapp.bicep' = {
     loadBalancerResourceGroup: drainEnabled ? drainLoadBalancerResourceGroupName : ''
     loadBalancerName: drainLoadBalancerName
     loadBalancerNicResourceGroup: drainEnabled ? drainNicResourceGroupName : ''
+    readinessDrain: readinessDrain
     policy: policy
     webhookUrl: webhookUrl
     webhookTemplate: webhookTemplate

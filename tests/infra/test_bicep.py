@@ -469,7 +469,8 @@ def test_function_app_settings_come_from_the_deployed_resources(deployment: Depl
     assert settings["MBRIDGE_EVENTS_TOPIC"] == deployment.events_topic().get("name")
     assert settings["MBRIDGE_EVENTS_SUBSCRIPTION"] == deployment.function_subscription().get("name")
     assert settings["MBRIDGE_COMMANDS_QUEUE"] == deployment.commands_queue().get("name")
-    assert value_of(settings["MBRIDGE_READINESS_DRAIN"]) == "true"
+    # a parameter (readinessDrain, default true), as the Terraform's readiness_drain
+    assert render(settings["MBRIDGE_READINESS_DRAIN"]) == "readinessDrain ? 'true' : 'false'"
     policy = settings["MBRIDGE_POLICY"]
     assert isinstance(policy, ParamRef)
     assert policy.name == "policy"

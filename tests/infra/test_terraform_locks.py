@@ -103,7 +103,8 @@ def test_no_constraint_admits_an_azurerm_without_the_arguments_used() -> None:
         assert re.search(rf"^\s*{argument}\s*=", (TERRAFORM_AZURE / file).read_text(), re.MULTILINE), argument
         # THEN the root's constraint admits no earlier release
         match = PESSIMISTIC.match(root_constraint)
-        assert match and (int(match[1]), int(match[2])) >= first, f"{root_constraint} admits releases without {argument}"
+        assert match, root_constraint
+        assert (int(match[1]), int(match[2])) >= first, f"{root_constraint} admits releases without {argument}"
     assert constraints
 
 

@@ -8,7 +8,7 @@ provider "registry.terraform.io/azure/azapi" {
 
 provider "registry.terraform.io/hashicorp/azurerm" {
   version     = "4.55.0"
-  constraints = "~> 4.31, ~> 4.42"
+  constraints = "~> 4.42"
 }
 
 provider "registry.terraform.io/hashicorp/random" {
