@@ -597,6 +597,8 @@ output commandsTopic string = serviceBus.outputs.commandsTopicName
 @description('topic mode: MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION of each VM of commandsSubscriptionVms, in its order.')
 output commandsSubscriptions array = [for (vm, index) in commandsSubscriptionVms: commandsViaTopic ? vmCommandSubscriptions[index].outputs.subscriptionName : '']
 output functionAppName string = functionApp.outputs.appName
+@description('Run from the repository root after the deployment: reads the status of the app\'s Key Vault references (the signing key) and restarts the app until they resolve (docs/deploy.md, "After the deployment: Key Vault references").')
+output keyVaultReferencesCheckCommand string = 'python3 scripts/check_keyvault_references.py --subscription ${subscription().subscriptionId} --resource-group ${resourceGroup().name} --name ${functionApp.outputs.appName} --restart'
 @description('Principal id of the function identity: grant it "Key Vault Secrets User" on the signing key secret (signingKeySecretUri), and Reader on the resource groups of VMs outside trustResourceGroups.')
 output functionIdentityPrincipalId string = functionIdentity.properties.principalId
 @description('Client id of the agent identity: AZURE_CLIENT_ID on every VM that runs the agent.')
