@@ -127,6 +127,9 @@ param functionInstanceMemoryMB int = 2048
 @description('The decision policy as JSON or YAML (docs/policy.md); empty for the default policy.')
 param policy string = ''
 
+@description('MBRIDGE_READINESS_DRAIN: also drain through the agents\' /readyz (drain/restore commands), for health-probe based load balancing; false: through the load balancer\'s pools only (drainLoadBalancerName).')
+param readinessDrain bool = true
+
 @secure()
 @description('Where the functions post a notice of each decision and action (MBRIDGE_WEBHOOK_URL, docs/operations.md#notifications); empty for none. It holds the webhook\'s key: give a Key Vault reference, @Microsoft.KeyVault(SecretUri=...), to a secret the function identity may read (output functionIdentityPrincipalId), or the https URL itself, which then sits in the app settings.')
 param webhookUrl string = ''
@@ -375,11 +378,13 @@ module storage 'modules/storage.bicep' = {
   }
 }
 
-// Key Vault names take 24 characters at most: 7 of the prefix, '-kv-' and the 13 of the suffix.
+// Key Vault names take 24 characters at most and start with a letter, which namePrefix need not
+// (its digits are allowed for the storage account): 'kv-', 7 of the prefix, '-' and the 13 of
+// the suffix.
 module signingVault 'modules/signing-vault.bicep' = if (empty(signingKeySecretUri)) {
   name: '${namePrefix}-signing-vault'
   params: {
-    vaultName: '${take(namePrefix, 7)}-kv-${suffix}'
+    vaultName: 'kv-${take(namePrefix, 7)}-${suffix}'
     location: location
     tags: tags
     signingKey: signingKey
@@ -424,13 +429,14 @@ module functionApp 'modules/functionapp.bicep' = {
     loadBalancerResourceGroup: drainEnabled ? drainLoadBalancerResourceGroupName : ''
     loadBalancerName: drainLoadBalancerName
     loadBalancerNicResourceGroup: drainEnabled ? drainNicResourceGroupName : ''
+    readinessDrain: readinessDrain
     policy: policy
     webhookUrl: webhookUrl
     webhookTemplate: webhookTemplate
     webhookActions: webhookActions
     // A Key Vault reference, to this deployment's secret or to yours, which the platform resolves
     // with the function identity.
-    signingKey: '@Microsoft.KeyVault(SecretUri=${empty(signingKeySecretUri) ? signingVault.outputs.secretUri : signingKeySecretUri})'
+    signingKey: '@Microsoft.KeyVault(SecretUri=${empty(signingKeySecretUri) ? signingVault.outputs.secretUriWithVersion : signingKeySecretUri})'
     trustResourceGroups: join(trustResourceGroupNames, ',')
     trustSubscriptions: join(trustSubscriptionIds, ',')
     centralQueueName: centralReports ? centralReportsPath.outputs.queueName : ''
@@ -465,8 +471,8 @@ module drainTargetCheck 'modules/check.bicep' = if (drainEnabled) {
 
 // Only what the load balancer adapter does (docs/azure.md, "A custom role for draining"):
 // read and write NICs, read and write backend pools, and the join actions a NIC or pool
-// write is checked for. Add the join actions of whatever else the NICs link to (NSG, public
-// IP, application security groups, inbound NAT rules) if they use them.
+// write is checked for: the subnet, and the NSG, public IP, application security groups and
+// inbound NAT rules a NIC may link to.
 resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (drainEnabled) {
   name: guid(subscription().id, resourceGroup().id, drainerRoleName)
   properties: {
@@ -483,6 +489,13 @@ resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (
           'Microsoft.Network/loadBalancers/backendAddressPools/join/action'
           'Microsoft.Network/virtualNetworks/subnets/join/action'
           'Microsoft.Network/virtualNetworks/joinLoadBalancer/action'
+          // What a NIC write is also checked for when the NIC links to them (a portal-made VM's NIC
+          // has an NSG of its own): without them its first drain fails with
+          // LinkedAuthorizationFailed (https://learn.microsoft.com/azure/virtual-network/virtual-network-network-interface#permissions).
+          'Microsoft.Network/networkSecurityGroups/join/action'
+          'Microsoft.Network/publicIPAddresses/join/action'
+          'Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action'
+          'Microsoft.Network/loadBalancers/inboundNatRules/join/action'
         ]
         notActions: []
       }
@@ -584,6 +597,8 @@ output commandsTopic string = serviceBus.outputs.commandsTopicName
 @description('topic mode: MBRIDGE_SERVICEBUS_COMMANDS_SUBSCRIPTION of each VM of commandsSubscriptionVms, in its order.')
 output commandsSubscriptions array = [for (vm, index) in commandsSubscriptionVms: commandsViaTopic ? vmCommandSubscriptions[index].outputs.subscriptionName : '']
 output functionAppName string = functionApp.outputs.appName
+@description('Run from the repository root after the deployment: reads the status of the app\'s Key Vault references (the signing key) and restarts the app until they resolve (docs/deploy.md, "After the deployment: Key Vault references").')
+output keyVaultReferencesCheckCommand string = 'python3 scripts/check_keyvault_references.py --subscription ${subscription().subscriptionId} --resource-group ${resourceGroup().name} --name ${functionApp.outputs.appName} --restart'
 @description('Principal id of the function identity: grant it "Key Vault Secrets User" on the signing key secret (signingKeySecretUri), and Reader on the resource groups of VMs outside trustResourceGroups.')
 output functionIdentityPrincipalId string = functionIdentity.properties.principalId
 @description('Client id of the agent identity: AZURE_CLIENT_ID on every VM that runs the agent.')

@@ -12,7 +12,10 @@ of launchers that run plugin.py in the plugin's own virtualenv (`.venv-tfschema`
 Each root is copied to a temporary directory first: nothing (`.terraform`, the lock file) is
 written into the repository. Terraform runs with a CLI configuration of its own, no checkpoint
 calls and automation output. `init` also checks each `required_providers` constraint against the
-pinned versions: a constraint they do not meet fails it.
+pinned versions: a constraint they do not meet fails it. A root's committed `.terraform.lock.hcl`
+goes into the copy without its checksums (the plugins here are not the registry's packages), so
+`init` takes the locked versions: a lock whose version is not the pinned one, or that a
+constraint does not admit, fails it.
 
 Exit status: 0 every root is valid, 1 an error diagnostic (each is printed), 2 a tool, a package
 or the plugin environment is missing or failed.
@@ -24,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,7 +153,23 @@ def copy_root(root: Path, scratch: Path, repo: Path = ROOT) -> Path:
         if here.is_symlink():  # linked while shadowing another root beside this one
             here.unlink()
     shutil.copytree(root, here, ignore=shutil.ignore_patterns(".terraform", ".terraform.lock.hcl", "*.tfstate*"))
+    lock = root / LOCK_FILE
+    if lock.is_file():
+        (here / LOCK_FILE).write_text(without_checksums(lock.read_text(encoding="utf-8")), encoding="utf-8")
     return here
+
+
+LOCK_FILE = ".terraform.lock.hcl"
+_HASHES = re.compile(r"^[ \t]*hashes[ \t]*=[ \t]*\[[^\]]*\][ \t]*\n", re.MULTILINE)
+
+
+def without_checksums(lock_text: str) -> str:
+    """The lock file with its `hashes` lists removed: versions and constraints only.
+
+    The schema-only plugins have checksums of their own, never the registry's; Terraform takes a
+    locked provider without checksums, installs the locked version and checks it against the
+    constraints."""
+    return _HASHES.sub("", lock_text)
 
 
 class Terraform:

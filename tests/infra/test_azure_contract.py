@@ -359,6 +359,13 @@ def test_drainer_role_allows_membership_changes_only(facts: AzureFacts) -> None:
         "Microsoft.Network/loadBalancers/backendAddressPools/join/action",
         "Microsoft.Network/virtualNetworks/subnets/join/action",
         "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
+        # a NIC write is checked for the join of everything the NIC links to: without these, the
+        # first drain of a VM whose NIC has an NSG (every portal-made VM) fails with
+        # LinkedAuthorizationFailed
+        "Microsoft.Network/networkSecurityGroups/join/action",
+        "Microsoft.Network/publicIPAddresses/join/action",
+        "Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action",
+        "Microsoft.Network/loadBalancers/inboundNatRules/join/action",
     }
     assert not any("*" in action for action in facts.drainer_actions)
     assert facts.drainer_assignable_to_resource_group

@@ -469,7 +469,8 @@ def test_function_app_settings_come_from_the_deployed_resources(deployment: Depl
     assert settings["MBRIDGE_EVENTS_TOPIC"] == deployment.events_topic().get("name")
     assert settings["MBRIDGE_EVENTS_SUBSCRIPTION"] == deployment.function_subscription().get("name")
     assert settings["MBRIDGE_COMMANDS_QUEUE"] == deployment.commands_queue().get("name")
-    assert value_of(settings["MBRIDGE_READINESS_DRAIN"]) == "true"
+    # a parameter (readinessDrain, default true), as the Terraform's readiness_drain
+    assert render(settings["MBRIDGE_READINESS_DRAIN"]) == "readinessDrain ? 'true' : 'false'"
     policy = settings["MBRIDGE_POLICY"]
     assert isinstance(policy, ParamRef)
     assert policy.name == "policy"
@@ -501,7 +502,12 @@ def test_signing_key_is_always_a_key_vault_reference() -> None:
     assert _secure_parameter(vault, "signingKey")
     reference = bicep_facts.source_text(deployment.settings["MBRIDGE_SIGNING_KEY"])
     assert reference.startswith("@Microsoft.KeyVault(SecretUri=")
-    assert "signingVault.outputs.secretUri" in reference
+    # AND it names the secret's version, as the Terraform's does: a new key is a new version, so the
+    # setting changes and the app restarts onto it; a reference without a version is refreshed only
+    # within 24 hours or at a restart, while the agents already verify with the new public key
+    assert "signingVault.outputs.secretUriWithVersion" in reference
+    vault_output = bicep_facts.render_node(vault, vault.section("outputs")["secretUriWithVersion"]["value"])
+    assert vault_output.endswith("properties.secretUriWithVersion"), vault_output
     # ... whose one secret the function identity alone may read
     readers = [a for a in deployment.assignments() if deployment.role_of(a) == "Key Vault Secrets User"]
     assert [(deployment.principal_of(a), deployment.scope_of(a)) for a in readers] == [(FUNCTION, SCOPE_SIGNING_SECRET)]

@@ -732,3 +732,28 @@ def test_the_webhook_url_is_sensitive_and_takes_a_key_vault_reference() -> None:
         (app_settings.WEBHOOK_ACTIONS, "webhook_actions"),
     ):
         assert settings[name] == ref(f"var.{variable}")
+
+
+def test_a_model_change_rolls_the_scale_set_in_health_gated_batches_as_the_bicep_does() -> None:
+    # GIVEN the example scale set, whose custom_data changes with the agent package or the verify key
+    scale_set = resource(SCALE_SET)
+    # THEN Azure rolls the new model in batches gated on the load balancer's /readyz probe: with
+    # "Manual", azurerm would update and reimage every instance back to back during the apply
+    assert scale_set["upgrade_mode"] == "Rolling"
+    assert scale_set["health_probe_id"] == "${azurerm_lb_probe.readyz[0].id}"
+    policy = block(scale_set, "rolling_upgrade_policy")
+    # AND with the Bicep's policy (vmss-example.bicep: rollingUpgradePolicy)
+    assert policy == {
+        "max_batch_instance_percent": 50,
+        "max_unhealthy_instance_percent": 50,
+        "max_unhealthy_upgraded_instance_percent": 50,
+        "pause_time_between_batches": "PT1M",
+    }
+    assert block(scale_set, "automatic_os_upgrade_policy") == {
+        "enable_automatic_os_upgrade": True,
+        "disable_automatic_rollback": False,
+    }
+    # AND the probe is in use by a rule before the policy needs it, and never repairs instances
+    assert "${azurerm_lb_rule.http}" in scale_set["depends_on"]
+    assert "automatic_instance_repair" not in scale_set
+    assert resource("azurerm_lb_probe.readyz")["probe_threshold"] == 2

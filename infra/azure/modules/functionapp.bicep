@@ -78,6 +78,9 @@ param loadBalancerName string
 @description('Resource group of the VMs\' NICs; empty when none.')
 param loadBalancerNicResourceGroup string
 
+@description('MBRIDGE_READINESS_DRAIN: also drain through the agents\' /readyz (drain/restore commands), for health-probe based load balancing.')
+param readinessDrain bool
+
 @description('The policy as JSON or YAML (docs/policy.md); empty for the default policy.')
 param policy string
 
@@ -158,7 +161,7 @@ var appSettings = [
   { name: 'MBRIDGE_LB_RESOURCE_GROUP', value: loadBalancerResourceGroup }
   { name: 'MBRIDGE_LB_NAME', value: loadBalancerName }
   { name: 'MBRIDGE_LB_NIC_RESOURCE_GROUP', value: loadBalancerNicResourceGroup }
-  { name: 'MBRIDGE_READINESS_DRAIN', value: 'true' }
+  { name: 'MBRIDGE_READINESS_DRAIN', value: readinessDrain ? 'true' : 'false' }
   { name: 'MBRIDGE_POLICY', value: policy }
   // Notices of decisions and actions; empty: none.
   { name: 'MBRIDGE_WEBHOOK_URL', value: webhookUrl }

@@ -117,6 +117,12 @@ resource "azurerm_function_app_flex_consumption" "this" {
     minimum_tls_version                    = "1.2"
     scm_minimum_tls_version                = "1.2"
     http2_enabled                          = true
+    # The app has Service Bus triggers only: refuse all inbound HTTP to it, as the Bicep does
+    # (ipSecurityRestrictionsDefaultAction), and keep the SCM endpoint (deployments, Entra ID only)
+    # under rules of its own.
+    ip_restriction_default_action     = "Deny"
+    scm_use_main_ip_restriction       = false
+    scm_ip_restriction_default_action = "Allow"
   }
 
   app_settings = local.function_app_settings

@@ -55,6 +55,11 @@ output "function_app_name" {
   value       = azurerm_function_app_flex_consumption.this.name
 }
 
+output "key_vault_references_check_command" {
+  description = "Run from the repository root after the apply: reads the status of the app's Key Vault references (the signing key) and restarts the app until they resolve (docs/deploy.md, \"After the deployment: Key Vault references\")."
+  value       = "python3 scripts/check_keyvault_references.py --subscription ${local.subscription_id} --resource-group ${data.azurerm_resource_group.this.name} --name ${azurerm_function_app_flex_consumption.this.name} --restart"
+}
+
 output "function_identity_principal_id" {
   description = "Principal (object) id of the function app's user-assigned identity, to grant it roles elsewhere."
   value       = azurerm_user_assigned_identity.function.principal_id

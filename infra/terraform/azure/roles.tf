@@ -37,9 +37,10 @@ locals {
 
 # Only what the load balancer adapter does (docs/azure.md): move NIC ipConfigurations and IP
 # addresses in and out of backend pools. Writing a NIC re-submits its links, so ARM also checks
-# `join` on the subnet; IP-based pools need joinLoadBalancer on the virtual network. NICs that
-# reference an NSG, a public IP, application security groups or inbound NAT rules need those
-# resources' join actions too (see docs/azure.md): add them here if yours do.
+# `join` on the subnet and on whatever else the NIC links to (NSG, public IP, application
+# security groups, inbound NAT rules); IP-based pools need joinLoadBalancer on the virtual
+# network. The joins take effect where the role is assigned: the NICs' resource group, the load
+# balancer and the virtual network (docs/azure.md, "A custom role for draining").
 resource "azurerm_role_definition" "drainer" {
   name        = var.drainer_role_name
   scope       = data.azurerm_resource_group.this.id
@@ -54,6 +55,14 @@ resource "azurerm_role_definition" "drainer" {
       "Microsoft.Network/loadBalancers/backendAddressPools/join/action",
       "Microsoft.Network/virtualNetworks/subnets/join/action",
       "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
+      # What a NIC write is also checked for when the NIC links to them (a portal-made VM's NIC has
+      # an NSG of its own): its network security group, public IP, application security groups
+      # and inbound NAT rules (https://learn.microsoft.com/azure/virtual-network/virtual-network-network-interface#permissions).
+      # Without them the first drain of such a VM fails with LinkedAuthorizationFailed.
+      "Microsoft.Network/networkSecurityGroups/join/action",
+      "Microsoft.Network/publicIPAddresses/join/action",
+      "Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action",
+      "Microsoft.Network/loadBalancers/inboundNatRules/join/action",
     ]
     not_actions = []
   }

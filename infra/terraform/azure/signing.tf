@@ -47,7 +47,7 @@ locals {
 # purges it (the provider's default), which frees the name.
 resource "azurerm_key_vault" "signing" {
   #checkov:skip=CKV_AZURE_42:Soft delete keeps a deleted vault recoverable for 7 days; only purge protection is off (CKV_AZURE_110)
-  #checkov:skip=CKV_AZURE_110:The key can be made again (a new pair, its public key to the agents); purge protection would keep a destroyed vault, and this deployment's resources with it, unremovable for the retention period
+  #checkov:skip=CKV_AZURE_110:The key can be made again (a new pair, its public key to the agents); purge protection would forbid purging the destroyed vault, so its name stays taken for the retention period and a new apply cannot create it again
   #checkov:skip=CKV_AZURE_189:The function app has no virtual network integration here and the platform resolves its Key Vault reference over the public endpoint; every read needs an Entra ID token and Key Vault Secrets User on the one secret
   #checkov:skip=CKV_AZURE_109:A default-deny firewall would stop the platform resolving the app's Key Vault reference (App Service is not a trusted service for it); access is RBAC only, one role on one secret
   #checkov:skip=CKV2_AZURE_32:No private endpoint: the function app is not integrated with a virtual network in this deployment

@@ -139,8 +139,10 @@ variable "function_maximum_instance_count" {
   default     = 40
 
   validation {
-    condition     = var.function_maximum_instance_count >= 1 && var.function_maximum_instance_count <= 1000 && floor(var.function_maximum_instance_count) == var.function_maximum_instance_count
-    error_message = "function_maximum_instance_count must be a whole number from 1 to 1000."
+    # 40 is Flex Consumption's lowest maximum instance count, as in the Bicep's @minValue and
+    # Microsoft's Flex Consumption samples.
+    condition     = var.function_maximum_instance_count >= 40 && var.function_maximum_instance_count <= 1000 && floor(var.function_maximum_instance_count) == var.function_maximum_instance_count
+    error_message = "function_maximum_instance_count must be a whole number from 40 to 1000."
   }
 }
 

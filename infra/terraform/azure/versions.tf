@@ -6,11 +6,14 @@ terraform {
   required_providers {
     azurerm = {
       source = "hashicorp/azurerm"
-      # azurerm_function_app_flex_consumption arrived in 4.21.0; its https_only argument in 4.31.0
-      # (#29024). 4.31 also carries everything else used here: the storage data_plane_available
-      # feature, storage_account_id on containers, subnet default_outbound_access_enabled.
-      # `~>` stays within 4.x: 5.0 renames and removes arguments.
-      version = "~> 4.31"
+      # The newest argument used here is azurerm_key_vault's rbac_authorization_enabled (signing.tf),
+      # added in 4.42.0 as the new name of enable_rbac_authorization (CHANGELOG-v4.md, 4.42.0):
+      # a plan with 4.31 to 4.41 fails on it. 4.42 also carries the rest:
+      # azurerm_function_app_flex_consumption (4.21.0) and its https_only (4.31.0, #29024), the
+      # storage data_plane_available feature, storage_account_id on containers, subnet
+      # default_outbound_access_enabled. `~>` stays within 4.x: 5.0 renames and removes arguments.
+      # .terraform.lock.hcl selects the release the offline validation checks against.
+      version = "~> 4.42"
     }
     azapi = {
       source = "Azure/azapi"

@@ -178,6 +178,8 @@ resource "azurerm_lb_probe" "readyz" {
   port                = 9797
   request_path        = "/readyz"
   interval_in_seconds = 5
+  # Two failed probes take a VM out, as in the Bicep (probeThreshold 2).
+  probe_threshold = 2
 }
 
 resource "azurerm_lb_rule" "http" {
@@ -258,7 +260,26 @@ resource "azurerm_linux_virtual_machine_scale_set" "agents" {
 
   # Extra VMs would boot, run the agent and publish events only to be deleted again.
   overprovision = false
-  upgrade_mode  = "Manual"
+
+  # A model change (custom_data: a new agent package, a new verify key) rolls like the Bicep's:
+  # Azure upgrades the instances in batches of half the set, a minute apart, each batch waiting
+  # for the load balancer's probe (/readyz) before the next, and stops when too many stay
+  # unhealthy. With upgrade_mode "Manual", azurerm itself updates and reimages every instance back
+  # to back during the apply, with no health gating (upgradeInstancesForManualUpgradePolicy in the
+  # provider's virtual_machine_scale_set_update.go; in "Rolling" mode it leaves the roll to Azure).
+  upgrade_mode    = "Rolling"
+  health_probe_id = azurerm_lb_probe.readyz[0].id
+  rolling_upgrade_policy {
+    max_batch_instance_percent              = 50
+    max_unhealthy_instance_percent          = 50
+    max_unhealthy_upgraded_instance_percent = 50
+    pause_time_between_batches              = "PT1M"
+  }
+  # OS image upgrades go the same way, as in the Bicep.
+  automatic_os_upgrade_policy {
+    enable_automatic_os_upgrade = true
+    disable_automatic_rollback  = false
+  }
   # No automatic instance repairs on the /readyz probe: a drained VM is unready on purpose and
   # must not be replaced for it.
 
@@ -277,8 +298,10 @@ resource "azurerm_linux_virtual_machine_scale_set" "agents" {
     }
   }
 
-  # The agents check their Service Bus rights when they start, and pip needs the way out.
+  # The agents check their Service Bus rights when they start, and pip needs the way out. A rolling
+  # upgrade policy needs its health probe in use by a load balancing rule.
   depends_on = [
+    azurerm_lb_rule.http,
     azurerm_role_assignment.agent_sends_events,
     azurerm_role_assignment.agent_receives_commands,
     azurerm_subnet_nat_gateway_association.agents,

@@ -4,7 +4,7 @@ terraform {
   required_providers {
     azurerm = {
       source  = "hashicorp/azurerm"
-      version = "~> 4.31"
+      version = "~> 4.42"
     }
     azapi = {
       source = "Azure/azapi"
