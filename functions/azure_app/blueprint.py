@@ -8,6 +8,8 @@ dead-letters it after the subscription's max delivery count. Hence:
 - a RetryableError (throttling, a busy claim, an unreachable service) raises: redelivered;
 - a PermanentError from an adapter (a missing role or resource) raises too: the message is
   kept, in the dead-letter queue at worst, to be resubmitted once the deployment is fixed.
+
+Either waits first, longer each delivery (redelivery.py): Service Bus alone redelivers at once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from datetime import datetime, timezone
 import azure.functions as func
 
 from functions.azure_app import logs, settings
+from functions.azure_app.redelivery import backing_off
 from functions.azure_app.wiring import DepsProvider, from_environment
 from functions.core.log_fields import event_fields, fields
 from functions.core.process import Deps, Outcome, process
@@ -46,7 +49,11 @@ DEPS = DepsProvider(from_environment(os.environ))
 def maintenance_events(msg: func.ServiceBusMessage) -> None:
     logs.configure()  # structured messages for Azure Monitor (functions.azure_app.logs)
     now = datetime.now(timezone.utc)
-    handle_message(msg.get_body(), DEPS.get(), now, enqueued_at(msg, now))
+    # A failure waits before the message goes back: Service Bus alone would redeliver at once.
+    backing_off(
+        lambda: handle_message(msg.get_body(), DEPS.get(), now, enqueued_at(msg, now)),
+        getattr(msg, "delivery_count", None),
+    )
 
 
 def enqueued_at(msg: func.ServiceBusMessage, now: datetime) -> datetime:

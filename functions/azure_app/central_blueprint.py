@@ -26,6 +26,7 @@ import azure.functions as func
 
 from functions.azure_app import logs, settings
 from functions.azure_app.blueprint import DEPS
+from functions.azure_app.redelivery import backing_off
 from functions.azure_app.resource_graph import resource_graph_rows
 from functions.central.event_grid import AzureScope, event_grid_report
 from functions.central.resource_graph import ResourceGraphRows, reconcile
@@ -76,7 +77,10 @@ def _rows() -> ResourceGraphRows:
 )
 def maintenance_central(msg: func.ServiceBusMessage) -> None:
     logs.configure()
-    handle_central(msg.get_body(), DEPS.get(), _scope(), datetime.now(timezone.utc))
+    backing_off(
+        lambda: handle_central(msg.get_body(), DEPS.get(), _scope(), datetime.now(timezone.utc)),
+        getattr(msg, "delivery_count", None),
+    )
 
 
 @sweep_bp.function_name(SWEEP_FUNCTION)
