@@ -34,7 +34,7 @@ Result = TypeVar("Result")
 def redelivery_delay(delivery_count: int | None) -> float:
     """Seconds to wait before a message delivered `delivery_count` times (1: the first) is given back."""
     count = max(1, delivery_count or 1)
-    return min(FIRST_DELAY_SECONDS * 2 ** min(count - 1, 16), MOST_DELAY_SECONDS)
+    return float(min(FIRST_DELAY_SECONDS * 2.0 ** min(count - 1, 16), MOST_DELAY_SECONDS))
 
 
 def backing_off(
