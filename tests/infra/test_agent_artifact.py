@@ -62,7 +62,7 @@ def sandbox(tmp_path: Path) -> Sandbox:
     return Sandbox(root=root, fakes=fakes)
 
 
-def build(out: Path) -> Path:
+def build(out: Path, commit: str) -> Path:
     subprocess.run(
         [
             str(BUILD_VENV / "bin" / "python"),
@@ -70,6 +70,8 @@ def build(out: Path) -> Path:
             "scripts.agent_artifact.build",
             "--bus",
             "servicebus",
+            "--ref",
+            commit,
             "--out",
             str(out),
         ],
@@ -84,7 +86,11 @@ def build(out: Path) -> Path:
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     subprocess.run(["make", "--no-print-directory", "agent-build-venv"], cwd=REPO_ROOT, check=True, timeout=600)
-    return build(tmp_path_factory.mktemp("first")), build(tmp_path_factory.mktemp("second"))
+    # one commit for both builds, whatever is committed meanwhile
+    commit = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return build(tmp_path_factory.mktemp("first"), commit), build(tmp_path_factory.mktemp("second"), commit)
 
 
 @pytest.fixture(scope="module")
