@@ -90,7 +90,8 @@ def build(bus: str, source: Path, wheel: Path, out: Path, environment: dict[str,
     # The lock and the project's wheel by its hash: pip runs in hash-checking mode for all of it.
     requirements.write_text(
         (source / "requirements" / f"{lock}.txt").read_text(encoding="utf-8")
-        + f"maintenance-bridge{f'[{extra}]' if extra else ''} @ {wheel.as_uri()} --hash=sha256:{digest}\n",
+        # (by a path relative to the scratch directory pex runs in: PEX-INFO records the requirement as given)
+        + f"./{wheel.relative_to(work).as_posix()}{f'[{extra}]' if extra else ''} --hash=sha256:{digest}\n",
         encoding="utf-8",
     )
     target = out / artifact_name(bus, version)
