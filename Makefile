@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test check lint infra tfschema-venv unit venv compat39 bench bench-quick locks clean
+.PHONY: demo test check lint infra tfschema-venv unit venv compat39 bench bench-quick locks agent-locks agent-build-venv agent-artifact clean
 
 venv: $(VENV)/.installed
 
@@ -105,6 +105,44 @@ locks: $(LOCKS_VENV)/.installed
 	$(PIP_COMPILE) --output-file=requirements.txt requirements/azure.in
 	$(PIP_COMPILE) --output-file=requirements/gcp.txt requirements/gcp.in
 
+# The agent's locks, one per artifact: requirements/agent.in → requirements/agent.txt (jsonl and local transports),
+# agent-servicebus.in → agent-servicebus.txt, agent-pubsub.in → agent-pubsub.txt. Resolved on Python 3.9, the oldest
+# python3 the agent runs on, so that every pin has a release for it (markers such as tomli's are kept); the hashes
+# are those of every file PyPI serves for each pin, so the same lock serves the newer Pythons and Windows.
+AGENT_LOCKS_PYTHON ?= python3.9
+AGENT_LOCKS_VENV ?= .venv-locks39
+AGENT_PIP_COMPILE = $(subst $(LOCKS_VENV)/bin/pip-compile,$(AGENT_LOCKS_VENV)/bin/pip-compile,$(subst make locks,make agent-locks,$(PIP_COMPILE)))
+
+$(AGENT_LOCKS_VENV)/.installed:
+	$(AGENT_LOCKS_PYTHON) -m venv $(AGENT_LOCKS_VENV)
+	$(AGENT_LOCKS_VENV)/bin/python -m pip install --quiet 'pip==$(LOCKS_PIP_VERSION)' 'pip-tools==$(PIP_TOOLS_VERSION)'
+	touch $@
+
+agent-locks: $(AGENT_LOCKS_VENV)/.installed
+	$(AGENT_PIP_COMPILE) --output-file=requirements/agent.txt requirements/agent.in
+	$(AGENT_PIP_COMPILE) --output-file=requirements/agent-servicebus.txt requirements/agent-servicebus.in
+	$(AGENT_PIP_COMPILE) --output-file=requirements/agent-pubsub.txt requirements/agent-pubsub.in
+
+# The agent's artifacts (infra/agent/README.md): dist/mbridge-agent-<bus>-<version>.pex and its .sha256, one per bus,
+# from a commit (AGENT_REF, default HEAD: uncommitted changes are not in it), byte-identical from one build to the
+# next. The tools are pinned in a virtualenv of their own; the wheels come from PyPI (cached by pex in ~/.cache/pex).
+AGENT_BUILD_VENV ?= .venv-agent-build
+PEX_VERSION := 2.105.2
+AGENT_SETUPTOOLS_VERSION := 80.9.0
+AGENT_REF ?= HEAD
+AGENT_BUS ?= all
+
+$(AGENT_BUILD_VENV)/.installed:
+	$(PYTHON) -m venv $(AGENT_BUILD_VENV)
+	env PIP_CONFIG_FILE=/dev/null $(AGENT_BUILD_VENV)/bin/python -m pip install --quiet \
+		'pex==$(PEX_VERSION)' 'setuptools==$(AGENT_SETUPTOOLS_VERSION)'
+	touch $@
+
+agent-build-venv: $(AGENT_BUILD_VENV)/.installed
+
+agent-artifact: $(AGENT_BUILD_VENV)/.installed
+	$(AGENT_BUILD_VENV)/bin/python -m scripts.agent_artifact.build --bus $(AGENT_BUS) --ref $(AGENT_REF) --out dist
+
 # The figures of docs/performance.md (about 25 minutes on 2 cores), or a quick pass (about 4 minutes).
 # Azurite comes from npm, as in CI; without it its throughput figure is reported as missing.
 bench: venv
@@ -130,4 +168,4 @@ compat39:
 		--ignore=tests/unit/bench -k "not pubsub"
 
 clean:
-	rm -rf $(VENV) $(DEMO_VENV) .venv39 $(INFRA_VENV) $(TFSCHEMA_VENV) .tfschema-cache $(LOCKS_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json
+	rm -rf $(VENV) $(DEMO_VENV) .venv39 $(INFRA_VENV) $(TFSCHEMA_VENV) .tfschema-cache $(LOCKS_VENV) $(AGENT_LOCKS_VENV) $(AGENT_BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json

@@ -10,9 +10,9 @@
 #   mbridge-agent-unit       -> /etc/systemd/system/mbridge-agent.service
 #   mbridge-install-script   -> /usr/local/sbin/mbridge-install  (install-agent.sh)
 #
-# mbridge-package must name one exact package, or the installer refuses it. One attribute
-# carries no index setting, so it is the wheel URL with its hash, which pip checks:
-#   maintenance-bridge[agent-pubsub] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl#sha256=<hex>
+# mbridge-package must name one exact package, or the installer refuses it: the agent's artifact
+# (make agent-artifact) with its hash, which the installer checks before running anything from it:
+#   https://.../mbridge-agent-pubsub-X.Y.Z.pex#sha256=<hex>
 #
 # Anyone who can set these attributes can run code as root on the VM, exactly like with
 # `startup-script` itself: grant compute.instances.setMetadata accordingly.
@@ -77,9 +77,9 @@ fetch mbridge-install-script "$WORK/install"
 package="$(tr -d '\r' <"$WORK/package")"
 package="${package#"${package%%[![:space:]]*}"}"
 package="${package%"${package##*[![:space:]]}"}"
-[ -n "$package" ] || fail "metadata attribute 'mbridge-package' is empty; set it to the agent's wheel URL with its #sha256="
+[ -n "$package" ] || fail "metadata attribute 'mbridge-package' is empty; set it to the agent's artifact URL with its #sha256="
 case "$package" in
-  *$'\n'*) fail "metadata attribute 'mbridge-package' must be one line (the agent's wheel URL with its #sha256=)" ;;
+  *$'\n'*) fail "metadata attribute 'mbridge-package' must be one line (the agent's artifact URL with its #sha256=)" ;;
 esac
 printf 'MBRIDGE_PACKAGE=%s\n' "$package" >"$WORK/install.env"
 head -c 2 "$WORK/install" | grep -q '^#!' ||

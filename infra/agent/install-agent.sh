@@ -14,16 +14,21 @@ Usage: install-agent.sh [--unit FILE] [--package SPEC] [--force] [--no-check] [-
        install-agent.sh --uninstall [--purge]
 
 Installs the maintenance-bridge agent as the systemd service mbridge-agent:
-  1. reads /etc/mbridge/install.env, which must name one exact package, either
+  1. reads /etc/mbridge/install.env, which must name one exact package: the agent's artifact
+     (make agent-artifact: one file with the agent and its locked dependencies) and its SHA-256,
+       MBRIDGE_PACKAGE=https://host/mbridge-agent-servicebus-0.1.0.pex#sha256=<64 hex digits>
+     (or MBRIDGE_PACKAGE_SHA256=<hex> on a line of its own), which this script checks before
+     running anything from it and which needs nothing else from the network; or, for pip,
        MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==0.1.0     (or [agent-pubsub])
        PIP_INDEX_URL=https://pypi.example.internal/simple         (the index that serves it)
      or a wheel and its SHA-256, which pip checks:
        MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus] @ https://host/maintenance_bridge-0.1.0-py3-none-any.whl
        MBRIDGE_PACKAGE_SHA256=<64 hex digits>                     (or #sha256=<hex> after the URL)
      and refuses anything else (PIP_* lines there are passed to pip);
-  2. finds python3 >= 3.9 with venv, installing it with apt-get, dnf, yum or zypper if missing;
+  2. finds python3 >= 3.9 with venv, installing it with apt-get, dnf, yum or zypper if missing
+     (the artifact needs only the venv module; pip needs ensurepip too);
   3. creates the system user mbridge (no login shell, no home);
-  4. builds a virtualenv under /opt/mbridge and pip installs the package, unless the same
+  4. builds a virtualenv under /opt/mbridge from the artifact (or with pip), unless the same
      spec is already installed and working;
   5. installs the unit (--unit FILE, else /etc/systemd/system/mbridge-agent.service as
      written by cloud-init, else mbridge-agent.service next to this script);
@@ -34,8 +39,8 @@ Installs the maintenance-bridge agent as the systemd service mbridge-agent:
 
 Options:
   --unit FILE       the systemd unit to install
-  --package SPEC    install SPEC instead of install.env's MBRIDGE_PACKAGE (a wheel URL then
-                    carries its hash as #sha256=<hex>; MBRIDGE_PACKAGE_SHA256 is not read)
+  --package SPEC    install SPEC instead of install.env's MBRIDGE_PACKAGE (an artifact or wheel
+                    URL then carries its hash as #sha256=<hex>; MBRIDGE_PACKAGE_SHA256 is not read)
   --force           rebuild the virtualenv even if the same spec is installed
   --no-check        skip `mbridge agent --check`
   --strict-check    fail when the check reports a problem (default: warn and start anyway)
@@ -159,7 +164,9 @@ AGENT_EXTRAS="agent-servicebus agent-pubsub"
 refuse_package() {
   printf 'mbridge-install: ERROR: %s\n' "$1" >&2
   cat >&2 <<EOF
-mbridge-install: set one exact package in $INSTALL_ENV, either a pinned version and its index:
+mbridge-install: set one exact package in $INSTALL_ENV: the agent's artifact and its SHA-256, which this script checks:
+mbridge-install:     MBRIDGE_PACKAGE=https://<host>/mbridge-agent-servicebus-X.Y.Z.pex#sha256=<sha256sum of the file>   (-pubsub on GCE)
+mbridge-install: or a pinned version and its index:
 mbridge-install:     MBRIDGE_PACKAGE=maintenance-bridge[agent-servicebus]==X.Y.Z    ([agent-pubsub] on GCE)
 mbridge-install:     PIP_INDEX_URL=https://<your index>/simple
 mbridge-install: or a wheel URL and its SHA-256, which pip checks:
@@ -169,8 +176,13 @@ EOF
   exit 1
 }
 
-# Sets INSTALL_SPEC to what pip installs: `maintenance-bridge[extras]==X.Y.Z` or
-# `maintenance-bridge[extras] @ URL#sha256=HEX`. $1 is the spec, $2 MBRIDGE_PACKAGE_SHA256.
+# Sets INSTALL_SPEC to what is installed: `URL.pex#sha256=HEX` (the artifact; INSTALL_KIND=artifact,
+# ARTIFACT_URL and ARTIFACT_SHA256 set), or what pip installs (INSTALL_KIND=pip):
+# `maintenance-bridge[extras]==X.Y.Z` or `maintenance-bridge[extras] @ URL#sha256=HEX`.
+# $1 is the spec, $2 MBRIDGE_PACKAGE_SHA256.
+INSTALL_KIND=pip
+ARTIFACT_URL=""
+ARTIFACT_SHA256=""
 resolve_package() {
   local spec="$1" sha256="$2" name="maintenance-bridge" extras="" rest="" url fragment="" extra kept=""
   if [[ "$spec" =~ ^[A-Za-z][A-Za-z0-9+.-]*:// ]]; then
@@ -205,13 +217,23 @@ resolve_package() {
           refuse_package "the URL in MBRIDGE_PACKAGE ends in #$fragment; the only fragment taken is #sha256=<64 hex digits>"
         fragment="${fragment#sha256=}"
       fi
-      [[ "$url" =~ ^(https|http|file)://[^[:space:]]+\.whl$ ]] ||
-        refuse_package "MBRIDGE_PACKAGE=$spec is not a wheel URL (https://, http:// or file://, ending in .whl)"
+      [[ "$url" =~ ^(https|http|file)://[^[:space:]]+\.(whl|pex)$ ]] ||
+        refuse_package "MBRIDGE_PACKAGE=$spec is not an artifact or wheel URL (https://, http:// or file://, ending in .pex or .whl)"
       if [ -n "$sha256" ]; then
         [[ "$sha256" =~ ^[0-9A-Fa-f]{64}$ ]] || refuse_package "MBRIDGE_PACKAGE_SHA256 is not 64 hex digits"
         [ -z "$fragment" ] || [ "${fragment,,}" = "${sha256,,}" ] ||
           refuse_package "MBRIDGE_PACKAGE_SHA256 and the #sha256= of MBRIDGE_PACKAGE differ"
         fragment="$sha256"
+      fi
+      if [[ "$url" == *.pex ]]; then
+        [ -n "$fragment" ] ||
+          refuse_package "the artifact URL in MBRIDGE_PACKAGE has no SHA-256: anything served at that URL would be run as root"
+        # The artifact holds its bus's client: the extras of a requirement in front of it are not read.
+        INSTALL_KIND=artifact
+        ARTIFACT_URL="$url"
+        ARTIFACT_SHA256="${fragment,,}"
+        INSTALL_SPEC="$url#sha256=$ARTIFACT_SHA256"
+        return 0
       fi
       [ -n "$fragment" ] ||
         refuse_package "the wheel URL in MBRIDGE_PACKAGE has no SHA-256: anything served at that URL would be installed"
@@ -263,8 +285,13 @@ uninstall() {
 
 # ---------------------------------------------------------------- python
 
+# The artifact's virtualenv is made without pip (`python3 -m venv --without-pip`, then filled from
+# the file): the venv module is enough, and Debian's and Ubuntu's python3 has it without
+# python3-venv. pip needs ensurepip as well.
 python_ok() {
-  "$1" -c 'import sys, venv, ensurepip; sys.exit(0 if sys.version_info >= (3, 9) else 1)' >/dev/null 2>&1
+  local modules="sys, venv"
+  [ "$INSTALL_KIND" = artifact ] || modules="sys, venv, ensurepip"
+  "$1" -c "import $modules; sys.exit(0 if sys.version_info >= (3, 9) else 1)" >/dev/null 2>&1
 }
 
 # Sets PYTHON to the first interpreter >= 3.9 that can build a venv with pip.
@@ -312,16 +339,67 @@ venv_works() {
   [ -x "$PREFIX/bin/mbridge" ] && "$PREFIX/bin/mbridge" --help >/dev/null 2>&1
 }
 
+# Downloads the artifact to $1 and checks its SHA-256 before anything runs from it.
+fetch_artifact() {
+  local target="$1" actual
+  case "$ARTIFACT_URL" in
+    file://*) cp "${ARTIFACT_URL#file://}" "$target" || return 1 ;;
+    *)
+      if command -v curl >/dev/null 2>&1; then
+        curl -fsSL --retry 5 --retry-delay 2 --connect-timeout 20 --max-time 900 -o "$target" "$ARTIFACT_URL" || return 1
+      else
+        "$PYTHON" -c 'import shutil, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=120) as response, open(sys.argv[2], "wb") as out:
+    shutil.copyfileobj(response, out)' "$ARTIFACT_URL" "$target" || return 1
+      fi
+      ;;
+  esac
+  actual="$(sha256_of "$target")"
+  if [ "$actual" != "$ARTIFACT_SHA256" ]; then
+    log "ERROR: the artifact at $ARTIFACT_URL has SHA-256 $actual, not the $ARTIFACT_SHA256 that MBRIDGE_PACKAGE names"
+    log "ERROR: refusing to run it: a rebuilt artifact needs its new hash in MBRIDGE_PACKAGE (make agent-artifact writes <file>.sha256)"
+    return 2
+  fi
+}
+
+# The artifact's virtualenv: pex's own tool turns the file into one (`PEX_TOOLS=1 python3 x.pex venv
+# DIR`), from the wheels inside it for this Python and platform, with no index and no pip. Its
+# scratch space (PEX_ROOT) is a directory of this install, removed afterwards.
+install_artifact() {
+  local venv="$1" work="$PREFIX/.download-$$" rc=0
+  rm -rf "$work"
+  mkdir -p "$work"
+  log "downloading $ARTIFACT_URL"
+  fetch_artifact "$work/agent.pex" || rc=$?
+  if [ "$rc" = 0 ]; then
+    log "creating a virtualenv with $PYTHON ($("$PYTHON" -c 'import platform; print(platform.python_version())')) from the artifact"
+    env -u PEX_PYTHON -u PEX_PYTHON_PATH -u PEX_INHERIT_PATH -u PEX_SCRIPT -u PEX_MODULE PEX_ROOT="$work/pex-root" \
+      PEX_TOOLS=1 "$PYTHON" "$work/agent.pex" venv --compile "$venv" >&2 || rc=1
+  fi
+  rm -rf "$work"
+  return "$rc"
+}
+
 # A new virtualenv per install, switched to with one rename of the `current` link: a failed
 # upgrade leaves the running version in place, and /opt/mbridge/bin never points at half an
 # install. /opt/mbridge/bin -> current/bin is what the unit's ExecStart= names.
 install_package() {
-  local spec="$1" id venv pip_major previous
+  local spec="$1" id venv pip_major rc=0
   id="$(date -u +%Y%m%dT%H%M%S)-$$"
   venv="$PREFIX/venvs/$id"
   mkdir -p "$PREFIX/venvs"
   if [ -e "$PREFIX/bin" ] && [ ! -L "$PREFIX/bin" ]; then
     die "$PREFIX/bin is a directory this installer did not make; move $PREFIX aside and run again"
+  fi
+  if [ "$INSTALL_KIND" = artifact ]; then
+    install_artifact "$venv" || rc=$?
+    if [ "$rc" != 0 ]; then
+      rm -rf "$venv"
+      [ "$rc" = 2 ] || die "cannot install $spec (output above); the previous installation, if any, is unchanged"
+      die "the artifact's SHA-256 differs: nothing was run from it; the previous installation, if any, is unchanged"
+    fi
+    activate_venv "$spec" "$id" "$venv"
+    return 0
   fi
   log "creating a virtualenv with $PYTHON ($("$PYTHON" -c 'import platform; print(platform.python_version())'))"
   "$PYTHON" -m venv "$venv" || { rm -rf "$venv"; die "$PYTHON -m venv failed"; }
@@ -336,6 +414,12 @@ install_package() {
     rm -rf "$venv"
     die "pip install $spec failed (output above); the previous installation, if any, is unchanged"
   fi
+  activate_venv "$spec" "$id" "$venv"
+}
+
+# Makes the virtualenv $3 (id $2, holding $1) the current one, once its mbridge works.
+activate_venv() {
+  local spec="$1" id="$2" venv="$3" previous
   if ! "$venv/bin/mbridge" --help >/dev/null 2>&1; then
     rm -rf "$venv"
     die "$spec installed, but it has no working 'mbridge' command: is it the maintenance-bridge package?"

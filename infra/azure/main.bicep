@@ -193,7 +193,7 @@ param deployExampleScaleSet bool = false
 ])
 param terminateNotBeforeTimeout string = 'PT10M'
 
-@description('The agent the example VMs install (MBRIDGE_PACKAGE): maintenance-bridge[agent-servicebus] @ <URL of the wheel>#sha256=<its 64 hex digits>, which pip checks itself (infra/agent/README.md). Required with deployExampleScaleSet; no default, as no index publishes the package.')
+@description('The agent the example VMs install (MBRIDGE_PACKAGE): the agent\'s artifact, <URL of mbridge-agent-servicebus-X.Y.Z.pex>#sha256=<its 64 hex digits> (make agent-artifact writes both), which the installer checks before running anything from it (infra/agent/README.md). Required with deployExampleScaleSet; no default.')
 param agentPackage string = ''
 
 @description('MBRIDGE_VERIFY_KEY of the example VMs: the public key of signingKey as one line (the raw 32-byte key as base64, docs/deploy.md "Signing keys"). Required with deployExampleScaleSet: the agents refuse to start without it.')
@@ -551,7 +551,7 @@ module drainOnVirtualNetwork 'modules/drain-roles.bicep' = if (drainEnabled) {
 module agentPackageCheck 'modules/check.bicep' = if (deployExampleScaleSet && !commandsViaTopic) {
   name: '${namePrefix}-agent-package-check-${suffix}'
   params: {
-    outcome: empty(agentPackage) ? 'agentPackage is required with deployExampleScaleSet: maintenance-bridge[agent-servicebus] @ <URL of the wheel, ending .whl>#sha256=<its 64 hex digits> (infra/agent/README.md); the installer takes no unpinned package.' : 'ok'
+    outcome: empty(agentPackage) ? 'agentPackage is required with deployExampleScaleSet: <URL of the agent\'s artifact, mbridge-agent-servicebus-X.Y.Z.pex>#sha256=<its 64 hex digits> (make agent-artifact, infra/agent/README.md); the installer takes no unpinned package.' : 'ok'
   }
 }
 

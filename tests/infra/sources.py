@@ -57,21 +57,25 @@ def terraform_variables(module: dict[str, list[Any]]) -> dict[str, dict[str, Any
 
 def assert_agent_package_is_pinned(variable: Mapping[str, Any], extra: str) -> None:
     """A Terraform `agent_package` variable: no default, and a validation that takes only the one-line
-    form of infra/agent/install-agent.sh that needs no index, `maintenance-bridge[<extra>] @ <wheel
-    URL>#sha256=<hex>` (or nothing: the example VMs are optional). Its regex is run here as Terraform
-    runs it (RE2; the pattern uses nothing Python reads otherwise)."""
+    form of infra/agent/install-agent.sh that needs nothing else from the network, the agent's artifact
+    `<URL of the .pex>#sha256=<hex>` (or nothing: the example VMs are optional). Its regex is run here as
+    Terraform runs it (RE2; the pattern uses nothing Python reads otherwise)."""
     assert variable["default"] == ""
     [validation] = variable["validation"]
     found = re.search(r'regex\("((?:[^"\\]|\\.)*)", var\.agent_package\)', validation["condition"])
     assert found, validation["condition"]
     assert 'var.agent_package == ""' in validation["condition"]
     rule = re.compile(found.group(1).replace("\\\\", "\\"))
+    bus = extra.removeprefix("agent-")
+    artifact = f"https://storage.example.com/agent/mbridge-agent-{bus}-0.1.0.pex"
     wheel = "https://storage.example.com/agent/maintenance_bridge-0.1.0-py3-none-any.whl"
-    assert rule.fullmatch(f"maintenance-bridge[{extra}] @ {wheel}#sha256={'ab' * 32}")
-    assert rule.fullmatch(
-        f"maintenance-bridge[{extra}] @ file:///opt/wheels/maintenance_bridge-0.1.0-py3-none-any.whl#sha256={'0' * 64}"
-    )
+    assert rule.fullmatch(f"{artifact}#sha256={'ab' * 32}")
+    assert rule.fullmatch(f"file:///opt/agent/mbridge-agent-{bus}-0.1.0.pex#sha256={'0' * 64}")
     refused = [
+        artifact,  # no hash
+        f"{artifact}#sha256={'a' * 63}",
+        f"{artifact}#sha256={'a' * 64}\nMBRIDGE_OTHER=1",
+        f"maintenance-bridge[{extra}] @ {wheel}#sha256={'a' * 64}",  # a wheel: pip would fetch its dependencies
         "maintenance-bridge[functions-azure]",  # unpinned, and the function apps' extra
         "maintenance-bridge[functions-gcp]",
         f"maintenance-bridge[{extra}]",

@@ -36,7 +36,7 @@ param commandsShards int
 @minLength(1)
 param agentVerifyKey string
 
-@description('What install-agent.sh installs with pip: a requirement spec or a wheel URL.')
+@description('What install-agent.sh installs: the agent\'s artifact URL with its #sha256= (or, for pip, a pinned requirement or a wheel URL).')
 param agentPackage string
 
 @description('How long a VM being deleted may hold its Terminate event before Azure approves it (ISO 8601, 5 to 15 minutes).')

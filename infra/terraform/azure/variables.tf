@@ -367,15 +367,15 @@ variable "example_vnet_cidr" {
 }
 
 variable "agent_package" {
-  description = "The agent the example scale set installs (MBRIDGE_PACKAGE): maintenance-bridge[agent-servicebus] @ <URL of the wheel>#sha256=<its 64 hex digits>, which pip checks itself (infra/agent/README.md). Required with deploy_example_scale_set; no default, as no index publishes the package."
+  description = "The agent the example scale set installs (MBRIDGE_PACKAGE): the agent's artifact, <URL of mbridge-agent-servicebus-X.Y.Z.pex>#sha256=<its 64 hex digits> (make agent-artifact writes both), which the installer checks before running anything from it (infra/agent/README.md). Required with deploy_example_scale_set; no default."
   type        = string
   default     = ""
 
   validation {
-    # The one form of infra/agent/install-agent.sh that needs no index: a cloud-init environment
-    # file carries one line, so the pinned-version form (which needs PIP_INDEX_URL too) cannot be
-    # passed here. A value the installer would refuse at the VMs' first boot fails the plan instead.
-    condition     = var.agent_package == "" || can(regex("^maintenance-bridge\\[agent-servicebus\\] @ (https|http|file)://[^\\s#]+\\.whl#sha256=[0-9A-Fa-f]{64}$", var.agent_package))
-    error_message = "agent_package must be maintenance-bridge[agent-servicebus] @ <https://, http:// or file:// URL of the wheel, ending .whl>#sha256=<its 64 hex digits> (infra/agent/README.md): the installer takes no unpinned package."
+    # One line (an environment file's, a metadata value) carries the file and its hash: the form of
+    # infra/agent/install-agent.sh that needs nothing else from the network. A value the installer
+    # would refuse at the VMs' first boot fails the plan instead.
+    condition     = var.agent_package == "" || can(regex("^(https|http|file)://[^\\s#]+\\.pex#sha256=[0-9A-Fa-f]{64}$", var.agent_package))
+    error_message = "agent_package must be <https://, http:// or file:// URL of the agent's artifact, ending .pex>#sha256=<its 64 hex digits> (make agent-artifact, infra/agent/README.md): the installer takes no unpinned package."
   }
 }

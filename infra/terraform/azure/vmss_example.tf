@@ -294,7 +294,7 @@ resource "azurerm_linux_virtual_machine_scale_set" "agents" {
     }
     precondition {
       condition     = var.agent_package != ""
-      error_message = "agent_package is required when deploy_example_scale_set is true: maintenance-bridge[agent-servicebus] @ <wheel URL>#sha256=<hex> (infra/agent/README.md)."
+      error_message = "agent_package is required when deploy_example_scale_set is true: <URL of mbridge-agent-servicebus-X.Y.Z.pex>#sha256=<hex> (infra/agent/README.md)."
     }
   }
 

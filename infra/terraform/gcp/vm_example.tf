@@ -91,7 +91,7 @@ resource "google_compute_instance" "vm" {
   lifecycle {
     precondition {
       condition     = var.agent_package != ""
-      error_message = "agent_package is required with vm_names: maintenance-bridge[agent-pubsub] @ <wheel URL>#sha256=<hex> (infra/agent/README.md)."
+      error_message = "agent_package is required with vm_names: <URL of mbridge-agent-pubsub-X.Y.Z.pex>#sha256=<hex> (infra/agent/README.md)."
     }
   }
 
