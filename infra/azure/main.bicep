@@ -12,6 +12,9 @@
 //   (modules/commands-entity.bicep)
 // - the function app on Flex Consumption, its storage (host, deployment package, state and audit
 //   tables) and its telemetry (Log Analytics + Application Insights)
+// - diagnostic settings of the signing key's Key Vault (AuditEvent), the namespace and the
+//   function app to the Log Analytics workspace, and an alert on dead-lettered messages
+//   (modules/diagnostics.bicep)
 // - two user-assigned identities, one for the function app and one for the VMs (agents), each
 //   with data-plane roles on the entities it uses and nothing broader
 // - Reader for the function identity on the resource groups of the VMs (trustResourceGroups;
@@ -173,6 +176,9 @@ param drainVirtualNetworkResourceGroup string = ''
 
 @description('Name of the custom drain role. Role names are unique in the tenant: give a second deployment in the same tenant another name.')
 param drainerRoleName string = 'Maintenance Bridge Drainer'
+
+@description('Resource id of an action group (/subscriptions/.../providers/Microsoft.Insights/actionGroups/<name>) the dead-letter alert notifies. Empty: the alert is deployed and fires in Azure Monitor without notifying anyone (the deployment knows no receiver of yours); attach one later here or with an alert processing rule (docs/azure.md, "Logs, audit and alerts").')
+param alertActionGroupId string = ''
 
 @description('Deploy the example scale set that runs the agent (needs adminSshPublicKey). Queue mode only: its VMs share one identity, which the topic mode cannot isolate.')
 param deployExampleScaleSet bool = false
@@ -443,6 +449,22 @@ module functionApp 'modules/functionapp.bicep' = {
     centralReconcile: centralReports
     maximumInstanceCount: functionMaximumInstanceCount
     instanceMemoryMB: functionInstanceMemoryMB
+  }
+}
+
+// Diagnostic settings of the signing vault, the namespace and the function app to the workspace,
+// and the alert on dead letters (modules/diagnostics.bicep).
+module diagnostics 'modules/diagnostics.bicep' = {
+  name: '${namePrefix}-diagnostics'
+  params: {
+    settingName: '${namePrefix}-logs'
+    workspaceId: monitoring.outputs.workspaceId
+    vaultName: empty(signingKeySecretUri) ? signingVault.outputs.vaultName : ''
+    namespaceName: serviceBus.outputs.namespaceName
+    functionAppName: functionApp.outputs.appName
+    deadLetterAlertName: '${namePrefix}-dead-letters-${suffix}'
+    alertActionGroupId: alertActionGroupId
+    tags: tags
   }
 }
 

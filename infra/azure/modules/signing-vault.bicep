@@ -80,6 +80,8 @@ resource functionReadsSigningKey 'Microsoft.Authorization/roleAssignments@2022-0
   }
 }
 
+@description('The vault\'s name (its diagnostic setting, modules/diagnostics.bicep).')
+output vaultName string = vault.name
 @description('The URI of this version of the secret. A new key is a new version, so the app setting changes and the app restarts onto it; a reference without a version would be refreshed only within 24 hours or at the next restart (https://learn.microsoft.com/azure/app-service/app-service-key-vault-references, "Rotation").')
 // The function app module takes this output, so it is deployed once the role assignment exists.
 output secretUriWithVersion string = signingKeySecret.properties.secretUriWithVersion

@@ -12,7 +12,8 @@
 #
 # main.tf: names, identities, monitoring, storage; servicebus.tf: namespace, topic, subscriptions,
 # queue; function.tf: the function app; roles.tf: the drainer role and every assignment;
-# vmss_example.tf: a scale set running the agent behind an internal load balancer.
+# vmss_example.tf: a scale set running the agent behind an internal load balancer; diagnostics.tf:
+# the diagnostic settings of the vault, the namespace and the app, and the dead-letter alert.
 
 data "azurerm_client_config" "current" {}
 

@@ -203,6 +203,17 @@ variable "log_retention_days" {
   }
 }
 
+variable "alert_action_group_id" {
+  description = "Resource id of an action group (/subscriptions/.../providers/Microsoft.Insights/actionGroups/<name>) the dead-letter alert notifies. Empty: the alert is deployed and fires in Azure Monitor without notifying anyone (the deployment knows no receiver of yours); attach one later here or with an alert processing rule (docs/azure.md, \"Logs, audit and alerts\")."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.alert_action_group_id == "" || can(regex("(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\\.Insights/actionGroups/[^/]+$", var.alert_action_group_id))
+    error_message = "alert_action_group_id must be empty or an action group's resource id: /subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.Insights/actionGroups/<name>."
+  }
+}
+
 variable "trust_resource_groups" {
   description = "Resource groups (of this subscription) of the VMs that run the agent (MBRIDGE_TRUST_RESOURCE_GROUPS): the function looks an agent's attested vmId up there and gets Reader on each. Empty: resource_group_name. VMs in other subscriptions need Reader there, granted elsewhere."
   type        = list(string)
