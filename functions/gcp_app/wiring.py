@@ -114,7 +114,10 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         )
         parts.append((INSTANCE_GROUPS, groups))
     if settings.readiness_drain:
-        guard = _autohealers(settings, clients, directory) if settings.autohealer_check else None
+        # The check reads the Compute API; with a trust file (local runs and tests: the VMs are a
+        # simulator's, no instance group holds them) it has nothing to read.
+        checked = settings.autohealer_check and settings.trust_file is None
+        guard = _autohealers(settings, clients, directory) if checked else None
         parts.append((READINESS, ReadinessBalancer(sender, clock, signer=signer, guard=guard)))
     maintenance: Maintenance | None = None
     if settings.maintenance_zones:
