@@ -36,9 +36,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from functions.central.gce_upcoming import GceScope
+from functions.central.gce_upcoming import GceScope, ours
 from functions.core.central import GCE_SYSTEM_EVENT, CentralRefused, CentralReport
-from wire.commands import MalformedCommandError, check_target
 from wire.gce_ids import UPCOMING_MAINTENANCE_KEY, gce_event_id
 from wire.model import Cloud, EventKind, EventStatus
 from wire.timefmt import format_rfc3339, parse_rfc3339
@@ -99,15 +98,7 @@ def system_event_report(entry: Mapping[str, Any], scope: GceScope) -> CentralRep
             f"projects/{project[:100]}/zones/{zone[:63]}/instances/NAME, as resource.labels say"
         )
     name = named["name"]
-    if not scope.holds(project, zone):
-        raise CentralRefused(
-            f"instance {name[:63]!r} is in project {project[:100]!r}, zone {zone[:63]!r}, outside this deployment's "
-            "scope (MBRIDGE_TRUST_PROJECTS, MBRIDGE_TRUST_ZONES): not ours, whatever its name"
-        )
-    try:
-        check_target(name, "name")
-    except MalformedCommandError as exc:
-        raise CentralRefused(str(exc)) from exc
+    ours(scope, project, zone, name)
     identity = ((name, f"projects/{project}/zones/{zone}/instances/{name} (id {instance_id})"),)
     notice_id = _text(entry, "insertId")
     at = _time(entry.get("timestamp"), "timestamp")

@@ -58,15 +58,7 @@ def upcoming_report(instance: Mapping[str, Any], scope: GceScope) -> CentralRepo
     if where is None:
         raise CentralRefused(f"zone {str(instance.get('zone'))[:200]!r} is not projects/P/zones/Z")
     project, zone = where["project"], where["zone"]
-    if not scope.holds(project, zone):
-        raise CentralRefused(
-            f"instance {name[:63]!r} is in project {project[:100]!r}, zone {zone[:63]!r}, outside this deployment's "
-            "scope (MBRIDGE_TRUST_PROJECTS, MBRIDGE_TRUST_ZONES): not ours, whatever its name"
-        )
-    try:
-        check_target(name, "name")
-    except MalformedCommandError as exc:
-        raise CentralRefused(str(exc)) from exc
+    ours(scope, project, zone, name)
     status = instance.get("resourceStatus")
     upcoming = status.get("upcomingMaintenance") if isinstance(status, dict) else None
     if not upcoming:
@@ -94,6 +86,23 @@ def upcoming_report(instance: Mapping[str, Any], scope: GceScope) -> CentralRepo
         description=f"{kind} maintenance {state}, {window} (reported by the Compute API)",
         identities=((name, f"projects/{project}/zones/{zone}/instances/{name} (id {instance_id})"),),
     )
+
+
+def ours(scope: GceScope, project: str, zone: str, name: str) -> None:
+    """Refuse an instance outside the deployment's projects and zones, or with a name no command can carry.
+
+    Raises:
+        CentralRefused: naming the settings, or the name's fault.
+    """
+    if not scope.holds(project, zone):
+        raise CentralRefused(
+            f"instance {name[:63]!r} is in project {project[:100]!r}, zone {zone[:63]!r}, outside this deployment's "
+            "scope (MBRIDGE_TRUST_PROJECTS, MBRIDGE_TRUST_ZONES): not ours, whatever its name"
+        )
+    try:
+        check_target(name, "name")
+    except MalformedCommandError as exc:
+        raise CentralRefused(str(exc)) from exc
 
 
 def _time(value: Any, name: str) -> datetime | None:
