@@ -54,6 +54,11 @@ LB_SUBSCRIPTION_ID = "MBRIDGE_LB_SUBSCRIPTION_ID"
 LB_RESOURCE_GROUP = "MBRIDGE_LB_RESOURCE_GROUP"
 LB_NAME = "MBRIDGE_LB_NAME"
 LB_NIC_RESOURCE_GROUP = "MBRIDGE_LB_NIC_RESOURCE_GROUP"
+# How a VM is taken out of the load balancer: its pool memberships edited away (the default, what
+# deployments made before the choice existed were granted), or its pool entries set to admin state
+# Down (docs/azure.md, "Admin state or pool edits").
+LB_DRAIN = "MBRIDGE_LB_DRAIN"
+LB_DRAIN_METHODS = ("pool-edit", "admin-state")
 READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
 # Before a drain through /readyz, refuse one its scale set's automatic repairs would act on
 # (functions/azure_app/autohealer.py); the agents' health port.
@@ -116,6 +121,7 @@ class LoadBalancerTarget:
     resource_group: str
     name: str
     nic_resource_group: str  # where the VMs' NICs are listed (defaults to the LB's group)
+    drain_method: str = LB_DRAIN_METHODS[0]
 
 
 @dataclass(frozen=True)
@@ -389,6 +395,7 @@ def _load_balancer(env: _Env) -> LoadBalancerTarget | None:
         resource_group=resource_group,
         name=name,
         nic_resource_group=env.optional(LB_NIC_RESOURCE_GROUP) or resource_group,
+        drain_method=env.choice(LB_DRAIN, LB_DRAIN_METHODS),
     )
 
 

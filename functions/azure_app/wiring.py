@@ -18,7 +18,12 @@ import requests
 
 from functions.azure_app.autohealer import scale_set_repairs
 from functions.azure_app.commands import ServiceBusCommandSender
-from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group, nics_of_scoped_vm
+from functions.azure_app.load_balancer import (
+    AzureLoadBalancer,
+    nics_in_resource_group,
+    nics_of_scoped_vm,
+    uniform_instances,
+)
 from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, AttestedTrust, Settings, SettingsError
 from functions.azure_app.tables import TableAuditLog, TableStateStore, table_errors
 from functions.azure_app.vm_directory import vm_directory
@@ -207,9 +212,13 @@ def _balancer(
             if directory is None
             else nics_of_scoped_vm(client, target.nic_resource_group, directory)
         )
-        balancers.append(
-            (AZURE_LB, AzureLoadBalancer(client, target.subscription_id, target.resource_group, target.name, lookup))
-        )
+        balancer = AzureLoadBalancer(
+            client, target.subscription_id, target.resource_group, target.name, lookup,
+            method=target.drain_method,
+            # A uniform scale set's instance is known by its resource id, from the scope's VMs only.
+            scale_set_instance=None if directory is None else uniform_instances(directory),
+        )  # fmt: skip
+        balancers.append((AZURE_LB, balancer))
     if settings.readiness_drain:
         ttl = timedelta(seconds=settings.policy.command_ttl_seconds)
         # With the scope's VMs known, a drain a scale set's automatic repairs would act on is refused.

@@ -162,6 +162,13 @@ param centralReports bool = true
 @description('Existing load balancer to drain VMs from through its backend pools (in this subscription). Empty: VMs are drained through the agents\' /readyz only and no control-plane role is granted.')
 param drainLoadBalancerName string = ''
 
+@description('How a VM is taken out of the drain load balancer (MBRIDGE_LB_DRAIN, docs/azure.md "Admin state or pool edits"): admin-state sets its backend pool entries Down (no new connections, established ones kept; reaches uniform scale sets; the role writes backend pools only, never a NIC); pool-edit rewrites its NICs\' and pools\' memberships (the role also writes NICs and joins what they link to). Change it outside a maintenance wave: a drain is restored with the permissions of the method that made it.')
+@allowed([
+  'admin-state'
+  'pool-edit'
+])
+param drainMethod string = 'admin-state'
+
 @description('Resource group of the drain load balancer. Empty: this resource group.')
 param drainLoadBalancerResourceGroup string = ''
 
@@ -435,6 +442,7 @@ module functionApp 'modules/functionapp.bicep' = {
     loadBalancerResourceGroup: drainEnabled ? drainLoadBalancerResourceGroupName : ''
     loadBalancerName: drainLoadBalancerName
     loadBalancerNicResourceGroup: drainEnabled ? drainNicResourceGroupName : ''
+    loadBalancerDrainMethod: drainMethod
     readinessDrain: readinessDrain
     policy: policy
     webhookUrl: webhookUrl
@@ -480,14 +488,15 @@ module vmReaders 'modules/vm-reader.bicep' = [
   }
 ]
 
-// A drain writes NICs, and ARM checks `Microsoft.Network/virtualNetworks/subnets/join/action` on
-// the subnet of every NIC it writes: without the drainer role on the virtual network, every drain
-// would be refused. So a load balancer without its virtual network stops the deployment here,
-// before any drain role is defined or assigned (as Terraform's precondition does at plan time).
+// A drain writes backend pools whose IP-based entries name the virtual network (joinLoadBalancer on
+// it), and by pool edits writes NICs, which ARM checks for `subnets/join/action` on their subnet:
+// without the drainer role on the virtual network, drains would be refused. So a load balancer
+// without its virtual network stops the deployment here, before any drain role is defined or
+// assigned (as Terraform's precondition does at plan time).
 module drainTargetCheck 'modules/check.bicep' = if (drainEnabled) {
   name: '${namePrefix}-drain-check-${suffix}'
   params: {
-    outcome: empty(drainVirtualNetworkName) ? 'drainVirtualNetworkName must be set with drainLoadBalancerName: writing a NIC joins its subnet, so the function needs the drainer role on the virtual network of the drained VMs.' : 'ok'
+    outcome: empty(drainVirtualNetworkName) ? 'drainVirtualNetworkName must be set with drainLoadBalancerName: writing an IP-based pool joins its virtual network and writing a NIC joins its subnet, so the function needs the drainer role on the virtual network of the drained VMs.' : 'ok'
   }
 }
 
@@ -495,30 +504,46 @@ module drainTargetCheck 'modules/check.bicep' = if (drainEnabled) {
 // read and write NICs, read and write backend pools, and the join actions a NIC or pool
 // write is checked for: the subnet, and the NSG, public IP, application security groups and
 // inbound NAT rules a NIC may link to.
+// What each drain method does, and nothing more. Both read the load balancer (its rules and
+// probes), the backend pools and the NICs, and write backend pools: admin-state only sets their
+// entries' state, and an IP-based pool's entries name the virtual network (joinLoadBalancer). Pool
+// edits also write NICs, which ARM checks for join on the pool, the subnet and whatever else the NIC
+// links to: without the NSG, public IP, application security group and NAT rule joins, the first
+// drain of a VM whose NIC has them (a portal-made VM's NIC has an NSG of its own) fails with
+// LinkedAuthorizationFailed (https://learn.microsoft.com/azure/virtual-network/virtual-network-network-interface#permissions).
+var drainerActions = {
+  'admin-state': [
+    'Microsoft.Network/networkInterfaces/read'
+    'Microsoft.Network/loadBalancers/read'
+    'Microsoft.Network/loadBalancers/backendAddressPools/read'
+    'Microsoft.Network/loadBalancers/backendAddressPools/write'
+    'Microsoft.Network/virtualNetworks/joinLoadBalancer/action'
+  ]
+  'pool-edit': [
+    'Microsoft.Network/networkInterfaces/read'
+    'Microsoft.Network/loadBalancers/read'
+    'Microsoft.Network/loadBalancers/backendAddressPools/read'
+    'Microsoft.Network/loadBalancers/backendAddressPools/write'
+    'Microsoft.Network/virtualNetworks/joinLoadBalancer/action'
+    'Microsoft.Network/networkInterfaces/write'
+    'Microsoft.Network/loadBalancers/backendAddressPools/join/action'
+    'Microsoft.Network/virtualNetworks/subnets/join/action'
+    'Microsoft.Network/networkSecurityGroups/join/action'
+    'Microsoft.Network/publicIPAddresses/join/action'
+    'Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action'
+    'Microsoft.Network/loadBalancers/inboundNatRules/join/action'
+  ]
+}
+
 resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (drainEnabled) {
   name: guid(subscription().id, resourceGroup().id, drainerRoleName)
   properties: {
     roleName: drainerRoleName
-    description: 'Move VM NICs and IP addresses in and out of one load balancer\'s backend pools.'
+    description: 'Take VMs out of one load balancer\'s backend pools and put them back: admin state of their pool entries, or their NICs\' and IP addresses\' memberships.'
     type: 'CustomRole'
     permissions: [
       {
-        actions: [
-          'Microsoft.Network/networkInterfaces/read'
-          'Microsoft.Network/networkInterfaces/write'
-          'Microsoft.Network/loadBalancers/backendAddressPools/read'
-          'Microsoft.Network/loadBalancers/backendAddressPools/write'
-          'Microsoft.Network/loadBalancers/backendAddressPools/join/action'
-          'Microsoft.Network/virtualNetworks/subnets/join/action'
-          'Microsoft.Network/virtualNetworks/joinLoadBalancer/action'
-          // What a NIC write is also checked for when the NIC links to them (a portal-made VM's NIC
-          // has an NSG of its own): without them its first drain fails with
-          // LinkedAuthorizationFailed (https://learn.microsoft.com/azure/virtual-network/virtual-network-network-interface#permissions).
-          'Microsoft.Network/networkSecurityGroups/join/action'
-          'Microsoft.Network/publicIPAddresses/join/action'
-          'Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action'
-          'Microsoft.Network/loadBalancers/inboundNatRules/join/action'
-        ]
+        actions: drainerActions[drainMethod]
         notActions: []
       }
     ]

@@ -12,6 +12,7 @@ assigned on, so that the assertions read the same for both sources.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # Principals
@@ -118,7 +119,9 @@ class AzureFacts:
     app_insights_local_auth_disabled: bool
     # Identities and roles
     grants: frozenset[RoleGrant]
-    drainer_actions: frozenset[str]
+    # The drainer role's actions for each drain method (MBRIDGE_LB_DRAIN), the default one included.
+    drainer_actions: Mapping[str, frozenset[str]]
+    drain_method_default: str
     # MBRIDGE_TRUST_RESOURCE_GROUPS (and the Reader grants on them) when nothing is given:
     # DEPLOYMENT_RESOURCE_GROUP, or the names written in the source.
     trust_resource_groups_default: tuple[str, ...]
@@ -152,6 +155,8 @@ class AzureFacts:
 # The drain target the refusal facts are read with (names of the shared contract, spelled per source).
 DRAIN_LOAD_BALANCER = "lb-web"
 DRAIN_VIRTUAL_NETWORK = "vnet-web"
+# MBRIDGE_LB_DRAIN's values (functions/azure_app/settings.py), each a drainer role of its own.
+DRAIN_METHODS = ("admin-state", "pool-edit")
 
 
 @dataclass(frozen=True)

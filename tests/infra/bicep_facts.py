@@ -28,6 +28,7 @@ from tests.infra.azure_facts import (
     DEPLOYMENT_RESOURCE_GROUP,
     DEPLOYMENT_SUBSCRIPTION,
     DRAIN_LOAD_BALANCER,
+    DRAIN_METHODS,
     DRAIN_VIRTUAL_NETWORK,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
@@ -468,7 +469,9 @@ def resolve(unit: Unit, node: Any, path: tuple[str, ...] = ()) -> Resolved:
                     return resolve(unit, base, (*names, *path))
             if operator["type"] == "index_accessor":
                 index = deref(resolve(unit, operator["operands"]["operand_2"]))
-                if isinstance(index, int) and not isinstance(index, bool):
+                if isinstance(index, (int, str)) and not isinstance(index, bool):
+                    # An array's element, or an object's property by a known key (the drainer's
+                    # actions by drain method).
                     return resolve(unit, operator["operands"]["operand_1"], (str(index), *path))
                 return Expr(unit, node)
             if operator["type"] == "conditional":
@@ -1449,6 +1452,22 @@ def _joined(resolved: Resolved) -> Resolved:
     return delimiter.join(items)
 
 
+def drainer_actions(deployment: Deployment, method: str) -> frozenset[str]:
+    """The drainer role's actions of the deployment with a drain load balancer drained by `method`."""
+    parameters = {
+        **deployment.main.assumed,
+        "drainLoadBalancerName": DRAIN_LOAD_BALANCER,
+        "drainVirtualNetworkName": DRAIN_VIRTUAL_NETWORK,
+        "drainMethod": method,
+    }
+    drainer = Deployment(deployment.main.path, parameters=parameters).resources(ROLE_DEFINITION)[0]
+    return frozenset(
+        str(action)
+        for permission in value_of(drainer.get("properties", "permissions"))
+        for action in permission.get("actions") or []
+    )
+
+
 def drain_refusal(deployment: Deployment, virtual_network: str) -> str:
     """`refusal` of the deployment with a drain load balancer and the given virtual network name."""
     parameters = {
@@ -1481,11 +1500,7 @@ def facts_of(deployment: Deployment) -> AzureFacts:
     if len(custom_roles) != 1:
         raise ExtractionError(f"expected one custom role definition, found {len(custom_roles)}")
     drainer = custom_roles[0]
-    actions = frozenset(
-        str(action)
-        for permission in value_of(drainer.get("properties", "permissions"))
-        for action in permission.get("actions") or []
-    )
+    actions = {method: drainer_actions(deployment, method) for method in DRAIN_METHODS}
     assignable = array_items(drainer.get("properties", "assignableScopes"))
 
     scale_set = deployment.one(SCALE_SET)
@@ -1574,6 +1589,7 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         app_insights_local_auth_disabled=deployment.one(APP_INSIGHTS).value("properties", "DisableLocalAuth") is True,
         grants=grants,
         drainer_actions=actions,
+        drain_method_default=str(value_of(ParamRef(deployment.main, "drainMethod"))),
         trust_resource_groups_default=joined_setting_default(deployment, "MBRIDGE_TRUST_RESOURCE_GROUPS"),
         trust_subscriptions_default=joined_setting_default(deployment, "MBRIDGE_TRUST_SUBSCRIPTIONS"),
         drainer_assignable_to_resource_group=bool(assignable) and all(is_resource_group_id(s) for s in assignable),

@@ -37,6 +37,7 @@ from tests.infra.azure_facts import (
     DEPLOYMENT_RESOURCE_GROUP,
     DEPLOYMENT_SUBSCRIPTION,
     DRAIN_LOAD_BALANCER,
+    DRAIN_METHODS,
     DRAIN_VIRTUAL_NETWORK,
     FUNCTION,
     SCOPE_APP_INSIGHTS,
@@ -130,6 +131,9 @@ class _Module:
                 expression = self.variable_default(inner[len("var.") :])
             elif re.fullmatch(r"local\.\w+", inner):
                 expression = self.local(inner[len("local.") :])
+            elif keyed := re.fullmatch(r"local\.(\w+)\[var\.(\w+)\]", inner):
+                # A map of locals chosen by a variable (the drainer's actions by drain method).
+                expression = self.local(keyed.group(1))[self.variable_default(keyed.group(2))]
             elif re.fullmatch(r"local\.\w+\[count\.index\]", inner):
                 # A name by shard (commands_shards.tf): the facts are those of shard 0, the one
                 # entity of a deployment as shipped (commands_shards = 1).
@@ -542,6 +546,12 @@ class _Extractor:
                         return str(module.value(precondition["error_message"]))
         return ""
 
+    def _drainer_actions(self, method: str) -> frozenset[str]:
+        """The drainer role's actions when the deployment drains by `method`."""
+        module = _Module(self.m.directory, given={**self.m.given, "drain_method": method})
+        actions = module.value(_block(module.body(self._drainer()[0]), "permissions").get("actions", []))
+        return frozenset(str(action) for action in actions)
+
     def _drainer(self) -> tuple[str, dict[str, Any]]:
         custom = {
             self.m.referenced(self.m.expand(str(assignment["role_definition_id"])), "azurerm_role_definition")
@@ -831,7 +841,8 @@ class _Extractor:
             storage_public_blob_access=m.value(storage.get("allow_nested_items_to_be_public", True)) is not False,
             app_insights_local_auth_disabled=m.value(app_insights.get("local_authentication_disabled")) is True,
             grants=self._grants(),
-            drainer_actions=frozenset(str(action) for action in _block(drainer, "permissions").get("actions", [])),
+            drainer_actions={method: self._drainer_actions(method) for method in DRAIN_METHODS},
+            drain_method_default=str(m.variable_default("drain_method")),
             trust_resource_groups_default=self._joined_setting_default("MBRIDGE_TRUST_RESOURCE_GROUPS"),
             trust_subscriptions_default=self._joined_setting_default("MBRIDGE_TRUST_SUBSCRIPTIONS"),
             drainer_assignable_to_resource_group=self._assignable_to_resource_group(drainer),

@@ -350,15 +350,30 @@ def test_every_command_is_signed_with_a_key_from_key_vault(facts: AzureFacts) ->
     assert readers == {RoleGrant(FUNCTION, "Key Vault Secrets User", SCOPE_SIGNING_SECRET)}
 
 
-def test_drainer_role_allows_membership_changes_only(facts: AzureFacts) -> None:
-    assert facts.drainer_actions == {
-        "Microsoft.Network/networkInterfaces/read",
+ADMIN_STATE_ACTIONS = {
+    "Microsoft.Network/networkInterfaces/read",
+    "Microsoft.Network/loadBalancers/read",
+    "Microsoft.Network/loadBalancers/backendAddressPools/read",
+    "Microsoft.Network/loadBalancers/backendAddressPools/write",
+    "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
+}
+
+
+def test_drainer_role_by_admin_state_writes_backend_pools_and_no_nic(facts: AzureFacts) -> None:
+    # GIVEN the default drain method, admin state (docs/azure.md, "Admin state or pool edits")
+    assert facts.drain_method_default == "admin-state"
+    assert facts.function_app_settings["MBRIDGE_LB_DRAIN"]
+    # THEN the role reads the load balancer, its pools and the NICs, and writes pools only: no NIC
+    # write and none of the joins a NIC write is checked for
+    assert facts.drainer_actions["admin-state"] == ADMIN_STATE_ACTIONS
+    assert facts.drainer_assignable_to_resource_group
+
+
+def test_drainer_role_by_pool_edits_allows_membership_changes_only(facts: AzureFacts) -> None:
+    assert facts.drainer_actions["pool-edit"] == ADMIN_STATE_ACTIONS | {
         "Microsoft.Network/networkInterfaces/write",
-        "Microsoft.Network/loadBalancers/backendAddressPools/read",
-        "Microsoft.Network/loadBalancers/backendAddressPools/write",
         "Microsoft.Network/loadBalancers/backendAddressPools/join/action",
         "Microsoft.Network/virtualNetworks/subnets/join/action",
-        "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
         # a NIC write is checked for the join of everything the NIC links to: without these, the
         # first drain of a VM whose NIC has an NSG (every portal-made VM) fails with
         # LinkedAuthorizationFailed
@@ -367,8 +382,7 @@ def test_drainer_role_allows_membership_changes_only(facts: AzureFacts) -> None:
         "Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action",
         "Microsoft.Network/loadBalancers/inboundNatRules/join/action",
     }
-    assert not any("*" in action for action in facts.drainer_actions)
-    assert facts.drainer_assignable_to_resource_group
+    assert not any("*" in action for actions in facts.drainer_actions.values() for action in actions)
 
 
 def test_scale_set_gets_terminate_notifications_within_bounds(facts: AzureFacts) -> None:

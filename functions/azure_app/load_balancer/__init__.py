@@ -26,27 +26,39 @@ change is not written.
 A VM's NICs are found by listing the NICs of a resource group (`network_interfaces.list`) and
 keeping those whose `virtualMachine.id` ends with `/virtualMachines/<vm name>` (compared
 case-insensitively, as ARM compares names). VMSS Uniform instances have no NICs of their own in a
-resource group and are not found: drain those through the agents' /readyz instead.
+resource group and are not found by pool edits: drain those by admin state or through the agents'
+/readyz instead.
+
+With the drain method `admin-state` (MBRIDGE_LB_DRAIN) the VM stays in its pools and its entries
+are set to admin state Down instead (admin_state.py): no NIC is written, and the instances of
+uniform scale sets, whose entries reference NICs inside the set, are drained too.
 
 The modules: arm (ids, If-Match, ARM's errors), nic_pools and ip_pools (the edits of each kind of
-pool), balancer (`AzureLoadBalancer` and the NIC lookup). The names the wiring and the tests use are
-exported here.
+pool), admin_state (the entries' admin state), balancer (`AzureLoadBalancer` and the NIC lookup).
+The names the wiring and the tests use are exported here.
 """
 
 from __future__ import annotations
 
 from functions.azure_app.load_balancer.arm import LoadBalancerConfigError, LoadBalancerUnavailableError
 from functions.azure_app.load_balancer.balancer import (
+    ADMIN_STATE,
+    DRAIN_METHODS,
     LRO_TIMEOUT_SECONDS,
+    POOL_EDIT,
     WRITE_ATTEMPTS,
     AzureLoadBalancer,
     NicLookup,
     nics_in_resource_group,
     nics_of_scoped_vm,
+    uniform_instances,
 )
 
 __all__ = [
+    "ADMIN_STATE",
+    "DRAIN_METHODS",
     "LRO_TIMEOUT_SECONDS",
+    "POOL_EDIT",
     "WRITE_ATTEMPTS",
     "AzureLoadBalancer",
     "LoadBalancerConfigError",
@@ -54,4 +66,5 @@ __all__ = [
     "NicLookup",
     "nics_in_resource_group",
     "nics_of_scoped_vm",
+    "uniform_instances",
 ]

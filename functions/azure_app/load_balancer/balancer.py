@@ -1,7 +1,10 @@
 """`AzureLoadBalancer`: the LoadBalancer port over the backend pools of one Azure load balancer.
 
 `locate` reads where a VM takes traffic, `remove` and `restore` edit exactly what the memento names,
-each NIC or pool by read-modify-write with If-Match, again on a fresh read after a 412.
+each NIC or pool by read-modify-write with If-Match, again on a fresh read after a 412. How a VM is
+taken out is the drain method: its pool memberships edited away (`pool-edit`), or its pool entries
+set to admin state Down (`admin-state`, admin_state.py). The memento names the method's parts, so a
+drain is restored by what it did whatever the method is by then.
 """
 
 from __future__ import annotations
@@ -14,6 +17,16 @@ from typing import Any
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.mgmt.network import NetworkManagementClient
 
+from functions.azure_app.load_balancer.admin_state import (
+    Member,
+    entries_of,
+    member_of_nics,
+    member_of_scale_set_instance,
+    put_back,
+    refuse_unprobed,
+    set_down,
+    unprobed_rules,
+)
 from functions.azure_app.load_balancer.arm import (
     PRECONDITION_FAILED,
     LoadBalancerUnavailableError,
@@ -31,6 +44,14 @@ LOGGER = logging.getLogger("mbridge.functions.azure.load_balancer")
 
 # A VM name → its NICs (azure-mgmt-network NetworkInterface models).
 NicLookup = Callable[[str], Sequence[Any]]
+# A VM name → its resource id when it is an instance of a uniform scale set (its NICs live inside the
+# set, where no NIC lookup finds them), else None.
+ScaleSetInstanceLookup = Callable[[str], "str | None"]
+
+# The drain methods (MBRIDGE_LB_DRAIN).
+POOL_EDIT = "pool-edit"
+ADMIN_STATE = "admin-state"
+DRAIN_METHODS = (POOL_EDIT, ADMIN_STATE)
 
 # How long one NIC or pool update may run before the invocation gives up (and is redelivered).
 LRO_TIMEOUT_SECONDS = 120.0
@@ -83,6 +104,24 @@ def nics_of_scoped_vm(client: NetworkManagementClient, resource_group: str, dire
     return lookup
 
 
+def uniform_instances(directory: VmDirectory) -> ScaleSetInstanceLookup:
+    """The resource id of the one VM of the scope named so when it is a uniform scale set's instance
+    (`.../virtualMachineScaleSets/<set>/virtualMachines/<n>`); None for any other VM, and for a name
+    several VMs share (the NIC lookup refuses those)."""
+
+    def lookup(vm: str) -> str | None:
+        records = directory.named(vm)
+        if len(records) != 1:
+            return None
+        resource_id = records[0].resource_id
+        lowered = resource_id.lower()
+        if "/providers/microsoft.compute/virtualmachinescalesets/" in lowered and "/virtualmachines/" in lowered:
+            return resource_id
+        return None
+
+    return lookup
+
+
 def _read_nics(client: NetworkManagementClient, resource_group: str, nic_ids: Sequence[str]) -> list[Any]:
     """The NICs of `nic_ids` that live in `resource_group` (the only group the functions may edit),
     one GET each; a NIC deleted since the directory was read is left out."""
@@ -113,8 +152,14 @@ class AzureLoadBalancer:
         load_balancer_name: str,
         vm_nic_lookup: NicLookup,
         *,
+        method: str = POOL_EDIT,
+        scale_set_instance: ScaleSetInstanceLookup | None = None,
         lro_timeout: float = LRO_TIMEOUT_SECONDS,
     ) -> None:
+        if method not in DRAIN_METHODS:
+            raise ValueError(f"unknown drain method {method!r}: one of {', '.join(DRAIN_METHODS)}")
+        self._method = method
+        self._scale_set_instance = scale_set_instance
         self._client = network_client
         self._resource_group = resource_group
         self._name = load_balancer_name
@@ -129,6 +174,8 @@ class AzureLoadBalancer:
     # ---- the port
 
     def locate(self, vm: str) -> JsonObject | None:
+        if self._method == ADMIN_STATE:
+            return self._locate_entries(vm)
         with arm_errors(f"the NICs of VM {vm!r}", "read"):
             nics = list(self._lookup(vm))
         if not nics:
@@ -157,6 +204,37 @@ class AzureLoadBalancer:
                 memento["ip"] = in_ip_pools
         return memento or None
 
+    def _locate_entries(self, vm: str) -> JsonObject | None:
+        """The VM's entries in the pools that serve a probed load-balancing rule (admin state)."""
+        member = self._member(vm)
+        if member is None:
+            LOGGER.warning("no NIC of VM %s found: it is in no pool of load balancer %s", vm, self._name)
+            return None
+        with arm_errors(f"load balancer {self._name!r} and its backend pools", "read"):
+            balancer = self._client.load_balancers.get(self._resource_group, self._name)
+            pools = list(self._client.load_balancer_backend_address_pools.list(self._resource_group, self._name))
+        parts: list[JsonObject] = []
+        for pool in pools:
+            entries = entries_of(pool, member)
+            if not entries:
+                continue
+            serving, unprobed = unprobed_rules(balancer, str(pool.id))
+            if unprobed:
+                raise refuse_unprobed(self._name, str(pool.id), unprobed)
+            if not serving:
+                LOGGER.info("backend pool %s serves no load-balancing rule: %s left in it as it is", pool.id, vm)
+                continue
+            parts.extend(entries)
+        return {"admin": parts} if parts else None
+
+    def _member(self, vm: str) -> Member | None:
+        instance = self._scale_set_instance(vm) if self._scale_set_instance is not None else None
+        if instance is not None:
+            return member_of_scale_set_instance(instance)
+        with arm_errors(f"the NICs of VM {vm!r}", "read"):
+            nics = list(self._lookup(vm))
+        return member_of_nics(nics, addresses_of(nics)) if nics else None
+
     def remove(self, vm: str, memento: JsonObject) -> None:
         # A failure part way raises: the core has recorded the memento, so the redelivery calls
         # this again (what is already out is skipped) or `restore` puts back all of it.
@@ -166,6 +244,9 @@ class AzureLoadBalancer:
         for pool_id, addresses in self._held_by_pool(vm, memento, "drain").items():
             with arm_errors(f"backend pool {pool_id}", "drain"):
                 self._update_pool(pool_id, partial(leave_pool, addresses=addresses), "take out")
+        for pool_id, parts in _admin_parts_by_pool(memento).items():
+            with arm_errors(f"backend pool {pool_id}", "drain"):
+                self._update_pool(pool_id, partial(set_down, parts=parts), "set down")
 
     def restore(self, vm: str, memento: JsonObject) -> None:
         for nic_id, parts in parts_by_nic(memento).items():
@@ -174,6 +255,11 @@ class AzureLoadBalancer:
         for pool_id, addresses in self._held_by_pool(vm, memento, "restore").items():
             with arm_errors(f"backend pool {pool_id}", "restore"):
                 self._update_pool(pool_id, partial(join_pool, addresses=addresses), "put back")
+        # An entry is set back whether or not the VM still holds its IP: left Down, it would keep a
+        # VM that takes the IP over later out of service for good.
+        for pool_id, parts in _admin_parts_by_pool(memento).items():
+            with arm_errors(f"backend pool {pool_id}", "restore"):
+                self._update_pool(pool_id, partial(put_back, parts=parts), "set back")
 
     def _held_by_pool(self, vm: str, memento: JsonObject, action: str) -> dict[str, list[JsonObject]]:
         """The memento's IP-based entries by pool id, keeping only the IPs the VM holds now.
@@ -271,3 +357,10 @@ class AzureLoadBalancer:
 
     def _contended(self, what: str) -> LoadBalancerUnavailableError:
         return LoadBalancerUnavailableError(f"{what} kept changing during {WRITE_ATTEMPTS} attempts to update it")
+
+
+def _admin_parts_by_pool(memento: JsonObject) -> dict[str, list[JsonObject]]:
+    by_pool: dict[str, list[JsonObject]] = {}
+    for part in memento.get("admin", []):
+        by_pool.setdefault(part["pool_id"], []).append(part)
+    return by_pool

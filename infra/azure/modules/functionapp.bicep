@@ -78,6 +78,13 @@ param loadBalancerName string
 @description('Resource group of the VMs\' NICs; empty when none.')
 param loadBalancerNicResourceGroup string
 
+@description('MBRIDGE_LB_DRAIN: admin-state or pool-edit.')
+@allowed([
+  'admin-state'
+  'pool-edit'
+])
+param loadBalancerDrainMethod string
+
 @description('MBRIDGE_READINESS_DRAIN: also drain through the agents\' /readyz (drain/restore commands), for health-probe based load balancing.')
 param readinessDrain bool
 
@@ -161,6 +168,7 @@ var appSettings = [
   { name: 'MBRIDGE_LB_RESOURCE_GROUP', value: loadBalancerResourceGroup }
   { name: 'MBRIDGE_LB_NAME', value: loadBalancerName }
   { name: 'MBRIDGE_LB_NIC_RESOURCE_GROUP', value: loadBalancerNicResourceGroup }
+  { name: 'MBRIDGE_LB_DRAIN', value: loadBalancerDrainMethod }
   { name: 'MBRIDGE_READINESS_DRAIN', value: readinessDrain ? 'true' : 'false' }
   { name: 'MBRIDGE_POLICY', value: policy }
   // Notices of decisions and actions; empty: none.

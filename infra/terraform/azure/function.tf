@@ -60,6 +60,7 @@ locals {
     "MBRIDGE_LB_RESOURCE_GROUP"     = local.drain_enabled ? local.drain_lb_resource_group : ""
     "MBRIDGE_LB_NAME"               = var.drain_load_balancer_name
     "MBRIDGE_LB_NIC_RESOURCE_GROUP" = local.drain_enabled ? local.drain_nic_resource_group : ""
+    "MBRIDGE_LB_DRAIN"              = var.drain_method
     "MBRIDGE_READINESS_DRAIN"       = var.readiness_drain ? "true" : "false"
     "MBRIDGE_POLICY"                = var.policy
     # Notices of decisions and actions (docs/operations.md#notifications); empty: none.

@@ -35,35 +35,49 @@ locals {
 
 # ---------------------------------------------------------------- the drainer role
 
-# Only what the load balancer adapter does (docs/azure.md): move NIC ipConfigurations and IP
-# addresses in and out of backend pools. Writing a NIC re-submits its links, so ARM also checks
-# `join` on the subnet and on whatever else the NIC links to (NSG, public IP, application
-# security groups, inbound NAT rules); IP-based pools need joinLoadBalancer on the virtual
-# network. The joins take effect where the role is assigned: the NICs' resource group, the load
-# balancer and the virtual network (docs/azure.md, "A custom role for draining").
-resource "azurerm_role_definition" "drainer" {
-  name        = var.drainer_role_name
-  scope       = data.azurerm_resource_group.this.id
-  description = "Move VM NICs and IP addresses in and out of one load balancer's backend pools (maintenance-bridge)."
-
-  permissions {
-    actions = [
+# Only what the load balancer adapter does (docs/azure.md, "A custom role for draining"). Both
+# methods read the load balancer (its rules and probes), the backend pools and the NICs, and write
+# backend pools: admin-state only sets their entries' state, and an IP-based pool's entries name the
+# virtual network (joinLoadBalancer). Pool edits also write NICs, and ARM checks join on the pool, the
+# subnet and whatever else the NIC links to: without the NSG, public IP, application security group
+# and NAT rule joins, the first drain of a VM whose NIC has them (a portal-made VM's NIC has an NSG of
+# its own) fails with LinkedAuthorizationFailed
+# (https://learn.microsoft.com/azure/virtual-network/virtual-network-network-interface#permissions).
+# The joins take effect where the role is assigned: the NICs' resource group, the load balancer and
+# the virtual network.
+locals {
+  drainer_actions = {
+    "admin-state" = [
       "Microsoft.Network/networkInterfaces/read",
-      "Microsoft.Network/networkInterfaces/write",
+      "Microsoft.Network/loadBalancers/read",
       "Microsoft.Network/loadBalancers/backendAddressPools/read",
       "Microsoft.Network/loadBalancers/backendAddressPools/write",
+      "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
+    ]
+    "pool-edit" = [
+      "Microsoft.Network/networkInterfaces/read",
+      "Microsoft.Network/loadBalancers/read",
+      "Microsoft.Network/loadBalancers/backendAddressPools/read",
+      "Microsoft.Network/loadBalancers/backendAddressPools/write",
+      "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
+      "Microsoft.Network/networkInterfaces/write",
       "Microsoft.Network/loadBalancers/backendAddressPools/join/action",
       "Microsoft.Network/virtualNetworks/subnets/join/action",
-      "Microsoft.Network/virtualNetworks/joinLoadBalancer/action",
-      # What a NIC write is also checked for when the NIC links to them (a portal-made VM's NIC has
-      # an NSG of its own): its network security group, public IP, application security groups
-      # and inbound NAT rules (https://learn.microsoft.com/azure/virtual-network/virtual-network-network-interface#permissions).
-      # Without them the first drain of such a VM fails with LinkedAuthorizationFailed.
       "Microsoft.Network/networkSecurityGroups/join/action",
       "Microsoft.Network/publicIPAddresses/join/action",
       "Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action",
       "Microsoft.Network/loadBalancers/inboundNatRules/join/action",
     ]
+  }
+}
+
+resource "azurerm_role_definition" "drainer" {
+  name        = var.drainer_role_name
+  scope       = data.azurerm_resource_group.this.id
+  description = "Take VMs out of one load balancer's backend pools and put them back: admin state of their pool entries, or their NICs' and IP addresses' memberships (maintenance-bridge)."
+
+  permissions {
+    actions     = local.drainer_actions[var.drain_method]
     not_actions = []
   }
 
@@ -156,7 +170,7 @@ resource "azurerm_role_assignment" "function_drains_load_balancer" {
   lifecycle {
     precondition {
       condition     = var.drain_virtual_network_name != ""
-      error_message = "drain_virtual_network_name must be set with drain_load_balancer_name: writing a NIC joins its subnet, so the function needs the drainer role on the VMs' virtual network."
+      error_message = "drain_virtual_network_name must be set with drain_load_balancer_name: writing an IP-based pool joins its virtual network and writing a NIC joins its subnet, so the function needs the drainer role on the VMs' virtual network."
     }
   }
 }

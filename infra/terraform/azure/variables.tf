@@ -272,6 +272,17 @@ variable "drain_load_balancer_name" {
   }
 }
 
+variable "drain_method" {
+  description = "How a VM is taken out of the drain load balancer (MBRIDGE_LB_DRAIN, docs/azure.md \"Admin state or pool edits\"): admin-state sets its backend pool entries Down (no new connections, established ones kept; reaches uniform scale sets; the role writes backend pools only, never a NIC); pool-edit rewrites its NICs' and pools' memberships (the role also writes NICs and joins what they link to). Change it outside a maintenance wave: a drain is restored with the permissions of the method that made it."
+  type        = string
+  default     = "admin-state"
+
+  validation {
+    condition     = contains(["admin-state", "pool-edit"], var.drain_method)
+    error_message = "drain_method is admin-state or pool-edit."
+  }
+}
+
 variable "drain_load_balancer_resource_group" {
   description = "Resource group of the drain load balancer (MBRIDGE_LB_RESOURCE_GROUP), in this subscription. Empty: var.resource_group_name."
   type        = string

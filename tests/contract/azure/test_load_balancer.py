@@ -241,12 +241,28 @@ class FakeArm:
         for name in READ_ONLY_PROPERTIES:
             if name in current.get("properties", {}):
                 properties[name] = copy.deepcopy(current["properties"][name])
+        _keep_nic_references(current, properties)
         properties["provisioningState"] = "Succeeded"
         self.resources[key] = stored
         return 200, stored
 
 
 READ_ONLY_PROPERTIES = ("virtualMachine", "macAddress", "resourceGuid", "primary", "backendIPConfigurations")
+
+
+def _keep_nic_references(current: JsonObject, properties: JsonObject) -> None:
+    """A NIC-based pool's entry names a NIC ipConfiguration, read-only: the client sends the entry
+    without it (by name, with what may change, such as adminState), and ARM keeps it."""
+    references = {
+        entry.get("name"): entry["properties"]["networkInterfaceIPConfiguration"]
+        for entry in current.get("properties", {}).get("loadBalancerBackendAddresses", [])
+        if "networkInterfaceIPConfiguration" in entry.get("properties", {})
+    }
+    for entry in properties.get("loadBalancerBackendAddresses", []):
+        if entry.get("name") in references:
+            entry.setdefault("properties", {})["networkInterfaceIPConfiguration"] = copy.deepcopy(
+                references[entry["name"]]
+            )
 
 
 def _error(status: int) -> JsonObject:
