@@ -55,6 +55,7 @@ SCALE_SET = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compu
 # A uniform scale set's instances: their NICs live inside the set.
 INSTANCE_3_IPC = f"{SCALE_SET}/virtualMachines/3/networkInterfaces/web-nic/ipConfigurations/ipconfig1"
 INSTANCE_4_IPC = f"{SCALE_SET}/virtualMachines/4/networkInterfaces/web-nic/ipConfigurations/ipconfig1"
+INSTANCE_30_IPC = f"{SCALE_SET}/virtualMachines/30/networkInterfaces/web-nic/ipConfigurations/ipconfig1"
 
 
 def load_balancer(rules: dict[str, tuple[str, str | None]]) -> JsonObject:
@@ -188,9 +189,9 @@ def test_a_redelivered_drain_writes_nothing_more(web: Arm) -> None:
 
 
 def test_an_instance_of_a_uniform_scale_set_is_drained_by_its_entries_without_reading_a_nic(arm: Arm) -> None:
-    # GIVEN instances 3 and 4 of the uniform scale set `web` in the NIC-based pool-http, whose
+    # GIVEN instances 3, 4 and 30 of the uniform scale set `web` in the NIC-based pool-http, whose
     # NICs no NIC listing of the resource group shows
-    arm.fake.add(nic_pool("pool-http", [INSTANCE_3_IPC, INSTANCE_4_IPC]))
+    arm.fake.add(nic_pool("pool-http", [INSTANCE_3_IPC, INSTANCE_4_IPC, INSTANCE_30_IPC]))
     arm.fake.add(load_balancer({"https": (POOL_HTTP, PROBE)}))
     directory = Directory(f"{SCALE_SET}/virtualMachines/3", f"{SCALE_SET}/virtualMachines/4")
     balancer = by_admin_state(arm, scale_set_instance=uniform_instances(directory))
@@ -200,12 +201,12 @@ def test_an_instance_of_a_uniform_scale_set_is_drained_by_its_entries_without_re
     drained = admin_states(arm.fake, POOL_HTTP)
     balancer.restore("web_3", memento)
 
-    # THEN its entry was Down and is back, instance 4 never changed, and no NIC was asked for
+    # THEN its entry was Down and is back, instances 4 and 30 never changed, and no NIC was asked for
     assert memento["admin"] == [
         {"pool_id": POOL_HTTP, "name": "member-0", "ip_configuration_id": INSTANCE_3_IPC, "was": "None"}
     ]
-    assert drained == {"member-0": "Down", "member-1": "None"}
-    assert admin_states(arm.fake, POOL_HTTP) == {"member-0": "None", "member-1": "None"}
+    assert drained == {"member-0": "Down", "member-1": "None", "member-2": "None"}
+    assert admin_states(arm.fake, POOL_HTTP) == {"member-0": "None", "member-1": "None", "member-2": "None"}
     assert not [request for request in arm.fake.requests if "/networkinterfaces" in request.path.lower()]
 
 
