@@ -185,6 +185,21 @@ function Invoke-Native([string] $What, [scriptblock] $Command) {
     if ($code -ne 0) { throw "$What failed (exit code $code)" }
 }
 
+# Runs $Command with the process environment variables $Environment set (a $null value removes
+# one), then puts back what was there.
+function Invoke-WithEnvironment($Environment, [scriptblock] $Command) {
+    $saved = @{}
+    foreach ($key in $Environment.Keys) {
+        $saved[$key] = [Environment]::GetEnvironmentVariable($key, 'Process')
+        [Environment]::SetEnvironmentVariable($key, $Environment[$key], 'Process')
+    }
+    try {
+        & $Command
+    } finally {
+        foreach ($key in $saved.Keys) { [Environment]::SetEnvironmentVariable($key, $saved[$key], 'Process') }
+    }
+}
+
 function Remove-AgentService {
     $existing = Get-Service -Name $ServiceId -ErrorAction SilentlyContinue
     if ($null -eq $existing) { return }
@@ -422,19 +437,13 @@ function Set-PrivateAcl([string] $Path, [string] $ServiceRights) {
 
 function Invoke-AgentCheck($Environment) {
     Write-Step "running 'mbridge agent --check' (Azure's first metadata call may take up to 2 minutes)"
-    $saved = @{}
-    foreach ($key in $Environment.Keys) {
-        $saved[$key] = [Environment]::GetEnvironmentVariable($key, 'Process')
-        [Environment]::SetEnvironmentVariable($key, $Environment[$key], 'Process')
-    }
     $savedPreference = $ErrorActionPreference
     $ErrorActionPreference = 'Continue'
     try {
-        & $Mbridge agent --check 2>&1 | ForEach-Object { Write-Host "  | $_" }
+        Invoke-WithEnvironment $Environment { & $Mbridge agent --check 2>&1 | ForEach-Object { Write-Host "  | $_" } }
         $code = $LASTEXITCODE
     } finally {
         $ErrorActionPreference = $savedPreference
-        foreach ($key in $saved.Keys) { [Environment]::SetEnvironmentVariable($key, $saved[$key], 'Process') }
     }
     if ($code -eq 0) { Write-Step 'check: healthy'; return }
     if ($code -eq 2) { throw 'the settings have a configuration error (above); fix the parameters and run again' }
