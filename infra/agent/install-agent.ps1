@@ -5,8 +5,8 @@
     Install, update or remove the maintenance-bridge agent as the Windows service mbridge-agent.
 
 .DESCRIPTION
-    Creates a Python virtualenv under -InstallDir, pip installs -Package into it, and runs
-    `mbridge agent` as a service. The agent is a console program: it never talks to the Service
+    Creates a Python virtualenv under -InstallDir from -Package (the agent's artifact, or with pip)
+    and runs `mbridge agent` as a service. The agent is a console program: it never talks to the Service
     Control Manager, so registering mbridge.exe itself with New-Service would have the SCM kill
     it after 30 s (error 1053). WinSW (https://github.com/winsw/winsw, release v2.12.0,
     WinSW-x64.exe) is the service wrapper: it answers the SCM, starts `mbridge.exe agent`,
@@ -24,28 +24,41 @@
     policy. The state directory is readable only by SYSTEM, Administrators and the service.
 
     Safe to run again: an existing service is stopped and reinstalled with the new settings;
-    pip runs only when -Package changed (or with -Force). -Uninstall removes it.
+    the virtualenv is rebuilt only when -Package changed (or with -Force). -Uninstall removes it.
 
-    -Package must name one exact package, as on Linux (install-agent.sh): a pinned version of
-    the agent's extra from the index -IndexUrl names, or a wheel URL with -PackageSha256 (pip
-    checks the hash). Anything else is refused: a bare name installs whatever an index serves
-    under it, and the public index holds no package of this project.
+    -Package must name one exact package, by the rules of install-agent.sh (Linux):
+      - the agent's artifact (make agent-artifact: one PEX file holding the agent and the locked
+        wheels of its dependencies, Windows x64 included) and its SHA-256, as #sha256=<hex> after
+        the URL or -PackageSha256. The file is downloaded into the install directory and its
+        SHA-256 compared before anything runs from it; then `PEX_TOOLS=1 python <file> venv`
+        makes the virtualenv from the wheels inside: no index, no pip, nothing else downloaded.
+        pex unpacks it into paths longer than 260 characters, so Windows long paths must be
+        enabled (LongPathsEnabled); the script says so and stops before changing anything.
+      - or, with pip: a pinned version of the agent's extra from the index -IndexUrl names, or a
+        wheel URL with its SHA-256 (pip checks it), whose dependencies come from the index.
+    Anything else is refused: a bare name installs whatever an index serves under it, and the
+    public index holds no package of this project.
 
 .EXAMPLE
     # Azure VM, Service Bus through the VM's user-assigned managed identity; commands signed with
     # the functions' key (its public key: output agent_verify_key / parameter agentVerifyKey)
-    .\install-agent.ps1 -Cloud azure -Package 'maintenance-bridge[agent-servicebus]==0.1.0' `
-        -IndexUrl https://pypi.example.internal/simple `
+    .\install-agent.ps1 -Cloud azure `
+        -Package 'https://mystore.blob.core.windows.net/agent/mbridge-agent-servicebus-0.1.0.pex#sha256=<hex of its .sha256 file>' `
         -ServiceBusNamespace mybus.servicebus.windows.net -ClientId 00000000-0000-0000-0000-000000000000 `
         -VerifyKey <the functions' public key, one line> `
         -WinSWSha256 <the SHA-256 of WinSW-x64.exe v2.12.0 that you verified>
 
 .EXAMPLE
-    # GCE VM, Pub/Sub through the VM's service account; WinSW copied beforehand
+    # GCE VM, Pub/Sub through the VM's service account; the artifact and WinSW copied beforehand
     .\install-agent.ps1 -Cloud gce -PubSubProject my-project `
-        -Package 'maintenance-bridge[agent-pubsub] @ https://storage.googleapis.com/my-bucket/maintenance_bridge-0.1.0-py3-none-any.whl' `
-        -PackageSha256 <the wheel's SHA-256> `
+        -Package file:///C:/packages/mbridge-agent-pubsub-0.1.0.pex -PackageSha256 <the artifact's SHA-256> `
         -VerifyKey <the functions' public key> -WinSWPath C:\packages\WinSW-x64.exe -WinSWSha256 <hash>
+
+.EXAMPLE
+    # with pip, from your own index (for development)
+    .\install-agent.ps1 -Cloud azure -Package 'maintenance-bridge[agent-servicebus]==0.1.0' `
+        -IndexUrl https://pypi.example.internal/simple -ServiceBusNamespace mybus.servicebus.windows.net `
+        -VerifyKey <the functions' public key> -WinSWSha256 <hash>
 
 .EXAMPLE
     .\install-agent.ps1 -Uninstall -RemoveState
@@ -62,17 +75,18 @@ param(
     [ValidateSet('servicebus', 'pubsub', 'local', 'jsonl')]
     [string] $Transport,
 
-    # maintenance-bridge[agent-servicebus]==X.Y.Z (with -IndexUrl), or
-    # maintenance-bridge[agent-servicebus] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl (with -PackageSha256).
+    # https://.../mbridge-agent-servicebus-X.Y.Z.pex#sha256=<hex> (the agent's artifact; or the hash in
+    # -PackageSha256); with pip: maintenance-bridge[agent-servicebus]==X.Y.Z (with -IndexUrl), or
+    # maintenance-bridge[agent-servicebus] @ https://.../maintenance_bridge-X.Y.Z-py3-none-any.whl (with its hash).
     [Parameter(Mandatory = $true, ParameterSetName = 'Install')]
     [ValidateNotNullOrEmpty()]
     [string] $Package,
 
-    # The index that publishes the pinned version (pip --index-url).
+    # The index that publishes the pinned version (pip --index-url); the artifact needs none.
     [Parameter(ParameterSetName = 'Install')]
     [string] $IndexUrl,
 
-    # SHA-256 (hex) of the wheel -Package points at; pip refuses a download that does not match.
+    # SHA-256 (hex) of the artifact or wheel -Package points at: nothing runs from a download that differs.
     [Parameter(ParameterSetName = 'Install')]
     [ValidatePattern('^[0-9A-Fa-f]{64}$')]
     [string] $PackageSha256,
@@ -135,7 +149,7 @@ param(
     [ValidateSet('Virtual', 'LocalSystem')]
     [string] $ServiceAccount = 'Virtual',
 
-    # Rebuild the virtualenv even if -Package is already installed.
+    # Rebuild the virtualenv (downloading the artifact again) even if -Package is already installed.
     [Parameter(ParameterSetName = 'Install')]
     [switch] $Force,
 
@@ -183,6 +197,21 @@ function Invoke-Native([string] $What, [scriptblock] $Command) {
         $ErrorActionPreference = $saved
     }
     if ($code -ne 0) { throw "$What failed (exit code $code)" }
+}
+
+# Runs $Command with the process environment variables $Environment set (a $null value removes
+# one), then puts back what was there.
+function Invoke-WithEnvironment($Environment, [scriptblock] $Command) {
+    $saved = @{}
+    foreach ($key in $Environment.Keys) {
+        $saved[$key] = [Environment]::GetEnvironmentVariable($key, 'Process')
+        [Environment]::SetEnvironmentVariable($key, $Environment[$key], 'Process')
+    }
+    try {
+        & $Command
+    } finally {
+        foreach ($key in $saved.Keys) { [Environment]::SetEnvironmentVariable($key, $saved[$key], 'Process') }
+    }
 }
 
 function Remove-AgentService {
@@ -272,13 +301,17 @@ function Test-Venv {
     try { & $Mbridge --help *> $null; return ($LASTEXITCODE -eq 0) } finally { $ErrorActionPreference = $saved }
 }
 
-# The requirement pip is given: maintenance-bridge[extras]==X.Y.Z, or
-# maintenance-bridge[extras] @ URL#sha256=HEX, whose fragment pip checks before it unpacks anything.
-# The same rules as install-agent.sh; anything else throws, saying what to pass.
+# What -Package installs, by the rules of install-agent.sh: Kind 'artifact', the agent's PEX file
+# (Url, Sha256), whose hash this script checks before anything runs from it; or Kind 'pip', the
+# requirement pip is given: maintenance-bridge[extras]==X.Y.Z, or maintenance-bridge[extras] @
+# URL#sha256=HEX, whose fragment pip checks before it unpacks anything. Spec is what
+# .installed-spec records. Anything else throws, saying what to pass.
 function Resolve-AgentPackage {
     $agentExtras = @('agent-servicebus', 'agent-pubsub')
     $spec = $Package.Trim()
-    $help = "pass -Package 'maintenance-bridge[agent-servicebus]==X.Y.Z' -IndexUrl https://<your index>/simple, or " +
+    $help = "pass -Package 'https://<host>/mbridge-agent-servicebus-X.Y.Z.pex#sha256=<hex of its .sha256 file>' " +
+        '(the agent''s artifact, -pubsub on GCE; or its hash in -PackageSha256); with pip, ' +
+        "-Package 'maintenance-bridge[agent-servicebus]==X.Y.Z' -IndexUrl https://<your index>/simple, or " +
         "-Package 'maintenance-bridge[agent-servicebus] @ https://<host>/maintenance_bridge-X.Y.Z-py3-none-any.whl' " +
         '-PackageSha256 <the wheel''s SHA-256> ([agent-pubsub] on GCE)'
     if ($spec -match '^[A-Za-z][A-Za-z0-9+.-]*://') {
@@ -303,17 +336,36 @@ function Resolve-AgentPackage {
     }
     $extras = if ($kept.Count -gt 0) { "[$($kept -join ',')]" } else { '' }
     if ($rest.StartsWith('@')) {
-        if ($rest -notmatch '^@\s*((https|http|file)://\S+\.whl)(#sha256=([0-9A-Fa-f]{64}))?$') {
-            throw "-Package $spec is not a wheel URL (https://, http:// or file://, ending in .whl, optionally #sha256=<hex>); $help"
+        $url = $rest.Substring(1).Trim()
+        $hash = ''
+        if ($url.Contains('#')) {
+            $fragment = $url.Substring($url.IndexOf('#') + 1)
+            $url = $url.Substring(0, $url.IndexOf('#'))
+            if ($fragment -cnotmatch '^sha256=([0-9A-Fa-f]{64})$') {
+                throw "the URL in -Package ends in #$fragment; the only fragment taken is #sha256=<64 hex digits>"
+            }
+            $hash = $Matches[1]
         }
-        $url = $Matches[1]
-        $hash = [string] $Matches[4]
+        # Case-sensitive (-cnotmatch), as bash's =~ in install-agent.sh: both take and refuse the same URLs.
+        if ($url -cnotmatch '^(https|http|file)://\S+\.(whl|pex)$') {
+            throw "-Package $spec is not an artifact or wheel URL (https://, http:// or file://, ending in .pex or .whl); $help"
+        }
         if ($PackageSha256) {
             if ($hash -and $hash -ne $PackageSha256) { throw '-PackageSha256 and the #sha256= of -Package differ' }
             $hash = $PackageSha256
         }
+        $hash = $hash.ToLowerInvariant()
+        if ($url.EndsWith('.pex')) {
+            if (-not $hash) {
+                throw "the artifact URL in -Package has no SHA-256: anything served there would be run as an administrator; " +
+                    "pass -Package '$url#sha256=<hex>' or -PackageSha256 <hex>: the hash in the .sha256 file make agent-artifact " +
+                    'writes next to it (or Get-FileHash -Algorithm SHA256 of the file you built)'
+            }
+            # The artifact holds its bus's client: the extras of a requirement in front of it are not read.
+            return [pscustomobject]@{ Kind = 'artifact'; Spec = "$url#sha256=$hash"; Url = $url; Sha256 = $hash }
+        }
         if (-not $hash) { throw "the wheel URL in -Package has no SHA-256: anything served there would be installed; $help" }
-        return "maintenance-bridge$extras @ $url#sha256=$($hash.ToLowerInvariant())"
+        return [pscustomobject]@{ Kind = 'pip'; Spec = "maintenance-bridge$extras @ $url#sha256=$hash" }
     }
     if ($rest -match '^==\s*([0-9][0-9A-Za-z.+!-]*)$') {
         $version = $Matches[1]
@@ -327,20 +379,31 @@ function Resolve-AgentPackage {
         if ($env:PIP_EXTRA_INDEX_URL) {
             throw 'PIP_EXTRA_INDEX_URL is set: pip could take maintenance-bridge from either index (serve the dependencies through -IndexUrl)'
         }
-        return "maintenance-bridge$extras==$version"
+        return [pscustomobject]@{ Kind = 'pip'; Spec = "maintenance-bridge$extras==$version" }
     }
     if (-not $rest) { throw "-Package $spec is not pinned: it installs whatever an index serves under that name; $help" }
     throw "-Package $spec is not pinned to one version (== X.Y.Z) or one wheel (@ URL); $help"
 }
 
-function Install-AgentPackage([string] $PythonExe, [string] $Requirement) {
+# True when the virtualenv holds $Spec (what the last install recorded) and its mbridge runs.
+function Test-AgentInstalled([string] $Spec) {
     $installed = if (Test-Path $SpecStamp) { (Get-Content -LiteralPath $SpecStamp -Raw).Trim() } else { '' }
-    if (-not $Force -and $installed -eq $Requirement -and (Test-Venv)) {
-        Write-Step "$Requirement is already installed; skipping pip (-Force reinstalls)"
-        return
-    }
+    return ($installed -eq $Spec -and (Test-Venv))
+}
+
+function Reset-Venv {
     if (Test-Path $Venv) { Remove-Item -LiteralPath $Venv -Recurse -Force }
     Remove-Item -LiteralPath $SpecStamp -Force -ErrorAction SilentlyContinue
+}
+
+# Records $Spec once the new virtualenv's mbridge runs: the next run with the same spec rebuilds nothing.
+function Save-InstalledSpec([string] $Spec) {
+    if (-not (Test-Venv)) { throw "$Spec installed, but $Mbridge does not run: is it the maintenance-bridge package?" }
+    Set-Content -LiteralPath $SpecStamp -Value $Spec -Encoding UTF8
+}
+
+function Install-PipPackage([string] $PythonExe, [string] $Requirement) {
+    Reset-Venv
     Write-Step "creating the virtualenv $Venv with $PythonExe"
     Invoke-Native 'python -m venv' { & $PythonExe -m venv $Venv }
     $venvPython = Join-Path $Venv 'Scripts\python.exe'
@@ -352,8 +415,60 @@ function Install-AgentPackage([string] $PythonExe, [string] $Requirement) {
     Invoke-Native "pip install $Requirement" {
         & $venvPython -m pip install --quiet --disable-pip-version-check @indexArguments $Requirement
     }
-    if (-not (Test-Venv)) { throw "$Requirement installed, but $Mbridge does not run: is it the maintenance-bridge package?" }
-    Set-Content -LiteralPath $SpecStamp -Value $Requirement -Encoding UTF8
+    Save-InstalledSpec $Requirement
+}
+
+# pex unpacks every wheel of the artifact under PEX_ROOT, at paths of up to about 360 characters (the
+# wheel's name twice and a 64-digit hash): past Windows' 260 unless long paths are enabled, which
+# Python honours. Checked first, so that a machine without them is told before anything changes.
+function Assert-LongPaths {
+    $fileSystem = 'HKEY_LOCAL_MACHINE\SYSTEM\CurrentControlSet\Control\FileSystem'
+    $enabled = [Microsoft.Win32.Registry]::GetValue($fileSystem, 'LongPathsEnabled', 0)
+    if ($enabled -ne 1) {
+        throw 'the artifact needs Windows long paths (pex unpacks it into paths longer than 260 characters): run ' +
+            'Set-ItemProperty HKLM:\SYSTEM\CurrentControlSet\Control\FileSystem -Name LongPathsEnabled -Value 1 ' +
+            '(or enable the policy "Enable Win32 long paths"), then this script again; nothing was changed'
+    }
+}
+
+# Downloads the artifact to $Directory\agent.pex and returns that path once its SHA-256 is the one
+# -Package names; a file that differs is refused before anything runs from it.
+function Get-AgentArtifact($Artifact, [string] $Directory) {
+    New-Item -ItemType Directory -Force -Path $Directory | Out-Null
+    $target = Join-Path $Directory 'agent.pex'
+    Write-Step "fetching $($Artifact.Url)"
+    if ($Artifact.Url.StartsWith('file://')) {
+        Copy-Item -LiteralPath ([Uri] $Artifact.Url).LocalPath -Destination $target
+    } else {
+        [Net.ServicePointManager]::SecurityProtocol = [Net.ServicePointManager]::SecurityProtocol -bor [Net.SecurityProtocolType]::Tls12
+        # Windows PowerShell 5.1 redraws its progress bar for every chunk, which slows a download of
+        # tens of MiB to minutes.
+        $ProgressPreference = 'SilentlyContinue'
+        Invoke-WebRequest -Uri $Artifact.Url -OutFile $target -UseBasicParsing
+    }
+    $actual = (Get-FileHash -LiteralPath $target -Algorithm SHA256).Hash.ToLowerInvariant()
+    if ($actual -ne $Artifact.Sha256) {
+        throw "the artifact at $($Artifact.Url) has SHA-256 $actual, not the $($Artifact.Sha256) that -Package names; " +
+            'refusing to run it, nothing was changed: a rebuilt artifact needs its new hash in -Package (make agent-artifact writes <file>.sha256)'
+    }
+    return $target
+}
+
+# The artifact's virtualenv, made by pex's own tool as install-agent.sh makes it (the same flags),
+# from the wheels inside the file for this Python on Windows: no index, no pip. Its scratch space
+# (PEX_ROOT) is $PexRoot; the PEX_* variables that would make the file pick another interpreter or
+# run something else are cleared.
+function Install-AgentArtifact([string] $PythonExe, [string] $PexFile, [string] $Spec, [string] $PexRoot) {
+    Reset-Venv
+    Write-Step "creating the virtualenv $Venv with $PythonExe from the artifact"
+    $pexEnvironment = @{
+        PEX_TOOLS = '1'; PEX_ROOT = $PexRoot
+        PEX_PYTHON = $null; PEX_PYTHON_PATH = $null; PEX_INHERIT_PATH = $null; PEX_SCRIPT = $null; PEX_MODULE = $null
+    }
+    Invoke-WithEnvironment $pexEnvironment {
+        Invoke-Native 'pex venv' { & $PythonExe $PexFile venv --compile $Venv }
+    }
+    Save-InstalledSpec $Spec
 }
 
 function Get-AgentEnvironment {
@@ -422,19 +537,13 @@ function Set-PrivateAcl([string] $Path, [string] $ServiceRights) {
 
 function Invoke-AgentCheck($Environment) {
     Write-Step "running 'mbridge agent --check' (Azure's first metadata call may take up to 2 minutes)"
-    $saved = @{}
-    foreach ($key in $Environment.Keys) {
-        $saved[$key] = [Environment]::GetEnvironmentVariable($key, 'Process')
-        [Environment]::SetEnvironmentVariable($key, $Environment[$key], 'Process')
-    }
     $savedPreference = $ErrorActionPreference
     $ErrorActionPreference = 'Continue'
     try {
-        & $Mbridge agent --check 2>&1 | ForEach-Object { Write-Host "  | $_" }
+        Invoke-WithEnvironment $Environment { & $Mbridge agent --check 2>&1 | ForEach-Object { Write-Host "  | $_" } }
         $code = $LASTEXITCODE
     } finally {
         $ErrorActionPreference = $savedPreference
-        foreach ($key in $saved.Keys) { [Environment]::SetEnvironmentVariable($key, $saved[$key], 'Process') }
     }
     if ($code -eq 0) { Write-Step 'check: healthy'; return }
     if ($code -eq 2) { throw 'the settings have a configuration error (above); fix the parameters and run again' }
@@ -468,11 +577,32 @@ if ($Transport -ne 'jsonl' -and -not $VerifyKey -and -not $InsecureUnsignedComma
     throw "-Transport $Transport needs -VerifyKey: the functions' public key, which the agent checks every command's signature with (or -InsecureUnsignedCommands, knowingly)"
 }
 
-$requirement = Resolve-AgentPackage
+# Not $package: PowerShell names are case-insensitive, and $Package is the [string] parameter.
+$agentPackage = Resolve-AgentPackage
 $pythonExe = Find-Python
-Remove-AgentService # the agent's files are locked while it runs, and WinSW reads its XML at install
+$rebuild = $Force -or -not (Test-AgentInstalled $agentPackage.Spec)
 New-Item -ItemType Directory -Force -Path $InstallDir, $ServiceDir, $StateDir, $LogDir | Out-Null
-Install-AgentPackage $pythonExe $requirement
+# In the install directory (by default under Program Files: administrators only), so that nobody
+# else can replace the file between its check and its run.
+$download = Join-Path $InstallDir ".download-$PID"
+try {
+    $pexFile = $null
+    if ($rebuild -and $agentPackage.Kind -eq 'artifact') {
+        Assert-LongPaths
+        # Fetched and checked while the agent still runs: a file with another hash changes nothing.
+        $pexFile = Get-AgentArtifact $agentPackage $download
+    }
+    Remove-AgentService # the agent's files are locked while it runs, and WinSW reads its XML at install
+    if (-not $rebuild) {
+        Write-Step "$($agentPackage.Spec) is already installed; not rebuilding the virtualenv (-Force rebuilds it)"
+    } elseif ($pexFile) {
+        Install-AgentArtifact $pythonExe $pexFile $agentPackage.Spec (Join-Path $download 'pex-root')
+    } else {
+        Install-PipPackage $pythonExe $agentPackage.Spec
+    }
+} finally {
+    Remove-Item -LiteralPath $download -Recurse -Force -ErrorAction SilentlyContinue
+}
 Get-WinSW $Wrapper
 $environment = Get-AgentEnvironment
 Write-WinSWConfig $environment

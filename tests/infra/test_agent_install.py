@@ -6,8 +6,10 @@ WHEN  they are parsed, rendered the way the Bicep and the Terraform render them,
       scratch root with stand-ins for systemctl, useradd, chown and runuser
 THEN  the unit is hardened, the installer takes only a pinned version or a wheel with its SHA-256,
       installs, checks, starts and stays idempotent, the custom data carries the real files, the
-      startup script reads exactly its four attributes, and every example configures the agent
-      with variables it really reads.
+      startup script reads exactly its four attributes, every example configures the agent
+      with variables it really reads, and the Windows installer (read as text: no PowerShell runs
+      here) takes the packages the Linux one takes, checks the artifact's SHA-256 before it runs
+      it, and makes the virtualenv with pex's own tool and the same flags, without pip.
 """
 
 from __future__ import annotations
@@ -1038,23 +1040,181 @@ def test_windows_installer_requires_the_winsw_hash_and_pins_its_release() -> Non
     assert re.search(r"if \(\$actual -ne \$WinSWSha256\.ToUpperInvariant\(\)\) \{\s*throw", code)
 
 
+def powershell_functions(code: str) -> tuple[dict[str, str], str]:
+    """The bodies of the functions of `code` (without comments) by name, and the code outside them."""
+    functions: dict[str, str] = {}
+    outside: list[str] = []
+    position = 0
+    for match in re.finditer(r"^function ([\w-]+)[^{\n]*\{", code, flags=re.MULTILINE):
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(code[end], 0)
+            end += 1
+        functions[match.group(1)] = code[match.end() : end - 1]
+        outside.append(code[position : match.start()])
+        position = end
+    outside.append(code[position:])
+    return functions, "".join(outside)
+
+
+def windows_install_flow() -> tuple[dict[str, str], str]:
+    """The .ps1's functions, and its install flow: the code outside them from the package's resolution on."""
+    functions, outside = powershell_functions(powershell_code(WINDOWS.read_text(encoding="utf-8")))
+    return functions, outside[outside.index("$agentPackage = Resolve-AgentPackage") :]
+
+
 def test_windows_installer_takes_only_a_pinned_package_like_the_linux_one() -> None:
     text = WINDOWS.read_text(encoding="utf-8")
-    code = powershell_code(text)
+    functions, flow = windows_install_flow()
     # the package is resolved (and refused) before anything is installed
-    assert code.index("$requirement = Resolve-AgentPackage") < code.index("$pythonExe = Find-Python")
-    assert "Install-AgentPackage $pythonExe $requirement" in code
+    assert flow.index("$agentPackage = Resolve-AgentPackage") < flow.index("$pythonExe = Find-Python")
     # the same extras as install-agent.sh, the hash checked by pip as the URL's fragment
-    extras = re.search(r"\$agentExtras = @\(([^)]*)\)", code)
+    extras = re.search(r"\$agentExtras = @\(([^)]*)\)", functions["Resolve-AgentPackage"])
     assert extras
     assert set(re.findall(r"'([a-z-]+)'", extras.group(1))) == set(AGENT_EXTRAS)
-    assert '"maintenance-bridge$extras @ $url#sha256=$($hash.ToLowerInvariant())"' in code
-    assert re.search(r"\[ValidatePattern\('\^\[0-9A-Fa-f\]\{64\}\$'\)\]\s*\[string\] \$PackageSha256", code)
+    assert 'Spec = "maintenance-bridge$extras @ $url#sha256=$hash"' in functions["Resolve-AgentPackage"]
+    assert re.search(r"\[ValidatePattern\('\^\[0-9A-Fa-f\]\{64\}\$'\)\]\s*\[string\] \$PackageSha256", text)
     # a pinned version needs its index, which pip is given
-    assert "if (-not $IndexUrl) { throw" in code
-    assert "@('--index-url', $IndexUrl)" in code
+    assert "if (-not $IndexUrl) { throw" in functions["Resolve-AgentPackage"]
+    assert "@('--index-url', $IndexUrl)" in functions["Install-PipPackage"]
     # the examples install the agent's extras only
     assert not re.search(r"maintenance-bridge\[(azure|gcp)\]", text)
+
+
+def linux_pattern(variable: str) -> re.Pattern[str]:
+    """The bash regular expression install-agent.sh matches $variable against, as Python reads it."""
+    found = re.search(rf'\[\[ "\${variable}" =~ (\S+) \]\]', INSTALLER.read_text(encoding="utf-8"))
+    assert found, f"install-agent.sh does not match ${variable} against a pattern"
+    return re.compile(found.group(1).replace("[^[:space:]]", r"\S"))
+
+
+def windows_pattern(variable: str) -> re.Pattern[str]:
+    """The case-sensitive pattern Resolve-AgentPackage refuses $variable with."""
+    found = re.search(rf"\${variable} -cnotmatch '([^']+)'", windows_install_flow()[0]["Resolve-AgentPackage"])
+    assert found, f"Resolve-AgentPackage does not check ${variable} case-sensitively"
+    return re.compile(found.group(1))
+
+
+# URLs after `@` or as the whole spec (fragment split off), and whether install-agent.sh takes them.
+PACKAGE_URLS = {
+    "https://example.com/agent/mbridge-agent-servicebus-0.1.0.pex": True,
+    "http://10.0.0.4/mbridge-agent-pubsub-0.1.0.pex": True,
+    "file:///C:/packages/mbridge-agent-0.1.0.pex": True,
+    "https://example.com/maintenance_bridge-0.1.0-py3-none-any.whl": True,
+    "file:///srv/maintenance_bridge-0.1.0-py3-none-any.whl": True,
+    "ftp://example.com/mbridge-agent-0.1.0.pex": False,
+    "HTTPS://example.com/mbridge-agent-0.1.0.pex": False,
+    "https://example.com/mbridge-agent-0.1.0.PEX": False,
+    "https://example.com/mbridge-agent-0.1.0.pex?sv=2024": False,
+    "https://example.com/mbridge agent.pex": False,
+    "https://example.com/maintenance-bridge-0.1.0.tar.gz": False,
+    "C:\\packages\\mbridge-agent-0.1.0.pex": False,
+}
+FRAGMENTS = {
+    "sha256=" + "a" * 64: True,
+    "sha256=" + "A" * 64: True,
+    "SHA256=" + "a" * 64: False,
+    "sha256=" + "a" * 63: False,
+    "md5=" + "a" * 32: False,
+}
+
+
+def test_windows_installer_takes_the_urls_and_hashes_the_linux_one_takes() -> None:
+    # GIVEN the patterns both installers check a package URL and its #fragment with
+    for variable, samples in (("url", PACKAGE_URLS), ("fragment", FRAGMENTS)):
+        linux, windows = linux_pattern(variable), windows_pattern(variable)
+        # WHEN they read the same samples THEN they take exactly the ones install-agent.sh is meant to take
+        assert {s for s in samples if linux.search(s)} == {s for s, taken in samples.items() if taken}
+        assert {s for s in samples if windows.search(s)} == {s for s, taken in samples.items() if taken}
+
+
+def test_windows_installer_refuses_an_artifact_without_its_sha256_and_says_what_to_pass() -> None:
+    resolve = windows_install_flow()[0]["Resolve-AgentPackage"]
+    # -PackageSha256 is merged into the URL's hash before the artifact is recognised
+    assert resolve.index("$hash = $PackageSha256") < resolve.index("if ($url.EndsWith('.pex')) {")
+    branch = resolve[resolve.index("if ($url.EndsWith('.pex')) {") :]
+    # the artifact's branch first throws without a hash, naming both ways to give one
+    refusal = re.match(
+        r"if \(\$url\.EndsWith\('\.pex'\)\) \{\s*if \(-not \$hash\) \{\s*throw (.*?)\}", branch, re.DOTALL
+    )
+    assert refusal, "an artifact without its SHA-256 must be refused first"
+    assert "-PackageSha256 <hex>" in refusal.group(1)
+    assert "#sha256=<hex>" in refusal.group(1)
+    # then it is an artifact, its spec the one install-agent.sh records: URL#sha256=<lowercase hex>
+    assert branch.index("throw") < branch.index("Kind = 'artifact'")
+    assert 'Spec = "$url#sha256=$hash"; Url = $url; Sha256 = $hash' in branch
+    assert resolve.index("$hash = $hash.ToLowerInvariant()") < resolve.index("Kind = 'artifact'")
+    assert 'INSTALL_SPEC="$url#sha256=$ARTIFACT_SHA256"' in INSTALLER.read_text(encoding="utf-8")
+
+
+def test_windows_installer_checks_the_artifact_sha256_before_running_it() -> None:
+    functions, flow = windows_install_flow()
+    # the download is compared with the expected hash, and refused, before the path is returned
+    fetch = functions["Get-AgentArtifact"]
+    assert fetch.index("Get-FileHash -LiteralPath $target -Algorithm SHA256") < fetch.index(
+        "if ($actual -ne $Artifact.Sha256) {\n        throw"
+    )
+    assert fetch.rstrip().endswith("return $target")
+    assert "& $" not in fetch, "nothing may run while the artifact is fetched"
+    # the install flow runs only the checked file, and fetches it before the running service is removed
+    fetched = re.search(r"\$(\w+) = Get-AgentArtifact \$agentPackage", flow)
+    assert fetched
+    run = re.search(rf"Install-AgentArtifact \$pythonExe \${fetched.group(1)} ", flow)
+    assert run
+    assert fetched.start() < flow.index("Remove-AgentService") < run.start()
+    # and Install-AgentArtifact is the only place that runs a PEX
+    runs = [name for name, body in functions.items() if re.search(r"& \$PythonExe \$\w+ venv", body)]
+    assert runs == ["Install-AgentArtifact"]
+
+
+def test_windows_installer_makes_the_venv_with_pex_tools_as_the_linux_one_and_no_pip() -> None:
+    functions, flow = windows_install_flow()
+    linux = re.sub(r"\\\n\s*", " ", INSTALLER.read_text(encoding="utf-8"))  # continued lines joined
+    linux_run = re.search(r'env (.*?) PEX_TOOLS=1 "\$PYTHON" "\$work/agent.pex" venv (.*?) "\$venv"', linux)
+    assert linux_run
+    install = functions["Install-AgentArtifact"]
+    # GIVEN the PEX's own tool, with the same flags as on Linux
+    windows_run = re.search(r"& \$PythonExe \$PexFile venv (.*?) \$Venv", install)
+    assert windows_run
+    assert windows_run.group(1).split() == linux_run.group(2).split() == ["--compile"]
+    # WITH PEX_TOOLS=1, a scratch PEX_ROOT and the same PEX_* variables removed
+    assert "PEX_TOOLS = '1'" in install
+    assert "PEX_ROOT = $PexRoot" in install
+    assert set(re.findall(r"(PEX_\w+) = \$null", install)) == set(re.findall(r"-u (PEX_\w+)", linux_run.group(1)))
+    assert re.search(r"Invoke-WithEnvironment \$pexEnvironment \{\s*Invoke-Native 'pex venv' \{ & \$PythonExe", install)
+    # THEN no pip: pip runs in Install-PipPackage alone, which the flow calls only without an artifact
+    assert "pip" not in install
+    assert [name for name, body in functions.items() if "-m pip" in body] == ["Install-PipPackage"]
+    assert re.search(
+        r"\} elseif \(\$pexFile\) \{\s*Install-AgentArtifact [^\n]*\s*\} else \{\s*Install-PipPackage ", flow
+    ), "pip must be the alternative to the artifact, not a step after it"
+    assert re.search(r"if \(\$rebuild -and \$agentPackage\.Kind -eq 'artifact'\) \{", flow)
+
+
+def test_windows_installer_rebuilds_only_a_changed_spec_and_records_it_once_it_works() -> None:
+    functions, flow = windows_install_flow()
+    # an unchanged spec whose mbridge runs is kept, unless -Force
+    assert "$rebuild = $Force -or -not (Test-AgentInstalled $agentPackage.Spec)" in flow
+    assert "$installed -eq $Spec -and (Test-Venv)" in functions["Test-AgentInstalled"]
+    assert re.search(r"if \(-not \$rebuild\) \{\s*Write-Step", flow)
+    # both ways record their spec last, once the new virtualenv's mbridge runs
+    assert functions["Install-AgentArtifact"].rstrip().endswith("Save-InstalledSpec $Spec")
+    assert functions["Install-PipPackage"].rstrip().endswith("Save-InstalledSpec $Requirement")
+    save = functions["Save-InstalledSpec"]
+    assert save.index("if (-not (Test-Venv)) { throw") < save.index("Set-Content -LiteralPath $SpecStamp")
+
+
+def test_windows_installer_asks_for_long_paths_before_it_changes_anything() -> None:
+    # pex unpacks the artifact into paths longer than Windows' 260 characters
+    functions, flow = windows_install_flow()
+    check = functions["Assert-LongPaths"]
+    assert "'LongPathsEnabled'" in check
+    assert re.search(r"if \(\$enabled -ne 1\) \{\s*throw '[^']*long paths", check)
+    assert (
+        "Set-ItemProperty HKLM:\\SYSTEM\\CurrentControlSet\\Control\\FileSystem -Name LongPathsEnabled -Value 1"
+        in check
+    )
+    assert flow.index("Assert-LongPaths") < flow.index("Get-AgentArtifact") < flow.index("Remove-AgentService")
 
 
 def test_windows_installer_wraps_the_console_agent_instead_of_registering_it() -> None:
