@@ -444,7 +444,17 @@ function Get-AgentArtifact($Artifact, [string] $Directory) {
         # Windows PowerShell 5.1 redraws its progress bar for every chunk, which slows a download of
         # tens of MiB to minutes.
         $ProgressPreference = 'SilentlyContinue'
-        Invoke-WebRequest -Uri $Artifact.Url -OutFile $target -UseBasicParsing
+        # Five attempts, as install-agent.sh's curl --retry 5: a first boot often races the network.
+        for ($attempt = 1; ; $attempt++) {
+            try {
+                Invoke-WebRequest -Uri $Artifact.Url -OutFile $target -UseBasicParsing
+                break
+            } catch {
+                if ($attempt -ge 5) { throw "cannot fetch $($Artifact.Url) after $attempt attempts: $_" }
+                Write-Step "fetching $($Artifact.Url) failed ($_); again in $(2 * $attempt) s"
+                Start-Sleep -Seconds (2 * $attempt)
+            }
+        }
     }
     $actual = (Get-FileHash -LiteralPath $target -Algorithm SHA256).Hash.ToLowerInvariant()
     if ($actual -ne $Artifact.Sha256) {

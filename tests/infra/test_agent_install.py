@@ -1167,6 +1167,18 @@ def test_windows_installer_checks_the_artifact_sha256_before_running_it() -> Non
     assert runs == ["Install-AgentArtifact"]
 
 
+def test_windows_installer_retries_the_download_as_often_as_the_linux_one() -> None:
+    functions, _ = windows_install_flow()
+    fetch = functions["Get-AgentArtifact"]
+    linux = re.search(r"curl [^\n]*--retry (\d+)", INSTALLER.read_text(encoding="utf-8"))
+    assert linux
+    # the download is inside a loop that gives up after as many attempts as curl makes
+    loop = re.search(r"for \(\$attempt = 1; ; \$attempt\+\+\) \{(.*?)\n        \}", fetch, flags=re.DOTALL)
+    assert loop, "the download is not retried"
+    assert "Invoke-WebRequest -Uri $Artifact.Url" in loop.group(1)
+    assert f"if ($attempt -ge {linux.group(1)})" in loop.group(1)
+
+
 def test_windows_installer_makes_the_venv_with_pex_tools_as_the_linux_one_and_no_pip() -> None:
     functions, flow = windows_install_flow()
     linux = re.sub(r"\\\n\s*", " ", INSTALLER.read_text(encoding="utf-8"))  # continued lines joined
