@@ -27,7 +27,7 @@ from functions.gcp_app.autohealer import HealthCheckTarget, MigAutohealers
 from tests.contract.gcp.test_autohealer_reads import reader
 from tests.contract.gcp.test_compute import BASE, PROJECT, ZONE_B, Fixture, compute
 from tests.infra import console
-from tests.infra.sources import TERRAFORM_GCP
+from tests.infra.sources import REPO_ROOT, TERRAFORM_GCP
 from tests.infra.test_terraform_gcp import (
     ACCOUNT_ID,
     block,
@@ -160,6 +160,29 @@ def test_the_examples_checks_are_the_ones_the_docs_name(module: Path) -> None:
     assert seen_unready + 2 <= Policy().readiness_probe_seconds
     # AND autohealing gives up on a member later than the load balancer stops sending to it
     assert autohealing["check_interval_sec"] * autohealing["unhealthy_threshold"] > seen_unready
+
+
+@console.needs_terraform
+def test_the_docs_name_the_examples_checks(module: Path) -> None:
+    # GIVEN docs/gcp.md's section on autohealers, and the checks as Terraform evaluates them
+    section = (REPO_ROOT / "docs" / "gcp.md").read_text(encoding="utf-8").split("\n## Autohealers\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    example = example_checks(module)
+    backend, autohealing = example.checks[example.backend], example.checks[example.autohealing]
+    # THEN it points at the example and names each check where Terraform uses it
+    assert "infra/terraform/gcp/mig_example.tf" in section
+    rows = {row.split("|")[1].strip(): row for row in section.splitlines() if row.startswith("| `<mig_name>-")}
+
+    def row_of(check: dict[str, Any]) -> str:
+        """The table's row of a check, which it names `<mig_name>-...`, saying what the check probes."""
+        row = rows["`" + check["name"].replace(default("mig_name"), "<mig_name>", 1) + "`"]
+        assert f"`{check['request_path']}` on port {check['port']}" in row
+        assert f"every {check['check_interval_sec']} s, unhealthy after {check['unhealthy_threshold']}" in row
+        return row
+
+    assert "the backend service (`health_checks`)" in row_of(backend)
+    delay = block(resource(GROUP), "auto_healing_policies")["initial_delay_sec"]
+    assert f"the group's `auto_healing_policies`, `initial_delay_sec` {delay}" in row_of(autohealing)
 
 
 @console.needs_terraform
