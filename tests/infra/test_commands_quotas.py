@@ -265,6 +265,25 @@ def test_gcp_counts_the_subscriptions_it_creates_on_each_topic_as_wire_shards_do
     assert evaluate(module, TERRAFORM_GCP, variables, "local.subscriptions_per_topic") == [counts[k] for k in range(4)]
 
 
+def test_gcp_counts_the_example_groups_members_as_vms_with_subscriptions(modules: dict[Path, Path]) -> None:
+    # GIVEN example VMs and members of the example managed instance group, each with its commands
+    # subscription (fleet_size left small: only the count of the named VMs can set the total)
+    module = modules[TERRAFORM_GCP]
+    variables = {"vm_names": ["web-0"], "mig_vm_names": ["mig-0", "mig-1", "mig-2"], "fleet_size": 1}
+    # THEN the project holds a subscription for each, besides the deployment's 3
+    assert evaluate(module, TERRAFORM_GCP, variables, "local.project_subscriptions") == 4 + 3
+    # AND a name in both lists, one subscription, is counted once (the group's precondition refuses it)
+    both = {**variables, "mig_vm_names": ["web-0", "mig-0"]}
+    assert evaluate(module, TERRAFORM_GCP, both, "local.project_subscriptions") == 2 + 3
+    # AND each member's subscription is on its shard's topic, counted there, as wire.shards computes it
+    sharded = {**variables, "commands_shards": 2}
+    shards = evaluate(module, TERRAFORM_GCP, sharded, "local.vm_commands_shards")
+    assert shards == {vm: shard_of(vm, 2) for vm in ["web-0", "mig-0", "mig-1", "mig-2"]}
+    counts = collections.Counter(shards.values())
+    assert evaluate(module, TERRAFORM_GCP, sharded, "local.subscriptions_per_topic") == [counts[0], counts[1]]
+    assert gcp(modules, **sharded) == {}
+
+
 # ---------------------------------------------------------------- each check is a precondition of the plan
 
 

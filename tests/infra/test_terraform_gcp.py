@@ -243,17 +243,27 @@ def test_operator_results_sees_exactly_the_command_results_the_agent_publishes()
 
 
 def test_every_vm_gets_its_own_command_subscription_and_identity() -> None:
+    # GIVEN the VMs given a commands subscription: the example VMs and the example group's members
     calls = root()["module"][0]
     assert set(calls) == {"vm_commands"}
     call = calls["vm_commands"]
     assert call["source"] == "./modules/vm_commands_subscription"
-    assert call["for_each"] == "${toset(var.vm_names)}"
+    assert local("commands_vm_names") == "${distinct(concat(var.vm_names, var.mig_vm_names))}"
+    # THEN each has its subscription on its shard's topic
+    assert call["for_each"] == "${toset(local.commands_vm_names)}"
     assert call["vm_name"] == ref("each.value")
     assert call["commands_topic_id"] == ref("google_pubsub_topic.commands[local.vm_commands_shards[each.value]].id")
     assert local("vm_commands_shards") == (
-        "${{for name in var.vm_names : name => parseint(substr(sha256(lower(name)), 0, 8), 16) % var.commands_shards}}"
+        "${{for name in local.commands_vm_names : "
+        "name => parseint(substr(sha256(lower(name)), 0, 8), 16) % var.commands_shards}}"
     )
-    assert call["agent_service_account_email"] == ref("google_service_account.agent[each.value].email")
+    # AND an example VM's is readable by its own account alone, which no other VM holds; the
+    # group's members share their template's (mig_example.tf), and an example VM's name wins
+    assert call["agent_service_account_email"] == ref("local.commands_subscribers[each.value]")
+    assert local("commands_subscribers") == (
+        "${merge({for name in var.mig_vm_names : name => google_service_account.mig_agent[0].email}, "
+        "{for name in var.vm_names : name => google_service_account.agent[name].email})}"
+    )
     assert resource("google_service_account.agent")["for_each"] == "${toset(var.vm_names)}"
 
 
@@ -1037,13 +1047,22 @@ def test_the_tick_lists_instances_with_the_instance_readers_list_permission() ->
 
 
 def test_agents_publish_events_and_read_their_own_commands_only() -> None:
-    member = "serviceAccount:${each.value.email}"
+    # GIVEN the accounts the agents run as: each example VM's, and the example group's shared one,
+    # keyed apart from every VM name (names have no spaces)
+    assert local("agent_accounts") == (
+        "${merge({for name, account in google_service_account.agent : name => account.email}, "
+        '{for account in google_service_account.mig_agent : "group ${var.mig_name}" => account.email})}'
+    )
+    # THEN each publishes events, and that is the one grant any of them holds beside its commands
+    member = "serviceAccount:${each.value}"
     grants = {key: body for key, body in resources().items() if body.get("member") == member}
     assert list(grants) == ["google_pubsub_topic_iam_member.agent_events_publisher"]
     publisher = grants["google_pubsub_topic_iam_member.agent_events_publisher"]
-    assert publisher["for_each"] == ref("google_service_account.agent")
+    assert publisher["for_each"] == ref("local.agent_accounts")
     assert publisher["topic"] == ref("google_pubsub_topic.events.name")
     assert publisher["role"] == "roles/pubsub.publisher"
+    for account in ("google_service_account.agent", "google_service_account.mig_agent"):
+        assert not [key for key, body in resources().items() if account in str(body.get("member", ""))], account
 
 
 def test_pubsub_service_agent_can_dead_letter() -> None:
@@ -1108,10 +1127,12 @@ def test_an_agent_change_updates_metadata_in_place_and_recreates_no_vm() -> None
     vm = resource(VM)
     assert vm["for_each"] == "${toset(var.vm_names)}"
     # THEN no instance template holds them: a template cannot change, so a new agent file would
-    # replace it and re-create every VM made from it at once
-    assert not of_type("google_compute_instance_template")
+    # replace it and re-create every VM made from it at once. The one template is the opt-in
+    # managed group's, whose update policy replaces its members one at a time (test_terraform_gcp_mig.py)
+    assert "source_instance_template" not in vm
     assert not of_type("google_compute_instance_from_template")
-    assert not of_type("google_compute_instance_group_manager")
+    assert set(of_type("google_compute_instance_template")) == {"google_compute_instance_template.mig"}
+    assert set(of_type("google_compute_instance_group_manager")) == {"google_compute_instance_group_manager.mig"}
     assert not of_type("google_compute_region_instance_group_manager")
     # AND the startup script is an ordinary metadata key, which the provider updates in place;
     # metadata_startup_script would re-create the VM on every change of the script

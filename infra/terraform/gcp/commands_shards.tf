@@ -12,9 +12,13 @@ locals {
   commands_topic_names = [
     for shard in range(var.commands_shards) : shard == 0 ? "maintenance-commands" : "maintenance-commands-${shard}"
   ]
+  # Every VM given a commands subscription here: the example VMs and the named members of the
+  # example managed instance group (mig_example.tf). A name in both lists is counted once here and
+  # refused by the group's precondition.
+  commands_vm_names = distinct(concat(var.vm_names, var.mig_vm_names))
   # The shard (index in commands_topic_names) of each VM given a commands subscription here.
   vm_commands_shards = {
-    for name in var.vm_names : name => parseint(substr(sha256(lower(name)), 0, 8), 16) % var.commands_shards
+    for name in local.commands_vm_names : name => parseint(substr(sha256(lower(name)), 0, 8), 16) % var.commands_shards
   }
 
   # Pub/Sub quotas, https://cloud.google.com/pubsub/quotas ("Resource limits"): attached
@@ -34,13 +38,13 @@ locals {
   ]
   # Every VM of the fleet has a subscription in the project, whether created here or by a call of
   # modules/vm_commands_subscription elsewhere.
-  project_subscriptions = max(var.fleet_size, length(var.vm_names)) + local.own_subscriptions
+  project_subscriptions = max(var.fleet_size, length(local.commands_vm_names)) + local.own_subscriptions
 
   # Each check: ok, or the message the plan stops with.
   commands_quota_checks = {
     subscriptions_per_topic = {
       ok      = max(concat([0], local.subscriptions_per_topic)...) <= local.pubsub_subscriptions_per_topic
-      message = "Pub/Sub allows ${local.pubsub_subscriptions_per_topic} subscriptions per topic, and vm_names puts ${max(concat([0], local.subscriptions_per_topic)...)} VMs on one commands topic: raise commands_shards (each shard is a topic of its own)."
+      message = "Pub/Sub allows ${local.pubsub_subscriptions_per_topic} subscriptions per topic, and vm_names with mig_vm_names put ${max(concat([0], local.subscriptions_per_topic)...)} VMs on one commands topic: raise commands_shards (each shard is a topic of its own)."
     }
     fleet_per_topic = {
       ok      = local.vms_per_topic_with_skew <= local.pubsub_subscriptions_per_topic
@@ -48,7 +52,7 @@ locals {
     }
     subscriptions_per_project = {
       ok      = local.project_subscriptions <= local.pubsub_subscriptions_per_project
-      message = "Pub/Sub allows ${local.pubsub_subscriptions_per_project} subscriptions per project, a hard limit: a fleet of ${max(var.fleet_size, length(var.vm_names))} VMs, one commands subscription each, and this deployment's ${local.own_subscriptions} make ${local.project_subscriptions}. Shards do not help: split the fleet over several deployments, each in its own project."
+      message = "Pub/Sub allows ${local.pubsub_subscriptions_per_project} subscriptions per project, a hard limit: a fleet of ${max(var.fleet_size, length(local.commands_vm_names))} VMs, one commands subscription each, and this deployment's ${local.own_subscriptions} make ${local.project_subscriptions}. Shards do not help: split the fleet over several deployments, each in its own project."
     }
   }
 }

@@ -46,6 +46,20 @@ resource "google_service_account" "agent" {
   depends_on = [google_project_service.apis]
 }
 
+# The members of the example managed instance group (mig_example.tf) share this one: an instance
+# template names a single service account, and a group makes every member from its template. So
+# the subscriber binding on each member's subscription admits every member, unlike the example
+# VMs' (docs/gcp.md#autohealers says what that opens and what it does not).
+resource "google_service_account" "mig_agent" {
+  count = local.mig_enabled ? 1 : 0
+
+  account_id   = "mbridge-mig-agents"
+  display_name = "maintenance-bridge agents of ${var.mig_name}"
+  description  = "The agents on the members of the managed instance group ${var.mig_name}: publish to maintenance-events, pull the members' command subscriptions."
+
+  depends_on = [google_project_service.apis]
+}
+
 # ---------------------------------------------------------------- the function's runtime account
 
 # Firestore has no per-database IAM resource; the condition limits the grant to this database.
@@ -311,16 +325,37 @@ resource "google_kms_crypto_key_iam_member" "pubsub_cmek" {
 
 # ---------------------------------------------------------------- the agents
 
-# Each VM publishes its events; it pulls commands from its own subscription only (the
+# Each agent publishes its events; it pulls commands from its VM's subscription only (the
 # subscriber binding is in modules/vm_commands_subscription). The agent's start-up check uses
 # testIamPermissions, which needs no role, so nothing else is granted.
+locals {
+  # The accounts the agents run as: each example VM's own, by VM name, and the one the members of
+  # the example group share, under a key no VM name can take.
+  agent_accounts = merge(
+    { for name, account in google_service_account.agent : name => account.email },
+    { for account in google_service_account.mig_agent : "group ${var.mig_name}" => account.email },
+  )
+}
+
 resource "google_pubsub_topic_iam_member" "agent_events_publisher" {
-  for_each = google_service_account.agent
+  for_each = local.agent_accounts
 
   project = var.project_id
   topic   = google_pubsub_topic.events.name
   role    = "roles/pubsub.publisher"
-  member  = "serviceAccount:${each.value.email}"
+  member  = "serviceAccount:${each.value}"
+}
+
+# A managed instance group creates and recreates its members (resizes, autohealing, rolling
+# updates) as the project's Google APIs Service Agent, which must be able to act as the members'
+# account. New projects give that agent roles/editor, which holds it; organisations that took the
+# role away keep groups working with this grant, on the members' account only.
+resource "google_service_account_iam_member" "mig_agent_user" {
+  count = local.mig_enabled ? 1 : 0
+
+  service_account_id = google_service_account.mig_agent[0].name
+  role               = "roles/iam.serviceAccountUser"
+  member             = "serviceAccount:${data.google_project.this.number}@cloudservices.gserviceaccount.com"
 }
 
 # ---------------------------------------------------------------- operators (`mbridge approve`)

@@ -7,7 +7,8 @@
 #   function ──► Firestore (state, audit) │ unmanaged instance groups │ instances.performMaintenance
 #
 # pubsub.tf: topics and subscriptions; function.tf: the function and its source; firestore.tf:
-# database, indexes, TTL; central.tf: the control plane's path (log sink, tick, two functions); iam.tf: service accounts and every role; vm_example.tf: VMs running the agent.
+# database, indexes, TTL; central.tf: the control plane's path (log sink, tick, two functions); iam.tf: service accounts and every role; vm_example.tf: VMs running the agent;
+# mig_example.tf, mig_health_checks.tf: a managed instance group running the agent (opt-in).
 
 data "google_project" "this" {
   project_id = var.project_id

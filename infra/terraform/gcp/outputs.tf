@@ -79,7 +79,7 @@ output "instance_group" {
 }
 
 output "command_subscription_names" {
-  description = "Command subscription of each example VM, by VM name (maintenance-commands-<vm>)."
+  description = "Command subscription of each example VM and of each member of the example managed instance group, by VM name (maintenance-commands-<vm>)."
   value       = { for name, subscription in module.vm_commands : name => subscription.subscription_name }
 }
 
@@ -96,4 +96,14 @@ output "signing_key_secret_id" {
 output "identity_audience" {
   description = "The audience of this deployment's identity tokens: give it to agents outside the example as MBRIDGE_IDENTITY_AUDIENCE (--identity-audience)."
   value       = local.identity_audience
+}
+
+output "mig_agent_service_account_email" {
+  description = "Service account every member of the example managed instance group shares (the instance template's); null without mig_vm_names."
+  value       = one(google_service_account.mig_agent[*].email)
+}
+
+output "mig_backend_service_id" {
+  description = "The example group's internal passthrough backend service, health-checked on the agents' /readyz: point your forwarding rule at it. null without mig_vm_names."
+  value       = one(google_compute_region_backend_service.mig[*].id)
 }

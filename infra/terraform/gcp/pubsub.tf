@@ -142,15 +142,25 @@ resource "google_pubsub_subscription" "operator_results" {
 
 # ---------------------------------------------------------------- one command subscription per VM
 #
-# On the commands topic of the VM's shard.
+# On the commands topic of the VM's shard, for the example VMs and the members of the example
+# managed instance group alike (local.commands_vm_names, commands_shards.tf).
+
+locals {
+  # Who may pull each VM's commands: an example VM's own account, or the account every member of
+  # the example group shares (its template's, iam.tf).
+  commands_subscribers = merge(
+    { for name in var.mig_vm_names : name => google_service_account.mig_agent[0].email },
+    { for name in var.vm_names : name => google_service_account.agent[name].email },
+  )
+}
 
 module "vm_commands" {
   source   = "./modules/vm_commands_subscription"
-  for_each = toset(var.vm_names)
+  for_each = toset(local.commands_vm_names)
 
   project_id                  = var.project_id
   vm_name                     = each.value
   commands_topic_id           = google_pubsub_topic.commands[local.vm_commands_shards[each.value]].id
-  agent_service_account_email = google_service_account.agent[each.value].email
+  agent_service_account_email = local.commands_subscribers[each.value]
   message_retention_duration  = var.commands_retention
 }

@@ -436,7 +436,7 @@ variable "instance_group_name" {
 }
 
 variable "agent_package" {
-  description = "The agent the example VMs install (metadata mbridge-package): the agent's artifact, <URL of mbridge-agent-pubsub-X.Y.Z.pex>#sha256=<its 64 hex digits> (make agent-artifact writes both), which the installer checks before running anything from it (infra/agent/README.md). Required with vm_names; no default."
+  description = "The agent the example VMs and the example group's members install (metadata mbridge-package): the agent's artifact, <URL of mbridge-agent-pubsub-X.Y.Z.pex>#sha256=<its 64 hex digits> (make agent-artifact writes both), which the installer checks before running anything from it (infra/agent/README.md). Required with vm_names or mig_vm_names; no default."
   type        = string
   default     = ""
 
@@ -458,5 +458,48 @@ variable "verify_key" {
     # It is written into an environment file, one variable per line.
     condition     = length(regexall("[\\r\\n]", var.verify_key)) == 0
     error_message = "verify_key must be a single line (the raw public key as base64 or base64url); a PEM block would break the agent's environment file."
+  }
+}
+
+# ---------------------------------------------------------------- the example managed instance group
+
+variable "mig_vm_names" {
+  description = "Names of the members of the example managed instance group (mig_example.tf), each made by name from the group's instance template, with its command subscription maintenance-commands-<name>. Empty (the default): no group, nothing of mig_example.tf is made. The members share one service account (the template's): docs/gcp.md#autohealers says what that opens."
+  type        = list(string)
+  default     = []
+
+  validation {
+    # Compute instance names; unlike vm_names no service account is named after them.
+    condition     = alltrue([for name in var.mig_vm_names : can(regex("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", name))]) && length(distinct(var.mig_vm_names)) == length(var.mig_vm_names)
+    error_message = "mig_vm_names must be distinct Compute instance names: lowercase letters, digits and hyphens, starting with a letter, not ending with a hyphen, 63 characters at most."
+  }
+}
+
+variable "mig_name" {
+  description = "Name of the example managed instance group, and the prefix of its instance templates, health checks and backend service."
+  type        = string
+  default     = "mbridge-mig"
+
+  validation {
+    # 30 at most: the templates are named <name>-<26 characters> (name_prefix), 63 at most.
+    condition     = can(regex("^[a-z]([-a-z0-9]{0,28}[a-z0-9])?$", var.mig_name))
+    error_message = "mig_name must be lowercase letters, digits and hyphens, start with a letter, not end with a hyphen and be 30 characters at most."
+  }
+}
+
+variable "mig_autohealing_check" {
+  description = "The HTTP check the example group autoheals on: the agent's /healthz on its health port (the default), or the application's own liveness. Never the agent's /readyz: a drain turns it unready on purpose, and the group would recreate every drained VM (the plan refuses it, as the functions refuse such a drain)."
+  type = object({
+    request_path = string
+    port         = number
+  })
+  default = {
+    request_path = "/healthz"
+    port         = 9797
+  }
+
+  validation {
+    condition     = startswith(var.mig_autohealing_check.request_path, "/") && var.mig_autohealing_check.port >= 1 && var.mig_autohealing_check.port <= 65535 && floor(var.mig_autohealing_check.port) == var.mig_autohealing_check.port
+    error_message = "mig_autohealing_check needs a request_path starting with / and a port from 1 to 65535."
   }
 }
