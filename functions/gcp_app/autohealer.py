@@ -23,7 +23,6 @@ A group's answer is kept for `TTL_SECONDS`: a wave drains many VMs of one group.
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 from google.api_core import exceptions as google_exceptions
 from google.cloud import compute_v1
 
+from functions.gcp_app.kept import Kept
 from functions.trust.gce_instances import GceInstance
 from wire.errors import PermanentError, RetryableError
 
@@ -52,6 +52,8 @@ _CHECK = re.compile(
     r"projects/(?P<project>[^/]+)/(?:(?:regions/(?P<region>[^/]+))|global)/healthChecks/(?P<name>[^/]+)$"
 )
 _DEFAULT_PORTS = {"HTTP": 80, "HTTPS": 443, "HTTP2": 443}
+# What the reads are for, as a refused read names it.
+AUTOHEALING = "what autohealing a drained VM"
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,7 @@ class MigAutohealers:
         self._reader = reader
         self._instances_named = instances_named
         self._path, self._port = path, port
-        self._clock = clock
-        self._groups: dict[str, tuple[float, tuple[HealthCheckTarget, ...]]] = {}
-        self._lock = threading.Lock()
+        self._groups: Kept[tuple[HealthCheckTarget, ...]] = Kept(TTL_SECONDS, clock)
 
     def conflict(self, vm: str) -> str | None:
         for instance in self._instances_named(vm):
@@ -121,19 +121,12 @@ class MigAutohealers:
         return None
 
     def _checks(self, group: str) -> tuple[HealthCheckTarget, ...]:
-        now = self._clock()
-        with self._lock:
-            kept = self._groups.get(group)
-            if kept is not None and now - kept[0] < TTL_SECONDS:
-                return kept[1]
-        checks = tuple(self._reader.autohealing_checks(group))
-        with self._lock:
-            self._groups[group] = (now, checks)
-        return checks
+        return self._groups.get(group, lambda: tuple(self._reader.autohealing_checks(group)))
 
 
 class ComputeMigReader:
-    """`MigReader` over the Compute API (google-cloud-compute)."""
+    """`MigReader` over the Compute API (google-cloud-compute); `purpose` is what a refused read says the
+    reads were for."""
 
     def __init__(
         self,
@@ -143,10 +136,12 @@ class ComputeMigReader:
         checks: compute_v1.HealthChecksClient,
         region_checks: compute_v1.RegionHealthChecksClient,
         timeout: float,
+        purpose: str = AUTOHEALING,
     ) -> None:
         self._instances, self._groups, self._region_groups = instances, groups, region_groups
         self._checks, self._region_checks = checks, region_checks
         self._timeout = timeout
+        self._purpose = purpose
 
     def created_by(self, instance: GceInstance) -> str | None:
         got = self._call(
@@ -185,37 +180,49 @@ class ComputeMigReader:
         return [self._target(policy.health_check) for policy in group.auto_healing_policies if policy.health_check]
 
     def _target(self, check_url: str) -> HealthCheckTarget:
+        check = self.health_check(check_url)
+        if check is None:
+            return HealthCheckTarget(check_url, "UNKNOWN", None, None)
+        return http_target(check_url.rsplit("/", 1)[-1], check)
+
+    def health_check(self, check_url: str) -> Any | None:
+        """The health check (global or regional) at `check_url`, as the API gives it; None for a URL that
+        names none (a legacy HTTP health check)."""
         where = _CHECK.search(check_url)
         if where is None:
-            return HealthCheckTarget(check_url, "UNKNOWN", None, None)
+            return None
         project, region, name = where["project"], where["region"], where["name"]
         if region:
-            check = self._call(
+            return self._call(
                 "compute.regionHealthChecks.get",
                 lambda: self._region_checks.get(
                     project=project, region=region, health_check=name, timeout=self._timeout
                 ),
             )
-        else:
-            check = self._call(
-                "compute.healthChecks.get",
-                lambda: self._checks.get(project=project, health_check=name, timeout=self._timeout),
-            )
-        return _http_target(name, check)
+        return self._call(
+            "compute.healthChecks.get",
+            lambda: self._checks.get(project=project, health_check=name, timeout=self._timeout),
+        )
 
     def _call(self, permission: str, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except (google_exceptions.Forbidden, google_exceptions.PermissionDenied) as exc:
-            raise PermanentError(
-                f"the function's service account cannot read what autohealing a drained VM ({permission}): "
-                f"{exc.message}"
-            ) from exc
-        except google_exceptions.GoogleAPICallError as exc:
-            raise RetryableError(f"reading the autohealing configuration failed: {exc}") from exc
+        return compute_read(permission, self._purpose, call)
 
 
-def _http_target(name: str, check: Any) -> HealthCheckTarget:
+def compute_read(permission: str, purpose: str, call: Callable[[], Any]) -> Any:
+    """`call`'s answer; a refused read as a PermanentError naming the permission, any other failure of
+    the API as a RetryableError."""
+    try:
+        return call()
+    except (google_exceptions.Forbidden, google_exceptions.PermissionDenied) as exc:
+        raise PermanentError(
+            f"the function's service account cannot read {purpose} ({permission}): {exc.message}"
+        ) from exc
+    except google_exceptions.GoogleAPICallError as exc:
+        raise RetryableError(f"the Compute API did not answer a read of {purpose} ({permission}): {exc}") from exc
+
+
+def http_target(name: str, check: Any) -> HealthCheckTarget:
+    """What a health check resource probes."""
     protocol = str(check.type_ or "")
     http = {
         "HTTP": check.http_health_check,
