@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from google.api_core import exceptions as google_exceptions
 from google.cloud import compute_v1
 
-from functions.gcp_app.kept import Kept
+from functions.gcp_app.kept import PerGroup
 from functions.trust.gce_instances import GceInstance
 from wire.errors import PermanentError, RetryableError
 
@@ -45,7 +45,8 @@ READ_PERMISSIONS = (
     "compute.healthChecks.get",
     "compute.regionHealthChecks.get",
 )
-_GROUP = re.compile(
+# A managed instance group's URL, zonal or regional.
+MANAGED_GROUP = re.compile(
     r"projects/(?P<project>[^/]+)/(?P<where>zones|regions)/(?P<location>[^/]+)/instanceGroupManagers/(?P<name>[^/]+)$"
 )
 _CHECK = re.compile(
@@ -99,17 +100,18 @@ class MigAutohealers:
         port: int = AGENT_HEALTH_PORT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._reader = reader
-        self._instances_named = instances_named
         self._path, self._port = path, port
-        self._groups: Kept[tuple[HealthCheckTarget, ...]] = Kept(TTL_SECONDS, clock)
+        self._groups = PerGroup(
+            instances_named,
+            reader.created_by,
+            lambda group: tuple(reader.autohealing_checks(group)),
+            ttl=TTL_SECONDS,
+            clock=clock,
+        )
 
     def conflict(self, vm: str) -> str | None:
-        for instance in self._instances_named(vm):
-            group = self._reader.created_by(instance)
-            if group is None:
-                continue
-            check = conflicting(self._checks(group), self._path, self._port)
+        for group, checks in self._groups.of(vm):
+            check = conflicting(checks, self._path, self._port)
             if check is not None:
                 port = "a named port" if check.port is None else f"port {check.port}"
                 return (
@@ -119,9 +121,6 @@ class MigAutohealers:
                     "application's), keep /readyz for the load balancer's health check (docs/gcp.md#autohealers)"
                 )
         return None
-
-    def _checks(self, group: str) -> tuple[HealthCheckTarget, ...]:
-        return self._groups.get(group, lambda: tuple(self._reader.autohealing_checks(group)))
 
 
 class ComputeMigReader:
@@ -151,7 +150,7 @@ class ComputeMigReader:
             ),
         )
         for item in got.metadata.items:
-            where = _GROUP.search(item.value) if item.key == "created-by" else None
+            where = MANAGED_GROUP.search(item.value) if item.key == "created-by" else None
             if where is not None:
                 # The item names the project by number; the group is in the instance's own project.
                 group = f"{where['where']}/{where['location']}/instanceGroupManagers/{where['name']}"
@@ -159,7 +158,7 @@ class ComputeMigReader:
         return None
 
     def autohealing_checks(self, group_url: str) -> Sequence[HealthCheckTarget]:
-        where = _GROUP.search(group_url)
+        where = MANAGED_GROUP.search(group_url)
         if where is None:
             return ()
         project, location, name = where["project"], where["location"], where["name"]
@@ -237,5 +236,5 @@ def http_target(name: str, check: Any) -> HealthCheckTarget:
 
 
 def _short(url: str) -> str:
-    where = _GROUP.search(url)
+    where = MANAGED_GROUP.search(url)
     return url if where is None else f"{where['location']}/{where['name']}"

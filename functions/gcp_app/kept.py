@@ -4,8 +4,11 @@ would otherwise read the same group's configuration again."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from functools import partial
 from typing import Generic, TypeVar
+
+from functions.trust.gce_instances import GceInstance
 
 Answer = TypeVar("Answer")
 
@@ -31,3 +34,30 @@ class Kept(Generic[Answer]):
         with self._lock:
             self._answers[key] = (now, answer)
         return answer
+
+
+class PerGroup(Generic[Answer]):
+    """An answer about each managed instance group that made an instance of a VM's name, read by
+    `read(group URL)` and kept `ttl` seconds a group; `created_by` names an instance's group (None: no
+    group made it)."""
+
+    def __init__(
+        self,
+        instances_named: Callable[[str], Sequence[GceInstance]],
+        created_by: Callable[[GceInstance], str | None],
+        read: Callable[[str], Answer],
+        *,
+        ttl: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._instances_named = instances_named
+        self._created_by = created_by
+        self._read = read
+        self._kept: Kept[Answer] = Kept(ttl, clock)
+
+    def of(self, vm: str) -> Iterator[tuple[str, Answer]]:
+        """(group URL, its answer) for each instance named `vm` that a managed group made."""
+        for instance in self._instances_named(vm):
+            group = self._created_by(instance)
+            if group is not None:
+                yield group, self._kept.get(group, partial(self._read, group))
