@@ -19,6 +19,7 @@ import requests
 from functions.azure_app.autohealer import scale_set_repairs
 from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.load_balancer import AzureLoadBalancer, nics_in_resource_group, nics_of_scoped_vm
+from functions.azure_app.probe_times import probe_reader
 from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, AttestedTrust, Settings, SettingsError
 from functions.azure_app.tables import TableAuditLog, TableStateStore, table_errors
 from functions.azure_app.vm_directory import vm_directory
@@ -197,6 +198,7 @@ def _balancer(
 ) -> LoadBalancer:
     balancers: list[tuple[str, LoadBalancer]] = []
     target = settings.load_balancer
+    probe_seconds = None
     if target is not None:
         from azure.mgmt.network import NetworkManagementClient
 
@@ -210,6 +212,8 @@ def _balancer(
         balancers.append(
             (AZURE_LB, AzureLoadBalancer(client, target.subscription_id, target.resource_group, target.name, lookup))
         )
+        # How long its probe takes to see a readiness drain (the policy's value when it is not read).
+        probe_seconds = probe_reader(settings, client)
     if settings.readiness_drain:
         ttl = timedelta(seconds=settings.policy.command_ttl_seconds)
         # With the scope's VMs known, a drain a scale set's automatic repairs would act on is refused.
@@ -218,7 +222,9 @@ def _balancer(
             if directory is not None and settings.autohealer_check
             else None
         )
-        readiness = ReadinessBalancer(sender, clock=_utc_now, ttl=ttl, signer=signer, guard=guard)
+        readiness = ReadinessBalancer(
+            sender, clock=_utc_now, ttl=ttl, signer=signer, guard=guard, probe_seconds=probe_seconds
+        )
         balancers.append((READINESS, readiness))
     # Always composite, even with one balancer: the memento keeps the same shape when
     # balancers are added or removed later, so older drains are still restored.

@@ -494,7 +494,8 @@ module drainTargetCheck 'modules/check.bicep' = if (drainEnabled) {
 // Only what the load balancer adapter does (docs/azure.md, "A custom role for draining"):
 // read and write NICs, read and write backend pools, and the join actions a NIC or pool
 // write is checked for: the subnet, and the NSG, public IP, application security groups and
-// inbound NAT rules a NIC may link to.
+// inbound NAT rules a NIC may link to; and read the load balancer's rules and probes (how long a
+// drain through /readyz takes to be seen: functions/azure_app/probe_times.py).
 resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (drainEnabled) {
   name: guid(subscription().id, resourceGroup().id, drainerRoleName)
   properties: {
@@ -506,6 +507,7 @@ resource drainerRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (
         actions: [
           'Microsoft.Network/networkInterfaces/read'
           'Microsoft.Network/networkInterfaces/write'
+          'Microsoft.Network/loadBalancers/read'
           'Microsoft.Network/loadBalancers/backendAddressPools/read'
           'Microsoft.Network/loadBalancers/backendAddressPools/write'
           'Microsoft.Network/loadBalancers/backendAddressPools/join/action'

@@ -157,6 +157,8 @@ NOT_DEPLOYED = {
     # the autohealer check is on unless set false, for agents on the default health port
     app_settings.AUTOHEALER_CHECK,
     app_settings.AGENT_HEALTH_PORT,
+    # the load balancer's probe is read unless set false (docs/policy.md#probe-aware-drains)
+    app_settings.READ_PROBES,
 }
 # A trust file makes the function trust the keys written in it instead of Azure's: local runs only.
 NEVER_DEPLOYED = {app_settings.TRUST_FILE}
@@ -354,6 +356,8 @@ def test_drainer_role_allows_membership_changes_only(facts: AzureFacts) -> None:
     assert facts.drainer_actions == {
         "Microsoft.Network/networkInterfaces/read",
         "Microsoft.Network/networkInterfaces/write",
+        # the load balancer's rules and probes: how long a drain through /readyz takes to be seen
+        "Microsoft.Network/loadBalancers/read",
         "Microsoft.Network/loadBalancers/backendAddressPools/read",
         "Microsoft.Network/loadBalancers/backendAddressPools/write",
         "Microsoft.Network/loadBalancers/backendAddressPools/join/action",

@@ -36,7 +36,8 @@ locals {
 # ---------------------------------------------------------------- the drainer role
 
 # Only what the load balancer adapter does (docs/azure.md): move NIC ipConfigurations and IP
-# addresses in and out of backend pools. Writing a NIC re-submits its links, so ARM also checks
+# addresses in and out of backend pools, and read the load balancer's rules and probes (how long a
+# drain through /readyz takes to be seen: functions/azure_app/probe_times.py). Writing a NIC re-submits its links, so ARM also checks
 # `join` on the subnet and on whatever else the NIC links to (NSG, public IP, application
 # security groups, inbound NAT rules); IP-based pools need joinLoadBalancer on the virtual
 # network. The joins take effect where the role is assigned: the NICs' resource group, the load
@@ -50,6 +51,7 @@ resource "azurerm_role_definition" "drainer" {
     actions = [
       "Microsoft.Network/networkInterfaces/read",
       "Microsoft.Network/networkInterfaces/write",
+      "Microsoft.Network/loadBalancers/read",
       "Microsoft.Network/loadBalancers/backendAddressPools/read",
       "Microsoft.Network/loadBalancers/backendAddressPools/write",
       "Microsoft.Network/loadBalancers/backendAddressPools/join/action",
