@@ -99,6 +99,7 @@ class GroupProbeTimes:
         found: list[float] = []
         for _, checks in self._groups.of(vm):
             for probe in checks:
+                # A check whose kind was not read (a legacy HTTP health check) may probe the readiness.
                 unread = probe.check.path is None and probe.check.protocol == "UNKNOWN"
                 if not unread and conflicting([probe.check], self._path, self._port) is None:
                     continue  # it does not probe the agent's readiness: the drain does not turn it
