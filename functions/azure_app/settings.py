@@ -64,6 +64,9 @@ READINESS_DRAIN = "MBRIDGE_READINESS_DRAIN"
 # (functions/azure_app/autohealer.py); the agents' health port.
 AUTOHEALER_CHECK = "MBRIDGE_AUTOHEALER_CHECK"
 AGENT_HEALTH_PORT = "MBRIDGE_AGENT_HEALTH_PORT"
+# A drain through /readyz counts from when the load balancer's probe saw it, as read from the load
+# balancer (functions/azure_app/probe_times.py); false: the policy's readiness_probe_seconds, always.
+READ_PROBES = "MBRIDGE_READ_PROBES"
 POLICY = "MBRIDGE_POLICY"
 SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
 TRUST_RESOURCE_GROUPS = "MBRIDGE_TRUST_RESOURCE_GROUPS"
@@ -166,6 +169,8 @@ class Settings:
     # Before a drain through /readyz: refuse one a scale set's automatic repairs act on (autohealer.py).
     autohealer_check: bool = True
     agent_health_port: int = 9797
+    # Read the probe's time of a readiness drain from the load balancer (probe_times.py).
+    read_probes: bool = True
     # Whether the app reconciles with Resource Graph's maintenanceresources table (docs/azure.md).
     central_reconcile: bool = False
 
@@ -234,6 +239,7 @@ class Settings:
             central_reconcile=_central_reconcile(env, subscriptions),
             autohealer_check=env.flag(AUTOHEALER_CHECK, default=True),
             agent_health_port=env.port(AGENT_HEALTH_PORT, 9797),
+            read_probes=env.flag(READ_PROBES, default=True),
         )
 
 

@@ -19,11 +19,13 @@ import requests
 from functions.azure_app.autohealer import scale_set_repairs
 from functions.azure_app.commands import ServiceBusCommandSender
 from functions.azure_app.load_balancer import (
+    POOL_EDIT,
     AzureLoadBalancer,
     nics_in_resource_group,
     nics_of_scoped_vm,
     uniform_instances,
 )
+from functions.azure_app.probe_times import probe_reader
 from functions.azure_app.settings import TRUST_FILE, TRUST_SUBSCRIPTIONS, AttestedTrust, Settings, SettingsError
 from functions.azure_app.tables import TableAuditLog, TableStateStore, table_errors
 from functions.azure_app.vm_directory import vm_directory
@@ -202,6 +204,7 @@ def _balancer(
 ) -> LoadBalancer:
     balancers: list[tuple[str, LoadBalancer]] = []
     target = settings.load_balancer
+    probe_seconds = None
     if target is not None:
         from azure.mgmt.network import NetworkManagementClient
 
@@ -219,6 +222,10 @@ def _balancer(
             scale_set_instance=None if directory is None else uniform_instances(directory),
         )  # fmt: skip
         balancers.append((AZURE_LB, balancer))
+        # How long its probe takes to see a readiness drain (the policy's value when it is not read).
+        # Only pool edits leave a uniform scale set's instance to its /readyz; by admin state the
+        # instance's entries are set Down with the rest, so no probe of this balancer counts.
+        probe_seconds = probe_reader(settings, client) if target.drain_method == POOL_EDIT else None
     if settings.readiness_drain:
         ttl = timedelta(seconds=settings.policy.command_ttl_seconds)
         # With the scope's VMs known, a drain a scale set's automatic repairs would act on is refused.
@@ -227,7 +234,9 @@ def _balancer(
             if directory is not None and settings.autohealer_check
             else None
         )
-        readiness = ReadinessBalancer(sender, clock=_utc_now, ttl=ttl, signer=signer, guard=guard)
+        readiness = ReadinessBalancer(
+            sender, clock=_utc_now, ttl=ttl, signer=signer, guard=guard, probe_seconds=probe_seconds
+        )
         balancers.append((READINESS, readiness))
     # Always composite, even with one balancer: the memento keeps the same shape when
     # balancers are added or removed later, so older drains are still restored.

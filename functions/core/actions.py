@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from functions.core.balancers import through_readiness
+from functions.core import probes
+from functions.core.balancers import readiness_part
 from functions.core.decide import Approve, Decision, Drain, PerformMaintenance, approval_time
 from functions.core.holds import past_the_budget, reservation_expiry
 from functions.core.invocation import Invocation
@@ -80,11 +81,13 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> Drained | None:
         if memento:
             run.deps.balancer.remove(vm, memento)
         # When it was out: an approval of an event of several VMs counts its drain period from the last
-        # one. Out through /readyz, it is out once the balancer's probe has seen it (the policy's
-        # readiness_probe_seconds), not when the agent was told.
+        # one. Out through /readyz, it is out once the balancers' probes have seen it (as read when it
+        # was located, else the policy's readiness_probe_seconds), not when the agent was told.
         out_at = run.moment()
-        if memento and through_readiness(memento):
-            out_at += timedelta(seconds=run.policy.readiness_probe_seconds)
+        readiness = readiness_part(memento) if memento else None
+        probe = None if readiness is None else probes.delay(readiness, run.policy, vm)
+        if probe is not None:
+            out_at += timedelta(seconds=probe.seconds)
         last_out = out_at if last_out is None else max(last_out, out_at)
         drained_at = format_rfc3339(out_at)
         removed = {"memento": memento, "state": REMOVED, "drained_at": drained_at, **_what_for(event)}
@@ -93,12 +96,8 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> Drained | None:
         # `lifecycle.mark_ended`): then the step stops here, and puts back what it took out.
         ended = store.record_drain_unless(key, vm, removed, ended_key(event))
         checked = True
-        run.note(
-            ActionName.DRAIN,
-            vm,
-            decision,
-            decision.reason if memento else f"{decision.reason} ({vm} was in no managed pool)",
-        )
+        reason = decision.reason if memento else f"{decision.reason} ({vm} was in no managed pool)"
+        run.note(ActionName.DRAIN, vm, decision, reason if probe is None else f"{reason}; {probe.said()}")
         if ended is not None:
             return Drained(checked, ended, last_out)
     return Drained(checked, out_at=last_out)

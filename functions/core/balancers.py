@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Callable
 
 from functions.core.ports import CommandSender, JsonObject, LoadBalancer
+from functions.core.probes import MEMENTO_KEY, ProbeReader, read_seconds
 from wire.commands import Command, CommandType, new_command
 from wire.errors import PermanentError
 
@@ -31,6 +32,7 @@ class ReadinessBalancer:
         ttl: timedelta = timedelta(minutes=10),
         signer: Callable[[Command], Command] | None = None,
         guard: Callable[[str], str | None] | None = None,
+        probe_seconds: ProbeReader | None = None,
     ) -> None:
         self._sender = sender
         self._clock = clock
@@ -39,16 +41,25 @@ class ReadinessBalancer:
         # The cloud's autohealer check (functions/gcp_app/autohealer.py): why draining the VM through
         # /readyz would get it recreated, or None. Asked before anything changes.
         self._guard = guard
+        # The cloud's reader of how long the balancers that probe the VM's /readyz take to see it
+        # unready (functions/core/probes.py); None, or a VM it knows nothing of: the policy's value.
+        self._probe_seconds = probe_seconds
 
     def locate(self, vm: str) -> JsonObject | None:
         if self._guard is not None:
             conflict = self._guard(vm)
             if conflict is not None:
                 raise AutohealerConflictError(f"{vm} is not drained: {conflict}")
-        # Every VM with an agent has a /readyz to turn; nothing to read first. The drain gets an
-        # id of its own, kept in the memento: its commands are told apart from those of any
-        # other drain of the VM, and a retry of this one reuses them.
-        return {"readiness": True, "drain": secrets.token_hex(8)}
+        # Every VM with an agent has a /readyz to turn. The drain gets an id of its own, kept in the
+        # memento: its commands are told apart from those of any other drain of the VM, and a retry
+        # of this one reuses them.
+        memento: JsonObject = {"readiness": True, "drain": secrets.token_hex(8)}
+        # The probe's time is read once, here, and kept with the drain: its retries and the audit
+        # count the drain period with the same number.
+        seconds = None if self._probe_seconds is None else read_seconds(self._probe_seconds, vm)
+        if seconds is not None:
+            memento[MEMENTO_KEY] = seconds
+        return memento
 
     def remove(self, vm: str, memento: JsonObject) -> None:
         if memento.get("readiness"):
@@ -92,9 +103,10 @@ class CompositeBalancer:
                 balancer.restore(vm, memento[name])
 
 
-def through_readiness(memento: JsonObject) -> bool:
-    """Whether a drain's memento has a part done through the agent's /readyz (ReadinessBalancer's, at
-    the top or as one part of a CompositeBalancer's): the load balancer's probe has yet to see it."""
+def readiness_part(memento: JsonObject) -> JsonObject | None:
+    """The part of a drain's memento done through the agent's /readyz (ReadinessBalancer's: the memento
+    itself, or one part of a CompositeBalancer's), whose load balancers' probes have yet to see it; or
+    None."""
     if memento.get("readiness") is True:
-        return True
-    return any(isinstance(part, dict) and part.get("readiness") is True for part in memento.values())
+        return memento
+    return next((part for part in memento.values() if isinstance(part, dict) and part.get("readiness") is True), None)

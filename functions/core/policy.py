@@ -50,8 +50,8 @@ class Policy:
     not_before_margin_seconds: float = 5.0
     # A drain through the agent's /readyz is done for the load balancer only once its probe has seen
     # the VM unready: probe interval x unhealthy threshold (docs/policy.md#probe-aware-drains). The
-    # drain period starts then. 30 s covers Azure Load Balancer's default probe (15 s, 2 probes) and
-    # a Cloud Load Balancing health check's (5 s, 2 checks).
+    # drain period starts then. Used when the app cannot read the probe itself. 30 s covers Azure Load
+    # Balancer's default probe (15 s, 2 probes) and a Cloud Load Balancing health check's (5 s, 2 checks).
     readiness_probe_seconds: float = 30.0
     # Approvals travel as commands that expire after this long.
     command_ttl_seconds: float = 600.0

@@ -23,7 +23,6 @@ A group's answer is kept for `TTL_SECONDS`: a wave drains many VMs of one group.
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 from google.api_core import exceptions as google_exceptions
 from google.cloud import compute_v1
 
+from functions.gcp_app.kept import PerGroup
 from functions.trust.gce_instances import GceInstance
 from wire.errors import PermanentError, RetryableError
 
@@ -45,13 +45,16 @@ READ_PERMISSIONS = (
     "compute.healthChecks.get",
     "compute.regionHealthChecks.get",
 )
-_GROUP = re.compile(
+# A managed instance group's URL, zonal or regional.
+MANAGED_GROUP = re.compile(
     r"projects/(?P<project>[^/]+)/(?P<where>zones|regions)/(?P<location>[^/]+)/instanceGroupManagers/(?P<name>[^/]+)$"
 )
 _CHECK = re.compile(
     r"projects/(?P<project>[^/]+)/(?:(?:regions/(?P<region>[^/]+))|global)/healthChecks/(?P<name>[^/]+)$"
 )
 _DEFAULT_PORTS = {"HTTP": 80, "HTTPS": 443, "HTTP2": 443}
+# What the reads are for, as a refused read names it.
+AUTOHEALING = "what autohealing a drained VM"
 
 
 @dataclass(frozen=True)
@@ -97,19 +100,18 @@ class MigAutohealers:
         port: int = AGENT_HEALTH_PORT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._reader = reader
-        self._instances_named = instances_named
         self._path, self._port = path, port
-        self._clock = clock
-        self._groups: dict[str, tuple[float, tuple[HealthCheckTarget, ...]]] = {}
-        self._lock = threading.Lock()
+        self._groups = PerGroup(
+            instances_named,
+            reader.created_by,
+            lambda group: tuple(reader.autohealing_checks(group)),
+            ttl=TTL_SECONDS,
+            clock=clock,
+        )
 
     def conflict(self, vm: str) -> str | None:
-        for instance in self._instances_named(vm):
-            group = self._reader.created_by(instance)
-            if group is None:
-                continue
-            check = conflicting(self._checks(group), self._path, self._port)
+        for group, checks in self._groups.of(vm):
+            check = conflicting(checks, self._path, self._port)
             if check is not None:
                 port = "a named port" if check.port is None else f"port {check.port}"
                 return (
@@ -120,20 +122,10 @@ class MigAutohealers:
                 )
         return None
 
-    def _checks(self, group: str) -> tuple[HealthCheckTarget, ...]:
-        now = self._clock()
-        with self._lock:
-            kept = self._groups.get(group)
-            if kept is not None and now - kept[0] < TTL_SECONDS:
-                return kept[1]
-        checks = tuple(self._reader.autohealing_checks(group))
-        with self._lock:
-            self._groups[group] = (now, checks)
-        return checks
-
 
 class ComputeMigReader:
-    """`MigReader` over the Compute API (google-cloud-compute)."""
+    """`MigReader` over the Compute API (google-cloud-compute); `purpose` is what a refused read says the
+    reads were for."""
 
     def __init__(
         self,
@@ -143,10 +135,12 @@ class ComputeMigReader:
         checks: compute_v1.HealthChecksClient,
         region_checks: compute_v1.RegionHealthChecksClient,
         timeout: float,
+        purpose: str = AUTOHEALING,
     ) -> None:
         self._instances, self._groups, self._region_groups = instances, groups, region_groups
         self._checks, self._region_checks = checks, region_checks
         self._timeout = timeout
+        self._purpose = purpose
 
     def created_by(self, instance: GceInstance) -> str | None:
         got = self._call(
@@ -156,7 +150,7 @@ class ComputeMigReader:
             ),
         )
         for item in got.metadata.items:
-            where = _GROUP.search(item.value) if item.key == "created-by" else None
+            where = MANAGED_GROUP.search(item.value) if item.key == "created-by" else None
             if where is not None:
                 # The item names the project by number; the group is in the instance's own project.
                 group = f"{where['where']}/{where['location']}/instanceGroupManagers/{where['name']}"
@@ -164,7 +158,7 @@ class ComputeMigReader:
         return None
 
     def autohealing_checks(self, group_url: str) -> Sequence[HealthCheckTarget]:
-        where = _GROUP.search(group_url)
+        where = MANAGED_GROUP.search(group_url)
         if where is None:
             return ()
         project, location, name = where["project"], where["location"], where["name"]
@@ -185,37 +179,49 @@ class ComputeMigReader:
         return [self._target(policy.health_check) for policy in group.auto_healing_policies if policy.health_check]
 
     def _target(self, check_url: str) -> HealthCheckTarget:
+        check = self.health_check(check_url)
+        if check is None:
+            return HealthCheckTarget(check_url, "UNKNOWN", None, None)
+        return http_target(check_url.rsplit("/", 1)[-1], check)
+
+    def health_check(self, check_url: str) -> Any | None:
+        """The health check (global or regional) at `check_url`, as the API gives it; None for a URL that
+        names none (a legacy HTTP health check)."""
         where = _CHECK.search(check_url)
         if where is None:
-            return HealthCheckTarget(check_url, "UNKNOWN", None, None)
+            return None
         project, region, name = where["project"], where["region"], where["name"]
         if region:
-            check = self._call(
+            return self._call(
                 "compute.regionHealthChecks.get",
                 lambda: self._region_checks.get(
                     project=project, region=region, health_check=name, timeout=self._timeout
                 ),
             )
-        else:
-            check = self._call(
-                "compute.healthChecks.get",
-                lambda: self._checks.get(project=project, health_check=name, timeout=self._timeout),
-            )
-        return _http_target(name, check)
+        return self._call(
+            "compute.healthChecks.get",
+            lambda: self._checks.get(project=project, health_check=name, timeout=self._timeout),
+        )
 
     def _call(self, permission: str, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except (google_exceptions.Forbidden, google_exceptions.PermissionDenied) as exc:
-            raise PermanentError(
-                f"the function's service account cannot read what autohealing a drained VM ({permission}): "
-                f"{exc.message}"
-            ) from exc
-        except google_exceptions.GoogleAPICallError as exc:
-            raise RetryableError(f"reading the autohealing configuration failed: {exc}") from exc
+        return compute_read(permission, self._purpose, call)
 
 
-def _http_target(name: str, check: Any) -> HealthCheckTarget:
+def compute_read(permission: str, purpose: str, call: Callable[[], Any]) -> Any:
+    """`call`'s answer; a refused read as a PermanentError naming the permission, any other failure of
+    the API as a RetryableError."""
+    try:
+        return call()
+    except (google_exceptions.Forbidden, google_exceptions.PermissionDenied) as exc:
+        raise PermanentError(
+            f"the function's service account cannot read {purpose} ({permission}): {exc.message}"
+        ) from exc
+    except google_exceptions.GoogleAPICallError as exc:
+        raise RetryableError(f"the Compute API did not answer a read of {purpose} ({permission}): {exc}") from exc
+
+
+def http_target(name: str, check: Any) -> HealthCheckTarget:
+    """What a health check resource probes."""
     protocol = str(check.type_ or "")
     http = {
         "HTTP": check.http_health_check,
@@ -230,5 +236,5 @@ def _http_target(name: str, check: Any) -> HealthCheckTarget:
 
 
 def _short(url: str) -> str:
-    where = _GROUP.search(url)
+    where = MANAGED_GROUP.search(url)
     return url if where is None else f"{where['location']}/{where['name']}"

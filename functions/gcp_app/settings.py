@@ -38,6 +38,9 @@ ENV_CENTRAL_UPCOMING = "MBRIDGE_CENTRAL_UPCOMING"
 # refuse a drain that would fail one (functions/gcp_app/autohealer.py); the agents' health port.
 ENV_AUTOHEALER_CHECK = "MBRIDGE_AUTOHEALER_CHECK"
 ENV_AGENT_HEALTH_PORT = "MBRIDGE_AGENT_HEALTH_PORT"
+# A drain through /readyz counts from when the backend services' health checks saw it, as read from
+# them (functions/gcp_app/probe_times.py); false: the policy's readiness_probe_seconds, always.
+ENV_READ_PROBES = "MBRIDGE_READ_PROBES"
 ENV_POLICY = "MBRIDGE_POLICY"
 ENV_SIGNING_KEY = "MBRIDGE_SIGNING_KEY"
 ENV_COMPUTE_TIMEOUT = "MBRIDGE_COMPUTE_TIMEOUT_SECONDS"
@@ -101,6 +104,7 @@ class Settings:
     central_upcoming: bool = True
     autohealer_check: bool = True
     agent_health_port: int = 9797
+    read_probes: bool = True
     policy: Policy = DEFAULT_POLICY
     signing_key: str | None = None
     compute_timeout: float = DEFAULT_COMPUTE_TIMEOUT
@@ -173,6 +177,7 @@ class Settings:
             central_upcoming=_boolean(ENV_CENTRAL_UPCOMING, get(ENV_CENTRAL_UPCOMING), default=True),
             autohealer_check=_boolean(ENV_AUTOHEALER_CHECK, get(ENV_AUTOHEALER_CHECK), default=True),
             agent_health_port=_port(ENV_AGENT_HEALTH_PORT, get(ENV_AGENT_HEALTH_PORT), 9797),
+            read_probes=_boolean(ENV_READ_PROBES, get(ENV_READ_PROBES), default=True),
             policy=_policy(environ.get(ENV_POLICY)),
             signing_key=environ.get(ENV_SIGNING_KEY) or None,
             compute_timeout=_seconds(ENV_COMPUTE_TIMEOUT, get(ENV_COMPUTE_TIMEOUT), DEFAULT_COMPUTE_TIMEOUT),

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TypeVar
 
 import requests
 from google.cloud import compute_v1, firestore
@@ -31,6 +32,7 @@ from functions.gcp_app.compute import ComputeMaintenance, InstanceGroupBalancer
 from functions.gcp_app.firestore_audit import FirestoreAuditLog
 from functions.gcp_app.firestore_store import FirestoreStateStore
 from functions.gcp_app.instance_directory import ComputeInstanceDirectory
+from functions.gcp_app.probe_times import PURPOSE, ComputeBackendReader, GroupProbeTimes
 from functions.gcp_app.settings import ENV_TRUST_AUDIENCE, ENV_TRUST_FILE, Settings, SettingsError
 from functions.notify import notifying_audit
 from functions.notify.webhook import where
@@ -44,6 +46,7 @@ from wire.signing import load_private_key, sign_command
 from wire.transports.pubsub import PublisherFactory, PubSubOperator, PubSubSettings, new_commands_publisher
 
 LOG = logging.getLogger("mbridge.gcp.wiring")
+Made = TypeVar("Made")
 
 # Names of the parts of a drain memento (CompositeBalancer): kept stable, because mementos
 # stored under them are restored by later invocations, possibly after a configuration change.
@@ -76,6 +79,10 @@ class Clients:
     )
     health_checks: Callable[[], compute_v1.HealthChecksClient] = compute_v1.HealthChecksClient
     region_health_checks: Callable[[], compute_v1.RegionHealthChecksClient] = compute_v1.RegionHealthChecksClient
+    backend_services: Callable[[], compute_v1.BackendServicesClient] = compute_v1.BackendServicesClient
+    region_backend_services: Callable[[], compute_v1.RegionBackendServicesClient] = (
+        compute_v1.RegionBackendServicesClient
+    )
     publisher: PublisherFactory = new_commands_publisher
 
 
@@ -114,11 +121,13 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         )
         parts.append((INSTANCE_GROUPS, groups))
     if settings.readiness_drain:
-        # The check reads the Compute API; with a trust file (local runs and tests: the VMs are a
-        # simulator's, no instance group holds them) it has nothing to read.
-        checked = settings.autohealer_check and settings.trust_file is None
-        guard = _autohealers(settings, clients, directory) if checked else None
-        parts.append((READINESS, ReadinessBalancer(sender, clock, signer=signer, guard=guard)))
+        # The check and the probes' times read the Compute API; with a trust file (local runs and
+        # tests: the VMs are a simulator's, no instance group holds them) they have nothing to read.
+        local = settings.trust_file is not None
+        guard = _autohealers(settings, clients, directory) if settings.autohealer_check and not local else None
+        probes = _probe_times(settings, clients, directory) if settings.read_probes and not local else None
+        readiness = ReadinessBalancer(sender, clock, signer=signer, guard=guard, probe_seconds=probes)
+        parts.append((READINESS, readiness))
     maintenance: Maintenance | None = None
     if settings.maintenance_zones:
         maintenance = ComputeMaintenance(
@@ -152,25 +161,55 @@ def instance_directory(settings: Settings, clients: Clients | None = None) -> Co
 def _autohealers(settings: Settings, clients: Clients, directory: InstanceDirectory) -> Callable[[str], str | None]:
     """The readiness drain's guard against autohealing (functions/gcp_app/autohealer.py); its Compute
     clients are made at its first question, as the directory's are."""
-    made: list[MigAutohealers] = []
+    guard = _on_first_use(
+        lambda: MigAutohealers(
+            _mig_reader(settings, clients), directory.instances_named, port=settings.agent_health_port
+        )
+    )
+    return lambda vm: guard().conflict(vm)
+
+
+def _probe_times(settings: Settings, clients: Clients, directory: InstanceDirectory) -> Callable[[str], float | None]:
+    """The readiness drain's reader of the backend services' health checks (functions/gcp_app/
+    probe_times.py); its Compute clients are made at its first question."""
+
+    def make() -> GroupProbeTimes:
+        reader = ComputeBackendReader(
+            _mig_reader(settings, clients, purpose=PURPOSE),
+            clients.backend_services(),
+            clients.region_backend_services(),
+            timeout=settings.compute_timeout,
+        )
+        return GroupProbeTimes(reader, directory.instances_named, port=settings.agent_health_port)
+
+    times = _on_first_use(make)
+    return lambda vm: times().seconds(vm)
+
+
+def _mig_reader(settings: Settings, clients: Clients, **options: str) -> ComputeMigReader:
+    return ComputeMigReader(
+        clients.instances(),
+        clients.instance_group_managers(),
+        clients.region_instance_group_managers(),
+        clients.health_checks(),
+        clients.region_health_checks(),
+        timeout=settings.compute_timeout,
+        **options,
+    )
+
+
+def _on_first_use(make: Callable[[], Made]) -> Callable[[], Made]:
+    """`make()`'s result, made once, at the first call (by one caller when several come at once)."""
+    made: list[Made] = []
     lock = threading.Lock()
 
-    def conflict(vm: str) -> str | None:
+    def get() -> Made:
         with lock:
             if not made:
-                reader = ComputeMigReader(
-                    clients.instances(),
-                    clients.instance_group_managers(),
-                    clients.region_instance_group_managers(),
-                    clients.health_checks(),
-                    clients.region_health_checks(),
-                    timeout=settings.compute_timeout,
-                )
-                made.append(MigAutohealers(reader, directory.instances_named, port=settings.agent_health_port))
-            guard = made[0]
-        return guard.conflict(vm)
+                made.append(make())
+            return made[0]
 
-    return conflict
+    return get
 
 
 class _LazyDirectory:

@@ -157,6 +157,8 @@ NOT_DEPLOYED = {
     # the autohealer check is on unless set false, for agents on the default health port
     app_settings.AUTOHEALER_CHECK,
     app_settings.AGENT_HEALTH_PORT,
+    # the load balancer's probe is read unless set false (docs/policy.md#probe-aware-drains)
+    app_settings.READ_PROBES,
 }
 # A trust file makes the function trust the keys written in it instead of Azure's: local runs only.
 NEVER_DEPLOYED = {app_settings.TRUST_FILE}

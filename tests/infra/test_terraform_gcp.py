@@ -24,7 +24,7 @@ import pytest
 
 from agent.messages import result_message
 from functions.core import audit_codec
-from functions.gcp_app import autohealer, compute, instance_directory, settings
+from functions.gcp_app import autohealer, compute, instance_directory, probe_times, settings
 from functions.gcp_app.commands import command_message
 from scripts.build_function_package import CLOUDS, build, package_files
 from tests.infra.sources import (
@@ -369,6 +369,8 @@ NOT_DEPLOYED = {
     # the autohealer check is on unless set false, for agents on the default health port
     settings.ENV_AUTOHEALER_CHECK,
     settings.ENV_AGENT_HEALTH_PORT,
+    # the probes' times are read unless set false (docs/policy.md#probe-aware-drains)
+    settings.ENV_READ_PROBES,
 }
 # A trust file makes the function trust the keys written in it instead of Google's: local runs only.
 NEVER_DEPLOYED = {settings.ENV_TRUST_FILE}
@@ -434,8 +436,13 @@ def test_the_function_may_list_instances_of_each_trusted_project_and_nothing_mor
     role = resource("google_project_iam_custom_role.instance_reader")
     assert role["for_each"] == "${toset(local.trust_projects)}"
     assert role["project"] == ref("each.value")
-    # ... and the reads of what autohealing an instance before a drain through /readyz, nothing else
-    assert role["permissions"] == ["compute.instances.list", *autohealer.READ_PERMISSIONS]
+    # ... and the reads of what autohealing an instance, and of its load balancers' health checks,
+    # before a drain through /readyz, nothing else
+    assert role["permissions"] == [
+        "compute.instances.list",
+        *autohealer.READ_PERMISSIONS,
+        *probe_times.READ_PERMISSIONS,
+    ]
     grant = resource("google_project_iam_member.function_instance_reader")
     assert grant["for_each"] == "${toset(local.trust_projects)}"
     assert grant["project"] == ref("each.value")

@@ -156,20 +156,25 @@ resource "google_project_iam_member" "function_drainer" {
 # Before a drain through /readyz the functions read what autohealing the VM (functions/gcp_app/
 # autohealer.py, docs/gcp.md#autohealers): the instance (its created-by metadata item), its managed
 # instance group and the group's health checks, zonal, regional or global: four get permissions,
-# reads only.
+# reads only. And how long the load balancers take to see the drain (functions/gcp_app/
+# probe_times.py, docs/gcp.md#probe-times): the backend services, global and regional, whose
+# backends include that group, and their health checks (the same two get permissions): two list
+# permissions more, checked on the project.
 resource "google_project_iam_custom_role" "instance_reader" {
   for_each = toset(local.trust_projects)
 
   project     = each.value
   role_id     = "mbridgeInstanceReader"
   title       = "maintenance-bridge instance reader"
-  description = "List the project's instances by name; read what autohealing an instance before draining it through /readyz."
+  description = "List the project's instances by name; read what autohealing an instance, and the health checks of its load balancers, before draining it through /readyz."
   permissions = [
     "compute.instances.list",
     "compute.instances.get",
     "compute.instanceGroupManagers.get",
     "compute.healthChecks.get",
     "compute.regionHealthChecks.get",
+    "compute.backendServices.list",
+    "compute.regionBackendServices.list",
   ]
 }
 

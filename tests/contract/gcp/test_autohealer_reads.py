@@ -16,7 +16,7 @@ ZONAL = f"projects/{PROJECT}/zones/{ZONE_B}/instanceGroupManagers/web"
 REGIONAL = f"projects/{PROJECT}/regions/europe-west1/instanceGroupManagers/api"
 
 
-def reader(compute: Fixture) -> ComputeMigReader:
+def reader(compute: Fixture, **purpose: str) -> ComputeMigReader:
     options = compute.options()
     return ComputeMigReader(
         compute_v1.InstancesClient(**options),
@@ -25,6 +25,7 @@ def reader(compute: Fixture) -> ComputeMigReader:
         compute_v1.HealthChecksClient(**options),
         compute_v1.RegionHealthChecksClient(**options),
         timeout=10.0,
+        **purpose,
     )
 
 

@@ -3,7 +3,8 @@ local stand-in for compute.googleapis.com.
 
 The stand-in answers the paths and JSON shapes of the Compute Engine v1 API (instanceGroups
 listInstances / removeInstances / addInstances, zoneOperations wait, instances
-performMaintenance and aggregatedList, and the API's error bodies), keeps group membership and
+performMaintenance and aggregatedList, the reads of autohealing and of the backend services'
+health checks, and the API's error bodies), keeps group membership and
 the instances of several projects, and records every request, so each test asserts on what went
 over the wire.
 """
@@ -46,6 +47,8 @@ _READS = re.compile(
     r"(?P<where>zones/[^/]+/instances|zones/[^/]+/instanceGroupManagers|regions/[^/]+/instanceGroupManagers"
     r"|global/healthChecks|regions/[^/]+/healthChecks)/(?P<name>[^/]+)$"
 )
+# The reads of the probes' times (functions/gcp_app/probe_times.py): the backend services, global or of a region.
+_SERVICES = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/(?P<where>global|regions/[^/]+)/backendServices$")
 _NAME_FILTER = re.compile(r'^name = "(?P<name>[^"]+)"$')
 
 
@@ -79,6 +82,8 @@ class ComputeApi:
     created_by: dict[tuple[str, str, str], str] = field(default_factory=dict)
     managers: dict[str, list[str]] = field(default_factory=dict)
     health_checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The backend services, "projects/P/global" or "projects/P/regions/R" -> their resources.
+    backend_services: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # (project, zone, name) -> its resourceStatus.upcomingMaintenance, for the instances that have one
     upcoming: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     fail: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
@@ -104,6 +109,9 @@ class ComputeApi:
             aggregated = _AGGREGATED.match(path)
             if aggregated is not None:
                 return self._aggregated(path, str(aggregated["project"]), body or {})
+            services = _SERVICES.match(path) if method == "GET" else None
+            if services is not None:
+                return self._services(path, f"projects/{services['project']}/{services['where']}")
             read = _READS.match(path) if method == "GET" else None
             if read is not None:
                 failures = _scripted(self.fail, path)
@@ -149,6 +157,16 @@ class ComputeApi:
         if key not in self.health_checks:
             return _error(404, "notFound", f"The resource '{key}' was not found")
         return 200, {"kind": "compute#healthCheck", "name": name, **self.health_checks[key]}
+
+    def _services(self, path: str, where: str) -> tuple[int, dict[str, Any]]:
+        """backendServices.list and regionBackendServices.list: every service of the place, one page."""
+        failures = _scripted(self.fail, path)
+        if failures:
+            status, reason = failures.pop(0)
+            return _error(status, reason, f"scripted {reason} for {path}")
+        items = [{"kind": "compute#backendService", **service} for service in self.backend_services.get(where, [])]
+        listing = {"kind": "compute#backendServiceList", "id": f"{where}/backendServices"}
+        return 200, {**listing, "items": items} if items else listing
 
     def _aggregated(self, path: str, project: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """instances.aggregatedList: {"zones/Z": {"instances": [...]}}, with AIP-160 `name = "X"` filters."""

@@ -554,10 +554,10 @@ def test_with_shards_each_command_is_published_on_the_topic_of_its_vms_shard() -
 
 
 def test_readiness_drains_are_signed_commands_when_a_key_is_configured() -> None:
-    # GIVEN the app wired with a signing key and the readiness balancer only (no autohealer to read)
+    # GIVEN the app wired with a signing key and the readiness balancer only (no autohealer or probe to read)
     private_pem, public_pem = generate_keypair()
     publisher = FakePublisher()
-    settings = settings_for(signing_key=private_pem.decode(), autohealer_check=False)
+    settings = settings_for(signing_key=private_pem.decode(), autohealer_check=False, read_probes=False)
     deps = wiring.build_deps(settings, offline_clients(publisher))
     # WHEN a VM is drained
     memento = deps.balancer.locate("web-0")
