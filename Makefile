@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test check lint infra tfschema-venv unit venv compat39 bench bench-quick locks agent-locks agent-build-venv agent-artifact clean
+.PHONY: demo test check check-busy lint infra tfschema-venv unit venv compat39 bench bench-quick locks agent-locks agent-build-venv agent-artifact clean
 
 venv: $(VENV)/.installed
 
@@ -80,6 +80,14 @@ infra: venv $(INFRA_VENV)/.installed $(TFSCHEMA_VENV)/.installed
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit
+
+# The suite must not depend on the machine's speed: `make check` and the unit suite, BUSY_RUNS times
+# each, beside BUSY_BURNERS processes that keep the cores busy (scripts/busy.py).
+BUSY_RUNS ?= 5
+BUSY_BURNERS ?= 2
+check-busy: venv
+	$(BIN)/python scripts/busy.py --burners $(BUSY_BURNERS) --runs $(BUSY_RUNS) -- $(MAKE) --no-print-directory check
+	$(BIN)/python scripts/busy.py --burners $(BUSY_BURNERS) --runs $(BUSY_RUNS) -- $(BIN)/python -m pytest -q tests/unit
 
 # The function apps' pinned, hashed locks: requirements/azure.in → requirements.txt (the Azure app root's),
 # requirements/gcp.in → requirements/gcp.txt. Run after editing a .in file; `make locks LOCKS_ARGS=--upgrade`
