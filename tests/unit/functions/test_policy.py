@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, Pool, load_policy
+from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, Pool, load_policy, policy_document
 from wire.errors import PermanentError
 
 FULL_JSON = """
@@ -464,3 +464,37 @@ def test_drain_period_longer_than_the_command_ttl_is_refused() -> None:
     # THEN it is refused, naming the drain period
     with pytest.raises(PolicyError, match="'drain_period_seconds'"):
         load_policy('{"drain_period_seconds": 900, "command_ttl_seconds": 600}')
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        DEFAULT_POLICY,
+        load_policy(FULL_JSON),
+        # every setting away from its default (the window not wrapping midnight this time)
+        Policy(
+            harmless_freeze_seconds=3,
+            approve_user_events=False,
+            approve_platform_events=False,
+            drain_period_seconds=12.5,
+            not_before_margin_seconds=1,
+            readiness_probe_seconds=0,
+            command_ttl_seconds=120,
+            pools=(Pool("web", frozenset({"web-1", "web-0"}), 1), Pool("batch", frozenset({"batch-0"}), None)),
+            default_max_drained=4,
+            gce_upcoming_action="perform_maintenance",
+            maintenance_window_utc=(1, 5),
+            dry_run=True,
+            trust="reporter-name",
+            silent_agents="drain",
+            silent_agent_seconds=7.5,
+        ),
+    ],
+    ids=["default", "full-json", "every-setting"],
+)
+def test_a_policy_written_down_reads_back_as_the_same_policy(policy: Policy) -> None:
+    # GIVEN a policy written down as a document (what the demo leaves for `mbridge replay`), as JSON
+    text = json.dumps(policy_document(policy))
+    # THEN it loads back to the very same policy, every setting included
+    assert load_policy(text) == policy
+    assert set(json.loads(text)) == {field.name for field in fields(Policy)}
