@@ -11,18 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.proofs import AzureAttestedProver, GceIdentityProver
-from agent.sources.azure.client import AzureImdsClient
-from agent.sources.gce.client import GceMetadataClient
 from functions.local_app.recording import format_received
 from mbridge.cli import main
 from simulator.server import Simulator
-from tests.factories import azure_event
+from tests.contract.test_recover_local import VM, event_of
+from tests.identity import proven_by_metadata
 from wire.envelope import encode, envelope_for_event
-from wire.identity import DEFAULT_AUDIENCE
-from wire.model import Cloud, EventKind, EventStatus
-
-VM = "web-0"
+from wire.model import Cloud, EventStatus
 
 
 @pytest.fixture(params=[Cloud.AZURE, Cloud.GCE], ids=["azure", "gce"])
@@ -34,30 +29,8 @@ def simulator(request: pytest.FixtureRequest) -> Iterator[Simulator]:
 def proven_report(simulator: Simulator, at: datetime) -> bytes:
     """web-0's report of a Reboot, proven by its metadata service now."""
     cloud = Cloud(simulator.cloud)
-    event = azure_event(
-        cloud=cloud,
-        event_id="5DD55B64-0A8B-4C53-9E2B-6E1F3D2A9B10" if cloud is Cloud.AZURE else "gce-web-0-maintenance-1",
-        kind=EventKind.REBOOT if cloud is Cloud.AZURE else EventKind.HOST_TERMINATE,
-        status=EventStatus.SCHEDULED,
-        reporter=VM,
-        resources=(VM,),
-        duration_seconds=-1 if cloud is Cloud.AZURE else None,
-        event_source=None,
-        not_before=at + timedelta(minutes=15),
-    )
-    body = encode(envelope_for_event(event, at))
-    url = simulator.base_urls[0]
-    if cloud is Cloud.AZURE:
-        azure = AzureImdsClient.for_base_url(url)
-        try:
-            return AzureAttestedProver(azure, lambda: 0.0).prove(body)
-        finally:
-            azure.close()
-    gce = GceMetadataClient.for_base_url(url)
-    try:
-        return GceIdentityProver(gce, DEFAULT_AUDIENCE).prove(body)
-    finally:
-        gce.close()
+    body = encode(envelope_for_event(event_of(cloud, EventStatus.SCHEDULED), at))
+    return proven_by_metadata(cloud, simulator.base_urls[0], body)
 
 
 def replayed(
