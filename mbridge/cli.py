@@ -53,10 +53,12 @@ COMMANDS = {
         "every expectation held.",
     ),
     "replay": Command(
-        "functions.local_app.replay",
-        "run recorded envelopes through the policy and print the actions it takes",
-        "One JSON line per action (time, event_id, status, vm, action, at, reason), on a virtual clock "
-        "taken from the envelopes; duplicates take no new action.",
+        "mbridge.replay_cli",
+        "run what the functions took through their rules again, and print what they did and why",
+        "Recorded inputs (the demo's recorded.jsonl) or envelopes (the agent's jsonl output) through the "
+        "functions' own path, proofs checked with their trust settings, on a virtual clock taken from the "
+        "inputs: one JSON line per action or refusal (time, kind, event_id, status, vm, action, at, reason); "
+        "duplicates take no new action. Nothing is drained nor sent.",
     ),
     "audit": Command("mbridge.audit_cli", "read the local audit log", "Read the local audit log."),
     "fleet": Command(

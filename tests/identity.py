@@ -1,4 +1,5 @@
-"""A stand-in for the `IdentityVerifier` port in tests of what uses it (process, mbridge approve).
+"""A stand-in for the `IdentityVerifier` port in tests of what uses it (process, mbridge approve), and
+the real proofs of a simulated VM's agent (`proven_by_metadata`).
 
 It behaves as the real verifiers do (functions/trust/verifiers.py, tested on their own against the
 simulator's real proofs): a proof names one VM and is bound to the digest of the message it was
@@ -10,8 +11,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from agent.proofs import AzureAttestedProver, GceIdentityProver
+from agent.sources.azure.client import AzureImdsClient
+from agent.sources.gce.client import GceMetadataClient
 from wire.envelope import Envelope, encode
-from wire.identity import GCE_TOKEN, Identity, ProofBinding, UnverifiedError
+from wire.identity import DEFAULT_AUDIENCE, GCE_TOKEN, Identity, ProofBinding, UnverifiedError
+from wire.model import Cloud
 
 
 class ProofsOfTest:
@@ -35,3 +40,19 @@ def proven(envelope: Envelope, by: str, document: str = "", key: str = "") -> by
     proof = f"{by}|{envelope.digest}" + (f"|{document}|{key}" if document else "")
     document_json[GCE_TOKEN] = proof
     return json.dumps(document_json).encode()
+
+
+def proven_by_metadata(cloud: Cloud, url: str, body: bytes) -> bytes:
+    """The message as the agent of the VM behind `url` (a simulator's) publishes it: its proof made
+    by its metadata service now, with the cloud's real signatures."""
+    if cloud is Cloud.AZURE:
+        azure = AzureImdsClient.for_base_url(url)
+        try:
+            return AzureAttestedProver(azure, lambda: 0.0).prove(body)
+        finally:
+            azure.close()
+    gce = GceMetadataClient.for_base_url(url)
+    try:
+        return GceIdentityProver(gce, DEFAULT_AUDIENCE).prove(body)
+    finally:
+        gce.close()

@@ -179,6 +179,16 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
     return Policy(**values)
 
 
+def policy_document(policy: Policy) -> dict[str, Any]:
+    """The policy as a document `policy_from_mapping` reads back to it: every setting, for a run that
+    writes down the policy it ran with (the demo's, for `mbridge replay`)."""
+    document: dict[str, Any] = {name: getattr(policy, name) for name in _SCALARS}
+    document["pools"] = {pool.name: {"vms": sorted(pool.vms), "max_drained": pool.max_drained} for pool in policy.pools}
+    window = policy.maintenance_window_utc
+    document["maintenance_window_utc"] = None if window is None else list(window)
+    return document
+
+
 def _pools(raw: Any) -> tuple[Pool, ...]:
     if not isinstance(raw, dict):
         raise PolicyError('policy setting \'pools\' is an object: {"web": {"vms": [...], "max_drained": 1}}')

@@ -8,6 +8,9 @@ delivers them to Pub/Sub). `azure_reports` and `gce_reports` make each into a `C
 the VMs in the deployment's scope, acted on by the core; one that is not ours, or cannot be read,
 is logged and passed (a cloud queue would dead-letter it: it can never be acted on). A transient
 failure leaves the read position where it is, like a platform retry.
+
+With a `Recorder`, each report acted on and each sweep is written down with its time, before it is
+done (`functions.local_app.recording`), beside the bus's messages the local host records.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from functions.central.gce_system_event import system_event_report
 from functions.central.gce_upcoming import GceScope
 from functions.core.central import CentralRefused, CentralReport, process_central, sweep_silent
 from functions.core.process import Deps, Outcome
+from functions.local_app.recording import Recorder
 from wire.bounds import bounded
 from wire.errors import RetryableError
 
@@ -56,6 +60,7 @@ class CentralFeedReader:
         sweep_every: timedelta | None = SWEEP_EVERY,
         on_outcome: Callable[[Outcome], None] = lambda outcome: None,
         session: requests.Session | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self._url = feed_url.rstrip("/") + "/_sim/central/events"
         self._deps = deps
@@ -64,6 +69,7 @@ class CentralFeedReader:
         self._sweep_every = sweep_every
         self._on_outcome = on_outcome
         self._session = session or requests.Session()
+        self._recorder = recorder
         self._position = 0
         self._swept_at: datetime | None = None
 
@@ -74,7 +80,7 @@ class CentralFeedReader:
         for seq, event in self._read(limit):
             try:
                 report = self._report_of(event)
-                outcomes = [] if report is None else process_central(report, self._deps, self._clock())
+                outcomes = [] if report is None else self._process(report)
             except CentralRefused as exc:
                 LOGGER.warning("central event %d not acted on: %s", seq, bounded(str(exc)))
                 outcomes = []
@@ -93,8 +99,16 @@ class CentralFeedReader:
         if self._sweep_every is None or (self._swept_at is not None and now - self._swept_at < self._sweep_every):
             return
         self._swept_at = now
+        if self._recorder is not None:
+            self._recorder.sweep(now)
         for outcome in sweep_silent(self._deps, now):
             self._on_outcome(outcome)
+
+    def _process(self, report: CentralReport) -> list[Outcome]:
+        now = self._clock()
+        if self._recorder is not None:
+            self._recorder.central(report, now)
+        return process_central(report, self._deps, now)
 
     def _read(self, limit: int) -> list[tuple[int, Any]]:
         try:

@@ -10,6 +10,9 @@ One that fails with any other error (a PermanentError: a deployment to fix; or a
 the same way every time and hold up every message behind it: it is set aside in the store's
 `dead_letters` table, with its body and the error, logged once, and the host goes on with the
 next one, as a cloud bus moves such a message to its dead-letter queue.
+
+With a `Recorder`, every message is written down with the time it was taken, before it is
+processed: what `mbridge replay` reads to tell what was done and why.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from functions.core.policy import Policy
 from functions.core.ports import LoadBalancer
 from functions.core.process import Deps, Outcome, process
 from functions.local_app.commands import LocalCommandSender
+from functions.local_app.recording import Recorder
 from functions.local_app.store import DeadLetter, SqliteStore
 from functions.notify import WebhookConfig, notifying_audit
 from wire.bounds import bounded
@@ -48,11 +52,13 @@ class LocalFunctionHost:
         verifier: IdentityVerifier | None = None,
         signer: Callable[[Command], Command] | None = None,
         webhook: WebhookConfig | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self._bus = bus
         self._store = store
         self._clock = clock
         self._on_outcome = on_outcome
+        self._recorder = recorder
         sender = LocalCommandSender(bus)
         # With a webhook, the records it names are also posted there (docs/operations.md, "Notifications").
         audit = notifying_audit(store, webhook)
@@ -65,8 +71,11 @@ class LocalFunctionHost:
         position = self._bus.position(READER)
         taken = 0
         for message in self._bus.read_events(position, limit):
+            now = self._clock()
+            if self._recorder is not None:
+                self._recorder.envelope(message.body, now)
             try:
-                outcome: Outcome | None = process(message.body, self.deps, self._clock())
+                outcome: Outcome | None = process(message.body, self.deps, now)
             except RetryableError as exc:
                 # Like a platform retry: the position stays, the envelope comes again next step.
                 LOGGER.warning("envelope %s left for a retry: %s", message.envelope_id[:16], bounded(str(exc)))

@@ -1,93 +1,249 @@
-"""`mbridge replay`: run recorded envelopes through the function core on a virtual clock
-(docs/contracts.md#replay-output).
+"""`mbridge replay`: run what the functions took through the functions' own path again, on a virtual
+clock, and print what they did and why (docs/contracts.md#replay-output).
 
-Each envelope is processed at its own `time`, against an in-memory store and a load balancer
-that drains any VM, so the output shows exactly what the policy would have done — to test a
-policy before deploying it, or to review an incident from the agent's recorded output.
-Duplicated envelopes (same id) produce no new actions, as in production; nor does a step recorded
-after its event's end (an unordered bus): it is printed as `none`, with a reason starting "late:".
-Each report is taken as coming from the VM it names (`ReporterName`): replay rehearses the policy,
-and the recorded proofs of identity have long expired; the trust rule — a report moves only its
-own VM — applies as in production.
+Each input goes where the functions sent it — a message to `process`, a control-plane report to
+`process_central`, a sweep to `sweep_silent` — with the policy and the trust settings the functions
+use, against a store in memory and ports that only keep what they were asked (`DryBalancer`,
+`DrySender`): nothing leaves the process. What replay prints is read from its own audit log, so a
+refusal (`unverified`, `not-self`) is printed as the functions audited it.
+
+The clock of an input is the time it carries (`functions.local_app.recording`): a recorded input's
+`received_at`, when the functions took it, which is also the moment its proof is judged at, as the
+functions judged it (a proof has a life: judged now, every recorded proof would have expired). A bare
+envelope (the agent's jsonl output) has no such time: its own `time` stands in, which its sender
+wrote.
+
+Who a report comes from is decided as the functions decide it (`Trust`): its proof checked with the
+functions' trust settings, or, only when asked for, each reporter taken at its word.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from functions.core.policy import PolicyError, load_policy
-from functions.core.ports import JsonObject
+from functions.core.central import process_central, sweep_silent
+from functions.core.policy import TRUST_REPORTER_NAME, Policy
+from functions.core.ports import AuditKind, AuditLog, AuditRecord, Finishing, JsonObject
 from functions.core.process import Deps, process
+from functions.local_app.recording import CentralReceived, NotRecordedError, Received, RecordedInput, Sweep, recorded
 from functions.local_app.store import SqliteStore
+from functions.trust.trust_file import load_trust_file
+from wire.bounds import bounded
 from wire.commands import Command
 from wire.envelope import decode
-from wire.errors import MalformedEnvelopeError
-from wire.identity import ReporterName
+from wire.errors import MalformedEnvelopeError, PermanentError, RetryableError
+from wire.identity import IdentityVerifier, ReporterName
+from wire.jsontext import load_json
 from wire.timefmt import format_rfc3339
 
+# Exit status when not one line was an input: the wrong file (a log, an empty file) must not pass
+# for a replay in which the policy did nothing.
+NOTHING_REPLAYED = 2
+# Exit status when an input could not be processed (a proof that could not be checked now): the
+# output lacks what the functions did for it.
+INCOMPLETE = 1
 
-class _EveryVmBalancer:
-    """Replay has no real pools: every VM counts as drainable, so restores show up too."""
+# What replay prints of its audit log: the actions, and why a report moved nothing.
+PRINTED = frozenset(
+    {AuditKind.ACTION, AuditKind.UNVERIFIED, AuditKind.NOT_SELF, AuditKind.MALFORMED, AuditKind.AGENT_SILENT}
+)
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Who replay takes a report to come from, and how it says so.
+
+    `verifier` is what the functions' `Deps.verifier` would be: the trust settings' verifier, a
+    `ReporterName` when told to take each reporter at its word, or None when the policy's own trust
+    is `reporter-name` (the functions then take the reporter's word themselves)."""
+
+    verifier: IdentityVerifier | None
+    description: str
+
+    @property
+    def checks_proofs(self) -> bool:
+        return self.verifier is not None and not isinstance(self.verifier, ReporterName)
+
+
+def trust_file(path: str | Path) -> Trust:
+    """The trust file the local functions verify with (MBRIDGE_TRUST_FILE).
+
+    Raises:
+        TrustFileError: it cannot be read or used.
+    """
+    return Trust(load_trust_file(path), f"proofs checked with the trust file {path}")
+
+
+def reporter_names() -> Trust:
+    return Trust(
+        ReporterName(),
+        "each report taken at its reporter's word (--trust-reporter-name): no proof is checked, so a forged "
+        "report counts as genuine",
+    )
+
+
+def policys_own(policy: Policy) -> Trust | None:
+    """The trust the policy itself decides (`trust: reporter-name`: the functions check no proof), or
+    None when it leaves it to the trust settings."""
+    if policy.trust != TRUST_REPORTER_NAME:
+        return None
+    return Trust(
+        None, "the policy's trust is reporter-name: each report taken at its reporter's word, as the functions take it"
+    )
+
+
+class DryBalancer:
+    """A load balancer that only keeps what it was asked: every VM is found in a pool (so that its
+    drain and its restore are shown), none is moved."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []  # ("remove" | "restore", VM)
 
     def locate(self, vm: str) -> JsonObject | None:
         return {"replay": True}
 
     def remove(self, vm: str, memento: JsonObject) -> None:
-        return None
+        self.asked.append(("remove", vm))
 
     def restore(self, vm: str, memento: JsonObject) -> None:
-        return None
+        self.asked.append(("restore", vm))
 
 
-class _Discard:
+class DrySender:
+    """A command sender that only keeps the commands it was given: none reaches an agent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Command] = []
+
     def send(self, command: Command) -> None:
-        return None
+        self.sent.append(command)
 
 
-# Exit status when not one line was an envelope: the wrong file (a log, an empty file) must not
-# pass for a replay in which the policy did nothing.
-NOTHING_REPLAYED = 2
+@dataclass
+class _Printing:
+    """The replay's audit log, keeping the records written since they were last printed."""
+
+    log: AuditLog
+    new: list[AuditRecord] = field(default_factory=list)
+
+    def append(self, record: AuditRecord) -> None:
+        self.log.append(record)
+        self.new.append(record)
+
+    def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
+        self.log.append_all(records, then)
+        self.new.extend(records)
+
+    def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]:
+        return self.log.query(vm=vm, event_id=event_id)
+
+    def taken(self) -> list[AuditRecord]:
+        records, self.new = self.new, []
+        return records
 
 
 def replay(
-    lines: Iterable[str], policy_text: str | None, out: TextIO, err: TextIO, policy_source: str | None = None
+    lines: Iterable[str],
+    policy: Policy,
+    trust: Trust,
+    out: TextIO,
+    err: TextIO,
+    *,
+    balancer: DryBalancer | None = None,
+    sender: DrySender | None = None,
 ) -> int:
-    """Replay `lines`; 0, or NOTHING_REPLAYED when none of them was an envelope."""
-    policy = load_policy(policy_text, policy_source)
+    """Replay `lines`; 0, INCOMPLETE when an input could not be processed, or NOTHING_REPLAYED when
+    none of them was an input."""
+    print(f"mbridge replay: trust: {trust.description}", file=err)
     store = SqliteStore(":memory:")
+    audit = _Printing(store)
     deps = Deps(
-        store=store, balancer=_EveryVmBalancer(), sender=_Discard(), audit=store, policy=policy, verifier=ReporterName()
+        store=store,
+        balancer=balancer or DryBalancer(),
+        sender=sender or DrySender(),
+        audit=audit,
+        policy=policy,
+        verifier=trust.verifier,
+        # An action is stamped with its input's time: no real time passes on the virtual clock.
+        monotonic=lambda: 0.0,
     )
-    envelopes = 0
-    for number, line in _numbered(lines):
-        body = line.encode("utf-8")
-        try:
-            when = decode(body).time
-        except MalformedEnvelopeError as exc:
-            print(f"line {number}: skipped, not an envelope: {exc}", file=err)
-            continue
-        envelopes += 1
-        outcome = process(body, deps, when)
-        for taken in outcome.actions:
-            out.write(json.dumps(_line(when, taken)) + "\n")
-    store.close()
-    return 0 if envelopes else NOTHING_REPLAYED
+    inputs = 0
+    incomplete = False
+    said_sender_time = False
+    try:
+        for number, line in _numbered(lines):
+            taken = _input(number, line, err)
+            if taken is None:
+                continue
+            item, bare = taken
+            inputs += 1
+            if bare and trust.checks_proofs and not said_sender_time:
+                said_sender_time = True
+                print(
+                    f"line {number}: an envelope without received_at: its proof is judged as of its own time, "
+                    "which its sender wrote (a recording of the functions' input carries when they received it)",
+                    file=err,
+                )
+            try:
+                _run(item, deps)
+            except RetryableError as exc:
+                incomplete = True
+                print(f"line {number}: not processed, it could not be checked now: {bounded(str(exc))}", file=err)
+            except PermanentError as exc:
+                # What the local host does with it: set it aside, and go on with the next one.
+                print(f"line {number}: set aside, as the functions set it aside: {bounded(str(exc))}", file=err)
+            for record in audit.taken():
+                if record.kind in PRINTED:
+                    out.write(json.dumps(_line(record)) + "\n")
+    finally:
+        store.close()
+    if not inputs:
+        return NOTHING_REPLAYED
+    return INCOMPLETE if incomplete else 0
 
 
-def _line(when: Any, taken: Any) -> dict[str, Any]:
+def _input(number: int, line: str, err: TextIO) -> tuple[RecordedInput, bool] | None:
+    """The input a line holds, and whether it is a bare envelope; None (said on `err`) when it is none."""
+    try:
+        document = load_json(line)
+        item = recorded(document)
+    except (ValueError, NotRecordedError) as exc:
+        print(f"line {number}: skipped, not an envelope nor a recorded input: {exc}", file=err)
+        return None
+    if item is not None:
+        return item, False
+    body = line.encode("utf-8")
+    try:
+        when = decode(body).time
+    except MalformedEnvelopeError as exc:
+        print(f"line {number}: skipped, not an envelope: {exc}", file=err)
+        return None
+    return Received(when, body), True
+
+
+def _run(item: RecordedInput, deps: Deps) -> None:
+    if isinstance(item, Received):
+        process(item.body, deps, item.at)
+    elif isinstance(item, CentralReceived):
+        process_central(item.report, deps, item.at)
+    elif isinstance(item, Sweep):
+        sweep_silent(deps, item.at)
+
+
+def _line(record: AuditRecord) -> dict[str, Any]:
     return {
-        "time": format_rfc3339(when),
-        "event_id": taken.event.event_id,
-        "status": taken.event.status.value,
-        "vm": taken.vm,
-        "action": taken.action,
-        "at": format_rfc3339(taken.at) if taken.at else None,
-        "reason": taken.reason,
+        "time": format_rfc3339(record.time),
+        "kind": record.kind,
+        "event_id": record.event_id,
+        "status": record.status,
+        "vm": record.vm,
+        "action": record.action,
+        "at": format_rfc3339(record.at) if record.at else None,
+        "reason": record.reason,
     }
 
 
@@ -95,41 +251,3 @@ def _numbered(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
     for number, line in enumerate(lines, start=1):
         if line.strip():
             yield number, line.strip()
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--events", required=True, help="JSON lines of envelopes (the agent's jsonl output), - for stdin"
-    )
-    parser.add_argument("--policy", help="policy file (JSON or YAML); default: the default policy of docs/policy.md")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        policy_text = Path(args.policy).read_text(encoding="utf-8") if args.policy else None
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"mbridge replay: cannot read the policy file {args.policy}: {_reason(exc)}", file=sys.stderr)
-        return 2
-    source = "standard input" if args.events == "-" else args.events
-    try:
-        if args.events == "-":
-            status = replay(sys.stdin, policy_text, sys.stdout, sys.stderr, args.policy)
-        else:
-            with open(args.events, encoding="utf-8") as events:
-                status = replay(events, policy_text, sys.stdout, sys.stderr, args.policy)
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"mbridge replay: cannot read the events file {source}: {_reason(exc)}", file=sys.stderr)
-        return 2
-    except PolicyError as exc:
-        print(f"mbridge replay: {exc}", file=sys.stderr)
-        return 2
-    if status == NOTHING_REPLAYED:
-        print(
-            f"mbridge replay: no line of {source} is an envelope; give the agent's jsonl output (--transport jsonl)",
-            file=sys.stderr,
-        )
-    return status
-
-
-def _reason(exc: Exception) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -8,6 +8,7 @@ what happened into an `Observer`, the pools as they are, and where the audit log
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -25,10 +26,11 @@ from agent.sources.azure.client import AzureImdsClient
 from agent.sources.gce.client import GceMetadataClient
 from functions.central.event_grid import AzureScope
 from functions.central.gce_upcoming import GceScope
-from functions.core.policy import Policy
+from functions.core.policy import Policy, policy_document
 from functions.local_app.balancer import LocalPool
 from functions.local_app.central import CentralFeedReader, azure_reports, gce_reports
 from functions.local_app.host import LocalFunctionHost
+from functions.local_app.recording import Recorder
 from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
@@ -256,11 +258,16 @@ class EmbeddedWorld:
         self.agents = AgentThreads()
         self._host_stop = threading.Event()
         clock = lambda: datetime.now(timezone.utc)  # noqa: E731
+        # What `mbridge replay` needs to tell what the functions did: everything they took, the policy
+        # and the trust file they ran with (the simulators' keys are made for this run only).
+        self.replay = ReplayFiles.write(workdir, policy, self.sims.trust())
+        self._recorder = Recorder(self.replay.recorded)
         # As deployed: the functions verify each sender's proof, and sign the commands the agents verify.
         self.commands = CommandKeys.generate()
         host = LocalFunctionHost(
-            self.bus, self.store, self.pool, policy, clock, verifier=self.sims.verifier(), signer=self.commands.sign
-        )
+            self.bus, self.store, self.pool, policy, clock, verifier=self.sims.verifier(), signer=self.commands.sign,
+            recorder=self._recorder,
+        )  # fmt: skip
         self._host = threading.Thread(target=host.run, args=(self._host_stop,), name="function-host", daemon=True)
         # The control plane's path: the Azure simulator's central feed (Event Grid), read as its
         # subscription would deliver it, swept for silent agents every second (a minute in the
@@ -268,11 +275,12 @@ class EmbeddedWorld:
         scope = AzureScope(subscriptions=(SIM_SUBSCRIPTION_ID,), resource_groups=(SIM_RESOURCE_GROUP,))
         self._central = (
             CentralFeedReader(
-                self.sims.azure.base_urls[0], host.deps, azure_reports(scope), clock, sweep_every=timedelta(seconds=1)
+                self.sims.azure.base_urls[0], host.deps, azure_reports(scope), clock, sweep_every=timedelta(seconds=1),
+                recorder=self._recorder,
             ),
             CentralFeedReader(
                 self.sims.gce.base_urls[0], host.deps, gce_reports(GceScope(projects=(PROJECT_ID,))), clock,
-                sweep_every=None,
+                sweep_every=None, recorder=self._recorder,
             ),
         )  # fmt: skip
         self._central_thread = threading.Thread(
@@ -318,6 +326,7 @@ class EmbeddedWorld:
         db = self.workdir / "functions.db"
         return [
             f"audit log: {db}  (mbridge audit list --db {db} [--vm NAME] [--event ID])",
+            f"recorded: {self.replay.recorded}, what the functions took  ({self.replay.command()})",
             f"bus: {self.bus.path}; agent state: {self.workdir / 'agents'}; logs: {self.workdir / 'demo.log'}",
         ]
 
@@ -344,9 +353,30 @@ class EmbeddedWorld:
         for reader in self._central:
             reader.close()
         self.sims.stop()
+        self._recorder.close()
         self.store.close()
         self.pool.close()
         self.bus.close()
+
+
+@dataclass(frozen=True)
+class ReplayFiles:
+    """What the demo leaves in its work dir for `mbridge replay`: the functions' inputs as they took them
+    (`functions.local_app.recording`), and the policy and trust file they ran with."""
+
+    recorded: Path
+    policy: Path
+    trust: Path
+
+    @classmethod
+    def write(cls, workdir: Path, policy: Policy, trust: Mapping[str, object]) -> ReplayFiles:
+        files = cls(workdir / "recorded.jsonl", workdir / "policy.json", workdir / "trust.json")
+        files.policy.write_text(json.dumps(policy_document(policy), indent=2) + "\n", encoding="utf-8")
+        files.trust.write_text(json.dumps(trust, indent=2) + "\n", encoding="utf-8")
+        return files
+
+    def command(self) -> str:
+        return f"mbridge replay --events {self.recorded} --policy {self.policy} --trust-file {self.trust}"
 
 
 def _keep_reading(readers: Sequence[CentralFeedReader], stop: threading.Event, every: float = 0.1) -> None:

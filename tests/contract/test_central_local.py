@@ -7,9 +7,12 @@ No agent runs here: every report comes from the control plane.
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import requests
@@ -22,15 +25,19 @@ from functions.core.ports import ActionName, AuditKind
 from functions.core.process import Deps
 from functions.local_app.balancer import LocalPool
 from functions.local_app.central import CentralFeedReader, azure_reports, gce_reports
+from functions.local_app.recording import Recorder
+from functions.local_app.replay import PRINTED, replay, reporter_names
 from functions.local_app.store import SqliteStore
 from simulator import Simulator
 from simulator.azure_api import SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
 from simulator.gce_api.project import PROJECT_ID
 from tests.kit import FakeClock, RecordingSender
 from tests.waiting import wait_until
+from wire.timefmt import format_rfc3339
 
 VMS = ("web-0", "web-1")
 SILENT_AFTER = 60.0
+POLICY = replace(Policy(), silent_agents="drain", silent_agent_seconds=SILENT_AFTER)
 
 
 @dataclass
@@ -41,6 +48,7 @@ class World:
     sent: RecordingSender
     clock: FakeClock
     reader: CentralFeedReader
+    recorder: Recorder | None = None
 
     def inject(self, **body: object) -> str:
         answer = requests.post(f"{self.sim.base_urls[0]}/_sim/events", json=body, timeout=10)
@@ -59,16 +67,17 @@ class World:
 
 
 @pytest.fixture
-def world() -> Iterator[World]:
+def world(tmp_path: Path) -> Iterator[World]:
     with Simulator(cloud="azure", vm_names=list(VMS)) as sim:
         store, pool, sent, clock = SqliteStore(":memory:"), LocalPool(":memory:"), RecordingSender(), FakeClock()
         pool.add("web", VMS)
-        policy = replace(Policy(), silent_agents="drain", silent_agent_seconds=SILENT_AFTER)
-        deps = Deps(store, pool, sent, store, policy, monotonic=clock.monotonic)
+        deps = Deps(store, pool, sent, store, POLICY, monotonic=clock.monotonic)
         scope = AzureScope(subscriptions=(SIM_SUBSCRIPTION_ID,), resource_groups=(SIM_RESOURCE_GROUP,))
-        reader = CentralFeedReader(sim.base_urls[0], deps, azure_reports(scope), clock.now)
-        yield World(sim, store, pool, sent, clock, reader)
+        recorder = Recorder(tmp_path / "recorded.jsonl")
+        reader = CentralFeedReader(sim.base_urls[0], deps, azure_reports(scope), clock.now, recorder=recorder)
+        yield World(sim, store, pool, sent, clock, reader, recorder)
         reader.close()
+        recorder.close()
         store.close()
         pool.close()
 
@@ -98,13 +107,25 @@ def test_a_dead_agents_vm_is_found_silent_drained_and_put_back_from_the_control_
     assert world.audited(AuditKind.ACTION, ActionName.RESTORE) == ["web-1"]
     assert any(r.event_id == event_id for r in world.store.query())
 
+    # AND what the reader recorded (its reports and sweeps, with their times) replays to what it audited
+    assert world.recorder is not None
+    world.recorder.close()
+    out, err = io.StringIO(), io.StringIO()
+    lines = world.recorder.path.read_text(encoding="utf-8").splitlines()
+    assert replay(lines, POLICY, reporter_names(), out, err) == 0
+    printed = [json.loads(line) for line in out.getvalue().splitlines()]
+    audited = [r for r in world.store.query() if r.kind in PRINTED]
+    assert [(p["kind"], p["action"], p["vm"], p["event_id"], p["time"]) for p in printed] == [
+        (r.kind, r.action, r.vm, r.event_id, format_rfc3339(r.time)) for r in audited
+    ]
+    assert [p["kind"] for p in printed] == ["agent-silent", "action", "action"]
+
 
 def test_a_dead_agents_gce_window_is_found_silent_drained_for_while_open_and_put_back() -> None:
     with Simulator(cloud="gce", vm_names=["gce-0"]) as sim:
         store, pool, sent, clock = SqliteStore(":memory:"), LocalPool(":memory:"), RecordingSender(), FakeClock()
         pool.add("gce", ["gce-0"])
-        policy = replace(Policy(), silent_agents="drain", silent_agent_seconds=SILENT_AFTER)
-        deps = Deps(store, pool, sent, store, policy, monotonic=clock.monotonic)
+        deps = Deps(store, pool, sent, store, POLICY, monotonic=clock.monotonic)
         reader = CentralFeedReader(sim.base_urls[0], deps, gce_reports(GceScope(projects=(PROJECT_ID,))), clock.now)
         world = World(sim, store, pool, sent, clock, reader)
         try:

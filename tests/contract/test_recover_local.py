@@ -17,9 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.proofs import AzureAttestedProver, GceIdentityProver
-from agent.sources.azure.client import AzureImdsClient
-from agent.sources.gce.client import GceMetadataClient
 from functions.core.policy import Policy
 from functions.core.ports import JsonObject
 from functions.local_app.balancer import LocalPool
@@ -29,10 +26,10 @@ from functions.trust.trust_file import verifier_from_trust
 from mbridge.cli import main
 from simulator.server import Simulator
 from tests.factories import azure_event
+from tests.identity import proven_by_metadata
 from tests.kit import FakeClock
 from wire.envelope import encode, envelope_for_event
 from wire.errors import PermanentError
-from wire.identity import DEFAULT_AUDIENCE
 from wire.model import Cloud, EventKind, EventStatus, MaintenanceEvent
 from wire.transports.base import OutboundMessage
 from wire.transports.local import LocalBus
@@ -66,20 +63,8 @@ class Deployment:
 
     def report(self, status: EventStatus) -> bytes:
         """The VM's report of its event at `status`, proven by its metadata service now."""
-        event = event_of(self.cloud, status)
-        body = encode(envelope_for_event(event, self.clock.now()))
-        url = self.simulator.base_urls[0]
-        if self.cloud is Cloud.AZURE:
-            azure = AzureImdsClient.for_base_url(url)
-            try:
-                return AzureAttestedProver(azure, lambda: 0.0).prove(body)
-            finally:
-                azure.close()
-        gce = GceMetadataClient.for_base_url(url)
-        try:
-            return GceIdentityProver(gce, DEFAULT_AUDIENCE).prove(body)
-        finally:
-            gce.close()
+        body = encode(envelope_for_event(event_of(self.cloud, status), self.clock.now()))
+        return proven_by_metadata(self.cloud, self.simulator.base_urls[0], body)
 
     def publish(self, body: bytes, message_id: str = "") -> None:
         """Onto the bus (a resubmission is a new message: `message_id`), then the host takes it."""

@@ -4,13 +4,19 @@ its exit code and timeline, the HTML report, and the audit log it leaves behind.
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import subprocess
 import sys
-from dataclasses import replace
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
+from functions.core.policy import load_policy
+from functions.local_app.replay import replay, reporter_names
 from functions.local_app.store import SqliteStore
 from mbridge.demo import flows as demo_flows
 from mbridge.demo.cli import run_flows
@@ -64,9 +70,17 @@ AZURE_ACTIONS = {
 }
 
 
-@pytest.mark.timeout(150)
-def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(tmp_path: Path) -> None:
-    # WHEN the demo runs as `make demo` runs it, with only what the demo extra installs importable
+@dataclass(frozen=True)
+class DemoRun:
+    finished: subprocess.CompletedProcess[str]
+    report: Path
+    workdir: Path
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The demo, run once as `make demo` runs it, with only what the demo extra installs importable."""
+    tmp_path = tmp_path_factory.mktemp("demo")
     report = tmp_path / "report.html"
     workdir = tmp_path / "work"
     finished = subprocess.run(
@@ -74,6 +88,13 @@ def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(t
          "--report", str(report), "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=140, cwd=ROOT,
     )  # fmt: skip
+    return DemoRun(finished, report, workdir)
+
+
+@pytest.mark.timeout(150)
+def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(demo_run: DemoRun) -> None:
+    # WHEN the demo runs as `make demo` runs it, with only what the demo extra installs importable
+    finished, report, workdir = demo_run.finished, demo_run.report, demo_run.workdir
 
     # THEN it passed every check, within its time budget
     out = finished.stdout
@@ -130,6 +151,65 @@ def test_the_demo_holds_every_expectation_and_leaves_a_report_and_an_audit_log(t
         assert results[demo_flows.PLATFORM_REBOOT_ID] == "accepted"
     finally:
         store.close()
+
+
+# What the audit log and `mbridge replay` both say of each (event, VM): its actions, and the refusals
+# and findings that moved nothing (docs/contracts.md#replay-output).
+TOLD = frozenset({"action", "unverified", "not-self", "malformed", "agent-silent"})
+Story = dict[tuple[str, str], set[str]]
+
+
+def told(entries: Iterable[tuple[str, str, str, str]]) -> Story:
+    """(event id, VM) → the actions, and the kinds of the other records told, from (kind, action, event, VM)."""
+    story: Story = defaultdict(set)
+    for kind, action, event_id, vm in entries:
+        if kind in TOLD:
+            story[(event_id, vm)].add(action if kind == "action" else kind)
+    return dict(story)
+
+
+@pytest.mark.timeout(150)
+def test_replaying_what_the_demo_recorded_tells_what_its_audit_log_says(demo_run: DemoRun) -> None:
+    # GIVEN the demo's run, whose closing lines say where it recorded what its functions took, and how to replay it
+    assert demo_run.finished.returncode == 0, demo_run.finished.stdout + demo_run.finished.stderr
+    recorded = demo_run.workdir / "recorded.jsonl"
+    (said,) = [line for line in demo_run.finished.stdout.splitlines() if line.startswith(f"recorded: {recorded}")]
+    command = said[said.index("(mbridge replay ") + 1 : -1].split()
+    assert command[:2] == ["mbridge", "replay"]
+
+    # WHEN it is replayed as it says (its policy, and the trust file its functions verified with)
+    replayed = subprocess.run(
+        [sys.executable, "-m", "mbridge.cli", *command[1:]], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+    # THEN replay says it checked the proofs with that trust file
+    assert replayed.returncode == 0, replayed.stderr
+    assert f"trust: proofs checked with the trust file {demo_run.workdir / 'trust.json'}" in replayed.stderr
+    # AND for each event and VM, it tells the very actions and refusals the audit log holds
+    lines = [json.loads(line) for line in replayed.stdout.splitlines()]
+    story = told((line["kind"], line["action"], line["event_id"], line["vm"]) for line in lines)
+    store = SqliteStore(demo_run.workdir / "functions.db")
+    try:
+        audited = told((r.kind, r.action, r.event_id, r.vm) for r in store.query())
+    finally:
+        store.close()
+    assert story == audited
+    # (every flow is in it, the forgeries refused as the functions refused them, the dead agent found silent)
+    assert {event_id.upper() for event_id, _ in story} >= set(AZURE_ACTIONS)
+    assert story[(demo_flows.FORGED_ID, "web-0")] == {"unverified"}
+    assert "unverified" in story[(demo_flows.GENUINE_ID, "web-0")]
+    assert "agent-silent" in story[(demo_flows.DEAD_AGENT_ID, demo_flows.DEAD_VM)]
+
+    # AND taking every reporter at its word instead tells another story: the forged Reboot of web-0 drains it
+    out, err = io.StringIO(), io.StringIO()
+    policy = load_policy((demo_run.workdir / "policy.json").read_text(encoding="utf-8"))
+    with recorded.open(encoding="utf-8") as inputs:
+        assert replay(inputs, policy, reporter_names(), out, err) == 0
+    credulous = told(
+        (line["kind"], line["action"], line["event_id"], line["vm"])
+        for line in map(json.loads, out.getvalue().splitlines())
+    )
+    assert "drain" in credulous[(demo_flows.FORGED_ID, "web-0")]
 
 
 @pytest.mark.timeout(90)

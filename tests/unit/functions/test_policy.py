@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import re
 import textwrap
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, Pool, load_policy
+from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, Pool, load_policy, policy_document
 from wire.errors import PermanentError
 
 FULL_JSON = """
@@ -464,3 +464,27 @@ def test_drain_period_longer_than_the_command_ttl_is_refused() -> None:
     # THEN it is refused, naming the drain period
     with pytest.raises(PolicyError, match="'drain_period_seconds'"):
         load_policy('{"drain_period_seconds": 900, "command_ttl_seconds": 600}')
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        DEFAULT_POLICY,
+        # every setting away from its default
+        replace(
+            FULL_POLICY,
+            approve_platform_events=False,
+            readiness_probe_seconds=0,
+            trust="reporter-name",
+            silent_agents="drain",
+            silent_agent_seconds=7.5,
+        ),
+    ],
+    ids=["default", "every-setting"],
+)
+def test_a_policy_written_down_reads_back_as_the_same_policy(policy: Policy) -> None:
+    # GIVEN a policy written down as a document (what the demo leaves for `mbridge replay`), as JSON
+    text = json.dumps(policy_document(policy))
+    # THEN it loads back to the very same policy, every setting included
+    assert load_policy(text) == policy
+    assert set(json.loads(text)) == {field.name for field in fields(Policy)}
