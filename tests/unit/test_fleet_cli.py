@@ -20,7 +20,7 @@ import pytest
 from functions.core.central import process_central
 from functions.core.ports import AuditKind, AuditRecord
 from mbridge.cli import main
-from mbridge.fleet_cli import cell, width
+from mbridge.text_table import cell, width
 from tests.unit.functions.test_central import EVENT_ID, SET, SILENT_AFTER, START, World, central, reboot
 from tests.unit.functions.test_trust import opened
 from wire.model import EventStatus
@@ -86,6 +86,7 @@ def test_all_json_vm_and_wide(logged: tuple[World, list[str]], capsys: pytest.Ca
     code, out, _ = fleet([*flags, *SINCE, "--all", "--json"], capsys)
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0
+    assert fleet([*flags, *SINCE, "--all", "--format", "json"], capsys)[:2] == (0, out)  # as `mbridge audit list`
     assert [(row["vm"], row["source"], row["drained"], row["ended"], row["silent"]) for row in rows] == [
         ("web-0", "agent", "yes", "", False),
         ("web-1", "centre", "yes", "", True),
