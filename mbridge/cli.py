@@ -58,7 +58,12 @@ COMMANDS = {
         "One JSON line per action (time, event_id, status, vm, action, at, reason), on a virtual clock "
         "taken from the envelopes; duplicates take no new action.",
     ),
-    "audit": Command("mbridge.audit_cli", "read the local audit log", "Read the local audit log."),
+    "audit": Command(
+        "mbridge.audit_cli",
+        "read the audit log by VM or by event: a table on a terminal, JSON lines otherwise",
+        "Read the audit log the functions write (the local SQLite, Table Storage or Firestore). See "
+        "docs/operations.md#the-audit-log.",
+    ),
     "fleet": Command(
         "mbridge.fleet_cli",
         "show upcoming and running maintenance across the fleet, from the audit log",
