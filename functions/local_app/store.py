@@ -154,9 +154,12 @@ class SqliteStore:
 
     def _name_earlier_records(self) -> None:
         """Make `audit_named` in a file made before it, filled from the records already there; in one
-        transaction, so that of two processes opening the file at once, the second finds it done."""
+        transaction, so that of two processes opening the file at once, the second finds it done.
+        A file that has it is only read: opening it takes no write lock."""
+        if self._has_named_table():
+            return
         with self._transaction() as db:
-            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'audit_named'").fetchone():
+            if self._has_named_table():
                 return
             db.execute(_AUDIT_NAMED_TABLE)
             earlier = db.execute("SELECT seq, vm, detail FROM audit")
@@ -164,6 +167,10 @@ class SqliteStore:
                 _AUDIT_NAMED_INSERT,
                 ((name, seq) for seq, vm, detail in earlier for name in vms_named(vm, _parsed(detail)) if name != vm),
             )
+
+    def _has_named_table(self) -> bool:
+        found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'audit_named'")
+        return found.fetchone() is not None
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
