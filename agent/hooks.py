@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from agent.hook_command import DEFAULT_TIMEOUT
+from agent.logs import event_fields
 from wire.background import DropOldestWorker, DropReason
 from wire.envelope import event_to_data
 from wire.model import MaintenanceEvent
@@ -160,15 +161,22 @@ class HookRunner:
             self._counts["dropped"] += 1
         if self._metrics is not None:
             self._metrics.inc(METRIC_DROPPED)
-        LOGGER.warning("hook not run for %s %s %s: %s", event.kind.value, event.event_id, event.status.value, why)
+        LOGGER.warning(
+            "hook not run for %s %s %s: %s",
+            event.kind.value,
+            event.event_id,
+            event.status.value,
+            why,
+            extra=event_fields(event, result="dropped"),
+        )
 
     def _run_and_record(self, event: MaintenanceEvent) -> None:
         try:
             run = self.run(event)
         except Exception:  # still a run: counted and logged as an error, like one that could not start
-            LOGGER.exception("the hook for %s could not be run", event.event_id)
+            LOGGER.exception("the hook for %s could not be run", event.event_id, extra=event_fields(event))
             run = HookRun(event.event_id, event.status.value, "error", None, 0.0, "")
-        self._record(run)
+        self._record(run, event)
 
     def run(self, event: MaintenanceEvent) -> HookRun:
         """Run the hook for one change, now, on this thread, and return how it went."""
@@ -198,14 +206,17 @@ class HookRunner:
         seconds = time.monotonic() - start
         return HookRun(event.event_id, event.status.value, result, code, seconds, output.text(OUTPUT_GRACE_SECONDS))
 
-    def _record(self, run: HookRun) -> None:
+    def _record(self, run: HookRun, event: MaintenanceEvent) -> None:
+        # Its lines carry the event's fields, as every line about an event does: one query by
+        # event id finds the hook's runs beside what the agent published.
+        extra = event_fields(event, result=run.result)
         with self._lock:
             self._counts[run.result] += 1
         if self._metrics is not None:
             self._metrics.inc(METRIC_RUNS, result=run.result)
             self._metrics.observe(METRIC_DURATION, run.seconds)
         if run.result == "ok":
-            LOGGER.info("hook for %s %s: exit 0 in %.2f s", run.event_id, run.status, run.seconds)
+            LOGGER.info("hook for %s %s: exit 0 in %.2f s", run.event_id, run.status, run.seconds, extra=extra)
             return
         what = {
             "failed": f"exit {run.exit_code}",
@@ -219,6 +230,7 @@ class HookRunner:
             what,
             run.seconds,
             f"; its output ends: {run.output}" if run.output else "",
+            extra=extra,
         )
 
 

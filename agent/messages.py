@@ -13,6 +13,7 @@ import logging
 from dataclasses import replace
 from datetime import datetime
 
+from agent.logs import event_fields
 from wire.bounds import MAX_ENVELOPE_BYTES, PROOF_ROOM_BYTES, bounded
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.model import Cloud, CommandResult, MaintenanceEvent
@@ -78,6 +79,7 @@ def cut_to_fit(event: MaintenanceEvent, size: int) -> MaintenanceEvent:
         event.event_id[:80],
         size,
         MAX_UNPROVEN_BYTES,
+        extra=event_fields(event),
     )
     named = tuple(dict.fromkeys((*event.unreadable, "raw", DESCRIPTION_FIELD[event.cloud])))
     return replace(event, raw=cut, description=bounded(event.description), unreadable=named)

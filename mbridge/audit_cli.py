@@ -1,10 +1,23 @@
-"""`mbridge audit list`: read an audit log by VM or by event, as JSON lines, oldest first.
+"""`mbridge audit list`: read an audit log by VM or by event, oldest first: a table for people on a
+terminal, JSON lines for scripts.
 
 The same command reads the three audit logs the function apps write:
 
     mbridge audit list --vm web-0                                  # the local host's SQLite
     mbridge audit list --table-endpoint https://ACCOUNT.table.core.windows.net --vm web-0   # Azure
     mbridge audit list --firestore-project my-project --event 5DD55B64-...                  # Google Cloud
+
+`--vm` is the VM's whole story: every record that names it (functions.core.audit_codec.names),
+also those filed under another VM, such as a report a compromised VM sent about it.
+
+What it prints: an aligned table when standard output is a terminal, fitted to its width (`--wide`:
+every value whole); JSON lines otherwise, one record each with every field, so that a script that
+pipes the output keeps reading JSON. `--format` chooses either way; a script should pass
+`--format json`, as its output may be a terminal some day (ssh -t, script, expect).
+
+Exit statuses: 0 records printed; 2 the flags are wrong or the log cannot be read (said on
+stderr); `NO_RECORD` (3) no record matches (said on stderr: a VM no record names is most often
+a misspelt one). 1 is Python's own for an unexpected failure, so it is not used.
 
 Azure authenticates with DefaultAzureCredential (`az login`, a managed identity) and needs
 Storage Table Data Reader on the audit table; Google with Application Default Credentials
@@ -16,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -23,13 +37,27 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.config import default_state_dir, env
+from functions.core.audit_codec import also_named
 from functions.core.ports import AuditRecord
+from mbridge.text_table import aligned, cell, short_id, width
 from wire.errors import BridgeError
 from wire.timefmt import format_rfc3339
+
+NO_RECORD = 3  # the exit status when no record matches (see the module docstring)
+TABLE, JSON = "table", "json"
+# The widest a column is printed, by header; what is longer is cut with "…". REASON, last, takes
+# what a terminal leaves of its width, at least MIN_REASON columns (in a pipe, WIDEST's).
+WIDEST = {"TIME": 24, "EVENT": 9, "VM": 40, "KIND": 16, "STATUS": 12, "ACTION": 20, "ALSO NAMES": 40, "REASON": 100}
+MIN_REASON = 20
+WHOLE = 100_000  # --wide: more than any value an audit record keeps
 
 
 class AuditReader(Protocol):
     def query(self, *, vm: str | None = None, event_id: str | None = None) -> Sequence[AuditRecord]: ...
+
+    def query_naming(self, vm: str, *, event_id: str | None = None) -> Sequence[AuditRecord]:
+        """The records that name `vm` wherever they are filed, of one event or all, oldest first."""
+        ...
 
     def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
         """The records from `since` on, oldest first, at most `most` (`mbridge fleet`)."""
@@ -43,9 +71,25 @@ class SourceError(Exception):
 def configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="audit_command", metavar="COMMAND")
     actions.required = True
-    listing = actions.add_parser("list", help="print audit records as JSON lines, oldest first")
-    listing.add_argument("--vm", help="only records about this VM")
+    listing = actions.add_parser(
+        "list",
+        help="print audit records, oldest first: a table on a terminal, JSON lines otherwise",
+        description="Print audit records, oldest first: an aligned table when standard output is a terminal, "
+        "JSON lines (one record each, every field) otherwise or with --format json. Exit 0 records printed, "
+        f"2 wrong flags or a log that cannot be read, {NO_RECORD} no record matches (said on stderr).",
+    )
+    listing.add_argument(
+        "--vm", help="only the records that name this VM: filed under it, or naming it (a report about several VMs)"
+    )
     listing.add_argument("--event", help="only records of this event id (case-insensitive)")
+    listing.add_argument(
+        "--format",
+        choices=(TABLE, JSON),
+        default=None,
+        help="table: aligned columns for people; json: one JSON line per record, for scripts "
+        "[default table on a terminal, json otherwise]",
+    )
+    listing.add_argument("--wide", action="store_true", help="table: every value whole, full event ids, the rule")
     add_source_flags(listing)
 
 
@@ -97,12 +141,82 @@ def audit_line(record: AuditRecord) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    records = read_log(args, lambda reader: reader.query(vm=args.vm, event_id=args.event), "mbridge audit")
+    def read(reader: AuditReader) -> Sequence[AuditRecord]:
+        if args.vm is None:
+            return reader.query(event_id=args.event)
+        return reader.query_naming(args.vm, event_id=args.event)
+
+    records = read_log(args, read, "mbridge audit")
     if records is None:
         return 2
-    for record in records:
-        print(json.dumps(audit_line(record)))
+    if not records:
+        print(f"mbridge audit: {nothing_found(args.vm, args.event)}", file=sys.stderr)
+        return NO_RECORD
+    terminal = sys.stdout.isatty()
+    if (args.format or (TABLE if terminal else JSON)) == JSON:
+        for record in records:
+            print(json.dumps(audit_line(record)))
+    else:
+        columns = shutil.get_terminal_size().columns if terminal else None
+        print(table(records, wide=args.wide, columns=columns), end="")
     return 0
+
+
+def nothing_found(vm: str | None, event_id: str | None) -> str:
+    """What stderr says when no record matches."""
+    if vm is not None and event_id is not None:
+        return f"no audit record of event {event_id!r} names VM {vm!r}"
+    if vm is not None:
+        return f"no audit record names VM {vm!r} (none is filed under it, none lists it): check its spelling"
+    if event_id is not None:
+        return f"no audit record of event {event_id!r}"
+    return "the audit log holds no record"
+
+
+def table(records: Sequence[AuditRecord], *, wide: bool = False, columns: int | None = None) -> str:
+    """The records as an aligned table, one line each: when, which event, the VM it is filed under,
+    what it is (KIND, the event's STATUS, the ACTION taken or answered), the other VMs it names, and
+    why. REASON takes what `columns` (a terminal's width) leaves of it; `wide` shows every value whole
+    and adds the policy's RULE."""
+    others = [",".join(also_named(record)) for record in records]
+    headers = ["TIME", "EVENT", "VM", "KIND", "STATUS", "ACTION"]
+    headers += ["ALSO NAMES"] if any(others) else []  # a column no record fills is left out
+    headers += ["RULE", "REASON"] if wide else ["REASON"]
+    rows = [_values(record, named, wide=wide) for record, named in zip(records, others)]
+    most = dict.fromkeys(headers, WHOLE) if wide else dict(WIDEST)
+    cells = [[cell(row[header], most[header]) for header in headers[:-1]] for row in rows]
+    if columns is not None and not wide:
+        # What the other columns take, with the two spaces between each: the rest is the reason's.
+        taken = sum(
+            max([width(header), *(width(line[n]) for line in cells)]) + 2 for n, header in enumerate(headers[:-1])
+        )
+        most["REASON"] = max(MIN_REASON, columns - taken)
+    for line, row in zip(cells, rows):
+        line.append(cell(row["REASON"], most["REASON"]))
+    return aligned([headers, *cells])
+
+
+def _values(record: AuditRecord, named: str, *, wide: bool) -> dict[str, str]:
+    """One record's line of the table, by header."""
+    return {
+        "TIME": format_rfc3339(record.time if wide else record.time.replace(microsecond=0)),
+        "EVENT": record.event_id if wide else short_id(record.event_id),
+        "VM": record.vm,
+        "KIND": record.kind,
+        "STATUS": record.status,
+        "ACTION": record.action,
+        "ALSO NAMES": named,
+        "RULE": record.rule,
+        "REASON": _reason(record),
+    }
+
+
+def _reason(record: AuditRecord) -> str:
+    """Why, and for an approval when it runs."""
+    if record.at is None:
+        return record.reason
+    when = f"at {format_rfc3339(record.at)}"
+    return f"{when}: {record.reason}" if record.reason else when
 
 
 def read_log(

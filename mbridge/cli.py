@@ -60,7 +60,12 @@ COMMANDS = {
         "inputs: one JSON line per action or refusal (time, kind, event_id, status, vm, action, at, reason); "
         "duplicates take no new action. Nothing is drained nor sent.",
     ),
-    "audit": Command("mbridge.audit_cli", "read the local audit log", "Read the local audit log."),
+    "audit": Command(
+        "mbridge.audit_cli",
+        "read the audit log by VM or by event: a table on a terminal, JSON lines otherwise",
+        "Read the audit log the functions write (the local SQLite, Table Storage or Firestore). See "
+        "docs/operations.md#the-audit-log.",
+    ),
     "fleet": Command(
         "mbridge.fleet_cli",
         "show upcoming and running maintenance across the fleet, from the audit log",

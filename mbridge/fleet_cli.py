@@ -19,13 +19,13 @@ import argparse
 import json
 import re
 import sys
-import unicodedata
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from functions.core.fleet import FleetRow, FleetView, fleet_view
 from mbridge.audit_cli import add_source_flags, read_log
+from mbridge.text_table import aligned, cell, short_id
 from wire.timefmt import format_rfc3339, parse_rfc3339
 
 DEFAULT_SINCE = "7d"
@@ -47,7 +47,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"only records from then on: an RFC 3339 time, or a span ago as 30m, 12h, 7d [default {DEFAULT_SINCE}]",
     )
     parser.add_argument("--all", action="store_true", help="also the events that ended")
-    parser.add_argument("--json", action="store_true", help="one JSON line per row, full values, for automation")
+    parser.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table: aligned columns for people; json: one JSON line per row, full values, for automation "
+        "[default table, into a pipe too]",
+    )
+    parser.add_argument("--json", action="store_true", help="the same as --format json")
     parser.add_argument("--wide", action="store_true", help="full event ids and wider columns")
     parser.add_argument(
         "--limit",
@@ -80,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     view = fleet_view(records)
     rows = [row for row in view.rows if args.all or not row.ended]
-    if args.json:
+    if args.json or args.format == "json":
         for row in rows:
             print(json.dumps(row_line(view, row), sort_keys=True))
     else:
@@ -122,7 +129,7 @@ def table(view: FleetView, rows: Sequence[FleetRow], *, wide: bool = False) -> s
     widest = WIDEST_WIDE if wide else WIDEST
     cells = [list(HEADERS)]
     for row in rows:
-        event_id = row.event_id if wide else _short(row.event_id)
+        event_id = row.event_id if wide else short_id(row.event_id, SHORT_EVENT_ID)
         values = [
             row.vm,
             event_id,
@@ -136,43 +143,4 @@ def table(view: FleetView, rows: Sequence[FleetRow], *, wide: bool = False) -> s
             "yes" if row.silent else "",
         ]
         cells.append([cell(value, widest.get(header, 20)) for header, value in zip(HEADERS, values)])
-    widths = [max(width(line[column]) for line in cells) for column in range(len(HEADERS))]
-    lines = []
-    for line in cells:
-        padded = [text + " " * (widths[column] - width(text)) for column, text in enumerate(line)]
-        lines.append("  ".join(padded).rstrip())
-    return "\n".join(lines) + "\n"
-
-
-def _short(event_id: str) -> str:
-    return event_id if len(event_id) <= SHORT_EVENT_ID + 1 else event_id[:SHORT_EVENT_ID] + "…"
-
-
-def cell(value: str, most: int) -> str:
-    """A value as one cell of the table: what a terminal would act on or could not show (control
-    characters, escapes, bidirectional overrides, combining marks) as escapes, and cut with "…" to at
-    most `most` columns."""
-    shown = "".join(_escaped(char) for char in value)
-    if width(shown) <= most:
-        return shown
-    kept, used = [], 0
-    for char in shown:
-        used += width(char)
-        if used > most - 1:
-            break
-        kept.append(char)
-    return "".join(kept) + "…"
-
-
-def _escaped(char: str) -> str:
-    if char.isprintable() and not unicodedata.combining(char) and char != "\\":
-        return char
-    if char == "\\":
-        return "\\\\"
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def width(text: str) -> int:
-    """The columns `text` takes on a terminal: two for a wide (East Asian) character."""
-    return sum(2 if unicodedata.east_asian_width(char) in ("W", "F") else 1 for char in text)
+    return aligned(cells)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
 from functions.core.chat_markup import neutralised
+from functions.core.log_fields import fields
 from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord, Finishing
 from functions.core.refusals import DEFAULT_SUMMARY_SECONDS, RefusalDigest, RefusalSummary, is_refusal
 from wire.bounds import bounded
@@ -230,6 +231,8 @@ class Notice:
     line: str = ""
     # How many notices this one stands for (a digest: more than one).
     count: int = 1
+    # A digest: the notices it stands for, in order (its log lines name each one's event).
+    carried: tuple[Notice, ...] = ()
 
 
 class Notifier(Protocol):
@@ -296,7 +299,13 @@ class NotifyingAuditLog:
                     else:
                         self._notifier.notify(notice_for(record, self._template, self._cloud))
             except Exception:  # an announcement must never fail the action it announces
-                LOGGER.exception("notice of %s %s for event %s not sent", record.kind, record.action, record.event_id)
+                LOGGER.exception(
+                    "notice of %s %s for event %s not sent",
+                    record.kind,
+                    record.action,
+                    record.event_id,
+                    extra=fields(event_id=record.event_id, vm=record.vm),
+                )
         self.summarise_due()
 
     def summarise_due(self) -> None:
@@ -356,7 +365,10 @@ def digest_notice(notices: Sequence[Notice], template: WebhookTemplate, cloud: s
             "cloud": neutralised(cloud),
         }
     )
-    return Notice("", "", "digest", "digest", template.render(values), line=values["summary"], count=count)
+    carried = tuple(part for notice in notices for part in (notice.carried or (notice,)))
+    return Notice(
+        "", "", "digest", "digest", template.render(values), line=values["summary"], count=count, carried=carried
+    )
 
 
 def summary_notice(summary: RefusalSummary, template: WebhookTemplate, cloud: str = "") -> Notice:

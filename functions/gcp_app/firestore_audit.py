@@ -13,7 +13,15 @@ from typing import Any
 
 from google.cloud import firestore
 
-from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
+from functions.core.audit_codec import (
+    ALSO_NAMED,
+    EVENT_ID_LOWER,
+    also_named,
+    audit_fields,
+    audit_record,
+    event_id_lower,
+    names,
+)
 from functions.core.ports import AuditRecord, Finishing
 from functions.gcp_app.firestore_store import DEFAULT_PREFIX, firestore_errors, plain_utc
 from wire.timefmt import format_rfc3339, parse_rfc3339
@@ -82,6 +90,24 @@ class FirestoreAuditLog:
         with firestore_errors(self._database, "query the audit log"):
             return [_audit_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
 
+    def query_naming(self, vm: str, *, event_id: str | None = None) -> Sequence[AuditRecord]:
+        """The records that name `vm` (audit_codec.names), of one event or all, oldest first.
+
+        With an event: that event's records (its index), those that name the VM kept. Without: the
+        records filed under the VM (the index of the queries by VM) and those filed under another VM
+        that name it in `also_named` (an array Firestore indexes by itself, so no composite index;
+        put in order here), each read once. Records written before `also_named` was are found under
+        the VM they are filed under only."""
+        if event_id is not None:
+            return [record for record in self.query(event_id=event_id) if names(record, vm)]
+        filed = self._collection.where(filter=firestore.FieldFilter("vm", "==", vm)).order_by("recorded_at")
+        named = self._collection.where(filter=firestore.FieldFilter(ALSO_NAMED, "array_contains", vm))
+        with firestore_errors(self._database, "query the audit log"):
+            snapshots = [*filed.stream(), *named.stream()]
+        # Firestore's own order: by commit time, then by document id.
+        snapshots.sort(key=lambda snapshot: (snapshot.get("recorded_at"), snapshot.id))
+        return [_audit_record(snapshot.to_dict() or {}) for snapshot in snapshots]
+
     def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
         """The records written from `since` on (by `recorded_at`, the commit time), oldest first, at most
         `most` of them: a view of the whole log that reads only what it shows (`mbridge fleet`). By
@@ -100,6 +126,7 @@ class FirestoreAuditLog:
 
 def _document(record: AuditRecord) -> dict[str, Any]:
     fields = audit_fields(record)
+    others = also_named(record)
     return {
         **fields,
         # Times as timestamps, at the codec's millisecond precision; no `at` is null.
@@ -107,6 +134,8 @@ def _document(record: AuditRecord) -> dict[str, Any]:
         "at": _timestamp(fields["at"]),
         EVENT_ID_LOWER: event_id_lower(record.event_id),
         "recorded_at": firestore.SERVER_TIMESTAMP,
+        # Only where there are any: most records name their own VM alone, and an array is indexed.
+        **({ALSO_NAMED: list(others)} if others else {}),
     }
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from functions.core.audit_codec import AUDIT_FIELDS, audit_fields, audit_record
+from functions.core.audit_codec import AUDIT_FIELDS, also_named, audit_fields, audit_record, vms_named
 from functions.core.ports import (
     Admission,
     AuditRecord,
@@ -88,6 +88,28 @@ _AUDIT_COLUMNS = ", ".join(AUDIT_FIELDS)
 _AUDIT_VALUES = ", ".join("NULLIF(:at, '')" if name == "at" else f":{name}" for name in AUDIT_FIELDS)
 _AUDIT_INSERT = f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES ({_AUDIT_VALUES})"  # noqa: S608 (fixed names only)
 
+# The VMs a record names besides its `vm` (audit_codec.also_named), one row each: one VM's view is its
+# rows of `audit_vm` and of this table, both read by index. Most records name their own VM alone and
+# add no row here. A file made before this table gets it filled from its records when opened
+# (`_name_earlier_records`).
+_AUDIT_NAMED_TABLE = """
+CREATE TABLE audit_named (vm TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (vm, seq)) WITHOUT ROWID
+"""
+_AUDIT_NAMED_INSERT = "INSERT OR IGNORE INTO audit_named (vm, seq) VALUES (?, ?)"
+# SQLite answers the OR with both indexes (a MULTI-INDEX OR), never a scan of the log.
+_AUDIT_NAMING = (
+    f"SELECT {_AUDIT_COLUMNS} FROM audit "  # noqa: S608 (fixed names only)
+    "WHERE (vm = :vm OR seq IN (SELECT seq FROM audit_named WHERE vm = :vm))"
+)
+
+
+def _parsed(detail: str) -> object:
+    """A stored `detail`, or nothing when it is not JSON (a file edited by hand must still open)."""
+    try:
+        return json.loads(detail)
+    except ValueError:
+        return None
+
 
 def _reservation(event_key: str, vms: str, admitted_at: float | None, expires_at: float) -> Reservation:
     admitted = None if admitted_at is None else datetime.fromtimestamp(admitted_at, timezone.utc)
@@ -128,6 +150,27 @@ class SqliteStore:
         for table, column, kind in _ADDED_COLUMNS:
             if column not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        self._name_earlier_records()
+
+    def _name_earlier_records(self) -> None:
+        """Make `audit_named` in a file made before it, filled from the records already there; in one
+        transaction, so that of two processes opening the file at once, the second finds it done.
+        A file that has it is only read: opening it takes no write lock."""
+        if self._has_named_table():
+            return
+        with self._transaction() as db:
+            if self._has_named_table():
+                return
+            db.execute(_AUDIT_NAMED_TABLE)
+            earlier = db.execute("SELECT seq, vm, detail FROM audit")
+            db.executemany(
+                _AUDIT_NAMED_INSERT,
+                ((name, seq) for seq, vm, detail in earlier for name in vms_named(vm, _parsed(detail)) if name != vm),
+            )
+
+    def _has_named_table(self) -> bool:
+        found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'audit_named'")
+        return found.fetchone() is not None
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -331,7 +374,11 @@ class SqliteStore:
     def append_all(self, records: Sequence[AuditRecord], then: Finishing | None = None) -> None:
         if records:
             with self._transaction() as db:
-                db.executemany(_AUDIT_INSERT, [audit_fields(record) for record in records])
+                for record in records:
+                    written = db.execute(_AUDIT_INSERT, audit_fields(record))
+                    others = also_named(record)
+                    if others:
+                        db.executemany(_AUDIT_NAMED_INSERT, [(name, written.lastrowid) for name in others])
         if then is not None:
             then.write()
 
@@ -348,6 +395,16 @@ class SqliteStore:
         sql = f"SELECT {_AUDIT_COLUMNS} FROM audit{where} ORDER BY seq"  # noqa: S608
         with self._lock:
             rows = self._db.execute(sql, params).fetchall()
+        return [audit_record(dict(zip(AUDIT_FIELDS, row))) for row in rows]
+
+    def query_naming(self, vm: str, *, event_id: str | None = None) -> Sequence[AuditRecord]:
+        """The records that name `vm` (audit_codec.names), of one event or all, oldest first: those
+        filed under it and those filed under another VM that name it (`audit_named`)."""
+        sql, params = _AUDIT_NAMING, {"vm": vm, "event_id": event_id}
+        if event_id is not None:
+            sql += " AND lower(event_id) = lower(:event_id)"
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY seq", params).fetchall()
         return [audit_record(dict(zip(AUDIT_FIELDS, row))) for row in rows]
 
     def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:

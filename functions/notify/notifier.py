@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Callable
 
+from functions.core.log_fields import fields
 from functions.core.notify import Notice
 from functions.notify.webhook import Delivery, WebhookClient, where
 from wire.background import DropOldestWorker, DropReason
@@ -80,15 +82,9 @@ class DeliveryQueue:
         with self._lock:
             self._counts["dropped"] += 1
             dropped = self._counts["dropped"]
-        if reason == "full":
-            LOGGER.warning(
-                "webhook queue full (%d): dropped the %s (%d dropped since start)",
-                self._worker.capacity,
-                _described(notice),
-                dropped,
-            )
-        else:
-            LOGGER.warning("webhook closed: dropped the %s (%d dropped since start)", _described(notice), dropped)
+        why = f"webhook queue full ({self._worker.capacity})" if reason == "full" else "webhook closed"
+        for what, about in _described(notice):
+            LOGGER.warning("%s: dropped the %s (%d dropped since start)", why, what, dropped, extra=about)
 
     def _send(self, notice: Notice) -> None:
         """Post `notice`; with a digest and a line of at least DIGEST_BACKLOG behind it, those too, as
@@ -100,7 +96,9 @@ class DeliveryQueue:
                 try:
                     notice = self._digest([notice, *behind])
                 except Exception:  # rendering must not lose the notices: post them one by one
-                    LOGGER.exception("a digest of %d webhook notices could not be made", len(behind) + 1)
+                    unmade = Notice("", "", "digest", "digest", "", count=len(behind) + 1, carried=(notice, *behind))
+                    for what, about in _described(unmade):
+                        LOGGER.exception("webhook %s could not be made: posted one by one", what, extra=about)
                     for single in [notice, *behind]:
                         self._post(single)
                     return
@@ -113,40 +111,52 @@ class DeliveryQueue:
             delivery = self._client.post(notice.body.encode("utf-8"))
         except Exception as error:  # the worker must outlive any one notice
             delivery = Delivery(False, 0, 0.0, f"unexpected {type(error).__name__}")
-            LOGGER.exception("posting a webhook notice failed unexpectedly")
+            for what, about in _described(notice):
+                LOGGER.exception("posting the webhook %s failed unexpectedly", what, extra=about)
         with self._lock:
             # Counted per notice: a digest's post carries `count` of them.
             self._counts["sent" if delivery.sent else "failed"] += notice.count
             self._counts["retried"] += max(0, delivery.tries - 1)
             failed = self._counts["failed"]
-        what, to = _described(notice), where(self._client.url)
-        if delivery.sent:
-            LOGGER.info(
-                "webhook %s, sent to %s: %s after %d tries in %.1f s",
-                what,
-                to,
-                delivery.detail,
-                delivery.tries,
-                delivery.seconds,
-            )
-        else:
-            LOGGER.warning(
-                "webhook %s, NOT sent to %s: %s after %d tries in %.1f s (%d failed since start)",
-                what,
-                to,
-                delivery.detail,
-                delivery.tries,
-                delivery.seconds,
-                failed,
-            )
+        to = where(self._client.url)
+        for what, about in _described(notice):
+            if delivery.sent:
+                LOGGER.info(
+                    "webhook %s, sent to %s: %s after %d tries in %.1f s",
+                    what,
+                    to,
+                    delivery.detail,
+                    delivery.tries,
+                    delivery.seconds,
+                    extra=about,
+                )
+            else:
+                LOGGER.warning(
+                    "webhook %s, NOT sent to %s: %s after %d tries in %.1f s (%d failed since start)",
+                    what,
+                    to,
+                    delivery.detail,
+                    delivery.tries,
+                    delivery.seconds,
+                    failed,
+                    extra=about,
+                )
 
 
-def _described(notice: Notice) -> str:
+def _described(notice: Notice) -> list[tuple[str, dict[str, object]]]:
+    """What the log says a notice is, and the fields of the event it is about: a line for each event
+    it carries, so that one query by event id finds what became of the event's notices. A summary of
+    refused reports names no event (nor does its notice: what a refused report names is a claim)."""
     if notice.refusals:
-        return "summary of refused reports"
-    if notice.count > 1:
-        return f"digest of {notice.count} notices"
-    return f"notice ({notice.kind} {notice.action}) for event {notice.event_id}, VM {notice.vm}"
+        return [("summary of refused reports", {})]
+    if notice.carried:
+        of_event = Counter(part.event_id for part in notice.carried)
+        return [
+            (f"digest of {notice.count} notices ({count} of event {event_id or '(none)'})", fields(event_id=event_id))
+            for event_id, count in of_event.items()
+        ]
+    what = f"notice ({notice.kind} {notice.action}) for event {notice.event_id}, VM {notice.vm}"
+    return [(what, fields(event_id=notice.event_id, vm=notice.vm))]
 
 
 class WebhookNotifier:

@@ -160,9 +160,38 @@ def test_a_record_naming_a_thousand_vms_is_cut_appended_and_found(
     assert backend.audit.query(vm=entry.vm) == [entry]
 
 
-def _since_reader(backend: Backend) -> AuditReader:
-    """The backend's audit log as `mbridge fleet` reads it (the core's port has no `query_since`)."""
+def _reader(backend: Backend) -> AuditReader:
+    """The backend's audit log as `mbridge audit` and `mbridge fleet` read it (the core's port has
+    neither `query_naming` nor `query_since`)."""
     return cast(AuditReader, backend.audit)
+
+
+def test_a_vm_s_records_are_every_record_that_names_it_wherever_it_is_filed(backend: Backend) -> None:
+    # GIVEN web-0's own records; a report web-2 sent about web-0 and web-1 (refused, filed under its
+    # sender); web-1's own report; a wait filed under the two VMs it holds back; and web-10's report
+    written = [
+        record("event", "web-0", "E-ONE", detail={"resources": ["web-0"]}),
+        record("not-self", "web-2", "E-FORGED", action="none", detail={"resources": ["web-0", "web-1"]}),
+        record("event", "web-1", "E-TWO", detail={"resources": ["web-1"]}),
+        record("action", "web-0,web-1", "E-ONE", action="wait", detail={"resources": ["web-0"]}),
+        record("action", "web-0", "E-ONE", action="approve", detail={"resources": ["web-0"]}),
+        record("event", "web-10", "E-TEN", detail={"resources": ["web-10"]}),
+    ]
+    backend.audit.append_all(written[:2])
+    for entry in written[2:]:
+        backend.audit.append(entry)
+    reader = _reader(backend)
+
+    # WHEN one VM's records are read, alone and with an event (in another case than written)
+    # THEN every record that names it comes, oldest first, and no other (web-10 is not web-0)
+    assert list(reader.query_naming("web-0")) == [written[0], written[1], written[3], written[4]]
+    assert list(reader.query_naming("web-1")) == [written[1], written[2], written[3]]
+    assert list(reader.query_naming("web-0", event_id="e-forged")) == [written[1]]
+    assert list(reader.query_naming("web-1", event_id="e-one")) == [written[3]]
+    assert list(reader.query_naming("web-10")) == [written[5]]
+    assert list(reader.query_naming("nosuchvm")) == []
+    # ... while a query by VM stays the records filed under it
+    assert list(reader.query(vm="web-0")) == [written[0], written[4]]
 
 
 def _written_now(kind: str, vm: str, event_id: str, **fields: Any) -> AuditRecord:
@@ -182,7 +211,7 @@ def test_the_records_since_a_moment_come_oldest_first_by_vm_or_all(backend: Back
         backend.audit.append(entry)
 
     # WHEN the log is read since the moment, whole and by VM, with room to spare
-    reader = _since_reader(backend)
+    reader = _reader(backend)
     since = reader.query_since(moment, most=100)
     of_one_vm = reader.query_since(moment, most=100, vm="web-1")
 
@@ -198,7 +227,7 @@ def test_the_records_since_a_moment_are_never_more_than_asked(backend: Backend) 
     backend.audit.append_all([_written_now("action", "web-0", "E-1", reason=str(n)) for n in range(12)])
 
     # WHEN the log is read since the moment, at most five and at most twelve
-    reader = _since_reader(backend)
+    reader = _reader(backend)
 
     # THEN five come (the caller asks for one more than it shows to know it was cut), then all twelve
     assert len(reader.query_since(moment, most=5)) == 5

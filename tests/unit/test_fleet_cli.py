@@ -19,12 +19,10 @@ import pytest
 
 from functions.core.central import process_central
 from functions.core.ports import AuditKind, AuditRecord
-from functions.local_app.balancer import LocalPool
-from functions.local_app.store import SqliteStore
 from mbridge.cli import main
-from mbridge.fleet_cli import cell, width
-from tests.kit import RecordingSender
+from mbridge.text_table import cell, width
 from tests.unit.functions.test_central import EVENT_ID, SET, SILENT_AFTER, START, World, central, reboot
+from tests.unit.functions.test_trust import opened
 from wire.model import EventStatus
 
 SINCE = ["--since", "2026-03-01T00:00:00Z"]
@@ -35,14 +33,8 @@ THIRD = "E-THIRD"
 @pytest.fixture
 def logged(tmp_path: Path) -> Iterator[tuple[World, list[str]]]:
     """A world whose store (and audit log) is a database file, and the flags that name it."""
-    pool = LocalPool(":memory:")
-    pool.add("web", SET)
-    store = SqliteStore(tmp_path / "functions.db")
-    try:
-        yield World(store, pool, RecordingSender()), ["--db", str(tmp_path / "functions.db")]
-    finally:
-        store.close()
-        pool.close()
+    with opened(World, SET, tmp_path / "functions.db") as world:
+        yield world, ["--db", str(tmp_path / "functions.db")]
 
 
 def fleet(flags: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -94,6 +86,7 @@ def test_all_json_vm_and_wide(logged: tuple[World, list[str]], capsys: pytest.Ca
     code, out, _ = fleet([*flags, *SINCE, "--all", "--json"], capsys)
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0
+    assert fleet([*flags, *SINCE, "--all", "--format", "json"], capsys)[:2] == (0, out)  # as `mbridge audit list`
     assert [(row["vm"], row["source"], row["drained"], row["ended"], row["silent"]) for row in rows] == [
         ("web-0", "agent", "yes", "", False),
         ("web-1", "centre", "yes", "", True),

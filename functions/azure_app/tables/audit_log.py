@@ -13,7 +13,7 @@ from azure.data.tables import TableClient
 
 from functions.azure_app.tables.entities import escape_key
 from functions.azure_app.tables.errors import table_errors
-from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower
+from functions.core.audit_codec import EVENT_ID_LOWER, audit_fields, audit_record, event_id_lower, names
 from functions.core.ports import AuditRecord, Finishing
 from wire.timefmt import format_rfc3339, parse_rfc3339
 
@@ -80,6 +80,15 @@ class TableAuditLog:
         # Oldest first, in write order, whatever partitions the rows came from.
         rows.sort(key=lambda row: int(row["written_ns"]))
         return [audit_record(row) for row in rows]
+
+    def query_naming(self, vm: str, *, event_id: str | None = None) -> Sequence[AuditRecord]:
+        """The records that name `vm` (audit_codec.names), of one event or all, oldest first.
+
+        A record names VMs inside its `detail`, where Table Storage cannot look: this reads the whole
+        table (one request per 1,000 records), or the records of the event given (the service scans
+        the table for them, as `query` by event does), and keeps those that name the VM. The VM's own
+        partition alone is `query(vm=...)`."""
+        return [record for record in self.query(event_id=event_id) if names(record, vm)]
 
     def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
         """The records from `since` on (by their `time`), oldest first, at most `most` of them: a view of

@@ -203,6 +203,57 @@ def test_notify_never_waits_and_a_full_queue_drops_the_oldest(tmp_path: Path) ->
     assert metrics.value("mbridge_hook_dropped_total") == 1
 
 
+def test_every_log_line_about_a_change_names_its_event(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a hook that holds its first run until released, then exits 0 for E-1 and 3 for the others,
+    # with room for one waiting change
+    started, release = tmp_path / "started", tmp_path / "release"
+    path = script(
+        tmp_path,
+        "held.py",
+        f"open({str(started)!r}, 'a').write('x')\n"
+        f"while not os.path.exists({str(release)!r}): time.sleep(0.01)\n"
+        "sys.exit(0 if os.environ['MBRIDGE_EVENT_ID'] == 'E-1' else 3)",
+    )
+    runner = HookRunner(parse_command(str(path)), timeout=30.0, capacity=1)
+    with caplog.at_level(logging.DEBUG, logger="mbridge.agent"):
+        # WHEN three changes come while the first runs (the one waiting longest is dropped), the hook
+        # is released, and then one runner cannot start its command and another fails outright
+        runner.notify(reboot("E-1"))
+        wait_until(started.exists, 10.0, "the first run to start")
+        runner.notify(reboot("E-2"))
+        runner.notify(reboot("E-3"))
+        release.touch()
+        assert runner.settle(20.0)
+        missing = HookRunner([str(tmp_path / "gone")], timeout=5.0)
+        missing.notify(reboot("E-4"))
+        assert missing.settle(10.0)
+
+        def broken(event: MaintenanceEvent) -> None:
+            raise RuntimeError("the hook runner broke")
+
+        monkeypatch.setattr(missing, "run", broken)
+        missing.notify(reboot("E-5"))
+        assert missing.settle(10.0)
+
+    # THEN a run that went well, one that failed, one dropped, one that could not start and one that
+    # broke were logged
+    said: dict[str, str] = {}
+    for record in caplog.records:
+        said[getattr(record, "event_id", "")] = said.get(getattr(record, "event_id", ""), "") + record.getMessage()
+    assert "exit 0" in said["E-1"]
+    assert "hook not run for reboot E-2 scheduled" in said["E-2"]
+    assert "exit 3" in said["E-3"]
+    assert "could not be started" in said["E-4"]
+    assert "could not be run" in said["E-5"]
+    assert "" not in said
+    # ... each line naming its event as the agent's other lines do, for jq 'select(.event_id == ...)'
+    fields = [{name: getattr(record, name, None) for name in ("kind", "status", "vm")} for record in caplog.records]
+    assert fields == [{"kind": "reboot", "status": "scheduled", "vm": "web-0"}] * len(caplog.records)
+    assert len(caplog.records) == 6  # the broken run is also logged as its error
+
+
 @pytest.mark.parametrize(
     ("command", "message"),
     [

@@ -7,19 +7,28 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
+from agent.hooks import HookRunner
 from agent.logs import BASE_KEYS, JsonFormatter
+from agent.messages import event_message
 from agent.sources.azure.document import parse_scheduled_events
 from agent.state import AgentState
 from simulator import Simulator
 from tests.agent_runner import AgentThread, settings_for
+from tests.factories import azure_event
 from tests.unit.agent.test_loop import FakeProcessor, FakeTransport, build
 from tests.waiting import wait_until
 from wire.envelope import event_envelope_id
@@ -159,3 +168,44 @@ def test_a_message_whose_arguments_do_not_match_is_still_a_line() -> None:
     line = strict_json(JsonFormatter().format(record))
     assert "%s and %s" in line["message"]
     assert "one" in line["message"]
+
+
+def test_an_event_cut_to_fit_a_bus_message_is_logged_with_its_fields(caplog: pytest.LogCaptureFixture) -> None:
+    # GIVEN an event whose raw entry is larger than a bus message holds
+    event = azure_event(event_id=EVENT_ID, reporter=VM, resources=(VM,), raw={"Description": "x" * 400_000})
+
+    # WHEN the agent makes its message
+    with caplog.at_level(logging.WARNING, logger="mbridge.agent"):
+        event_message(event, datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc))
+
+    # THEN the line that says it was cut names the event in its fields, as every line about one does
+    (cut,) = [line for line in lines(caplog) if "are cut" in line["message"]]
+    assert (cut["event_id"], cut["vm"], cut["cloud"]) == (EVENT_ID, VM, "azure")
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="the guide's recipe is a jq program")
+def test_the_operations_guide_s_jq_recipe_finds_every_line_of_an_event(caplog: pytest.LogCaptureFixture) -> None:
+    # GIVEN the guide's recipe for everything about one event on a VM (journald, one JSON line each)
+    guide = (Path(__file__).parents[3] / "docs" / "operations.md").read_text(encoding="utf-8")
+    (recipe,) = [line for line in guide.splitlines() if line.startswith("journalctl") and "select(.event_id" in line]
+    program = shlex.split(recipe.split("| jq", 1)[1])
+    sample_id = re.search(r'\.event_id == "([^"]+)"', recipe)
+    assert sample_id is not None
+    # ... and what the journal of the agent's unit holds: systemd's own words, then the agent's lines
+    # about an event (its hook run among them) and another event's
+    caplog.set_level(logging.INFO, logger="mbridge.agent")
+    runner = HookRunner([sys.executable, "-c", "pass"], timeout=30.0)
+    runner.notify(azure_event(event_id=sample_id.group(1), reporter=VM, resources=(VM,)))
+    runner.notify(azure_event(event_id="OTHER-EVENT", reporter=VM, resources=(VM,)))
+    assert runner.settle(20.0)
+    journal = ["Started mbridge-agent.service - maintenance-bridge agent.", *map(json.dumps, lines(caplog))]
+
+    # WHEN the recipe reads it
+    found = subprocess.run(
+        ["jq", *program], input="\n".join(journal) + "\n", capture_output=True, text=True, check=False, timeout=30
+    )
+
+    # THEN it finds the event's hook line, and only the event's lines
+    assert found.returncode == 0, found.stderr
+    messages = [json.loads(line)["message"] for line in found.stdout.splitlines()]
+    assert messages == [f"hook for {sample_id.group(1)} scheduled: exit 0 in " + messages[0].rsplit(" in ", 1)[1]]

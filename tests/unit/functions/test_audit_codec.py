@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-from functions.core.audit_codec import AUDIT_FIELDS, audit_fields, audit_record, event_id_lower
+from functions.core.audit_codec import (
+    AUDIT_FIELDS,
+    also_named,
+    audit_fields,
+    audit_record,
+    event_id_lower,
+    named_vms,
+    names,
+)
 from functions.core.ports import ActionName, AuditKind, AuditRecord
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -63,3 +71,32 @@ def test_no_time_is_stored_empty_and_read_from_any_empty_value() -> None:
 
 def test_event_ids_are_folded_for_the_stores_that_cannot_fold_them_in_a_query() -> None:
     assert event_id_lower("C7061BAC-AFDC") == event_id_lower("c7061bac-afdc") == "c7061bac-afdc"
+
+
+def test_a_record_names_the_vms_it_is_filed_under_and_those_its_event_lists() -> None:
+    # GIVEN a refused report filed under its sender about two other VMs, a wait filed under the VMs
+    # it holds back, an own report, and a malformed message (no VM)
+    refused = AuditRecord(NOW, "not-self", "e", "E-1", "web-2", action="none", detail={"resources": ["web-0", "web-1"]})
+    wait = AuditRecord(NOW, "action", "e", "E-1", "web-0,web-1", action="wait", detail={"resources": ["web-0"]})
+    own = replace(refused, kind="event", vm="web-0", detail={"resources": ["web-0"]})
+    malformed = AuditRecord(NOW, "malformed", "b" * 64, "", "", action="none")
+
+    # THEN each names every VM once, in the order named; and beside its `vm`, only the others
+    assert named_vms(refused) == ("web-2", "web-0", "web-1")
+    assert also_named(refused) == ("web-0", "web-1")
+    assert named_vms(wait) == ("web-0", "web-1")
+    assert also_named(wait) == ("web-0", "web-1")  # no VM is called "web-0,web-1"
+    assert (named_vms(own), also_named(own)) == (("web-0",), ())
+    assert (named_vms(malformed), also_named(malformed)) == ((), ())
+    assert [names(refused, "web-0"), names(wait, "web-1"), names(own, "web-1")] == [True, True, False]
+    assert names(malformed, "")  # filed under no VM: found as such
+
+
+def test_a_detail_that_is_not_what_the_core_writes_names_nothing_more() -> None:
+    # GIVEN records of an old or tampered log whose `resources` are not a list of names
+    odd = [
+        AuditRecord(NOW, "event", "e", "E-1", "web-0", detail={"resources": "web-1"}),
+        AuditRecord(NOW, "event", "e", "E-1", "web-0", detail={"resources": [1, None, {"vm": "web-1"}, ""]}),
+    ]
+    # THEN they name the VM they are filed under only
+    assert [named_vms(record) for record in odd] == [("web-0",), ("web-0",)]

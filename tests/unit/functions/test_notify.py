@@ -241,6 +241,8 @@ def test_a_notifier_that_fails_neither_fails_nor_changes_the_action(
     assert [c.target for c in world.sent.commands] == ["web-0"]
     assert [line.action for line in world.store.query() if line.kind == "action"] == ["drain", "approve"]
     assert "notice of action approve for event E-REBOOT not sent" in caplog.text
+    # ... each line with the event and the VM in its fields, where a query by event finds it
+    assert {(getattr(r, "event_id", None), getattr(r, "vm", None)) for r in caplog.records} == {("E-REBOOT", "web-0")}
 
 
 def test_the_template_shapes_every_body(world: World) -> None:

@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from functions.azure_app import settings as azure_names
 from functions.azure_app.settings import Settings as AzureSettings
 from functions.azure_app.settings import SettingsError as AzureSettingsError
-from functions.core.notify import DEFAULT_FILTER, Notice, NotifyingAuditLog, WebhookTemplate, digest_notice
+from functions.core.notify import (
+    DEFAULT_FILTER,
+    Notice,
+    NoticeFilter,
+    NotifyingAuditLog,
+    WebhookTemplate,
+    digest_notice,
+)
 from functions.core.policy import Policy
 from functions.core.ports import AuditRecord
 from functions.core.process import Deps, process
@@ -289,11 +297,12 @@ class Wired:
     notifier: WebhookNotifier
 
 
-def wired(store: SqliteStore, url: str, bounds: RetryBounds) -> Wired:
-    """The core's Deps as the apps wire them, with a webhook (default template and filter)."""
+def wired(store: SqliteStore, url: str, bounds: RetryBounds, notice_filter: str | None = None, **options: Any) -> Wired:
+    """The core's Deps as the apps wire them, with a webhook (default template and filter, unless
+    `notice_filter` names what to announce; `options` are the notifier's)."""
     pool, sent = FakeBalancer({"web": ("web-0",)}), RecordingSender()
-    notifier = WebhookNotifier(WebhookClient(url, bounds))
-    audit = NotifyingAuditLog(store, notifier, cloud="azure")
+    notifier = WebhookNotifier(WebhookClient(url, bounds), **options)
+    audit = NotifyingAuditLog(store, notifier, notice_filter=NoticeFilter.parse(notice_filter), cloud="azure")
     deps = Deps(
         store=store,
         balancer=pool,
@@ -335,6 +344,119 @@ def test_a_webhook_that_is_down_neither_delays_nor_fails_the_approval(
     # AND no log line holds the key in the URL's path
     assert KEY_PATH not in caplog.text
     store.close()
+
+
+def test_every_log_line_about_an_event_names_it_whatever_becomes_of_its_notices(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN the core wired with a webhook that announces every record, hangs on the first post, has
+    # room for five notices waiting, and posts a backlog as one digest
+    receiver.answers = ["hang"]
+    store = SqliteStore(":memory:")
+    template = WebhookTemplate.parse()
+    app = wired(
+        store,
+        receiver.url,
+        RetryBounds(tries=1, try_seconds=1.0),
+        "all",
+        capacity=5,
+        digest=lambda notices: digest_notice(notices, template, "azure"),
+    )
+    with caplog.at_level(logging.DEBUG, logger="mbridge"):
+        # WHEN web-0's Reboot is reported scheduled (its first notice hangs at the webhook) and
+        # completed (six notices wait: one is dropped, the others go out as one digest), then its
+        # completion again (a duplicate: one notice, alone)
+        process(encode(envelope_for_event(reboot(EventStatus.SCHEDULED), NOW)), app.deps, NOW)
+        wait_until(lambda: receiver.count() == 1, 5.0, "the first notice at the webhook")
+        completed = encode(envelope_for_event(reboot(EventStatus.COMPLETED), NOW))
+        process(completed, app.deps, NOW + timedelta(minutes=20))
+        assert app.notifier.settle(10.0)
+        process(completed, app.deps, NOW + timedelta(minutes=21))
+        assert app.notifier.settle(10.0)
+    app.notifier.close()
+    store.close()
+
+    # THEN a notice was given up on, one dropped, a digest and a single notice sent
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("NOT sent" in message for message in messages), messages
+    assert any("dropped the notice" in message for message in messages), messages
+    assert any("digest of 5 notices (5 of event E-REBOOT), sent" in message for message in messages), messages
+    assert any("notice (duplicate none) for event E-REBOOT, VM web-0, sent" in message for message in messages)
+    # ... and every line logged while the event was handled names it, as jq and the log stores look for it
+    unnamed = [(record.name, record.getMessage()) for record in caplog.records if not _names_event(record)]
+    assert unnamed == []
+
+
+def _names_event(record: logging.LogRecord) -> bool:
+    return getattr(record, "event_id", None) == "E-REBOOT"
+
+
+def test_a_digest_of_several_events_is_logged_once_for_each(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a webhook busy with a first notice while notices of two events wait behind it
+    receiver.answers = ["hang"]
+    template = WebhookTemplate.parse()
+    notifier = WebhookNotifier(
+        WebhookClient(receiver.url, RetryBounds(tries=1, try_seconds=1.0)),
+        digest=lambda notices: digest_notice(notices, template, "azure"),
+    )
+    with caplog.at_level(logging.INFO, logger="mbridge.functions.notify"):
+        notifier.notify(notice("E-0"))
+        wait_until(lambda: receiver.count() == 1, 5.0, "the first notice at the receiver")
+        for event_id in ("E-1", "E-2", "E-1", "E-1", "E-2"):
+            notifier.notify(notice(event_id))
+        assert notifier.settle(5.0)
+    notifier.close()
+
+    # THEN the digest's post is logged once per event it carried, each line naming its event
+    lines = [(getattr(record, "event_id", None), record.getMessage()) for record in caplog.records]
+    digest = [(event_id, message.split(", sent")[0]) for event_id, message in lines if "digest" in message]
+    assert digest == [
+        ("E-1", "webhook digest of 5 notices (3 of event E-1)"),
+        ("E-2", "webhook digest of 5 notices (2 of event E-2)"),
+    ]
+    assert all(event_id for event_id, _ in lines)
+
+
+def test_a_failure_inside_the_notifier_is_logged_for_each_event_it_hit(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a webhook busy with a first notice while notices of two events wait, and a digest that
+    # cannot be made; and a notifier whose HTTP session breaks
+    receiver.answers = ["hang"]
+
+    def no_digest(notices: Any) -> Notice:
+        raise RuntimeError("the template broke")
+
+    notifier = WebhookNotifier(WebhookClient(receiver.url, RetryBounds(tries=1, try_seconds=1.0)), digest=no_digest)
+
+    class BrokenSession(requests.Session):
+        def post(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the session broke")
+
+    broken = WebhookNotifier(WebhookClient(receiver.url, QUICK, session=BrokenSession()))
+    with caplog.at_level(logging.INFO, logger="mbridge.functions.notify"):
+        notifier.notify(notice("E-0"))
+        wait_until(lambda: receiver.count() == 1, 5.0, "the first notice at the receiver")
+        for event_id in ("E-1", "E-2", "E-1", "E-1", "E-2"):
+            notifier.notify(notice(event_id))
+        broken.notify(notice("E-3"))
+        assert notifier.settle(5.0)
+        assert broken.settle(5.0)
+    notifier.close()
+    broken.close()
+
+    # THEN the digest's failure is logged once per event, the notices then go out one by one, and the
+    # broken post is logged with its event: every line names one
+    lines = [(getattr(record, "event_id", None), record.getMessage()) for record in caplog.records]
+    assert [line for line in lines if "could not be made" in line[1]] == [
+        ("E-1", "webhook digest of 5 notices (3 of event E-1) could not be made: posted one by one"),
+        ("E-2", "webhook digest of 5 notices (2 of event E-2) could not be made: posted one by one"),
+    ]
+    assert receiver.count() == 6
+    assert ("E-3", "posting the webhook notice (action approve) for event E-3, VM web-0 failed unexpectedly") in lines
+    assert all(event_id for event_id, _ in lines), lines
 
 
 def test_a_hanging_webhook_does_not_hold_up_processing(receiver: Receiver) -> None:

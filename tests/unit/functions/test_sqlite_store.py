@@ -12,7 +12,7 @@ from pathlib import Path
 
 from functions.core.holds import LONGEST_HOLD
 from functions.core.ports import AuditRecord, Claim, Reservation
-from functions.local_app.store import SqliteStore
+from functions.local_app.store import _AUDIT_NAMING, SqliteStore
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 HELD_UNTIL = NOW + timedelta(hours=1)
@@ -73,3 +73,62 @@ def test_a_file_from_the_earlier_schema_keeps_its_state_and_takes_new_records(tm
     assert [line.event_id for line in by_vm] == ["e-new"]
     assert "audit_event" not in indexes
     assert "audit_vm" in indexes
+
+
+def test_a_file_written_before_records_were_found_by_every_vm_they_name_finds_its_old_records(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a store file of the earlier schema holding a report web-2 sent about web-0 and web-1
+    # (filed under web-2) and a wait filed under the two VMs it held back
+    path = tmp_path / "functions.db"
+    with sqlite3.connect(path) as earlier:
+        earlier.executescript(EARLIER_SCHEMA)
+        earlier.executemany(
+            "INSERT INTO audit (time, kind, envelope_id, event_id, vm, action, status, rule, reason, at, detail)"
+            " VALUES ('2026-03-01T11:00:01Z', ?, 'envelope-2', 'E-FORGED', ?, ?, '', '', '', NULL, ?)",
+            [
+                ("not-self", "web-2", "none", '{"resources": ["web-0", "web-1"]}'),
+                ("action", "web-0,web-1", "wait", '{"resources": ["web-0"]}'),
+            ],
+        )
+    earlier.close()
+
+    # WHEN this version opens it (twice: the second finds nothing left to do) and takes a new record
+    SqliteStore(path).close()
+    store = SqliteStore(path)
+    try:
+        store.append(AuditRecord(NOW, "event", "envelope-3", "E-NEW", "web-1", detail={"resources": ["web-1"]}))
+        of_web_0 = store.query_naming("web-0")
+        of_web_1 = store.query_naming("web-1")
+    finally:
+        store.close()
+
+    # THEN each VM's records are the old ones that name it, then the new, each once
+    assert [(line.event_id, line.vm) for line in of_web_0] == [
+        ("E-OLD", "web-0"),
+        ("E-FORGED", "web-2"),
+        ("E-FORGED", "web-0,web-1"),
+    ]
+    assert [(line.event_id, line.vm) for line in of_web_1] == [
+        ("E-FORGED", "web-2"),
+        ("E-FORGED", "web-0,web-1"),
+        ("E-NEW", "web-1"),
+    ]
+
+
+def test_one_vm_s_records_are_read_by_index_never_by_a_scan_of_the_log(tmp_path: Path) -> None:
+    # GIVEN the store's query of the records that name a VM
+    store = SqliteStore(tmp_path / "functions.db")
+    try:
+        # WHEN SQLite says how it would answer it, alone and with an event
+        plans = [
+            [row[3] for row in store._db.execute(f"EXPLAIN QUERY PLAN {sql}", {"vm": "web-0", "event_id": "E"})]
+            for sql in (_AUDIT_NAMING, _AUDIT_NAMING + " AND lower(event_id) = lower(:event_id)")
+        ]
+    finally:
+        store.close()
+    # THEN it searches the audit by its VM index and by the rows of the VMs named, and scans nothing
+    for plan in plans:
+        assert not [step for step in plan if step.startswith("SCAN")], plan
+        assert any("USING INDEX audit_vm" in step for step in plan), plan
+        assert any("SEARCH audit_named USING PRIMARY KEY" in step for step in plan), plan

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -68,11 +69,12 @@ WorldType = TypeVar("WorldType", bound=World)
 
 
 @contextmanager
-def opened(kind: type[WorldType], vms: tuple[str, ...]) -> Iterator[WorldType]:
-    """A world of `kind` whose pool `web` holds `vms`, on stores in memory."""
+def opened(kind: type[WorldType], vms: tuple[str, ...], path: Path | str = ":memory:") -> Iterator[WorldType]:
+    """A world of `kind` whose pool `web` holds `vms`, on stores in memory (its store and audit log
+    on the database file `path` when given)."""
     pool = LocalPool(":memory:")
     pool.add("web", vms)
-    store = SqliteStore(":memory:")
+    store = SqliteStore(path)
     try:
         yield kind(store, pool, RecordingSender())
     finally:
