@@ -23,7 +23,8 @@ from simulator.server import Simulator
 _LOGGER_NAME = "simulator"
 
 
-def _speed(text: str) -> float:
+def speed_argument(text: str) -> float:
+    """--speed: a finite number > 0 (also `mbridge demo`'s, which runs these simulators)."""
     try:
         value = float(text)
     except ValueError:
@@ -82,7 +83,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--speed",
-        type=_speed,
+        type=speed_argument,
         default=1.0,
         metavar="F",
         help="run documented timings F times faster (default 1; 60 turns 15 minutes into 15 seconds)",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -20,8 +22,12 @@ from mbridge.demo.flows import FLOWS, Context, Flow
 from mbridge.demo.play import play
 from mbridge.demo.report import LiveLines, summary, write_html
 from mbridge.demo.world import DemoWorld, EmbeddedWorld
+from simulator.cli import speed_argument
 
 BUSES = ("embedded", "pubsub-emulator")
+# The longest drain period the flows can be played with: each of three phases waits it out before
+# an approval, within the phase's time (play.PHASE_TIMEOUT) and the demo's 60 s in all.
+MAX_DRAIN_PERIOD = 10.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,15 +38,67 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="embedded: SQLite bus and the local function host (default); pubsub-emulator: Google's "
         "Pub/Sub and Firestore emulators, the Cloud Functions entry served by functions-framework",
     )
-    parser.add_argument("--report", metavar="FILE.html", help="also write the timeline as a self-contained HTML page")
-    parser.add_argument("--workdir", type=Path, help="where state, audit log and logs go (default: a new temp dir)")
-    parser.add_argument("--speed", type=float, default=10.0, help="simulated seconds per real second (default 10)")
+    parser.add_argument(
+        "--report",
+        metavar="FILE.html",
+        type=_report_path,
+        help="also write the timeline as a self-contained HTML page (its directory must exist)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=_workdir,
+        help="where state, audit log and logs go, created if need be (default: a new temp dir)",
+    )
+    parser.add_argument(
+        "--speed", type=speed_argument, default=10.0, help="simulated seconds per real second, > 0 (default 10)"
+    )
     parser.add_argument(
         "--drain-period",
-        type=float,
+        type=_drain_period,
         default=3.0,
-        help="the policy's drain period, shortened for the demo (default 3 s)",
+        help=f"the policy's drain period, shortened for the demo: 0 to {MAX_DRAIN_PERIOD:g} s (default 3 s)",
     )
+
+
+# Checked as the flags are read, so that a value the demo cannot run with is a usage error (exit 2,
+# one line naming the flag) rather than a traceback or a run that fails as if the product were wrong.
+
+
+def _drain_period(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_DRAIN_PERIOD:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds between 0 and {MAX_DRAIN_PERIOD:g} (the demo's phases wait it out), "
+            f"got {text!r}"
+        )
+    return value
+
+
+def _workdir(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {text}")
+    return path
+
+
+def _report_path(text: str) -> str:
+    folder = Path(text).parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{folder} is not a directory: the page would be written there")
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory: give the page's file name")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {folder}")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
