@@ -31,6 +31,13 @@ MAX_DRAIN_PERIOD = 10.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    # The count comes from the flows themselves, so no text can say another.
+    phases = sorted({flow.phase for flow in FLOWS})
+    parser.description = (
+        f"{parser.description or ''} It plays {len(FLOWS)} maintenance flows in {len(phases)} phases: "
+        + "; ".join(f"{phase}: {', '.join(f.key for f in FLOWS if f.phase == phase)}" for phase in phases)
+        + " (docs/demo.md)."
+    ).strip()
     parser.add_argument(
         "--bus",
         choices=BUSES,
