@@ -312,8 +312,9 @@ class PubSubWorld:
             + f", fed by {CENTRAL_TOPIC} (the GCE simulator's system-event log, as a log sink) and {TICK_TOPIC} "
             "(a tick a second, as Cloud Scheduler)",
             f"load-balancer pools: the agents' /readyz on 127.0.0.1 ({readyz})",
-            f"audit log: Firestore collection mbridge_audit (FIRESTORE_EMULATOR_HOST={self.firestore.host}), "
-            f"written to {self.audit_export} at the end",
+            # The emulator stops with the demo: what is left to read afterwards is the export.
+            f"audit log: {self.audit_export}, written at the end from the Firestore collection mbridge_audit, "
+            "one record a line as `mbridge audit list` prints them",
             f"logs: {self.logs}/ (pubsub-emulator, firestore-emulator, functions-framework); agents and push "
             f"shim: {self.workdir / 'demo.log'}; agent state: {self.workdir / 'agents'}",
         ]

@@ -8,13 +8,16 @@ what happened into an `Observer`, the pools as they are, and where the audit log
 from __future__ import annotations
 
 import hashlib
+import shlex
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -317,7 +320,7 @@ class EmbeddedWorld:
     def describe(self) -> list[str]:
         db = self.workdir / "functions.db"
         return [
-            f"audit log: {db}  (mbridge audit list --db {db} [--vm NAME] [--event ID])",
+            audit_hint(db),
             f"bus: {self.bus.path}; agent state: {self.workdir / 'agents'}; logs: {self.workdir / 'demo.log'}",
         ]
 
@@ -347,6 +350,24 @@ class EmbeddedWorld:
         self.store.close()
         self.pool.close()
         self.bus.close()
+
+
+def mbridge_command(executable: str = sys.executable, which: Callable[[str], str | None] = shutil.which) -> str:
+    """How to run this installation's `mbridge` from a shell: `make demo` installs it in
+    `.venv-demo/bin`, which is not on the PATH, so a bare `mbridge` would be another one, or none."""
+    script = Path(executable).parent / "mbridge"
+    if not script.is_file():
+        return f"{shlex.quote(executable)} -m mbridge.cli"
+    found = which("mbridge")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "mbridge"
+    return shlex.quote(str(script))
+
+
+def audit_hint(db: Path) -> str:
+    """Where the audit log is, and the command that reads it, runnable as printed."""
+    command = f"{mbridge_command()} audit list --db {shlex.quote(str(db))}"
+    return f"audit log: {db}; read it with `{command}` (add --vm NAME or --event ID to narrow it)"
 
 
 def _keep_reading(readers: Sequence[CentralFeedReader], stop: threading.Event, every: float = 0.1) -> None:
