@@ -20,7 +20,7 @@ from agent.main import (
     EXIT_PROBLEM,
     LEDGER_DB,
     build_prover,
-    build_transport,
+    build_transport_checked,
     import_transport,
     load_verify_key,
 )
@@ -194,15 +194,17 @@ def _check_bus(settings: AgentSettings, sdk: bool, report: Callable[..., None]) 
         report(False, f"bus: not tried, transport {settings.transport} cannot be loaded (above)", config=True)
         return
     try:
-        transport = build_transport(settings, settings.vm_name or "unknown-vm")
-        try:
-            report(True, f"bus: {transport.check()}")
-        finally:
-            transport.close()
-    except ConfigError as exc:
+        transport = build_transport_checked(settings, settings.vm_name or "unknown-vm")
+    except ConfigError as exc:  # the settings themselves: retrying cannot help
         report(False, f"bus: {exc}", config=True)
+        return
+    try:
+        report(True, f"bus: {transport.check()}")
     except (TransportConfigError, TransportUnavailableError) as exc:
+        # What the bus answered (a role not granted yet, an entity missing, no network): it may pass.
         report(False, f"bus: transport {settings.transport}: {exc}")
+    finally:
+        transport.close()
 
 
 def _check_proof(settings: AgentSettings, source: Source, report: Callable[..., None]) -> None:
