@@ -23,8 +23,7 @@ from simulator.server import Simulator
 _LOGGER_NAME = "simulator"
 
 
-def speed_argument(text: str) -> float:
-    """--speed: a finite number > 0 (also `mbridge demo`'s, which runs these simulators)."""
+def _speed(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -83,7 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--speed",
-        type=speed_argument,
+        type=_speed,
         default=1.0,
         metavar="F",
         help="run documented timings F times faster (default 1; 60 turns 15 minutes into 15 seconds)",

@@ -22,12 +22,15 @@ from mbridge.demo.flows import FLOWS, Context, Flow
 from mbridge.demo.play import play
 from mbridge.demo.report import LiveLines, summary, write_html
 from mbridge.demo.world import DemoWorld, EmbeddedWorld
-from simulator.cli import speed_argument
 
 BUSES = ("embedded", "pubsub-emulator")
 # The longest drain period the flows can be played with: each of three phases waits it out before
 # an approval, within the phase's time (play.PHASE_TIMEOUT) and the demo's 60 s in all.
 MAX_DRAIN_PERIOD = 10.0
+# The speeds the flows are timed for (each end was played): slower, a Spot eviction's 30 s of notice
+# or a dead agent's 60 s outlast the phase; faster, the dead agent's Reboot is over before the
+# functions find its agent silent (3 s).
+MIN_SPEED, MAX_SPEED = 4.0, 30.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +60,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="where state, audit log and logs go, created if need be (default: a new temp dir)",
     )
     parser.add_argument(
-        "--speed", type=speed_argument, default=10.0, help="simulated seconds per real second, > 0 (default 10)"
+        "--speed",
+        type=_speed,
+        default=10.0,
+        help=f"simulated seconds per real second, {MIN_SPEED:g} to {MAX_SPEED:g} (default 10)",
     )
     parser.add_argument(
         "--drain-period",
@@ -71,16 +77,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # one line naming the flag) rather than a traceback or a run that fails as if the product were wrong.
 
 
+def _speed(text: str) -> float:
+    return _between(text, MIN_SPEED, MAX_SPEED, "simulated seconds per real second: the flows are timed for these")
+
+
 def _drain_period(text: str) -> float:
+    return _between(text, 0.0, MAX_DRAIN_PERIOD, "seconds: the demo's phases wait it out")
+
+
+def _between(text: str, low: float, high: float, why: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 <= value <= MAX_DRAIN_PERIOD:  # also refuses nan
-        raise argparse.ArgumentTypeError(
-            f"must be a number of seconds between 0 and {MAX_DRAIN_PERIOD:g} (the demo's phases wait it out), "
-            f"got {text!r}"
-        )
+    if not low <= value <= high:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number between {low:g} and {high:g} ({why}), got {text!r}")
     return value
 
 
