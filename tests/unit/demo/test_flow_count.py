@@ -14,7 +14,8 @@ from mbridge.cli import build_parser, main
 from mbridge.demo.flows import FLOWS
 
 ROOT = Path(__file__).resolve().parents[3]
-WORDS = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen".split()
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+WORDS += ["eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen"]
 # "twelve flows", "12 maintenance flows", "the same eight flows": a count of the flows as a whole.
 COUNT = re.compile(r"\b(\d+|" + "|".join(WORDS) + r")\s+(?:maintenance\s+)?flows\b", re.IGNORECASE)
 
@@ -25,7 +26,11 @@ def stated_counts(text: str) -> list[int]:
 
 
 def test_the_count_is_read_whatever_way_it_is_written() -> None:
-    assert stated_counts("then twelve flows, time-scaled; on 8 maintenance\n  flows; the Same Eight flows") == [12, 8, 8]
+    assert stated_counts("then twelve flows, time-scaled; on 8 maintenance\n  flows; the Same Eight flows") == [
+        12,
+        8,
+        8,
+    ]
     assert stated_counts("every flow; the flows; a 5 s Freeze") == []
 
 
