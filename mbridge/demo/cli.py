@@ -12,7 +12,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -142,7 +142,7 @@ def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
         cleanup.enter_context(_logging_to(workdir / "demo.log"))
         live.say(f"maintenance-bridge demo on the {args.bus} bus; work dir {workdir}")
         try:
-            world = _world(args.bus, workdir, policy, args.speed, cleanup)
+            world = _world(args.bus, workdir, policy, args.speed, cleanup, live.say)
         except DemoSetupError as exc:
             print(f"mbridge demo: {exc}", file=sys.stderr)
             return 2
@@ -153,7 +153,8 @@ def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
             f"default policy with a {args.drain_period:g} s drain period, and silent agents' VMs drained after "
             f"{policy.silent_agent_seconds:g} s"
         )
-        result = play(world, flows, Context(args.drain_period), live.stage, live.say)
+        live.hold = world.witness_lag
+        result = play(world, flows, Context(args.drain_period), live)
         notes = [f"variant: {args.bus}", *world.describe()]
     for line in summary(result):
         print(line)
@@ -169,7 +170,9 @@ def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
     return 0
 
 
-def _world(bus: str, workdir: Path, policy: Policy, speed: float, cleanup: ExitStack) -> DemoWorld:
+def _world(
+    bus: str, workdir: Path, policy: Policy, speed: float, cleanup: ExitStack, progress: Callable[[str], None]
+) -> DemoWorld:
     if bus == "embedded":
         embedded = EmbeddedWorld(workdir, policy, speed)
         cleanup.callback(embedded.close)
@@ -178,7 +181,7 @@ def _world(bus: str, workdir: Path, policy: Policy, speed: float, cleanup: ExitS
 
     emulated = PubSubWorld(workdir, policy, speed)
     cleanup.callback(emulated.close)
-    return emulated.start()
+    return emulated.start(progress=progress)
 
 
 @contextmanager

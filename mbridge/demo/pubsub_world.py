@@ -99,6 +99,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class PubSubWorld:
     """The demo on Google's emulators and the Cloud Functions entry (see the module docstring)."""
 
+    # The audit log is queried from the Firestore emulator and envelopes pulled from a subscription,
+    # each by its own thread; a record is seen up to a second or two after its time (more while the
+    # function is cold), an approval from the simulator's log at once.
+    witness_lag = 2.0
+
     def __init__(self, workdir: Path, policy: Policy, speed: float) -> None:
         self.workdir = workdir
         self.policy = policy
@@ -127,14 +132,16 @@ class PubSubWorld:
 
     # ---- start
 
-    def start(self, timeout: float = 15.0) -> PubSubWorld:
-        """Start everything; on any failure what was started is stopped by `close()`.
+    def start(self, timeout: float = 15.0, progress: Callable[[str], None] = lambda _text: None) -> PubSubWorld:
+        """Start everything, telling `progress` what it waits for (the emulators take seconds); on any
+        failure what was started is stopped by `close()`.
 
         Raises:
             DemoSetupError: an emulator, Java or the Google libraries are missing, or a process did not start.
         """
         require_google_libraries(REPO_ROOT)
         policy = policy_document(self.policy)
+        progress("looking for the Pub/Sub and Firestore emulators of the Google Cloud CLI")
         sdk_root = gcloud_sdk_root()
         for emulator in (PUBSUB, FIRESTORE):
             emulator_launcher(emulator, sdk_root)  # both are there before either starts
@@ -146,16 +153,22 @@ class PubSubWorld:
         self._verifier = self.sims.verifier()
         self.trust_file.parent.mkdir(parents=True, exist_ok=True)
         self.trust_file.write_text(json.dumps(self.sims.trust(), indent=1), encoding="utf-8")
+        progress(
+            "starting the Pub/Sub and Firestore emulators (Java: about ten seconds) and the Cloud Functions "
+            f"entries under functions-framework; their logs: {self.logs}/"
+        )
         self.pubsub = self._started(launch_emulator(PUBSUB, self.logs, sdk_root))
         self.firestore = self._started(launch_emulator(FIRESTORE, self.logs, sdk_root))
         self.function = self._started(self._launch_function(policy))
         for target in CENTRAL_TARGETS:
             self.central_functions[target] = self._started(self._launch_function(policy, target))
-        wait_ready(self.pubsub, PUBSUB.ready_text)
-        wait_ready(self.firestore, FIRESTORE.ready_text)
+        for emulator, peer in ((PUBSUB, self.pubsub), (FIRESTORE, self.firestore)):
+            wait_ready(peer, emulator.ready_text, on_wait=progress)
+            progress(f"{emulator.label} emulator ready on {peer.host}")
         self._point_clients_at_emulators()
         for function in (self.function, *self.central_functions.values()):
-            wait_ready(function, accepts_connections(function.host), FUNCTION_STARTUP_TIMEOUT)
+            wait_ready(function, accepts_connections(function.host), FUNCTION_STARTUP_TIMEOUT, on_wait=progress)
+        progress("functions-framework serving the function and the control plane's two")
         self.shim = EventarcShim(self.function_url, topic_path(EVENTS_TOPIC)).start()
         self._cleanup.callback(self.shim.stop)
         for target, topic in zip(CENTRAL_TARGETS, (CENTRAL_TOPIC, TICK_TOPIC)):
@@ -165,6 +178,7 @@ class PubSubWorld:
         self._create_bus()
         self._start_central(self.sims)
         self._start_watching()
+        progress("topics and subscriptions made; starting the six agents")
         self._start_agents(self.sims)
         self.sims.wait_until_watched(timeout)
         return self

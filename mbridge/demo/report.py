@@ -15,12 +15,12 @@ scale to the page's width (viewBox), and text stays legible down to a 420 px wid
 
 from __future__ import annotations
 
+import heapq
 import html
 import math
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TextIO
 
 from mbridge.demo.play import Result, Verdict
@@ -40,20 +40,44 @@ COLOURS = {
 
 
 class LiveLines:
-    """Prints one line per stage as it is seen: time since the demo began, flow, stage, detail,
-    and the milliseconds since the flow's maintenance was injected."""
+    """The live narration: one line per stage (time since the demo began, flow, stage, detail, and the
+    milliseconds since the flow's maintenance was injected) and what the demo says it does.
 
-    def __init__(self, out: TextIO) -> None:
+    Lines are printed in the order things happened, not in the order the demo learns of them: its
+    witnesses are read at different delays (on the Pub/Sub variant the audit log is queried from
+    Firestore, the envelopes pulled from a subscription, the approvals read from the simulator), and
+    within a poll each witness is read in turn. So each line is stamped with its witness's time (what
+    the demo says itself: the time it says it), held for `hold` seconds (the world's witness lag), and
+    lines are printed in time order as their hold ends: `flush` (the play calls it as it polls),
+    `flush(everything=True)` where nothing earlier can come any more. A line learnt later than its hold
+    is still printed, with its own time."""
+
+    def __init__(
+        self, out: TextIO, hold: float = 0.0, now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+    ) -> None:
         self._out = out
-        self._began = time.monotonic()
+        self._now = now
+        self._began = now()
+        self.hold = hold
+        self._held: list[tuple[datetime, int, str]] = []
+        self._told = 0
 
-    def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self._began:6.2f}s] {text}", file=self._out, flush=True)
+    def say(self, text: str, at: datetime | None = None) -> None:
+        when = self._now() if at is None else at
+        self._told += 1
+        heapq.heappush(self._held, (when, self._told, text))
+        self.flush()
 
-    def stage(self, timeline: EventTimeline, stage: str, detail: str) -> None:
-        elapsed = timeline.elapsed_ms(stage)
-        since = f"  (+{elapsed:,.0f} ms)" if elapsed is not None else ""
-        self.say(f"  {timeline.key:<18} {stage:<13} {detail}{since}")
+    def stage(self, timeline: EventTimeline, stage: str, detail: str, when: datetime) -> None:
+        elapsed = timeline.ms_since_injection(when)
+        since = f"  (+{elapsed:,.0f} ms)" if elapsed is not None and stage != "injected" else ""
+        self.say(f"  {timeline.key:<18} {stage:<13} {detail}{since}", when)
+
+    def flush(self, everything: bool = False) -> None:
+        due = self._now() - timedelta(seconds=self.hold)
+        while self._held and (everything or self._held[0][0] <= due):
+            when, _, text = heapq.heappop(self._held)
+            print(f"[{(when - self._began).total_seconds():6.2f}s] {text}", file=self._out, flush=True)
 
 
 def summary(result: Result) -> list[str]:

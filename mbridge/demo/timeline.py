@@ -93,13 +93,13 @@ class EventTimeline:
         return [approval for approval in self.approvals if approval.outcome == "accepted"]
 
     def elapsed_ms(self, stage: str) -> float | None:
-        return self._since_injection(self.stages.get(stage))
+        return self.ms_since_injection(self.stages.get(stage))
 
     def vm_elapsed_ms(self, vm: str, stage: str) -> float | None:
         """When `vm`'s own part of the event reached `stage` (its report, its drain, its approval)."""
-        return self._since_injection(self.vm_stages.get(vm, {}).get(stage))
+        return self.ms_since_injection(self.vm_stages.get(vm, {}).get(stage))
 
-    def _since_injection(self, at: datetime | None) -> float | None:
+    def ms_since_injection(self, at: datetime | None) -> float | None:
         if at is None or self.injected_at is None:
             return None
         # The witnesses' times are written with millisecond precision, rounded down (RFC 3339 text:
@@ -114,8 +114,9 @@ class EventTimeline:
         return max(0.0, (at - injected).total_seconds() * 1000.0)
 
 
-# Called with (timeline, stage, detail) the first time a stage is seen.
-StageListener = Callable[[EventTimeline, str, str], None]
+# Called with (timeline, stage, detail, when) the first time a stage is seen (and for every sighting
+# of the stages seen again: each VM's drain, each refusal); `when` is the witness's time.
+StageListener = Callable[[EventTimeline, str, str, datetime], None]
 # The VM a message's proof names, or None when it has no valid proof (the demo's own check).
 SenderOf = Callable[[bytes], Optional[str]]
 REFUSED = ("unverified", "not-self")
@@ -196,7 +197,7 @@ class Observer:
             self._mark(timeline, "drained", record.time, record.vm, again=True, vm=record.vm)
         elif record.kind == "action" and record.action == "approve":
             timeline.approve_commands.append(SentApproval(record.vm, record.at))
-            self._on_stage(timeline, "approval sent", f"to {record.vm}, {_when_sent(timeline, record)}")
+            self._on_stage(timeline, "approval sent", f"to {record.vm}, {_when_sent(timeline, record)}", record.time)
         elif record.kind == "action" and record.action == "restore":
             timeline.restored.append(record.vm)
             self._mark(timeline, "restored", record.time, record.vm, again=True, vm=record.vm)
@@ -243,9 +244,9 @@ class Observer:
             timeline.vm_stages.setdefault(vm, {}).setdefault(stage, when)
         if stage not in timeline.stages:
             timeline.stages[stage] = when
-            self._on_stage(timeline, stage, detail)
+            self._on_stage(timeline, stage, detail, when)
         elif again:
-            self._on_stage(timeline, stage, detail)
+            self._on_stage(timeline, stage, detail, when)
 
 
 def _when_sent(timeline: EventTimeline, record: AuditRecord) -> str:

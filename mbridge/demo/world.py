@@ -56,6 +56,10 @@ READER = "demo"
 
 
 class DemoWorld(Protocol):
+    # Seconds the slowest witness may come after what it saw: the narration holds each line that
+    # long, so that lines are printed in the order things happened (report.LiveLines).
+    witness_lag: float
+
     def control_url(self, cloud: Cloud) -> str:
         """The simulator's base URL for the control API of `cloud`."""
         ...
@@ -247,6 +251,10 @@ class AgentThreads:
 
 class EmbeddedWorld:
     """Everything on the embedded SQLite bus, in this process."""
+
+    # Every witness is read in this process each poll: the bus and the audit log as they are
+    # written, the approvals from the simulator's own log.
+    witness_lag = 0.5
 
     def __init__(self, workdir: Path, policy: Policy, speed: float) -> None:
         self.workdir = workdir

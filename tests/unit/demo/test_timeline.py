@@ -22,7 +22,7 @@ def at(ms: int) -> datetime:
 
 def watch(*timelines: EventTimeline) -> tuple[Observer, list[tuple[str, str, str]]]:
     seen: list[tuple[str, str, str]] = []
-    observer = Observer(timelines, lambda timeline, stage, detail: seen.append((timeline.key, stage, detail)))
+    observer = Observer(timelines, lambda timeline, stage, detail, _when: seen.append((timeline.key, stage, detail)))
     return observer, seen
 
 
@@ -137,3 +137,23 @@ def test_a_dead_agents_event_is_seen_from_the_control_planes_records_and_ends_at
     assert (timeline.ended_centrally, timeline.ended_as) == ("completed", "completed")
     assert timeline.ended_at == at(9000)
     assert [stage for _, stage, _ in seen][:3] == ["reported centrally", "silent", "completed"]
+
+
+def test_the_listener_is_told_each_sightings_own_time() -> None:
+    # The narration orders its lines by these times: the witness's, not when the demo read it.
+    timeline = reboot_timeline()
+    told: list[tuple[str, datetime]] = []
+    observer = Observer([timeline], lambda _timeline, stage, _detail, when: told.append((stage, when)))
+
+    observer.audit(AuditRecord(at(900), "action", "e", EVENT_ID, "web-1", action="drain"))
+    observer.audit(AuditRecord(at(400), "action", "e", EVENT_ID, "web-0", action="drain"))
+    observer.audit(AuditRecord(at(950), "action", "e", EVENT_ID, "web-0", action="approve"))
+    observer.envelope(body(EventStatus.SCHEDULED, "web-0", 300), at(305))
+
+    assert told == [
+        ("drained", at(900)),
+        ("drained", at(400)),  # a second VM's drain: its own time, not the stage's first
+        ("approval sent", at(950)),
+        ("detected", at(300)),
+        ("published", at(305)),
+    ]
