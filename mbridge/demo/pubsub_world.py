@@ -125,7 +125,6 @@ class PubSubWorld:
         self.health: dict[str, str] = {}  # VM → base URL of its agent's health server
         self._cleanup = ExitStack()
         self._watch = PubSubWatch()
-        self._approvals_seen = 0
         self._agents = AgentThreads()
         self._subscriber: Any = None  # the Pub/Sub admin client, also the observer's puller
         self._audit_log: FirestoreAuditLog | None = None
@@ -275,10 +274,7 @@ class PubSubWorld:
     def poll(self, observer: Observer) -> None:
         self._watch.tell(observer)
         assert self.sims is not None
-        approvals = self.sims.approvals()
-        for entry in approvals[self._approvals_seen :]:
-            observer.approval(entry)
-        self._approvals_seen = len(approvals)
+        self.sims.tell(observer)
 
     def pools(self) -> Mapping[str, Sequence[str]]:
         return {name: [vm for vm in vms if self._ready(vm)] for name, vms in POOLS.items()}

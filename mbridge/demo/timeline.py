@@ -17,6 +17,7 @@ restored once for each, and the report draws one row per VM.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -38,6 +39,17 @@ class ImdsApproval:
 
     vm: str
     outcome: str  # accepted | already-approved | unknown-event | ...
+    time: datetime
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A report the functions would not act on, as their audit log says: `kind` unverified | not-self,
+    `vm` the VM the record names (the report's claimed reporter, or its sender)."""
+
+    kind: str
+    reason: str
+    vm: str
     time: datetime
 
 
@@ -75,7 +87,8 @@ class EventTimeline:
     def saw_end(self, when: datetime) -> None:
         self.ended_at = when if self.ended_at is None else min(self.ended_at, when)
 
-    refusals: list[tuple[str, str]] = field(default_factory=list)  # audit kind (unverified | not-self), reason
+    refusals: list[Refusal] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # VMs the event deleted (the simulator's log says when)
     vm_stages: dict[str, dict[str, datetime]] = field(default_factory=dict)  # VM -> its own first sightings
 
     def matches(self, event: MaintenanceEvent) -> bool:
@@ -175,7 +188,7 @@ class Observer:
         if timeline is None:
             return
         if record.kind in REFUSED:
-            timeline.refusals.append((record.kind, record.reason))
+            timeline.refusals.append(Refusal(record.kind, record.reason, record.vm, record.time))
             self._mark(timeline, "refused", record.time, record.reason, again=True)
         elif record.kind == "agent-silent":
             timeline.silent.append(record.vm)
@@ -231,6 +244,16 @@ class Observer:
                 if approval.outcome == "accepted":
                     self._mark(timeline, "approved", when, f"IMDS accepted the POST of {approval.vm}")
 
+    def departure(self, vm: str, event_id: str, when: datetime) -> None:
+        """VM `vm` stopped answering at `when`, deleted by event `event_id` (a Spot eviction, a scale-in)."""
+        timeline = next((t for t in self.timelines if t.owns(event_id)), None)
+        if timeline is None:
+            return
+        timeline.deleted.append(vm)
+        self._mark(
+            timeline, "deleted", when, f"{vm} is gone: its metadata service stopped answering", again=True, vm=vm
+        )
+
     def _mark(
         self,
         timeline: EventTimeline,
@@ -247,6 +270,18 @@ class Observer:
             self._on_stage(timeline, stage, detail, when)
         elif again:
             self._on_stage(timeline, stage, detail, when)
+
+
+# How the simulator's log says a VM left because an event deleted it (docs/simulator.md).
+_DELETED = re.compile(r"^stopped answering: deleted by \w+ (?P<event_id>\S+)$")
+
+
+def departure_of(entry: Mapping[str, Any]) -> tuple[str, str, datetime] | None:
+    """(VM, event id, when) of a simulator log entry saying an event deleted a VM; None for any other."""
+    found = _DELETED.match(str(entry.get("message", "")))
+    if found is None or not entry.get("vm"):
+        return None
+    return str(entry["vm"]), found["event_id"], parse_rfc3339(str(entry["time"]))
 
 
 def _when_sent(timeline: EventTimeline, record: AuditRecord) -> str:

@@ -36,7 +36,7 @@ from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
 from mbridge.demo.flows import AZURE_VMS, GCE_VM, POOLS
-from mbridge.demo.timeline import Observer
+from mbridge.demo.timeline import Observer, departure_of
 from simulator import Simulator
 from simulator.azure_api import SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
 from simulator.gce_api.project import PROJECT_ID
@@ -130,6 +130,8 @@ class Simulators:
 
     azure: Simulator
     gce: Simulator
+    _approvals_told: int = 0
+    _log_told: dict[str, int] = field(default_factory=dict)  # log entries read so far, per simulator
 
     @classmethod
     def start(cls, speed: float) -> Simulators:
@@ -158,8 +160,20 @@ class Simulators:
             time.sleep(0.05)
         raise TimeoutError(f"not every agent reached its metadata service within {timeout:g} s")
 
-    def approvals(self) -> list[dict[str, object]]:
-        return self.azure.approvals()
+    def tell(self, observer: Observer) -> None:
+        """What the simulators witnessed since the last call: approval POSTs (what reached IMDS), and
+        VMs deleted by their event (their metadata service stopped answering)."""
+        approvals = self.azure.approvals()
+        for entry in approvals[self._approvals_told :]:
+            observer.approval(entry)
+        self._approvals_told = len(approvals)
+        for name, sim in (("azure", self.azure), ("gce", self.gce)):
+            entries = sim.log_entries()
+            for entry in entries[self._log_told.get(name, 0) :]:
+                departure = departure_of(entry)
+                if departure is not None:
+                    observer.departure(*departure)
+            self._log_told[name] = len(entries)
 
     def trust(self) -> dict[str, object]:
         """One trust file for both simulators: what verifies the proofs their VMs' agents attach."""
@@ -292,7 +306,6 @@ class EmbeddedWorld:
         self._verifier = self.sims.verifier()
         self._position = 0
         self._audit_seen = 0
-        self._approvals_seen = 0
 
     def start(self, timeout: float = 15.0) -> EmbeddedWorld:
         self._host.start()
@@ -317,10 +330,7 @@ class EmbeddedWorld:
         for record in records[self._audit_seen :]:
             observer.audit(record)
         self._audit_seen = len(records)
-        approvals = self.sims.approvals()
-        for entry in approvals[self._approvals_seen :]:
-            observer.approval(entry)
-        self._approvals_seen = len(approvals)
+        self.sims.tell(observer)
 
     def pools(self) -> Mapping[str, Sequence[str]]:
         return {name: self.pool.members(name) for name in POOLS}
