@@ -25,28 +25,11 @@ VM = "vm-0"
 
 
 def settings(metadata_url: str, state_dir: Path) -> AgentSettings:
-    return settings_from_args(
-        build_parser("agent").parse_args(
-            [
-                "agent",
-                "--check",
-                "--cloud",
-                "azure",
-                "--metadata-url",
-                metadata_url,
-                "--vm-name",
-                VM,
-                "--identity-proof",
-                "none",
-                "--transport",
-                "jsonl",
-                "--state-dir",
-                str(state_dir),
-                "--listen",
-                "off",
-            ]
-        )  # fmt: skip
-    )
+    argv = [
+        "agent", "--check", "--cloud", "azure", "--metadata-url", metadata_url, "--vm-name", VM,
+        "--identity-proof", "none", "--transport", "jsonl", "--state-dir", str(state_dir), "--listen", "off",
+    ]  # fmt: skip
+    return settings_from_args(build_parser("agent").parse_args(argv))
 
 
 @pytest.fixture
@@ -63,7 +46,7 @@ def answer_429(sim: Simulator, count: int) -> None:
 
 
 def run_check(config: AgentSettings) -> tuple[int, str, list[float]]:
-    out, waits = io.StringIO(), []
+    out, waits = io.StringIO(), list[float]()
     code = check(config, out, sleep=waits.append)
     return code, out.getvalue(), waits
 

@@ -16,6 +16,7 @@ import pytest
 from functions.core.ports import AuditRecord
 from functions.local_app.store import SqliteStore
 from mbridge.demo import pubsub_function
+from mbridge.demo.errors import DemoSetupError
 from mbridge.demo.world import audit_hint, mbridge_command
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -83,7 +84,7 @@ def test_the_missing_google_libraries_are_installed_into_the_running_environment
     # `pip` alone is whichever pip the shell finds first, not the one of `.venv-demo/bin/mbridge`.
     monkeypatch.setattr(pubsub_function, "_missing", lambda module: module == "functions_framework")
 
-    with pytest.raises(pubsub_function.DemoSetupError) as refused:
+    with pytest.raises(DemoSetupError) as refused:
         pubsub_function.require_google_libraries(ROOT)
 
     message = str(refused.value)

@@ -37,7 +37,7 @@ def peer(tmp_path: Path) -> PeerProcess:
 
 
 def test_a_slow_start_is_reported_every_few_seconds_until_the_peer_is_ready(tmp_path: Path) -> None:
-    clock, said = Clock(), []
+    clock, said = Clock(), list[str]()
     ready_at = clock.now + 12.0
 
     wait_ready(
@@ -49,7 +49,7 @@ def test_a_slow_start_is_reported_every_few_seconds_until_the_peer_is_ready(tmp_
 
 
 def test_a_quick_start_says_nothing(tmp_path: Path) -> None:
-    clock, said = Clock(), []
+    clock, said = Clock(), list[str]()
 
     wait_ready(
         peer(tmp_path), lambda: True, on_wait=said.append, every=5.0, monotonic=clock.monotonic, sleep=clock.sleep
@@ -59,7 +59,7 @@ def test_a_quick_start_says_nothing(tmp_path: Path) -> None:
 
 
 def test_it_still_gives_up_at_the_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock, said = Clock(), []
+    clock, said = Clock(), list[str]()
     monkeypatch.setattr(PeerProcess, "stop", lambda self: None)
 
     with pytest.raises(PeerStartError, match="did not become ready within 12 s"):
