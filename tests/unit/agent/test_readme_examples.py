@@ -3,7 +3,6 @@ requires with its bus (an example without `--verify-key` exits 2 before doing an
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 from agent.config import ConfigError, settings_from_args
 from mbridge.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FENCE = re.compile(r"```sh\n(.*?)```", re.DOTALL)
 
 
@@ -43,12 +42,3 @@ def test_each_agent_example_has_every_setting_it_needs(clean_env: pytest.MonkeyP
         settings_from_args(build_parser("agent").parse_args(argv))
     except ConfigError as exc:
         pytest.fail(f"{command}\n  exits 2: {exc}")
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No MBRIDGE_* variable of the machine's: the examples must stand on their own."""
-    for name in list(os.environ):
-        if name.startswith("MBRIDGE_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
