@@ -22,7 +22,7 @@ def commands(text: str, program: str) -> list[str]:
     for block in FENCE.findall(text):
         for line in block.replace("\\\n", " ").splitlines():
             words = line.split("#", 1)[0].strip()
-            if words.startswith(program + " ") or words.startswith(f".venv/bin/{program} "):
+            if re.match(rf"(?:\S*/)?{program} ", words):  # `mbridge agent`, `.venv-demo/bin/mbridge agent`
                 found.append(words)
     return found
 
