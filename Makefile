@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test check check-busy lint infra tfschema-venv unit venv compat39 bench bench-quick locks agent-locks agent-build-venv agent-artifact clean
+.PHONY: demo demo-venv test check check-busy lint infra tfschema-venv unit venv compat39 bench bench-quick locks agent-locks agent-build-venv agent-artifact clean
 
 venv: $(VENV)/.installed
 
@@ -28,6 +28,10 @@ $(DEMO_VENV)/.installed: pyproject.toml
 
 demo: $(DEMO_VENV)/.installed
 	$(DEMO_VENV)/bin/mbridge demo --report demo-report.html
+
+# Only the demo's virtualenv: what the docs run from .venv-demo (the simulator, an agent on jsonl
+# or the local bus, replay, audit) needs nothing more.
+demo-venv: $(DEMO_VENV)/.installed
 
 # Everything CI checks: lint, types, infra validation, and the whole test suite.
 test: venv lint infra

@@ -7,8 +7,10 @@ import errno
 import http.client
 import json
 import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Callable, TextIO, TypeVar
 
 from agent.config import AgentSettings, ConfigError
 from agent.main import (
@@ -18,7 +20,7 @@ from agent.main import (
     EXIT_PROBLEM,
     LEDGER_DB,
     build_prover,
-    build_transport,
+    build_transport_checked,
     import_transport,
     load_verify_key,
 )
@@ -32,11 +34,22 @@ from agent.timing import SystemClock
 from wire.transports.base import TransportConfigError, TransportUnavailableError
 from wire.version import version
 
+T = TypeVar("T")
 
-def check(settings: AgentSettings, out: TextIO) -> int:
+# The waits before asking the metadata service again after a 429, for the whole check: IMDS counts
+# 5 requests a second per VM, from every process on it, so another process polling can take this
+# check's turn for a moment. A running agent retries for ever; the check gives up within 7.5 s.
+METADATA_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
+STILL_NOT_READY = (
+    "Until it answers, a running agent is not ready (/readyz 503) and mbridge_last_good_poll_timestamp_seconds is 0."
+)
+
+
+def check(settings: AgentSettings, out: TextIO, sleep: Callable[[float], None] = time.sleep) -> int:
     """Every start-up check, one line each: 0 all ok, 1 problems (worth retrying: the agent does),
-    2 a configuration the agent refuses to start with."""
+    2 a configuration the agent refuses to start with. `sleep` waits between throttled reads."""
     worst = EXIT_OK
+    patience = _Patience(sleep)
 
     def report(ok: bool, text: str, *, config: bool = False) -> None:
         nonlocal worst
@@ -56,16 +69,11 @@ def check(settings: AgentSettings, out: TextIO) -> int:
         sdk = False
     source = open_source(settings)
     try:
-        report(True, f"metadata service: {source.describe_read()}")
+        report(True, f"metadata service: {patience.read(source.describe_read)}")
     except MetadataUnavailableError as exc:
-        report(
-            False,
-            f"metadata service at {settings.metadata_url}: {exc}. Is this a VM of that cloud, "
-            "and is the link-local address reachable (no proxy, no firewall rule)? Until it answers, a running "
-            "agent is not ready (/readyz 503) and mbridge_last_good_poll_timestamp_seconds is 0",
-        )
+        report(False, f"metadata service at {settings.metadata_url}: {exc}. {metadata_hint(exc)} {STILL_NOT_READY}")
     try:
-        name = source.own_name()
+        name = patience.read(source.own_name)
         note = f" (overridden by --vm-name {settings.vm_name})" if settings.vm_name and settings.vm_name != name else ""
         report(True, f"this VM's name: {name}{note}")
     except MetadataUnavailableError as exc:
@@ -79,6 +87,40 @@ def check(settings: AgentSettings, out: TextIO) -> int:
     problems = "a configuration error" if worst == EXIT_CONFIG else "problem(s)"
     print("healthy" if worst == EXIT_OK else f"{problems}: see the PROBLEM lines above", file=out)
     return worst
+
+
+class _Patience:
+    """Reads of the metadata service, each asked again after a 429 while waits of
+    METADATA_RETRY_DELAYS are left (shared by the check's reads, so it ends in seconds)."""
+
+    def __init__(self, sleep: Callable[[float], None]) -> None:
+        self._sleep = sleep
+        self._delays: Iterator[float] = iter(METADATA_RETRY_DELAYS)
+
+    def read(self, read: Callable[[], T]) -> T:
+        while True:
+            try:
+                return read()
+            except MetadataUnavailableError as exc:
+                delay = next(self._delays, None) if exc.kind == "rate_limited" else None
+                if delay is None:
+                    raise
+            self._sleep(delay)
+
+
+def metadata_hint(exc: MetadataUnavailableError) -> str:
+    """What to look at, for the way the metadata service failed."""
+    if exc.kind == "rate_limited":
+        return (
+            f"It is throttling this VM (429, still after waits of {sum(METADATA_RETRY_DELAYS):g} s in all): "
+            "IMDS allows 5 requests a second per VM, shared by every process on it; is something else polling it? "
+            "A running agent backs off and retries."
+        )
+    if exc.kind in ("connection", "timeout"):
+        return "Is this a VM of that cloud, and is the link-local address reachable (no proxy, no firewall rule)?"
+    if exc.kind == "server_error":
+        return "The metadata service is failing (a server error); a running agent backs off and retries."
+    return f"Is --metadata-url this cloud's metadata service ({exc.kind})?"
 
 
 def _describe(settings: AgentSettings) -> str:
@@ -152,15 +194,17 @@ def _check_bus(settings: AgentSettings, sdk: bool, report: Callable[..., None]) 
         report(False, f"bus: not tried, transport {settings.transport} cannot be loaded (above)", config=True)
         return
     try:
-        transport = build_transport(settings, settings.vm_name or "unknown-vm")
-        try:
-            report(True, f"bus: {transport.check()}")
-        finally:
-            transport.close()
-    except ConfigError as exc:
+        transport = build_transport_checked(settings, settings.vm_name or "unknown-vm")
+    except ConfigError as exc:  # the settings themselves: retrying cannot help
         report(False, f"bus: {exc}", config=True)
+        return
+    try:
+        report(True, f"bus: {transport.check()}")
     except (TransportConfigError, TransportUnavailableError) as exc:
+        # What the bus answered (a role not granted yet, an entity missing, no network): it may pass.
         report(False, f"bus: transport {settings.transport}: {exc}")
+    finally:
+        transport.close()
 
 
 def _check_proof(settings: AgentSettings, source: Source, report: Callable[..., None]) -> None:

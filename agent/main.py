@@ -23,7 +23,7 @@ from agent.state_files import StateUnavailableError
 from agent.stopping import StopFlag, StopSignal
 from agent.timing import Clock, SystemClock
 from wire.errors import BridgeError
-from wire.transports.base import AgentTransport
+from wire.transports.base import AgentTransport, TransportConfigError
 from wire.version import version
 
 if TYPE_CHECKING:  # imported lazily at run time: only agents with a command channel, or a hook, need them
@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         # it is one line and exit 2 rather than a failure minutes into the start.
         check_verify_key(settings)
         import_transport(settings.transport)
+        check_transport_settings(settings)
     except ConfigError as exc:
         print(f"mbridge agent: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -176,6 +177,29 @@ def build_transport(settings: AgentSettings, vm_name: str) -> AgentTransport:
     return build_cloud_transport(settings, vm_name)
 
 
+def build_transport_checked(settings: AgentSettings, vm_name: str) -> AgentTransport:
+    """`build_transport`, with what it refuses as the ConfigError it is. Building a transport reads
+    only its settings (no client touches the network before it is used), so a TransportConfigError
+    here is a value or a combination of the bus's settings that cannot work: exit 2, not 1."""
+    try:
+        return build_transport(settings, vm_name)
+    except TransportConfigError as exc:
+        raise SETTING["transport"].error(
+            f"{settings.transport}: {exc}", "fix the setting it names (docs/transports.md)"
+        ) from None
+
+
+def check_transport_settings(settings: AgentSettings) -> None:
+    """Build the cloud transport once and drop it: its settings refused now are one line and exit 2,
+    not a failure once the metadata service has answered (the VM's name comes from it).
+
+    Raises:
+        ConfigError: the bus's settings cannot work together, or one has the wrong shape.
+    """
+    if settings.transport in TRANSPORT_SDKS:
+        build_transport_checked(settings, settings.vm_name or "unknown-vm").close()
+
+
 def run_agent(
     settings: AgentSettings,
     stop: StopFlag,
@@ -196,7 +220,7 @@ def run_agent(
     )
     source = open_source(settings)
     vm_name = resolve_vm_name(settings, source, stop)
-    transport = transport or build_transport(settings, vm_name)
+    transport = transport or build_transport_checked(settings, vm_name)
     metrics = agent_metrics()
     readiness = _readiness(state, follows_commands=transport.commands is not None)
     tracker = source.tracker(vm_name, state, stop, _retry)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -294,8 +294,10 @@ class PubSubBench(PubSubWorld):
         assert self.sims is not None, "start() first"
         return self.sims.azure
 
-    def start(self, timeout: float = WATCH_TIMEOUT) -> PubSubBench:
-        super().start(timeout)
+    def start(
+        self, timeout: float = WATCH_TIMEOUT, progress: Callable[[str], None] = lambda _text: None
+    ) -> PubSubBench:
+        super().start(timeout, progress)
         try:
             # A pull subscription of the bench's own: when each approve command reached the topic.
             self._admin().create_subscription(

@@ -47,7 +47,8 @@ COMMANDS = {
     ),
     "demo": Command(
         "mbridge.demo.cli",
-        "run the whole product locally on eight maintenance flows and check every expectation",
+        # No count of the flows here: `--help` imports no demo module; `mbridge demo --help` says it.
+        "run the whole product locally on its maintenance flows and check every expectation",
         "Simulators for an Azure availability set, a Spot VM, a scale-set instance and a GCE VM; an agent "
         "per VM; the bus and the functions; a live timeline per event, a summary, and exit 0 only when "
         "every expectation held.",

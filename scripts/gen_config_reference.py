@@ -55,11 +55,12 @@ not pass stops the agent with one line on stderr, naming every place the setting
 ```
 
 Exit codes of `mbridge agent`, also with `--check`: **0** all is well; **1** a problem that may
-pass (the metadata service or the bus unreachable, the listen port held by an agent still
-running): the agent retries on its own; **2** a configuration error: fix the setting, retrying
-cannot help. The installer (`infra/agent/install-agent.sh`) stops on 2 and starts the agent anyway
-on 1. `mbridge agent --check`
-runs every start-up check and prints one line each (`ok` or `PROBLEM`): the configuration, the
+pass (the metadata service or the bus unreachable, a role on the bus not granted yet, the listen
+port held by an agent still running): the agent retries on its own; **2** a configuration error
+(a value of the wrong shape, or settings that cannot work together, such as a Service Bus
+namespace and a connection string both set): fix the setting, retrying cannot help. The
+installer (`infra/agent/install-agent.sh`) stops on 2 and starts the agent anyway on 1.
+`mbridge agent --check` runs every start-up check and prints one line each (`ok` or `PROBLEM`): the configuration, the
 verify key, the state directory (a database written for real), the listen address (bound and
 released), the transport's SDK (imported as the transport does), the metadata service, this VM's
 name, the proof of identity and the bus. `mbridge approve` exits 0 accepted, 1 rejected, 2 no

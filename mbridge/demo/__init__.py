@@ -3,8 +3,8 @@
 Metadata simulators for an Azure availability set of three VMs, a Spot VM, a scale-set instance
 and a GCE VM; one real agent per VM; a bus (the embedded SQLite bus, or Google's Pub/Sub
 emulator); the functions (the local function host, or the Cloud Functions entry served by
-functions-framework); then eight maintenance flows played time-scaled, each watched stage by
-stage and checked against what the default policy promises (docs/policy.md).
+functions-framework); then the maintenance flows of `flows/` played time-scaled, each watched
+stage by stage and checked against what the default policy promises (docs/policy.md).
 
 - `flows/`: the flows, what each injects into the simulator and what it must lead to (one module a
   phase, the checks, the model).

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -22,9 +24,23 @@ from mbridge.demo.report import LiveLines, summary, write_html
 from mbridge.demo.world import DemoWorld, EmbeddedWorld
 
 BUSES = ("embedded", "pubsub-emulator")
+# The longest drain period the flows can be played with: each of three phases waits it out before
+# an approval, within the phase's time (play.PHASE_TIMEOUT) and the demo's 60 s in all.
+MAX_DRAIN_PERIOD = 10.0
+# The speeds the flows are timed for (each end was played): slower, a Spot eviction's 30 s of notice
+# or a dead agent's 60 s outlast the phase; faster, the dead agent's Reboot is over before the
+# functions find its agent silent (3 s).
+MIN_SPEED, MAX_SPEED = 4.0, 30.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    # The count comes from the flows themselves, so no text can say another.
+    phases = sorted({flow.phase for flow in FLOWS})
+    parser.description = (
+        f"{parser.description or ''} It plays {len(FLOWS)} maintenance flows in {len(phases)} phases: "
+        + "; ".join(f"{phase}: {', '.join(f.key for f in FLOWS if f.phase == phase)}" for phase in phases)
+        + " (docs/demo.md)."
+    ).strip()
     parser.add_argument(
         "--bus",
         choices=BUSES,
@@ -32,15 +48,75 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="embedded: SQLite bus and the local function host (default); pubsub-emulator: Google's "
         "Pub/Sub and Firestore emulators, the Cloud Functions entry served by functions-framework",
     )
-    parser.add_argument("--report", metavar="FILE.html", help="also write the timeline as a self-contained HTML page")
-    parser.add_argument("--workdir", type=Path, help="where state, audit log and logs go (default: a new temp dir)")
-    parser.add_argument("--speed", type=float, default=10.0, help="simulated seconds per real second (default 10)")
+    parser.add_argument(
+        "--report",
+        metavar="FILE.html",
+        type=_report_path,
+        help="also write the timeline as a self-contained HTML page (its directory must exist)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=_workdir,
+        help="where state, audit log and logs go, created if need be (default: a new temp dir)",
+    )
+    parser.add_argument(
+        "--speed",
+        type=_speed,
+        default=10.0,
+        help=f"simulated seconds per real second, {MIN_SPEED:g} to {MAX_SPEED:g} (default 10)",
+    )
     parser.add_argument(
         "--drain-period",
-        type=float,
+        type=_drain_period,
         default=3.0,
-        help="the policy's drain period, shortened for the demo (default 3 s)",
+        help=f"the policy's drain period, shortened for the demo: 0 to {MAX_DRAIN_PERIOD:g} s (default 3 s)",
     )
+
+
+# Checked as the flags are read, so that a value the demo cannot run with is a usage error (exit 2,
+# one line naming the flag) rather than a traceback or a run that fails as if the product were wrong.
+
+
+def _speed(text: str) -> float:
+    return _between(text, MIN_SPEED, MAX_SPEED, "simulated seconds per real second: the flows are timed for these")
+
+
+def _drain_period(text: str) -> float:
+    return _between(text, 0.0, MAX_DRAIN_PERIOD, "seconds: the demo's phases wait it out")
+
+
+def _between(text: str, low: float, high: float, why: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number between {low:g} and {high:g} ({why}), got {text!r}")
+    return value
+
+
+def _workdir(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot create {text}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {text}")
+    return path
+
+
+def _report_path(text: str) -> str:
+    folder = Path(text).parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{folder} is not a directory: the page would be written there")
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory: give the page's file name")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {folder}")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +142,7 @@ def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
         cleanup.enter_context(_logging_to(workdir / "demo.log"))
         live.say(f"maintenance-bridge demo on the {args.bus} bus; work dir {workdir}")
         try:
-            world = _world(args.bus, workdir, policy, args.speed, cleanup)
+            world = _world(args.bus, workdir, policy, args.speed, cleanup, live.say)
         except DemoSetupError as exc:
             print(f"mbridge demo: {exc}", file=sys.stderr)
             return 2
@@ -77,7 +153,8 @@ def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
             f"default policy with a {args.drain_period:g} s drain period, and silent agents' VMs drained after "
             f"{policy.silent_agent_seconds:g} s"
         )
-        result = play(world, flows, Context(args.drain_period), live.stage, live.say)
+        live.hold = world.witness_lag
+        result = play(world, flows, Context(args.drain_period), live)
         notes = [f"variant: {args.bus}", *world.describe()]
     for line in summary(result):
         print(line)
@@ -93,7 +170,9 @@ def run_flows(args: argparse.Namespace, flows: Sequence[Flow]) -> int:
     return 0
 
 
-def _world(bus: str, workdir: Path, policy: Policy, speed: float, cleanup: ExitStack) -> DemoWorld:
+def _world(
+    bus: str, workdir: Path, policy: Policy, speed: float, cleanup: ExitStack, progress: Callable[[str], None]
+) -> DemoWorld:
     if bus == "embedded":
         embedded = EmbeddedWorld(workdir, policy, speed)
         cleanup.callback(embedded.close)
@@ -102,7 +181,7 @@ def _world(bus: str, workdir: Path, policy: Policy, speed: float, cleanup: ExitS
 
     emulated = PubSubWorld(workdir, policy, speed)
     cleanup.callback(emulated.close)
-    return emulated.start()
+    return emulated.start(progress=progress)
 
 
 @contextmanager

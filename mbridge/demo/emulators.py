@@ -32,6 +32,7 @@ from mbridge.demo.errors import DemoSetupError
 STARTUP_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 LOG_TAIL_LINES = 30
+PROGRESS_EVERY = 5.0  # seconds between "still waiting" words while a peer starts
 SDK_ROOT_VARIABLE = "CLOUDSDK_ROOT_DIR"
 INSTALL_HINT = "gcloud components install pubsub-emulator cloud-firestore-emulator"
 JAVA_HINT = "the emulators need Java 17 or newer on PATH (or JAVA_HOME), e.g. apt-get install openjdk-17-jre-headless"
@@ -205,24 +206,39 @@ def launch(
     return PeerProcess(name=name, host=host, process=process, log_path=log_path)
 
 
-def wait_ready(peer: PeerProcess, ready: Readiness, timeout: float = STARTUP_TIMEOUT) -> PeerProcess:
-    """Wait until `peer` is ready; stop it and raise PeerStartError if it exits or times out."""
-    deadline = time.monotonic() + timeout
+def wait_ready(
+    peer: PeerProcess,
+    ready: Readiness,
+    timeout: float = STARTUP_TIMEOUT,
+    *,
+    on_wait: Callable[[str], None] | None = None,
+    every: float = PROGRESS_EVERY,
+    monotonic: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> PeerProcess:
+    """Wait until `peer` is ready; stop it and raise PeerStartError if it exits or times out.
+    `on_wait` is told every `every` seconds that the wait goes on (a JVM emulator takes seconds)."""
+    started = monotonic()
+    deadline, next_word = started + timeout, started + every
     while not _is_ready(peer, ready):
+        now = monotonic()
+        if on_wait is not None and now >= next_word:
+            on_wait(f"still waiting for {peer.name} ({now - started:.0f} s)")
+            next_word += every
         if peer.process.poll() is not None:
             peer.stop()
             raise PeerStartError(
                 f"{peer.name} exited with {peer.process.returncode} before it was ready; log tail "
                 f"({peer.log_path}):\n{log_tail(peer.log_path)}"
             )
-        if time.monotonic() > deadline:
+        if now > deadline:
             peer.stop()
             what = f"print {ready!r}" if isinstance(ready, str) else "become ready"
             raise PeerStartError(
                 f"{peer.name} did not {what} within {timeout:.0f} s; log tail ({peer.log_path}):\n"
                 f"{log_tail(peer.log_path)}"
             )
-        time.sleep(0.05)
+        sleep(0.05)
     return peer
 
 

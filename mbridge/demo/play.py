@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Protocol
 
 import requests
 
 from mbridge.demo.flows import Context, Flow, Forgery, Reaction, pools_after
-from mbridge.demo.timeline import EventTimeline, Observer, StageListener
+from mbridge.demo.timeline import EventTimeline, Observer
 from mbridge.demo.world import DemoWorld
 from wire.envelope import encode, envelope_for_event
 
@@ -48,6 +49,17 @@ class Result:
         return next((verdict for verdict in self.verdicts if verdict.failure is not None), None)
 
 
+class Narration(Protocol):
+    """Where the play tells what happens (report.LiveLines): each stage at its witness's time, what
+    the play does itself, and `flush` as it polls, so that lines held for the witnesses' lag come out."""
+
+    def stage(self, timeline: EventTimeline, stage: str, detail: str, when: datetime) -> None: ...
+
+    def say(self, text: str, at: datetime | None = None) -> None: ...
+
+    def flush(self, everything: bool = False) -> None: ...
+
+
 @dataclass
 class _Pending:
     flow: Flow
@@ -63,29 +75,29 @@ class _PendingForgery:
     done: bool = False
 
 
-def play(
-    world: DemoWorld,
-    flows: Sequence[Flow],
-    context: Context,
-    on_stage: StageListener,
-    say: Callable[[str], None],
-) -> Result:
+def play(world: DemoWorld, flows: Sequence[Flow], context: Context, narration: Narration) -> Result:
+    say = narration.say
     left_out = [flow for flow in flows if flow.agent_down is not None and not world.reads_central_feed(flow.cloud)]
     for flow in left_out:
         say(f"not played on this bus: {flow.title} (its functions read no {flow.cloud.value} control-plane feed)")
     flows = [flow for flow in flows if flow not in left_out]
     timelines = {flow.key: EventTimeline(flow.key, flow.cloud, flow.kind, flow.event_id) for flow in flows}
-    observer = Observer(list(timelines.values()), on_stage, world.sender_of)
+    observer = Observer(list(timelines.values()), narration.stage, world.sender_of)
     started = time.monotonic()
     for phase in sorted({flow.phase for flow in flows}):
         members = [flow for flow in flows if flow.phase == phase]
+        # Between phases nothing earlier is still to come: what is held is printed before the next
+        # phase begins (stopping an agent can take seconds, with nothing new to say meanwhile).
+        narration.flush(everything=True)
         say(f"phase {phase}: {'; '.join(flow.title for flow in members)}")
-        _run_phase(world, members, timelines, observer, on_stage, say)
+        _run_phase(world, members, timelines, observer, narration)
         _revive_agents(world, members, say)
     deadline = time.monotonic() + SETTLE_SECONDS
     while time.monotonic() < deadline:
         world.poll(observer)
+        narration.flush()
         time.sleep(POLL_SECONDS)
+    narration.flush(everything=True)
     result = Result(list(timelines.values()), seconds=time.monotonic() - started)
     for flow in flows:
         timeline = timelines[flow.key]
@@ -102,18 +114,20 @@ def _run_phase(
     flows: Sequence[Flow],
     timelines: dict[str, EventTimeline],
     observer: Observer,
-    on_stage: StageListener,
-    say: Callable[[str], None],
+    narration: Narration,
 ) -> None:
+    say = narration.say
     pending = [_Pending(flow, reaction) for flow in flows for reaction in flow.reactions]
     forgeries = [_PendingForgery(flow, forgery) for flow in flows for forgery in flow.forgeries]
     for flow in flows:
         if flow.agent_down is not None:
+            say(f"{flow.key}: stopping the agent of {flow.agent_down}")
+            narration.flush(everything=True)  # stopping takes seconds (a long-poll to end): say it first
             world.stop_agent(flow.agent_down)
             say(f"{flow.key}: the agent of {flow.agent_down} is stopped; nothing more comes from that VM")
         timeline = timelines[flow.key]
         timeline.injected_at = datetime.now(timezone.utc)
-        on_stage(timeline, "injected", flow.title)
+        narration.stage(timeline, "injected", flow.title, timeline.injected_at)
         for at_once in forgeries:
             if at_once.flow is flow and at_once.forgery.stage is None:
                 _forge(world, at_once, say)
@@ -128,6 +142,7 @@ def _run_phase(
         for forged in forgeries:
             if not forged.done and forged.forgery.stage in timelines[forged.flow.key].stages:
                 _forge(world, forged, say)
+        narration.flush()
         if all(all(stage in timelines[flow.key].stages for stage in flow.ends_with) for flow in flows):
             return
         time.sleep(POLL_SECONDS)

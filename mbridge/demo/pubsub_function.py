@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -25,7 +26,6 @@ from simulator.gce_api.project import PROJECT_ID as SIM_PROJECT
 FUNCTION_TARGET = "on_maintenance_event"
 CENTRAL_TARGETS = ("on_central_log_entry", "on_central_tick")  # the control plane's path (main.py)
 FUNCTION_STARTUP_TIMEOUT = 60.0
-GCP_EXTRA_HINT = "install the Google extras: pip install -e '.[functions-gcp]' (from the repository root)"
 
 
 def policy_document(policy: Policy) -> str:
@@ -99,7 +99,14 @@ def require_google_libraries(repo_root: Path) -> None:
         if _missing(module)
     ]
     if missing:
-        raise DemoSetupError(f"the Python packages of {', '.join(missing)} are not installed: {GCP_EXTRA_HINT}")
+        # This interpreter's pip, by path: a bare `pip` may well install into another environment
+        # (`make demo` runs from .venv-demo, which is not on the PATH).
+        install = f"{shlex.quote(sys.executable)} -m pip install -e {shlex.quote(str(repo_root) + '[functions-gcp]')}"
+        raise DemoSetupError(
+            f"the Python packages of {', '.join(missing)} are not installed: install the Google extras with "
+            f"`{install}`, or run the demo from .venv, which has them (`make venv`, then "
+            "`.venv/bin/mbridge demo --bus pubsub-emulator`)"
+        )
     if not (repo_root / "main.py").is_file():
         raise DemoSetupError(
             f"the Cloud Functions entry {repo_root / 'main.py'} is not there: run the demo from a checkout of the "

@@ -99,6 +99,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class PubSubWorld:
     """The demo on Google's emulators and the Cloud Functions entry (see the module docstring)."""
 
+    # The audit log is queried from the Firestore emulator and envelopes pulled from a subscription,
+    # each by its own thread; a record is seen up to a second or two after its time (more while the
+    # function is cold), an approval from the simulator's log at once.
+    witness_lag = 2.0
+
     def __init__(self, workdir: Path, policy: Policy, speed: float) -> None:
         self.workdir = workdir
         self.policy = policy
@@ -120,21 +125,22 @@ class PubSubWorld:
         self.health: dict[str, str] = {}  # VM → base URL of its agent's health server
         self._cleanup = ExitStack()
         self._watch = PubSubWatch()
-        self._approvals_seen = 0
         self._agents = AgentThreads()
         self._subscriber: Any = None  # the Pub/Sub admin client, also the observer's puller
         self._audit_log: FirestoreAuditLog | None = None
 
     # ---- start
 
-    def start(self, timeout: float = 15.0) -> PubSubWorld:
-        """Start everything; on any failure what was started is stopped by `close()`.
+    def start(self, timeout: float = 15.0, progress: Callable[[str], None] = lambda _text: None) -> PubSubWorld:
+        """Start everything, telling `progress` what it waits for (the emulators take seconds); on any
+        failure what was started is stopped by `close()`.
 
         Raises:
             DemoSetupError: an emulator, Java or the Google libraries are missing, or a process did not start.
         """
         require_google_libraries(REPO_ROOT)
         policy = policy_document(self.policy)
+        progress("looking for the Pub/Sub and Firestore emulators of the Google Cloud CLI")
         sdk_root = gcloud_sdk_root()
         for emulator in (PUBSUB, FIRESTORE):
             emulator_launcher(emulator, sdk_root)  # both are there before either starts
@@ -146,16 +152,22 @@ class PubSubWorld:
         self._verifier = self.sims.verifier()
         self.trust_file.parent.mkdir(parents=True, exist_ok=True)
         self.trust_file.write_text(json.dumps(self.sims.trust(), indent=1), encoding="utf-8")
+        progress(
+            "starting the Pub/Sub and Firestore emulators (Java: about ten seconds) and the Cloud Functions "
+            f"entries under functions-framework; their logs: {self.logs}/"
+        )
         self.pubsub = self._started(launch_emulator(PUBSUB, self.logs, sdk_root))
         self.firestore = self._started(launch_emulator(FIRESTORE, self.logs, sdk_root))
         self.function = self._started(self._launch_function(policy))
         for target in CENTRAL_TARGETS:
             self.central_functions[target] = self._started(self._launch_function(policy, target))
-        wait_ready(self.pubsub, PUBSUB.ready_text)
-        wait_ready(self.firestore, FIRESTORE.ready_text)
+        for emulator, peer in ((PUBSUB, self.pubsub), (FIRESTORE, self.firestore)):
+            wait_ready(peer, emulator.ready_text, on_wait=progress)
+            progress(f"{emulator.label} emulator ready on {peer.host}")
         self._point_clients_at_emulators()
         for function in (self.function, *self.central_functions.values()):
-            wait_ready(function, accepts_connections(function.host), FUNCTION_STARTUP_TIMEOUT)
+            wait_ready(function, accepts_connections(function.host), FUNCTION_STARTUP_TIMEOUT, on_wait=progress)
+        progress("functions-framework serving the function and the control plane's two")
         self.shim = EventarcShim(self.function_url, topic_path(EVENTS_TOPIC)).start()
         self._cleanup.callback(self.shim.stop)
         for target, topic in zip(CENTRAL_TARGETS, (CENTRAL_TOPIC, TICK_TOPIC)):
@@ -165,6 +177,7 @@ class PubSubWorld:
         self._create_bus()
         self._start_central(self.sims)
         self._start_watching()
+        progress("topics and subscriptions made; starting the six agents")
         self._start_agents(self.sims)
         self.sims.wait_until_watched(timeout)
         return self
@@ -261,10 +274,7 @@ class PubSubWorld:
     def poll(self, observer: Observer) -> None:
         self._watch.tell(observer)
         assert self.sims is not None
-        approvals = self.sims.approvals()
-        for entry in approvals[self._approvals_seen :]:
-            observer.approval(entry)
-        self._approvals_seen = len(approvals)
+        self.sims.tell(observer)
 
     def pools(self) -> Mapping[str, Sequence[str]]:
         return {name: [vm for vm in vms if self._ready(vm)] for name, vms in POOLS.items()}
@@ -312,8 +322,9 @@ class PubSubWorld:
             + f", fed by {CENTRAL_TOPIC} (the GCE simulator's system-event log, as a log sink) and {TICK_TOPIC} "
             "(a tick a second, as Cloud Scheduler)",
             f"load-balancer pools: the agents' /readyz on 127.0.0.1 ({readyz})",
-            f"audit log: Firestore collection mbridge_audit (FIRESTORE_EMULATOR_HOST={self.firestore.host}), "
-            f"written to {self.audit_export} at the end",
+            # The emulator stops with the demo: what is left to read afterwards is the export.
+            f"audit log: {self.audit_export}, written at the end from the Firestore collection mbridge_audit, "
+            "one record a line as `mbridge audit list` prints them",
             f"logs: {self.logs}/ (pubsub-emulator, firestore-emulator, functions-framework); agents and push "
             f"shim: {self.workdir / 'demo.log'}; agent state: {self.workdir / 'agents'}",
         ]

@@ -15,45 +15,80 @@ scale to the page's width (viewBox), and text stays legible down to a 420 px wid
 
 from __future__ import annotations
 
+import heapq
 import html
 import math
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TextIO
 
 from mbridge.demo.play import Result, Verdict
 from mbridge.demo.timeline import STAGES, EventTimeline
 from wire.version import version
 
+# Red is for what went wrong, and the one thing the chart shows going wrong is a refused report:
+# "started" is the maintenance taking place as planned, drawn in a neutral grey.
 COLOURS = {
     "detected": "#4e79a7",
     "published": "#76b7b2",
     "decided": "#b07aa1",
     "drained": "#f28e2b",
     "approved": "#59a14f",
-    "started": "#e15759",
+    "started": "#a0a0a0",
     "completed": "#9c755f",
     "restored": "#edc948",
+    "refused": "#d62728",
+    "deleted": "#333333",
+}
+# What a row shows beside the stages, each drawn with a shape of its own (a cross, a square) and
+# said in the legend: a report the functions refused (the audit log), the VM deleted by its event
+# (the simulator's log: its metadata service stopped answering).
+MARKS = {
+    "refused": "refused: a report the functions would not act on (the audit log says why)",
+    "deleted": "deleted: the VM is gone, deleted by its maintenance",
 }
 
 
 class LiveLines:
-    """Prints one line per stage as it is seen: time since the demo began, flow, stage, detail,
-    and the milliseconds since the flow's maintenance was injected."""
+    """The live narration: one line per stage (time since the demo began, flow, stage, detail, and the
+    milliseconds since the flow's maintenance was injected) and what the demo says it does.
 
-    def __init__(self, out: TextIO) -> None:
+    Lines are printed in the order things happened, not in the order the demo learns of them: its
+    witnesses are read at different delays (on the Pub/Sub variant the audit log is queried from
+    Firestore, the envelopes pulled from a subscription, the approvals read from the simulator), and
+    within a poll each witness is read in turn. So each line is stamped with its witness's time (what
+    the demo says itself: the time it says it), held for `hold` seconds (the world's witness lag), and
+    lines are printed in time order as their hold ends: `flush` (the play calls it as it polls),
+    `flush(everything=True)` where nothing earlier can come any more. A line learnt later than its hold
+    is still printed, with its own time."""
+
+    def __init__(
+        self, out: TextIO, hold: float = 0.0, now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+    ) -> None:
         self._out = out
-        self._began = time.monotonic()
+        self._now = now
+        self._began = now()
+        self.hold = hold
+        self._held: list[tuple[datetime, int, str]] = []
+        self._told = 0
 
-    def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self._began:6.2f}s] {text}", file=self._out, flush=True)
+    def say(self, text: str, at: datetime | None = None) -> None:
+        when = self._now() if at is None else at
+        self._told += 1
+        heapq.heappush(self._held, (when, self._told, text))
+        self.flush()
 
-    def stage(self, timeline: EventTimeline, stage: str, detail: str) -> None:
-        elapsed = timeline.elapsed_ms(stage)
-        since = f"  (+{elapsed:,.0f} ms)" if elapsed is not None else ""
-        self.say(f"  {timeline.key:<18} {stage:<13} {detail}{since}")
+    def stage(self, timeline: EventTimeline, stage: str, detail: str, when: datetime) -> None:
+        elapsed = timeline.ms_since_injection(when)
+        since = f"  (+{elapsed:,.0f} ms)" if elapsed is not None and stage != "injected" else ""
+        self.say(f"  {timeline.key:<18} {stage:<13} {detail}{since}", when)
+
+    def flush(self, everything: bool = False) -> None:
+        due = self._now() - timedelta(seconds=self.hold)
+        while self._held and (everything or self._held[0][0] <= due):
+            when, _, text = heapq.heappop(self._held)
+            print(f"[{(when - self._began).total_seconds():6.2f}s] {text}", file=self._out, flush=True)
 
 
 def summary(result: Result) -> list[str]:
@@ -111,7 +146,7 @@ def render_html(result: Result, title: str, notes: Sequence[str]) -> str:
     notes_html = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
     legend = "".join(
         f'<li><span class="swatch" style="background:{COLOURS[stage]}"></span>{stage}</li>' for stage in STAGES
-    )
+    ) + "".join(f'<li><span class="swatch {mark}"></span>{html.escape(text)}</li>' for mark, text in MARKS.items())
     date = run_date(result).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     charts = "".join(_svg_chart(layout(result.timelines, *drawing)) for drawing in (WIDE, NARROW))
     return f"""<!DOCTYPE html>
@@ -129,6 +164,10 @@ th:first-child {{ text-align: left; }}
 .chart.narrow {{ display: none; }}
 .legend {{ list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 4px 16px; }}
 .swatch {{ display: inline-block; width: 11px; height: 11px; border-radius: 50%; margin-right: 5px; }}
+.swatch.deleted {{ border-radius: 0; background: {COLOURS["deleted"]}; }}
+.swatch.refused {{ border-radius: 0; background: linear-gradient(45deg, transparent 40%, {COLOURS["refused"]} 40%,
+  {COLOURS["refused"]} 60%, transparent 60%), linear-gradient(-45deg, transparent 40%, {COLOURS["refused"]} 40%,
+  {COLOURS["refused"]} 60%, transparent 60%); }}
 @media (max-width: {NARROW_SCREEN_PX}px) {{
   body {{ margin: 0.75em; }}
   .chart.wide {{ display: none; }}
@@ -170,22 +209,31 @@ class ChartRow:
     @property
     def label(self) -> str:
         name = self.flow if self.vm is None else f"{self.flow} · {self.vm}"
-        if not self.marks:
+        kinds = {stage for stage, _ in self.marks}
+        if not kinds:
             return f"{name}: no stage reached"
-        return f"{name}: {self.ended_as}" if self.ended_as else name
+        notes = [self.ended_as] if self.ended_as else []
+        if "deleted" in kinds:
+            notes.append("VM deleted")
+        if "refused" in kinds and not kinds & set(STAGES):
+            notes.append("refused")
+        return f"{name}: {', '.join(notes)}" if notes else name
 
 
 def chart_rows(timelines: Sequence[EventTimeline]) -> list[ChartRow]:
-    """One row per VM whose own witnesses marked a stage of the flow, in VM order; a flow with none
-    (forged reports only) still gets a row, so every flow of the table is on the chart."""
+    """One row per VM whose own witnesses marked a stage of the flow, or that a refused report
+    names, in VM order, with its stages, its refusals and its deletion; a flow with none still gets
+    a row, so every flow of the table is on the chart."""
     rows: list[ChartRow] = []
     for timeline in timelines:
-        vms: list[str | None] = [*sorted(timeline.vm_stages)] or [None]
+        refusals = {refusal.vm for refusal in timeline.refusals}
+        vms: list[str | None] = [*sorted(set(timeline.vm_stages) | refusals)] or [None]
         for vm in vms:
             if vm is None:
                 seen = [(s, timeline.elapsed_ms(s)) for s in STAGES]
             else:
-                seen = [(s, timeline.vm_elapsed_ms(vm, s)) for s in STAGES]
+                seen = [(s, timeline.vm_elapsed_ms(vm, s)) for s in (*STAGES, "deleted")]
+                seen += [("refused", timeline.ms_since_injection(r.time)) for r in timeline.refusals if r.vm == vm]
             marks = sorted(((s, ms) for s, ms in seen if ms is not None), key=lambda mark: mark[1])
             rows.append(ChartRow(timeline.key, vm, tuple(marks), timeline.ended_as))
     return rows
@@ -313,10 +361,29 @@ def _svg_chart(chart: ChartLayout) -> str:
                 )
         for marker in mine:
             who = row.flow if row.vm is None else f"{row.flow}, {row.vm}"
-            parts.append(
-                f'<circle class="marker" data-row="{index}" data-stage="{marker.stage}" cx="{marker.x:.1f}" '
-                f'cy="{track_y:.1f}" r="{marker.r:g}" fill="{COLOURS[marker.stage]}" stroke="#fff" stroke-width="1">'
-                f"<title>{html.escape(who)}: {marker.stage} at {marker.ms:,.0f} ms</title></circle>"
-            )
+            parts.append(_marker(index, marker, f"{html.escape(who)}: {marker.stage} at {marker.ms:,.0f} ms"))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _marker(row: int, marker: Marker, title: str) -> str:
+    """A stage as a dot; a refusal as a cross, a deletion as a square: they read apart at a glance."""
+    x, y, r, colour = marker.x, marker.y, marker.r, COLOURS[marker.stage]
+    data = f'class="marker" data-row="{row}" data-stage="{marker.stage}"'
+    if marker.stage == "refused":
+        d = r * 0.8
+        return (
+            f'<path {data} d="M{x - d:.1f} {y - d:.1f}L{x + d:.1f} {y + d:.1f}M{x + d:.1f} {y - d:.1f}L{x - d:.1f} '
+            f'{y + d:.1f}" stroke="{colour}" stroke-width="2.5" stroke-linecap="round" fill="none">'
+            f"<title>{title}</title></path>"
+        )
+    if marker.stage == "deleted":
+        side = r * 1.7
+        return (
+            f'<rect {data} x="{x - side / 2:.1f}" y="{y - side / 2:.1f}" width="{side:.1f}" height="{side:.1f}" '
+            f'fill="{colour}" stroke="#fff" stroke-width="1"><title>{title}</title></rect>'
+        )
+    return (
+        f'<circle {data} cx="{x:.1f}" cy="{y:.1f}" r="{r:g}" fill="{colour}" stroke="#fff" stroke-width="1">'
+        f"<title>{title}</title></circle>"
+    )

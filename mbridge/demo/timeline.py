@@ -17,6 +17,7 @@ restored once for each, and the report draws one row per VM.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -38,6 +39,17 @@ class ImdsApproval:
 
     vm: str
     outcome: str  # accepted | already-approved | unknown-event | ...
+    time: datetime
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A report the functions would not act on, as their audit log says: `kind` unverified | not-self,
+    `vm` the VM the record names (the report's claimed reporter, or its sender)."""
+
+    kind: str
+    reason: str
+    vm: str
     time: datetime
 
 
@@ -75,7 +87,8 @@ class EventTimeline:
     def saw_end(self, when: datetime) -> None:
         self.ended_at = when if self.ended_at is None else min(self.ended_at, when)
 
-    refusals: list[tuple[str, str]] = field(default_factory=list)  # audit kind (unverified | not-self), reason
+    refusals: list[Refusal] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # VMs the event deleted (the simulator's log says when)
     vm_stages: dict[str, dict[str, datetime]] = field(default_factory=dict)  # VM -> its own first sightings
 
     def matches(self, event: MaintenanceEvent) -> bool:
@@ -93,13 +106,13 @@ class EventTimeline:
         return [approval for approval in self.approvals if approval.outcome == "accepted"]
 
     def elapsed_ms(self, stage: str) -> float | None:
-        return self._since_injection(self.stages.get(stage))
+        return self.ms_since_injection(self.stages.get(stage))
 
     def vm_elapsed_ms(self, vm: str, stage: str) -> float | None:
         """When `vm`'s own part of the event reached `stage` (its report, its drain, its approval)."""
-        return self._since_injection(self.vm_stages.get(vm, {}).get(stage))
+        return self.ms_since_injection(self.vm_stages.get(vm, {}).get(stage))
 
-    def _since_injection(self, at: datetime | None) -> float | None:
+    def ms_since_injection(self, at: datetime | None) -> float | None:
         if at is None or self.injected_at is None:
             return None
         # The witnesses' times are written with millisecond precision, rounded down (RFC 3339 text:
@@ -114,8 +127,9 @@ class EventTimeline:
         return max(0.0, (at - injected).total_seconds() * 1000.0)
 
 
-# Called with (timeline, stage, detail) the first time a stage is seen.
-StageListener = Callable[[EventTimeline, str, str], None]
+# Called with (timeline, stage, detail, when) the first time a stage is seen (and for every sighting
+# of the stages seen again: each VM's drain, each refusal); `when` is the witness's time.
+StageListener = Callable[[EventTimeline, str, str, datetime], None]
 # The VM a message's proof names, or None when it has no valid proof (the demo's own check).
 SenderOf = Callable[[bytes], Optional[str]]
 REFUSED = ("unverified", "not-self")
@@ -174,7 +188,7 @@ class Observer:
         if timeline is None:
             return
         if record.kind in REFUSED:
-            timeline.refusals.append((record.kind, record.reason))
+            timeline.refusals.append(Refusal(record.kind, record.reason, record.vm, record.time))
             self._mark(timeline, "refused", record.time, record.reason, again=True)
         elif record.kind == "agent-silent":
             timeline.silent.append(record.vm)
@@ -196,7 +210,7 @@ class Observer:
             self._mark(timeline, "drained", record.time, record.vm, again=True, vm=record.vm)
         elif record.kind == "action" and record.action == "approve":
             timeline.approve_commands.append(SentApproval(record.vm, record.at))
-            self._on_stage(timeline, "approval sent", f"to {record.vm}, {_when_sent(timeline, record)}")
+            self._on_stage(timeline, "approval sent", f"to {record.vm}, {_when_sent(timeline, record)}", record.time)
         elif record.kind == "action" and record.action == "restore":
             timeline.restored.append(record.vm)
             self._mark(timeline, "restored", record.time, record.vm, again=True, vm=record.vm)
@@ -230,6 +244,16 @@ class Observer:
                 if approval.outcome == "accepted":
                     self._mark(timeline, "approved", when, f"IMDS accepted the POST of {approval.vm}")
 
+    def departure(self, vm: str, event_id: str, when: datetime) -> None:
+        """VM `vm` stopped answering at `when`, deleted by event `event_id` (a Spot eviction, a scale-in)."""
+        timeline = next((t for t in self.timelines if t.owns(event_id)), None)
+        if timeline is None:
+            return
+        timeline.deleted.append(vm)
+        self._mark(
+            timeline, "deleted", when, f"{vm} is gone: its metadata service stopped answering", again=True, vm=vm
+        )
+
     def _mark(
         self,
         timeline: EventTimeline,
@@ -243,9 +267,21 @@ class Observer:
             timeline.vm_stages.setdefault(vm, {}).setdefault(stage, when)
         if stage not in timeline.stages:
             timeline.stages[stage] = when
-            self._on_stage(timeline, stage, detail)
+            self._on_stage(timeline, stage, detail, when)
         elif again:
-            self._on_stage(timeline, stage, detail)
+            self._on_stage(timeline, stage, detail, when)
+
+
+# How the simulator's log says a VM left because an event deleted it (docs/simulator.md).
+_DELETED = re.compile(r"^stopped answering: deleted by \w+ (?P<event_id>\S+)$")
+
+
+def departure_of(entry: Mapping[str, Any]) -> tuple[str, str, datetime] | None:
+    """(VM, event id, when) of a simulator log entry saying an event deleted a VM; None for any other."""
+    found = _DELETED.match(str(entry.get("message", "")))
+    if found is None or not entry.get("vm"):
+        return None
+    return str(entry["vm"]), found["event_id"], parse_rfc3339(str(entry["time"]))
 
 
 def _when_sent(timeline: EventTimeline, record: AuditRecord) -> str:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -35,7 +38,7 @@ from functions.local_app.store import SqliteStore
 from functions.trust.trust_file import verifier_from_trust
 from functions.trust.verifiers import CloudVerifier
 from mbridge.demo.flows import AZURE_VMS, GCE_VM, POOLS
-from mbridge.demo.timeline import Observer
+from mbridge.demo.timeline import Observer, departure_of
 from simulator import Simulator
 from simulator.azure_api import SIM_RESOURCE_GROUP, SIM_SUBSCRIPTION_ID
 from simulator.gce_api.project import PROJECT_ID
@@ -55,6 +58,10 @@ READER = "demo"
 
 
 class DemoWorld(Protocol):
+    # Seconds the slowest witness may come after what it saw: the narration holds each line that
+    # long, so that lines are printed in the order things happened (report.LiveLines).
+    witness_lag: float
+
     def control_url(self, cloud: Cloud) -> str:
         """The simulator's base URL for the control API of `cloud`."""
         ...
@@ -125,6 +132,8 @@ class Simulators:
 
     azure: Simulator
     gce: Simulator
+    _approvals_told: int = 0
+    _log_told: dict[str, int] = field(default_factory=dict)  # log entries read so far, per simulator
 
     @classmethod
     def start(cls, speed: float) -> Simulators:
@@ -153,8 +162,20 @@ class Simulators:
             time.sleep(0.05)
         raise TimeoutError(f"not every agent reached its metadata service within {timeout:g} s")
 
-    def approvals(self) -> list[dict[str, object]]:
-        return self.azure.approvals()
+    def tell(self, observer: Observer) -> None:
+        """What the simulators witnessed since the last call: approval POSTs (what reached IMDS), and
+        VMs deleted by their event (their metadata service stopped answering)."""
+        approvals = self.azure.approvals()
+        for entry in approvals[self._approvals_told :]:
+            observer.approval(entry)
+        self._approvals_told = len(approvals)
+        for name, sim in (("azure", self.azure), ("gce", self.gce)):
+            entries = sim.log_entries()
+            for entry in entries[self._log_told.get(name, 0) :]:
+                departure = departure_of(entry)
+                if departure is not None:
+                    observer.departure(*departure)
+            self._log_told[name] = len(entries)
 
     def trust(self) -> dict[str, object]:
         """One trust file for both simulators: what verifies the proofs their VMs' agents attach."""
@@ -247,6 +268,10 @@ class AgentThreads:
 class EmbeddedWorld:
     """Everything on the embedded SQLite bus, in this process."""
 
+    # Every witness is read in this process each poll: the bus and the audit log as they are
+    # written, the approvals from the simulator's own log.
+    witness_lag = 0.5
+
     def __init__(self, workdir: Path, policy: Policy, speed: float) -> None:
         self.workdir = workdir
         self.bus = LocalBus(workdir / "bus.db")
@@ -289,7 +314,6 @@ class EmbeddedWorld:
         self._verifier = self.sims.verifier()
         self._position = 0
         self._audit_seen = 0
-        self._approvals_seen = 0
 
     def start(self, timeout: float = 15.0) -> EmbeddedWorld:
         self._host.start()
@@ -314,10 +338,7 @@ class EmbeddedWorld:
         for record in records[self._audit_seen :]:
             observer.audit(record)
         self._audit_seen = len(records)
-        approvals = self.sims.approvals()
-        for entry in approvals[self._approvals_seen :]:
-            observer.approval(entry)
-        self._approvals_seen = len(approvals)
+        self.sims.tell(observer)
 
     def pools(self) -> Mapping[str, Sequence[str]]:
         return {name: self.pool.members(name) for name in POOLS}
@@ -325,8 +346,8 @@ class EmbeddedWorld:
     def describe(self) -> list[str]:
         db = self.workdir / "functions.db"
         return [
-            f"audit log: {db}  (mbridge audit list --db {db} [--vm NAME] [--event ID])",
-            f"recorded: {self.replay.recorded}, what the functions took  ({self.replay.command()})",
+            audit_hint(db),
+            f"recorded: {self.replay.recorded}, what the functions took; replay it with `{self.replay.command()}`",
             f"bus: {self.bus.path}; agent state: {self.workdir / 'agents'}; logs: {self.workdir / 'demo.log'}",
         ]
 
@@ -376,7 +397,29 @@ class ReplayFiles:
         return files
 
     def command(self) -> str:
-        return f"mbridge replay --events {self.recorded} --policy {self.policy} --trust-file {self.trust}"
+        files = " ".join(
+            f"{flag} {shlex.quote(str(path))}"
+            for flag, path in (("--events", self.recorded), ("--policy", self.policy), ("--trust-file", self.trust))
+        )
+        return f"{mbridge_command()} replay {files}"
+
+
+def mbridge_command(executable: str = sys.executable, which: Callable[[str], str | None] = shutil.which) -> str:
+    """How to run this installation's `mbridge` from a shell: `make demo` installs it in
+    `.venv-demo/bin`, which is not on the PATH, so a bare `mbridge` would be another one, or none."""
+    script = Path(executable).parent / "mbridge"
+    if not script.is_file():
+        return f"{shlex.quote(executable)} -m mbridge.cli"
+    found = which("mbridge")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "mbridge"
+    return shlex.quote(str(script))
+
+
+def audit_hint(db: Path) -> str:
+    """Where the audit log is, and the command that reads it, runnable as printed."""
+    command = f"{mbridge_command()} audit list --db {shlex.quote(str(db))}"
+    return f"audit log: {db}; read it with `{command}` (add --vm NAME or --event ID to narrow it)"
 
 
 def _keep_reading(readers: Sequence[CentralFeedReader], stop: threading.Event, every: float = 0.1) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shlex
 import subprocess
 import sys
 from collections import defaultdict
@@ -174,13 +175,13 @@ def test_replaying_what_the_demo_recorded_tells_what_its_audit_log_says(demo_run
     assert demo_run.finished.returncode == 0, demo_run.finished.stdout + demo_run.finished.stderr
     recorded = demo_run.workdir / "recorded.jsonl"
     (said,) = [line for line in demo_run.finished.stdout.splitlines() if line.startswith(f"recorded: {recorded}")]
-    command = said[said.index("(mbridge replay ") + 1 : -1].split()
-    assert command[:2] == ["mbridge", "replay"]
+    # the command names this installation's mbridge (a path, or `mbridge` when that one is on the PATH)
+    command = shlex.split(said[said.index("replay it with `") + len("replay it with `") : -1])
+    assert command[1] == "replay", command
+    assert Path(command[0]).name == "mbridge", command
 
     # WHEN it is replayed as it says (its policy, and the trust file its functions verified with)
-    replayed = subprocess.run(
-        [sys.executable, "-m", "mbridge.cli", *command[1:]], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
+    replayed = subprocess.run([command[0], *command[1:]], capture_output=True, text=True, timeout=60, cwd=ROOT)
 
     # THEN replay says it checked the proofs with that trust file
     assert replayed.returncode == 0, replayed.stderr

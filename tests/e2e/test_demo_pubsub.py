@@ -98,6 +98,13 @@ def test_the_demo_on_the_emulators_holds_every_expectation_and_leaves_its_audit_
     assert "✗" not in out
     assert "not played on this bus: Reboot of web-2, whose agent is down" in out
 
+    # AND it said what it was waiting for while the emulators and the function started, before anything ran
+    lines = out.splitlines()
+    starting = next(i for i, line in enumerate(lines) if "starting the Pub/Sub and Firestore emulators" in line)
+    ready = next(i for i, line in enumerate(lines) if "Pub/Sub emulator ready on 127.0.0.1:" in line)
+    described = next(i for i, line in enumerate(lines) if re.search(r"\] Pub/Sub emulator 127\.0\.0\.1:\d+ \(", line))
+    assert 0 < starting < ready < described, out
+
     # AND it said where everything runs
     hosts = re.findall(r"(?:Pub/Sub|Firestore) emulator (127\.0\.0\.1:\d+)", out)
     function = re.search(r"function: http://(127\.0\.0\.1:\d+)/", out)

@@ -64,9 +64,10 @@ def refused(*kinds: str) -> Expectation:
     """The functions refused the forgeries, and their audit log says why (one record each)."""
 
     def check(timeline: EventTimeline, _: Context) -> str | None:
-        seen = sorted(kind for kind, _reason in timeline.refusals)
+        seen = sorted(refusal.kind for refusal in timeline.refusals)
         if seen != sorted(kinds) or len(timeline.forged) != len(kinds):
-            return f"refused {seen} of {len(timeline.forged)} forged report(s): {timeline.refusals}"
+            why = [(refusal.kind, refusal.reason) for refusal in timeline.refusals]
+            return f"refused {seen} of {len(timeline.forged)} forged report(s): {why}"
         return None
 
     return Expectation(f"forged reports refused ({', '.join(kinds)}), the audit log says why", check)

@@ -9,7 +9,7 @@ import pytest
 
 from mbridge.demo import flows
 from mbridge.demo.flows import FLOWS, POOLS, Context, Expectation, pools_after
-from mbridge.demo.timeline import EventTimeline, ImdsApproval, SentApproval
+from mbridge.demo.timeline import EventTimeline, ImdsApproval, Refusal, SentApproval
 from wire.model import Cloud, EventKind
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
@@ -102,8 +102,9 @@ CASES: list[tuple[Expectation, EventTimeline, EventTimeline, str]] = [
     ),
     (
         flows.refused("unverified", "not-self"),
-        timeline(refusals=[("unverified", "u"), ("not-self", "n")], forged=["a", "b"]),
-        timeline(refusals=[("unverified", "u")], forged=["a", "b"]),
+        timeline(refusals=[Refusal("unverified", "u", "web-0", T0), Refusal("not-self", "n", "web-2", T0)],
+                 forged=["a", "b"]),
+        timeline(refusals=[Refusal("unverified", "u", "web-0", T0)], forged=["a", "b"]),
         "refused ['unverified'] of 2 forged",
     ),
 ]  # fmt: skip

@@ -47,7 +47,7 @@ def narrate(kind: EventKind, vm: str, notice_seconds: float) -> list[tuple[str, 
         process(encode(envelope_for_event(event, NOW)), deps, NOW)
         seen: list[tuple[str, str]] = []
         timeline = EventTimeline("flow", Cloud.AZURE, kind, event.event_id, injected_at=NOW)
-        observer = Observer([timeline], lambda _timeline, stage, detail: seen.append((stage, detail)))
+        observer = Observer([timeline], lambda _timeline, stage, detail, _when: seen.append((stage, detail)))
         for record in store.query():
             observer.audit(record)
         return seen

@@ -6,7 +6,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from functions.core.ports import AuditRecord
-from mbridge.demo.timeline import EventTimeline, Observer
+from mbridge.demo.timeline import EventTimeline, Observer, Refusal, departure_of
 from tests.factories import azure_event
 from wire.envelope import encode, envelope_for_event
 from wire.model import Cloud, EventKind, EventStatus
@@ -22,7 +22,7 @@ def at(ms: int) -> datetime:
 
 def watch(*timelines: EventTimeline) -> tuple[Observer, list[tuple[str, str, str]]]:
     seen: list[tuple[str, str, str]] = []
-    observer = Observer(timelines, lambda timeline, stage, detail: seen.append((timeline.key, stage, detail)))
+    observer = Observer(timelines, lambda timeline, stage, detail, _when: seen.append((timeline.key, stage, detail)))
     return observer, seen
 
 
@@ -137,3 +137,62 @@ def test_a_dead_agents_event_is_seen_from_the_control_planes_records_and_ends_at
     assert (timeline.ended_centrally, timeline.ended_as) == ("completed", "completed")
     assert timeline.ended_at == at(9000)
     assert [stage for _, stage, _ in seen][:3] == ["reported centrally", "silent", "completed"]
+
+
+def test_the_listener_is_told_each_sightings_own_time() -> None:
+    # The narration orders its lines by these times: the witness's, not when the demo read it.
+    timeline = reboot_timeline()
+    told: list[tuple[str, datetime]] = []
+    observer = Observer([timeline], lambda _timeline, stage, _detail, when: told.append((stage, when)))
+
+    observer.audit(AuditRecord(at(900), "action", "e", EVENT_ID, "web-1", action="drain"))
+    observer.audit(AuditRecord(at(400), "action", "e", EVENT_ID, "web-0", action="drain"))
+    observer.audit(AuditRecord(at(950), "action", "e", EVENT_ID, "web-0", action="approve"))
+    observer.envelope(body(EventStatus.SCHEDULED, "web-0", 300), at(305))
+
+    assert told == [
+        ("drained", at(900)),
+        ("drained", at(400)),  # a second VM's drain: its own time, not the stage's first
+        ("approval sent", at(950)),
+        ("detected", at(300)),
+        ("published", at(305)),
+    ]
+
+
+def test_a_refusal_is_kept_with_the_vm_it_names_and_its_time() -> None:
+    timeline = reboot_timeline()
+    observer, seen = watch(timeline)
+
+    observer.audit(AuditRecord(at(33), "unverified", "e", EVENT_ID, "web-0", reason="the proof is web-2's"))
+    observer.audit(AuditRecord(at(41), "not-self", "e", EVENT_ID, "web-2", reason="web-2 reports others"))
+
+    assert timeline.refusals == [
+        Refusal("unverified", "the proof is web-2's", "web-0", at(33)),
+        Refusal("not-self", "web-2 reports others", "web-2", at(41)),
+    ]
+    assert [stage for _, stage, _ in seen] == ["refused", "refused"]
+
+
+def test_a_vm_deleted_by_its_event_is_seen_in_the_simulators_log() -> None:
+    timeline = reboot_timeline()
+    observer, seen = watch(timeline)
+
+    # WHEN the simulator logs that the event's VM stopped answering, and another VM's for another event
+    observer.departure("web-2", EVENT_ID, at(3520))
+    observer.departure("vmss-0", "7A3F9D12-8B6C-4A01-9C24-5E8B1D7F6A44", at(3600))
+
+    # THEN the event's timeline has the deletion, on the VM's own row, and the narration says it
+    assert timeline.vm_stages["web-2"]["deleted"] == at(3520)
+    assert timeline.deleted == ["web-2"]
+    assert [(key, stage) for key, stage, _ in seen] == [("user-reboot", "deleted")]
+
+
+def test_the_simulators_log_of_a_deletion_names_the_vm_and_the_event() -> None:
+    entry = {
+        "time": format_rfc3339(at(3520)), "vm": "spot-0",
+        "message": "stopped answering: deleted by Preempt 1C8E5A90-4D2B-4E77-B013-6F9A2C3D5E33",
+    }  # fmt: skip
+
+    assert departure_of(entry) == ("spot-0", "1C8E5A90-4D2B-4E77-B013-6F9A2C3D5E33", at(3520))
+    assert departure_of({**entry, "message": "stopped answering: preempted, shut down"}) is None
+    assert departure_of({**entry, "message": "event 1C8E5A90 removed (completed)"}) is None
