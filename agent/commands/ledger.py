@@ -69,14 +69,15 @@ CREATE TABLE IF NOT EXISTS commands (
     reason      TEXT,
     result_target   TEXT,
     result_event_id TEXT,
-    reported    INTEGER NOT NULL DEFAULT 0, -- 1 once the result is in the agent's outbox
-    trace_id    TEXT               -- the trace of the command's maintenance, when it carried one
+    reported    INTEGER NOT NULL DEFAULT 0  -- 1 once the result is in the agent's outbox
 );
 CREATE INDEX IF NOT EXISTS commands_due ON commands (state, execute_at);
 """
-# Columns added since ledgers were first made: a ledger made before gets them when it is opened,
-# without a new schema version. Every statement names its columns, so an older agent still reads
-# and writes the ledger (a rollback keeps its commands) and leaves them NULL.
+# Columns added since ledgers were first made, out of SCHEMA (what a file must have to be used, or
+# it is moved aside): a ledger made before gets them when it is opened, without a new schema
+# version. Every statement names its columns, so an older agent rolled back to still reads and
+# writes the ledger, and leaves them NULL.
+#   trace_id: the trace of the command's maintenance (wire/tracecontext.py), when it carried one
 _ADDED_COLUMNS = (("trace_id", "TEXT"),)
 
 _SELECT = (
