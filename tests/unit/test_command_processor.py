@@ -789,9 +789,13 @@ def test_an_approval_keeps_its_trace_in_the_ledger_its_log_lines_and_its_result(
     # saying the command came and what became of it
     assert harness.imds.posts == [EVENT_ID]
     entry = harness.ledger().get(cmd.command_id)
-    assert entry is not None and entry.trace_id == trace.trace_id
-    assert result is not None and result.accepted and result.trace_id == trace.trace_id
-    assert entry.result is not None and entry.result.trace_id == trace.trace_id
+    assert entry is not None
+    assert entry.trace_id == trace.trace_id
+    assert result is not None
+    assert result.accepted
+    assert result.trace_id == trace.trace_id
+    assert entry.result is not None
+    assert entry.result.trace_id == trace.trace_id
     traced = [r.getMessage() for r in caplog.records if getattr(r, "trace_id", None) == trace.trace_id]
     assert any(m.startswith("received approve command") for m in traced)
     assert any("approved: StartRequests POSTed" in m for m in traced)
@@ -810,10 +814,13 @@ def test_a_trace_context_that_is_not_one_neither_refuses_a_signed_command_nor_is
 
     # THEN it runs as any signed command does (a trace decides nothing), the trace is ignored, and
     # the log says why
-    assert result is not None and result.accepted and result.trace_id == ""
+    assert result is not None
+    assert result.accepted
+    assert result.trace_id == ""
     assert harness.imds.posts == [EVENT_ID]
     entry = harness.ledger().get(document["command_id"])
-    assert entry is not None and entry.trace_id is None
+    assert entry is not None
+    assert entry.trace_id is None
     assert any("trace context that is not one" in r.getMessage() for r in caplog.records)
 
 
@@ -835,12 +842,15 @@ def test_the_signature_covers_the_trace_and_a_trace_never_stands_in_for_it(
     bare = processor.handle(wire(unsigned))
 
     # THEN both are refused as any command whose signature does not hold, and nothing is POSTed
-    assert altered is not None and altered.reason.startswith("bad signature: ")
-    assert bare is not None and bare.reason.startswith("unsigned: ")
+    assert altered is not None
+    assert altered.reason.startswith("bad signature: ")
+    assert bare is not None
+    assert bare.reason.startswith("unsigned: ")
     assert harness.imds.posts == []
     # AND the genuine one still runs
     genuine = processor.handle(wire(signed))
-    assert genuine is not None and genuine.accepted
+    assert genuine is not None
+    assert genuine.accepted
 
 
 def test_a_ledger_made_before_traces_gets_their_column_and_keeps_its_commands(harness: Harness) -> None:
@@ -872,9 +882,11 @@ def test_a_ledger_made_before_traces_gets_their_column_and_keeps_its_commands(ha
 
     # THEN the command runs without a trace, and the ledger keeps its schema version (an older agent
     # rolled back to reads it still)
-    assert result.accepted and result.trace_id == ""
+    assert result.accepted
+    assert result.trace_id == ""
     entry = harness.ledger().get(cmd.command_id)
-    assert entry is not None and entry.trace_id is None
+    assert entry is not None
+    assert entry.trace_id is None
     with sqlite3.connect(harness.path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (1,)
         assert "trace_id" in {row[1] for row in db.execute("PRAGMA table_info(commands)")}

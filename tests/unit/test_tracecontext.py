@@ -23,8 +23,10 @@ TRACEPARENT_EXAMPLE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 def test_a_new_trace_is_a_version_00_traceparent_that_reads_back_the_same() -> None:
     started = new_trace()
     assert parse(started.traceparent) == started
-    assert started.traceparent.startswith("00-") and started.traceparent.endswith("-01")  # sampled
-    assert is_trace_id(started.trace_id) and len(started.span_id) == 16
+    assert started.traceparent.startswith("00-")
+    assert started.traceparent.endswith("-01")
+    assert is_trace_id(started.trace_id)
+    assert len(started.span_id) == 16
 
 
 def test_the_steps_of_one_trace_share_its_id_and_each_has_a_span_of_its_own() -> None:
@@ -106,9 +108,13 @@ def test_a_carrier_gives_its_context_none_or_why_it_has_none() -> None:
     assert received({}) == (None, None)
     assert received({TRACESTATE: "rojo=1"}) == (None, None)  # a tracestate alone is nothing
     carried, problem = received({TRACEPARENT: TRACEPARENT_EXAMPLE})
-    assert carried is not None and carried.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and problem is None
+    assert carried is not None
+    assert carried.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert problem is None
     carried, problem = received({TRACEPARENT: "00-nonsense", TRACESTATE: "rojo=1"})
-    assert carried is None and problem is not None and "55" in problem
+    assert carried is None
+    assert problem is not None
+    assert "55" in problem
 
 
 @pytest.mark.parametrize("value", ["0" * 32, "4BF92F3577B34DA6A3CE929D0E0E4736", "4bf9", None, 7])
