@@ -18,6 +18,7 @@ from agent.commands import CommandLedger
 from agent.logs import JsonFormatter
 from agent.main import LEDGER_DB
 from functions.local_app.store import SqliteStore
+from mbridge.cli import main
 from simulator import Simulator
 from tests.agent_runner import AgentThread
 from tests.e2e.local_host import Deployment, event_status, running_host
@@ -32,7 +33,10 @@ EVENT_ID = "5D2C7E1A-9B3F-4C61-8E0A-2F4B6D8C1E37"
 
 
 def test_one_maintenance_is_one_trace_from_detection_to_the_approval_post_and_its_end(
-    tmp_path: Path, agent_thread: Callable[..., AgentThread], caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    agent_thread: Callable[..., AgentThread],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # GIVEN web-0's agent on the embedded bus with signed commands, and the function host
     caplog.set_level(logging.INFO)
@@ -74,6 +78,10 @@ def test_one_maintenance_is_one_trace_from_detection_to_the_approval_post_and_it
     records = store.query(event_id=EVENT_ID)
     assert {r.kind for r in records} >= {"event", "decision", "action", "command-result"}
     assert {r.trace_id for r in records} == {trace_id}
+    assert main(["audit", "list", "--db", str(tmp_path / "functions.db"), "--event", EVENT_ID]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(printed) == len(records)
+    assert {line["trace_id"] for line in printed} == {trace_id}
     # AND so does the signed command, as it travelled on the bus
     (command,) = [decode_command(body).command for body in _commands_sent(bus_path)]
     assert command.type is CommandType.APPROVE
