@@ -15,7 +15,7 @@ from functions.core.policy import Policy
 from functions.core.process import Deps, process
 from functions.local_app.store import SqliteStore
 from tests.factories import azure_event
-from tests.kit import FakeBalancer, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
 from wire.commands import Command, decode_command, encode_command
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.identity import ReporterName
@@ -40,6 +40,7 @@ def deps(store: SqliteStore, sent: RecordingSender, balancer: Any = None) -> Dep
         audit=store,
         policy=Policy(),
         verifier=ReporterName(),  # the sender is the reporter: trust itself is tested in test_trust.py
+        monotonic=FakeClock(NOW).monotonic,
     )
 
 
