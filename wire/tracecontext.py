@@ -35,9 +35,9 @@ _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 # this one does (it only passes tracestate on, so a longer one is someone else's payload).
 MAX_TRACESTATE_CHARS = 512
 MAX_TRACESTATE_MEMBERS = 32
-_STATE_KEY = re.compile(r"^(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})$")
+_STATE_KEY = re.compile(r"[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13}")
 # Printable ASCII but `,` and `=`, at most 256 characters, not ending in a space.
-_STATE_VALUE = re.compile(r"^[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]$")
+_STATE_VALUE = re.compile(r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
 # Sampled: a downstream parent-based sampler records what the agent started (it has no sampler
 # of its own, and records nothing itself).
 SAMPLED = "01"
@@ -138,7 +138,8 @@ def _valid_tracestate(value: str) -> bool:
     keys = set()
     for member in members:
         key, equals, state = member.partition("=")
-        if not equals or not _STATE_KEY.match(key) or not _STATE_VALUE.match(state) or key in keys:
+        # fullmatch: `$` would let a trailing newline through
+        if not equals or not _STATE_KEY.fullmatch(key) or not _STATE_VALUE.fullmatch(state) or key in keys:
             return False
         keys.add(key)
     return True

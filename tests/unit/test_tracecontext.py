@@ -86,6 +86,8 @@ def test_an_error_never_repeats_the_value_it_refuses() -> None:
         "rojo",  # no value
         "rojo=a,rojo=b",  # a key twice
         "rojo=",  # an empty value
+        "rojo=1\n",  # a control character
+        "rojo\n=1",
         "rojo=a=b",
         ",".join(f"k{i}=v" for i in range(33)),  # more than 32 members
         "rojo=" + "a" * MAX_TRACESTATE_CHARS,  # too long to pass on
