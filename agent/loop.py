@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from agent import logs
 from agent.engagement import DEFAULT_LINGER_SECONDS, Engagement
 from agent.health import Metrics, Readiness
-from agent.messages import event_message, names_this_vm, result_message, with_message_id
+from agent.messages import event_message, names_this_vm, result_message, trace_id_of, with_message_id
 from agent.proofs import BackOffAfterRefusal, NoProof, ProofRefusedError, ProofUnavailableError, Prover
 from agent.sources.tracking import Observation, Tracker
 from agent.state import AgentState
 from agent.state_files import StateUnavailableError
 from agent.stopping import StopFlag
 from agent.timing import Backoff, Clock
+from agent.traces import TRACES_STATE, Traces
 from wire.errors import MalformedDocumentError, RetryableError
 from wire.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
 from wire.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
@@ -147,6 +148,7 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self.liveness = Liveness()
         self._pending = _load_pending(state.load(PENDING_STATE))
+        self._traces = Traces(state.load(TRACES_STATE))
         self._readiness.set_pending_impact(self._tracker.impact_pending())
         self._register_metrics()
 
@@ -248,14 +250,21 @@ class Agent:
         forwarded = [e for e in applied.events if self._forward_all or names_this_vm(e)]
         if len(forwarded) < len(applied.events):
             self._metrics.inc("mbridge_events_not_forwarded_total", len(applied.events) - len(forwarded))
-        messages = [(event_message(e, observation.observed_at), observation.observed_at.timestamp()) for e in forwarded]
+        # Each published event's envelope is a span of its maintenance's trace (agent/traces.py).
+        contexts, traces = self._traces.plan(forwarded)
+        observed = observation.observed_at
+        messages = [(event_message(e, observed, trace), observed.timestamp()) for e, trace in zip(forwarded, contexts)]
         envelope_ids = {id(event): message.envelope_id for event, (message, _) in zip(forwarded, messages)}
+        trace_ids = {id(event): trace.trace_id for event, trace in zip(forwarded, contexts)}
         pending = _next_pending(self._pending, applied.events)
         states: dict[str, Any] = {self._tracker.state_name: applied.state_json}
         if pending != self._pending:
             states[PENDING_STATE] = sorted(pending.values(), key=lambda labels: labels["event_id"])
+        if self._traces.changed(traces):
+            states[TRACES_STATE] = Traces.saved(traces)
         self._state.record(messages, states)
         self._tracker.commit(applied)
+        self._traces.commit(traces)
         self._pending = pending  # replaced whole: /metrics reads it from the server's thread
         if pending:
             self._wake.set()  # a resting command loop opens the path for this VM's event
@@ -273,8 +282,10 @@ class Agent:
                 event.event_id,
                 event.status.value,
                 "concerns this VM" if event.concerns_reporter else "another VM",
-                # envelope_id only for the events published (--forward own leaves others out)
-                extra=logs.event_fields(event, envelope_id=envelope_ids.get(id(event))),
+                # envelope_id and trace_id only for the events published (--forward own leaves others out)
+                extra=logs.event_fields(
+                    event, envelope_id=envelope_ids.get(id(event)), trace_id=trace_ids.get(id(event))
+                ),
             )
             for name in event.unreadable:
                 # Forwarded all the same; the count tells an operator that this release reads less
@@ -553,6 +564,7 @@ class Agent:
                     cloud=self.cloud.value,
                     result=result.result,
                     envelope_id=message.envelope_id,
+                    trace_id=result.trace_id,
                 ),
             )
 
@@ -598,4 +610,5 @@ def _message_fields(message: OutboundMessage) -> dict[str, object]:
         event_id=attributes.get("event_id"),
         vm=attributes.get("vm"),
         cloud=attributes.get("cloud"),
+        trace_id=trace_id_of(message),
     )

@@ -17,6 +17,7 @@ from agent.logs import event_fields
 from wire.bounds import MAX_ENVELOPE_BYTES, PROOF_ROOM_BYTES, bounded
 from wire.envelope import encode, envelope_for_command_result, envelope_for_event
 from wire.model import Cloud, CommandResult, MaintenanceEvent
+from wire.tracecontext import TraceContext, new_trace, received
 from wire.transports.base import OutboundMessage
 
 LOGGER = logging.getLogger("mbridge.agent")
@@ -27,21 +28,23 @@ RESOURCES_FIELD = {Cloud.AZURE: "Resources", Cloud.GCE: "resources"}
 MAX_UNPROVEN_BYTES = MAX_ENVELOPE_BYTES - PROOF_ROOM_BYTES
 
 
-def event_message(event: MaintenanceEvent, observed_at: datetime) -> OutboundMessage:
-    envelope = envelope_for_event(event, observed_at)
+def event_message(event: MaintenanceEvent, observed_at: datetime, trace: TraceContext | None = None) -> OutboundMessage:
+    """The bus message of an event, carrying `trace` (its maintenance's trace, this publish's span)."""
+    extensions = trace.attributes() if trace is not None else None
+    envelope = envelope_for_event(event, observed_at, extensions)
     body = encode(envelope)
     if len(body) > MAX_UNPROVEN_BYTES:
         # A bus refuses a message this large, and the outbox never skips a row: one huge entry would
         # hold up every envelope after it. What the functions act on stays; the rest is cut.
         event = cut_to_fit(event, len(body))
-        envelope = envelope_for_event(event, observed_at)
+        envelope = envelope_for_event(event, observed_at, extensions)
         body = encode(envelope)
     if len(body) > MAX_UNPROVEN_BYTES:
         # Only Resources can still be this large (thousands of names, more than any set holds):
         # keep whether this VM is affected, which is what its own maintenance needs.
         mine = tuple(vm for vm in event.resources if vm == event.reporter)
         named = tuple(dict.fromkeys((*event.unreadable, RESOURCES_FIELD[event.cloud])))
-        envelope = envelope_for_event(replace(event, resources=mine, unreadable=named), observed_at)
+        envelope = envelope_for_event(replace(event, resources=mine, unreadable=named), observed_at, extensions)
         body = encode(envelope)
     return OutboundMessage(
         envelope_id=envelope.id,
@@ -86,10 +89,25 @@ def cut_to_fit(event: MaintenanceEvent, size: int) -> MaintenanceEvent:
 
 
 def result_message(result: CommandResult, cloud: Cloud, vm_name: str, at: datetime) -> OutboundMessage:
-    envelope = envelope_for_command_result(result, cloud, at)
+    """The bus message of a command's result; a span of the command's trace when it carried one."""
+    trace = new_trace(result.trace_id).attributes() if result.trace_id else None
+    envelope = envelope_for_command_result(result, cloud, at, trace)
     return OutboundMessage(
         envelope_id=envelope.id,
         body=encode(envelope),
         key=vm_name,
         attributes={"type": envelope.type, "vm": vm_name, "cloud": cloud.value, "event_id": result.event_id},
     )
+
+
+def trace_id_of(message: OutboundMessage) -> str | None:
+    """The trace id a message's envelope carries, for the log lines about it (None: none, or a row
+    an earlier version recorded)."""
+    try:
+        document = json.loads(message.body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    carried, _ = received(document)
+    return carried.trace_id if carried is not None else None

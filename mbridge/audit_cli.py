@@ -137,6 +137,7 @@ def audit_line(record: AuditRecord) -> dict[str, Any]:
         "reason": record.reason,
         "envelope_id": record.envelope_id,
         "detail": record.detail,
+        "trace_id": record.trace_id,
     }
 
 

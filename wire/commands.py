@@ -28,6 +28,7 @@ from wire.errors import PermanentError
 from wire.jsontext import load_json
 from wire.model import JsonObject
 from wire.timefmt import format_rfc3339, parse_rfc3339
+from wire.tracecontext import TRACEPARENT, TRACESTATE, TraceContext, received
 
 DEFAULT_TTL = timedelta(minutes=10)
 # The command_id becomes a Service Bus MessageId, whose limit is 128 characters.
@@ -45,7 +46,11 @@ _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 REQUIRED_FIELDS = ("command_id", "type", "target", "event_id", "issued_at", "expires_at")
-OPTIONAL_FIELDS = ("execute_at", "signature")
+# The trace context of the maintenance the command is for (wire/tracecontext.py) is inside the
+# signed body: a command's trace is the sender's word like the rest of it. Agents older than it
+# refuse the fields (unknown fields are), so senders add them only for an agent whose report
+# carried a trace context (docs/contracts.md#trace-context).
+OPTIONAL_FIELDS = ("execute_at", "signature", TRACEPARENT, TRACESTATE)
 KNOWN_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
 
 
@@ -75,6 +80,8 @@ class Command:
     expires_at: datetime
     execute_at: datetime | None = None
     signature: str | None = None
+    # Never a reason to carry out or refuse a command: only a label for its records and log lines.
+    trace: TraceContext | None = None
 
     def __post_init__(self) -> None:
         _check_text(self.command_id, "command_id", MAX_COMMAND_ID_LENGTH, "it becomes a bus message id")
@@ -109,6 +116,8 @@ class Command:
             document["execute_at"] = format_rfc3339(self.execute_at)
         if self.signature is not None:
             document["signature"] = self.signature
+        if self.trace is not None:
+            document.update(self.trace.attributes())
         return document
 
     def signing_bytes(self) -> bytes:
@@ -130,6 +139,8 @@ class ReceivedCommand:
     command: Command
     canonical: bytes
     body: bytes
+    # Why the trace context the command carries was ignored (not W3C's form), or None.
+    trace_problem: str | None = None
 
     @property
     def digest(self) -> str:
@@ -145,6 +156,7 @@ def new_command(
     execute_at: datetime | None = None,
     expires_at: datetime | None = None,
     command_id: str | None = None,
+    trace: TraceContext | None = None,
 ) -> Command:
     """A new command with a fresh uuid4-hex command_id; it expires `DEFAULT_TTL` after issue
     unless `expires_at` says otherwise."""
@@ -156,6 +168,7 @@ def new_command(
         issued_at=issued_at,
         expires_at=expires_at if expires_at is not None else issued_at + DEFAULT_TTL,
         execute_at=execute_at,
+        trace=trace,
     )
 
 
@@ -192,6 +205,9 @@ def decode_command(body: bytes | str) -> ReceivedCommand:
     for name in REQUIRED_FIELDS:
         if name not in document:
             raise MalformedCommandError(f"{name} is missing: every command carries {', '.join(REQUIRED_FIELDS)}")
+    # A trace context that is not one is ignored, not refused: a trace never decides whether a
+    # command runs. The signature still covers it as received (`canonical`).
+    trace, trace_problem = received(document)
     command = Command(
         command_id=_string(document, "command_id"),
         type=_command_type(document),
@@ -201,8 +217,9 @@ def decode_command(body: bytes | str) -> ReceivedCommand:
         expires_at=_timestamp(document, "expires_at"),
         execute_at=_optional_timestamp(document, "execute_at"),
         signature=_optional_string(document, "signature"),
+        trace=trace,
     )
-    return ReceivedCommand(command=command, canonical=canonical_bytes(document), body=raw)
+    return ReceivedCommand(command=command, canonical=canonical_bytes(document), body=raw, trace_problem=trace_problem)
 
 
 def load_command_object(raw: bytes) -> dict[str, Any]:

@@ -115,6 +115,7 @@ def envelope_for_command_result(
     result: CommandResult,
     cloud: Cloud,
     observed_at: datetime,
+    extensions: Mapping[str, ExtensionValue] | None = None,
 ) -> Envelope:
     """Wrap the agent's answer to a command; it travels on the events channel."""
     return Envelope(
@@ -124,6 +125,7 @@ def envelope_for_command_result(
         subject=result.command_id,
         time=observed_at,
         data=result,
+        extensions=_checked_extensions(extensions or {}),
     )
 
 

@@ -31,6 +31,7 @@ FIELDS = (
     "action",
     "rule",
     "alert",  # set on a line an operator must be told about (e.g. proof-reused: a forgery that passed a check)
+    "trace_id",  # the W3C trace of the maintenance (wire/tracecontext.py): one per event, VM to functions and back
 )
 # A field value is cut to this many characters, like audit records and every other log text.
 MAX_VALUE_CHARS = 2048

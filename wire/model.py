@@ -144,6 +144,10 @@ class CommandResult:
     event_id: str
     target: str
     reason: str = ""
+    # The trace of the command's maintenance (wire/tracecontext.py), "" when the command carried none:
+    # the result envelope carries it on. Not part of what the result is (a stored result answers a
+    # replay whatever its trace).
+    trace_id: str = field(default="", compare=False)
 
     @property
     def result(self) -> str:

@@ -49,6 +49,7 @@ class LedgerEntry:
     expires_at: datetime
     attempts: int
     result: CommandResult | None
+    trace_id: str | None = None  # the trace of the command's maintenance, when it carried one
 
 
 SCHEMA = """
@@ -72,10 +73,16 @@ CREATE TABLE IF NOT EXISTS commands (
 );
 CREATE INDEX IF NOT EXISTS commands_due ON commands (state, execute_at);
 """
+# Columns added since ledgers were first made, out of SCHEMA (what a file must have to be used, or
+# it is moved aside): a ledger made before gets them when it is opened, without a new schema
+# version. Every statement names its columns, so an older agent rolled back to still reads and
+# writes the ledger, and leaves them NULL.
+#   trace_id: the trace of the command's maintenance (wire/tracecontext.py), when it carried one
+_ADDED_COLUMNS = (("trace_id", "TEXT"),)
 
 _SELECT = (
     "SELECT command_id, digest, state, body, execute_at, expires_at, attempts, accepted, reason, result_target, "
-    "result_event_id FROM commands"
+    "result_event_id, trace_id FROM commands"
 )
 
 
@@ -111,6 +118,10 @@ class CommandLedger:
                 f"({LEDGER_SCHEMA_VERSION}): upgrade maintenance-bridge"
             )
         db.executescript(SCHEMA)
+        present = {row[1] for row in db.execute("PRAGMA table_info(commands)")}
+        for column, kind in _ADDED_COLUMNS:
+            if column not in present:
+                db.execute(f"ALTER TABLE commands ADD COLUMN {column} {kind}")
         db.execute(f"PRAGMA user_version = {LEDGER_SCHEMA_VERSION}")
 
     # ---- reads
@@ -151,7 +162,7 @@ class CommandLedger:
         with self._lock, writing(self._path):
             self._db.execute(
                 "INSERT INTO commands (command_id, digest, state, body, type, event_id, execute_at, expires_at, "
-                "received_at, updated_at) VALUES (?, ?, 'held', ?, ?, ?, ?, ?, ?, ?) "
+                "received_at, updated_at, trace_id) VALUES (?, ?, 'held', ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (command_id) DO UPDATE SET state = 'held', execute_at = excluded.execute_at, "
                 "updated_at = excluded.updated_at WHERE commands.state != 'done'",
                 (
@@ -164,6 +175,7 @@ class CommandLedger:
                     command.expires_at.timestamp(),
                     now,
                     now,
+                    _trace_id(command),
                 ),
             )
 
@@ -174,7 +186,7 @@ class CommandLedger:
         with self._lock, writing(self._path):
             self._db.execute(
                 "INSERT INTO commands (command_id, digest, state, body, type, event_id, execute_at, expires_at, "
-                "received_at, updated_at, attempts) VALUES (?, ?, 'executing', ?, ?, ?, NULL, ?, ?, ?, 1) "
+                "received_at, updated_at, attempts, trace_id) VALUES (?, ?, 'executing', ?, ?, ?, NULL, ?, ?, ?, 1, ?) "
                 "ON CONFLICT (command_id) DO UPDATE SET state = 'executing', execute_at = NULL, "
                 "attempts = commands.attempts + 1, updated_at = excluded.updated_at",
                 (
@@ -186,6 +198,7 @@ class CommandLedger:
                     command.expires_at.timestamp(),
                     now,
                     now,
+                    _trace_id(command),
                 ),
             )
             (attempts,) = self._db.execute(
@@ -200,8 +213,8 @@ class CommandLedger:
         with self._lock, writing(self._path):
             self._db.execute(
                 "INSERT INTO commands (command_id, digest, state, body, type, event_id, execute_at, expires_at, "
-                "received_at, updated_at, accepted, reason, result_target, result_event_id) "
-                "VALUES (?, ?, 'done', ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?) "
+                "received_at, updated_at, accepted, reason, result_target, result_event_id, trace_id) "
+                "VALUES (?, ?, 'done', ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (command_id) DO UPDATE SET state = 'done', execute_at = NULL, reported = 0, "
                 "updated_at = excluded.updated_at, accepted = excluded.accepted, reason = excluded.reason, "
                 "result_target = excluded.result_target, result_event_id = excluded.result_event_id",
@@ -218,6 +231,7 @@ class CommandLedger:
                     result.reason,
                     result.target,
                     result.event_id,
+                    _trace_id(command),
                 ),
             )
 
@@ -283,7 +297,7 @@ class CommandLedger:
 
 
 def _entry(row: tuple[Any, ...]) -> LedgerEntry:
-    command_id, digest, state, body, execute_at, expires_at, attempts, accepted, reason, target, event_id = row
+    command_id, digest, state, body, execute_at, expires_at, attempts, accepted, reason, target, event_id, trace = row
     result = None
     if accepted is not None:
         result = CommandResult(
@@ -292,6 +306,7 @@ def _entry(row: tuple[Any, ...]) -> LedgerEntry:
             event_id=str(event_id),
             target=str(target),
             reason=str(reason or ""),
+            trace_id=str(trace or ""),
         )
     return LedgerEntry(
         command_id=str(command_id),
@@ -302,7 +317,12 @@ def _entry(row: tuple[Any, ...]) -> LedgerEntry:
         expires_at=_from_epoch(expires_at),
         attempts=int(attempts),
         result=result,
+        trace_id=None if trace is None else str(trace),
     )
+
+
+def _trace_id(command: Command) -> str | None:
+    return command.trace.trace_id if command.trace is not None else None
 
 
 def _from_epoch(value: float) -> datetime:

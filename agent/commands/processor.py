@@ -15,7 +15,7 @@ from agent import logs
 from agent.commands.execution import CommandExecutor
 from agent.commands.ledger import CommandLedger, EntryState, LedgerEntry
 from agent.commands.ports import Approver, CommandRetryableError, Readiness
-from agent.commands.results import expired_reason, rejected
+from agent.commands.results import expired_reason, rejected, trace_id_of
 from agent.timing import Clock
 from wire.commands import Command, MalformedCommandError, ReceivedCommand, decode_command, load_command_object
 from wire.model import Cloud, CommandResult
@@ -97,6 +97,21 @@ class CommandProcessor:
             if command.target != self._vm_name:
                 self._ignore(command.command_id, command.target)
                 return None
+            LOGGER.info(
+                "received %s command %s for event %s",
+                command.type.value,
+                command.command_id,
+                command.event_id,
+                extra=_fields(command),
+            )
+            if received.trace_problem is not None:
+                # Ignored, never refused for it: a trace decides nothing about a command.
+                LOGGER.warning(
+                    "command %s carries a trace context that is not one, ignored: %s",
+                    command.command_id,
+                    received.trace_problem,
+                    extra=_fields(command),
+                )
             refusal = self._signature_refusal(received)
             if refusal is not None:
                 LOGGER.warning("refused command %s: %s", command.command_id, refusal, extra=_fields(command))
@@ -270,6 +285,7 @@ def _fields(command: Command, **more: object) -> dict[str, object]:
         command_type=command.type.value,
         event_id=command.event_id,
         vm=command.target,
+        trace_id=trace_id_of(command),
         **more,
     )
 

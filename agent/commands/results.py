@@ -11,15 +11,27 @@ from wire.timefmt import format_rfc3339
 
 
 def accepted(command: Command, reason: str) -> CommandResult:
-    return CommandResult(
-        command_id=command.command_id, accepted=True, event_id=command.event_id, target=command.target, reason=reason
-    )
+    return _result(command, True, reason)
 
 
 def rejected(command: Command, reason: str) -> CommandResult:
+    return _result(command, False, reason)
+
+
+def _result(command: Command, accepted: bool, reason: str) -> CommandResult:
     return CommandResult(
-        command_id=command.command_id, accepted=False, event_id=command.event_id, target=command.target, reason=reason
+        command_id=command.command_id,
+        accepted=accepted,
+        event_id=command.event_id,
+        target=command.target,
+        reason=reason,
+        trace_id=trace_id_of(command),
     )
+
+
+def trace_id_of(command: Command) -> str:
+    """The trace id the command carried, or ""."""
+    return command.trace.trace_id if command.trace is not None else ""
 
 
 def expired_reason(command: Command, now: datetime) -> str:

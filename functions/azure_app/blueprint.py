@@ -97,6 +97,9 @@ def handle_message(body: bytes, deps: Deps, now: datetime, accepted_at: datetime
         outcome.envelope_id[:16],
         outcome.result,
         bounded(actions),
-        extra={**about, **fields(envelope_id=outcome.envelope_id, result=outcome.result.value)},
+        extra={
+            **about,
+            **fields(envelope_id=outcome.envelope_id, result=outcome.result.value, trace_id=outcome.trace_id),
+        },
     )
     return outcome

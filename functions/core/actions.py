@@ -20,6 +20,7 @@ from functions.core.invocation import Invocation
 from functions.core.keys import ended_key, event_key, own_part, subject_key
 from functions.core.policy import Policy, Pool
 from functions.core.ports import ActionName, AuditKind, AuditRecord, JsonObject, Reservation
+from functions.core.tracing import commands_traced
 from wire.bounds import bounded
 from wire.commands import CommandType, decode_command, encode_command, new_command
 from wire.envelope import encode
@@ -79,7 +80,8 @@ def drain(run: Invocation, action: Drain, decision: Decision) -> Drained | None:
             store.record_drain(key, vm, record)
         memento: JsonObject = record["memento"]
         if memento:
-            run.deps.balancer.remove(vm, memento)
+            with commands_traced(run.command_trace):  # a drain through /readyz is a command to the agent
+                run.deps.balancer.remove(vm, memento)
         # When it was out: an approval of an event of several VMs counts its drain period from the last
         # one. Out through /readyz, it is out once the balancers' probes have seen it (as read when it
         # was located, else the policy's readiness_probe_seconds), not when the agent was told.
@@ -216,6 +218,8 @@ def _expired(run: Invocation, pool: str, expired: Sequence[Reservation]) -> None
                 action=ActionName.NONE,
                 reason=reason,
                 detail={"cloud": cloud, "pool": pool, "expired": held.event_key},
+                # the step that found it expired: the expired event's own trace is its own records'
+                trace_id=run.trace_id,
             )
         )
         run.freed.add(pool)
@@ -259,6 +263,7 @@ def approve(run: Invocation, action: Approve, decision: Decision) -> None:
         execute_at=execute_at if execute_at and execute_at > issued_at else None,
         expires_at=issued_at + timedelta(seconds=run.policy.command_ttl_seconds),
         command_id=command_id,
+        trace=run.command_trace,
     )
     if run.deps.signer is not None:
         built = run.deps.signer(built)

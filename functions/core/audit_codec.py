@@ -7,6 +7,8 @@ SQLite row, a Table entity or a Firestore document:
     kind, envelope_id, event_id, vm, action, status, rule, reason   the record's texts
     at           RFC 3339 like `time`, or "" when the record has none
     detail       JSON text, keys sorted
+    trace_id     the maintenance's W3C trace id, or ""; a record written before it was kept has none,
+                 and reads back with ""
 
 What a store adds is its own: keys and row order (Table Storage), a timestamp type (Firestore),
 NULL for an empty `at` (SQLite), the folded event id the document stores query on
@@ -24,7 +26,9 @@ from typing import Any
 from functions.core.ports import AuditRecord
 from wire.timefmt import format_rfc3339, parse_rfc3339
 
-AUDIT_FIELDS = ("time", "kind", "envelope_id", "event_id", "vm", "action", "status", "rule", "reason", "at", "detail")
+AUDIT_FIELDS = (
+    "time", "kind", "envelope_id", "event_id", "vm", "action", "status", "rule", "reason", "at", "detail", "trace_id",
+)  # fmt: skip
 # The event id in lower case, beside the record, where a store cannot fold case in its query.
 EVENT_ID_LOWER = "event_id_lower"
 # The VMs a record names other than its `vm` (`also_named`), beside it, where a store cannot look
@@ -46,6 +50,7 @@ def audit_fields(record: AuditRecord) -> dict[str, str]:
         "reason": record.reason,
         "at": format_rfc3339(record.at) if record.at else "",
         "detail": json.dumps(record.detail, sort_keys=True),
+        "trace_id": record.trace_id,
     }
 
 
@@ -64,6 +69,7 @@ def audit_record(fields: Mapping[str, Any]) -> AuditRecord:
         reason=fields["reason"],
         at=parse_rfc3339(at) if at else None,
         detail=json.loads(fields["detail"]),
+        trace_id=fields.get("trace_id") or "",
     )
 
 

@@ -11,6 +11,7 @@ from typing import Callable
 
 from functions.core.ports import CommandSender, JsonObject, LoadBalancer
 from functions.core.probes import MEMENTO_KEY, ProbeReader, read_seconds
+from functions.core.tracing import for_commands
 from wire.commands import Command, CommandType, new_command
 from wire.errors import PermanentError
 
@@ -77,7 +78,7 @@ class ReadinessBalancer:
         command_id = hashlib.sha256(f"{kind.value}|{vm}|{memento.get('drain', '')}".encode()).hexdigest()[:32]
         command = new_command(
             kind, target=vm, event_id=f"{kind.value}-{vm}", issued_at=now, expires_at=now + self._ttl,
-            command_id=command_id,
+            command_id=command_id, trace=for_commands(),
         )  # fmt: skip
         self._sender.send(self._signer(command) if self._signer else command)
 

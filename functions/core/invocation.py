@@ -28,12 +28,14 @@ from functions.core.ports import (
     StateStore,
 )
 from functions.core.proofs_seen import ProofsSeen
+from functions.core.tracing import span_of
 from wire.bounds import AUDIT_RESOURCES, bounded
 from wire.commands import Command
 from wire.envelope import Envelope
 from wire.identity import IdentityVerifier
 from wire.model import MaintenanceEvent
 from wire.timefmt import format_rfc3339
+from wire.tracecontext import TraceContext
 
 # How long one invocation may hold a claim before a redelivery may take it over. The platform's
 # function timeout must exceed this plus `ClaimWait.longest` plus the slowest run of actions
@@ -95,6 +97,7 @@ class Outcome:
     decision: Decision | None = None
     actions: list[Taken] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic, repr=False)  # on `Deps.monotonic`
+    trace_id: str = ""  # of the message's maintenance, for the line the app logs about the outcome
 
 
 @dataclass
@@ -137,6 +140,25 @@ class Invocation:
     # (functions/core/central.py). Of two reports of one end, only the first path's acts
     # (`lifecycle.mark_ended`); the same path's repeats are the same report.
     path: str = "agent"
+    # This invocation's span of the event's trace (functions/core/tracing.py): from the envelope
+    # when not given, as for an event admitted from the waiting line (its own envelope's trace).
+    trace: TraceContext | None = None
+    # Whether the envelope carried a trace context: the commands for the event then carry this span.
+    relays_trace: bool = False
+
+    def __post_init__(self) -> None:
+        if self.trace is None:
+            self.trace, self.relays_trace = span_of(self.envelope)
+
+    @property
+    def trace_id(self) -> str:
+        assert self.trace is not None  # set by __post_init__
+        return self.trace.trace_id
+
+    @property
+    def command_trace(self) -> TraceContext | None:
+        """The trace context the commands for the event carry (None: its agent reads none)."""
+        return self.trace if self.relays_trace else None
 
     @property
     def store(self) -> StateStore:
@@ -165,7 +187,7 @@ class Invocation:
 
     def audit(self, kind: AuditKind | Result, **fields: Any) -> None:
         """Add a record about this step of the event, stamped with the invocation's `now`."""
-        self.lines.append(event_record(self.now, kind, self.envelope, self.event, **fields))
+        self.lines.append(event_record(self.now, kind, self.envelope, self.event, trace_id=self.trace_id, **fields))
 
     def forget(self, event_key: str, vm: str) -> None:
         """The VM is back in its pools: its drain record goes when the message is done (`forgotten`)."""
@@ -224,7 +246,7 @@ class Invocation:
             bounded(vm, 200),
             reason,
             extra={
-                **event_fields(self.event, envelope_id=self.envelope.id, command_id=command_id),
+                **event_fields(self.event, envelope_id=self.envelope.id, command_id=command_id, trace_id=self.trace_id),
                 # the VM acted on (an event's own part may list several, a wait names them all)
                 "vm": bounded(vm),
                 "action": action.value,
@@ -235,7 +257,14 @@ class Invocation:
         # Stamped when the action was taken, not when the step arrived: after a slow load balancer the
         # audit log must show when each VM really left its pool (the drain period counts from then).
         record = event_record(
-            self.moment(), AuditKind.ACTION, self.envelope, self.event, action=action, rule=decision.rule, reason=reason
+            self.moment(),
+            AuditKind.ACTION,
+            self.envelope,
+            self.event,
+            action=action,
+            rule=decision.rule,
+            reason=reason,
+            trace_id=self.trace_id,
         )
         self.lines.append(replace(record, vm=vm, at=at))
 

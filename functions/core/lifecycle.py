@@ -21,6 +21,7 @@ from functions.core.decide import NO_RESTORE_KINDS, Approve, Decision, Drain, Pe
 from functions.core.invocation import Invocation
 from functions.core.keys import ended_key, event_key, own_part, subject_key
 from functions.core.ports import ActionName, AuditKind, JsonObject, StateStore
+from functions.core.tracing import commands_traced
 from wire.errors import BridgeError, MalformedEnvelopeError, PermanentError, RetryableError
 from wire.model import EventStatus, MaintenanceEvent
 from wire.timefmt import format_rfc3339
@@ -283,7 +284,8 @@ def end_part(
             continue
         try:
             if memento:
-                run.deps.balancer.restore(vm, memento)
+                with commands_traced(run.command_trace):  # a restore through /readyz is a command to the agent
+                    run.deps.balancer.restore(vm, memento)
         except BridgeError as error:
             # Keep its record for the retry; put the others back and free the budget first.
             failures.append(error)

@@ -358,6 +358,9 @@ class AuditRecord:
     reason: str = ""
     at: datetime | None = None  # approve: execute_at
     detail: JsonObject = field(default_factory=dict, hash=False)
+    # The W3C trace of the event's maintenance (wire/tracecontext.py); "" in records written before
+    # there was one, and in those about no event's trace (a malformed message, an operator's recovery).
+    trace_id: str = ""
 
     def __post_init__(self) -> None:
         for name in _AUDIT_TEXTS:
@@ -365,7 +368,7 @@ class AuditRecord:
             object.__setattr__(self, name, bounded(str(getattr(self, name))))
 
 
-_AUDIT_TEXTS = ("kind", "envelope_id", "event_id", "vm", "action", "status", "rule", "reason")
+_AUDIT_TEXTS = ("kind", "envelope_id", "event_id", "vm", "action", "status", "rule", "reason", "trace_id")
 
 
 class AuditLog(Protocol):

@@ -66,6 +66,7 @@ from functions.core.lifecycle import act
 from functions.core.log_fields import event_fields, fields
 from functions.core.policy import TRUST_REPORTER_NAME
 from functions.core.ports import ActionName, AuditKind, AuditRecord, Claim, Result, StateStore
+from functions.core.tracing import span_of, trace_id_of
 from wire.bounds import bounded
 from wire.envelope import Envelope
 from wire.errors import MalformedEnvelopeError, RetryableError
@@ -108,31 +109,45 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     if isinstance(envelope.data, CommandResult):
         return _audit_result(envelope, envelope.data, identity, deps, now)
     reported = envelope.data
+    # A report is recorded under its trace whatever becomes of it; the trace is never checked for
+    # anything (a forger picks it as freely as any other attribute).
+    trace, relays_trace = span_of(envelope)
+    trace_id = trace.trace_id
     refusal = _refusal(reported, identity)
     if refusal is not None:
         result, reason = refusal
-        deps.audit.append(event_record(now, result, envelope, reported, action=ActionName.NONE, reason=reason))
+        deps.audit.append(
+            event_record(now, result, envelope, reported, action=ActionName.NONE, reason=reason, trace_id=trace_id)
+        )
         LOGGER.warning(
             "%s report %s not acted on: %s",
             result,
             envelope.id[:16],
             bounded(reason),
-            extra=event_fields(reported, envelope_id=envelope.id, result=result.value),
+            extra=event_fields(reported, envelope_id=envelope.id, result=result.value, trace_id=trace_id),
         )
-        return Outcome(envelope.id, result)
+        return Outcome(envelope.id, result, trace_id=trace_id)
     assert isinstance(identity, Identity)
     forged = _rebound(identity, deps)
     if forged is not None:
         deps.audit.append(
-            event_record(now, Result.UNVERIFIED, envelope, reported, action=ActionName.NONE, reason=forged)
+            event_record(
+                now, Result.UNVERIFIED, envelope, reported, action=ActionName.NONE, reason=forged, trace_id=trace_id
+            )
         )
         LOGGER.error(
             "forged report %s refused: %s",
             envelope.id[:16],
             forged,
-            extra=event_fields(reported, envelope_id=envelope.id, result=Result.UNVERIFIED.value, alert="proof-reused"),
+            extra=event_fields(
+                reported,
+                envelope_id=envelope.id,
+                result=Result.UNVERIFIED.value,
+                alert="proof-reused",
+                trace_id=trace_id,
+            ),
         )
-        return Outcome(envelope.id, Result.UNVERIFIED)
+        return Outcome(envelope.id, Result.UNVERIFIED, trace_id=trace_id)
     event = own_part(reported, identity.vm)
     key = claim_key(envelope.id, identity.vm, envelope.digest)
     claim = deps.store.claim(key, now, CLAIM_LEASE)
@@ -140,20 +155,29 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
         claim, now = _wait_for_claim(key, deps.store, deps.claim_wait)
     if claim is Claim.DONE:
         deps.audit.append(
-            event_record(now, AuditKind.DUPLICATE, envelope, event, action=ActionName.NONE, reason="already processed")
+            event_record(
+                now,
+                AuditKind.DUPLICATE,
+                envelope,
+                event,
+                action=ActionName.NONE,
+                reason="already processed",
+                trace_id=trace_id,
+            )
         )
         LOGGER.info(
             "duplicate report %s: already processed",
             envelope.id[:16],
-            extra=event_fields(event, envelope_id=envelope.id, result=Result.DUPLICATE.value),
+            extra=event_fields(event, envelope_id=envelope.id, result=Result.DUPLICATE.value, trace_id=trace_id),
         )
-        return Outcome(envelope.id, Result.DUPLICATE)
+        return Outcome(envelope.id, Result.DUPLICATE, trace_id=trace_id)
     if claim is Claim.BUSY:
         raise ClaimBusyError(
             f"the report of envelope {envelope.id} by {identity.vm} is being processed by another invocation; "
             "retry later"
         )
-    run = Invocation(deps, now, envelope, event, Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic()))
+    outcome = Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic(), trace_id=trace_id)
+    run = Invocation(deps, now, envelope, event, outcome, trace=trace, relays_trace=relays_trace)
 
     def steps() -> None:
         # What was reported (its VMs, as far as the audit names them) and who vouches for it.
@@ -255,6 +279,7 @@ def _audit_result(
     else:
         refusal = None
     kind = Result.COMMAND_RESULT if refusal is None else Result.UNVERIFIED
+    trace_id = trace_id_of(envelope)
     LOGGER.log(
         logging.INFO if refusal is None else logging.WARNING,
         "command %s %s by %s%s",
@@ -268,6 +293,7 @@ def _audit_result(
             vm=result.target,
             envelope_id=envelope.id,
             result=result.result,
+            trace_id=trace_id,
         ),
     )
     deps.audit.append(
@@ -280,6 +306,7 @@ def _audit_result(
             action=result.result,
             reason=result.reason if refusal is None else f"unverified: {refusal} (reason given: {result.reason})",
             detail={"command_id": bounded(result.command_id)},
+            trace_id=trace_id,
         )
     )
-    return Outcome(envelope.id, kind)
+    return Outcome(envelope.id, kind, trace_id=trace_id)

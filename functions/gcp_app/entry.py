@@ -149,6 +149,8 @@ def log_outcome(outcome: Outcome, context: dict[str, str]) -> None:
     if outcome.actions:
         event = outcome.actions[0].event
         labels.update({"event_id": event.event_id, "vm": event.reporter, "status": event.status.value})
+    if outcome.trace_id:
+        labels["trace_id"] = outcome.trace_id
     # The first actions only (an event of 1,000 VMs takes 1,000 drains): a line stays a few KiB.
     actions: list[dict[str, Any]] = [
         {

@@ -32,7 +32,12 @@ from wire.timefmt import format_rfc3339
 
 # Columns added since files were first made: (table, column, type). A file made before gets them
 # when it is opened; its rows have NULL there (a reservation without expiry: see `reserve`).
-_ADDED_COLUMNS = (("reservations", "admitted_at", "REAL"), ("reservations", "expires_at", "REAL"))
+_ADDED_COLUMNS = (
+    ("reservations", "admitted_at", "REAL"),
+    ("reservations", "expires_at", "REAL"),
+    # An audit row written before traces were kept reads back with no trace ("").
+    ("audit", "trace_id", "TEXT NOT NULL DEFAULT ''"),
+)
 
 # The small keyed tables are WITHOUT ROWID: one b-tree each instead of a table and its key's index,
 # so a write touches half the pages. The audit's seq is a plain INTEGER PRIMARY KEY (the rowid):
@@ -60,7 +65,7 @@ CREATE TABLE IF NOT EXISTS parked (
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, time TEXT NOT NULL, kind TEXT NOT NULL, envelope_id TEXT NOT NULL,
     event_id TEXT NOT NULL, vm TEXT NOT NULL, action TEXT NOT NULL, status TEXT NOT NULL, rule TEXT NOT NULL,
-    reason TEXT NOT NULL, at TEXT, detail TEXT NOT NULL
+    reason TEXT NOT NULL, at TEXT, detail TEXT NOT NULL, trace_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS audit_vm ON audit (vm, seq);
 DROP INDEX IF EXISTS audit_event;

@@ -125,6 +125,7 @@ def test_records_round_trip_every_field_at_millisecond_precision(backend: Backen
         reason="drained; approve after the drain period",
         at=precise + timedelta(seconds=30),
         detail={"kind": "reboot", "resources": ["web/0#1"], "nested": [[1]], "n": 1.5, "none": None},
+        trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
     )
     malformed = AuditRecord(NOW, "malformed", "b" * 64, "", "", action="none", reason="not JSON")
     backend.audit.append(approval)

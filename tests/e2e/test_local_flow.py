@@ -5,25 +5,16 @@ commands, and the agents execute only signed commands."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from functions.core.policy import Policy
-from functions.local_app.balancer import LocalPool
-from functions.local_app.host import LocalFunctionHost
-from functions.local_app.store import SqliteStore
-from functions.trust.trust_file import verifier_from_trust
-from mbridge.demo.world import CommandKeys
 from simulator import Simulator
-from tests.agent_runner import AgentThread, settings_for
+from tests.agent_runner import AgentThread
+from tests.e2e.local_host import Deployment, event_status, running_host
 from tests.waiting import wait_until
-from wire.transports.local import LocalBus
 
 SET = ["web-0", "web-1", "web-2"]
 EVENT_ID = "A1F7E1C3-0D2B-4E8F-9C51-6B2D0F3E8A44"
@@ -34,28 +25,12 @@ def test_platform_reboot_is_drained_approved_once_and_restored(
 ) -> None:
     # GIVEN three VMs behind one pool, each with its agent on the embedded bus, and the function
     # host with the default policy but a 1 s drain period
-    bus_path = tmp_path / "bus.db"
-    pool = LocalPool(tmp_path / "pool.db")
-    pool.add("web", SET)
-    store = SqliteStore(tmp_path / "functions.db")
-    keys = CommandKeys.generate()
+    deployment = Deployment.make(tmp_path, SET)
+    pool, store = deployment.pool, deployment.store
     with Simulator(cloud="azure", vm_names=SET, speed=10) as sim:
         for vm, url in zip(sim.vm_names, sim.base_urls):
-            settings = settings_for("azure", url, vm, tmp_path / vm)
-            agent_thread(replace(settings, transport="local", bus_path=bus_path, verify_key=keys.public))
-        host = LocalFunctionHost(
-            LocalBus(bus_path),
-            store,
-            pool,
-            Policy(drain_period_seconds=1.0),
-            lambda: datetime.now(timezone.utc),
-            verifier=verifier_from_trust(sim.trust()),
-            signer=keys.sign,
-        )
-        stop = threading.Event()
-        runner = threading.Thread(target=host.run, args=(stop,), daemon=True)
-        runner.start()
-        try:
+            agent_thread(deployment.agent(url, vm))
+        with running_host(sim, deployment):
             # WHEN Azure schedules a platform Reboot of web-0 and web-1 (broadcast to the whole set), which
             # one approval starts for both
             requests.post(
@@ -68,14 +43,11 @@ def test_platform_reboot_is_drained_approved_once_and_restored(
             # drain period of the last one out, and it starts
             wait_until(lambda: pool.members("web") == ["web-2"], 20, lambda: f"drained pool, got {pool.members('web')}")
             wait_until(lambda: len(sim.approvals()) == 1, 20, "the approval POST")
-            wait_until(lambda: _status(sim) == "Started", 20, "the event to start")
+            wait_until(lambda: event_status(sim) == "Started", 20, "the event to start")
 
             # AND when the maintenance is over, both come back
             requests.post(f"{sim.base_urls[0]}/_sim/events/{EVENT_ID}/advance", timeout=5).raise_for_status()
             wait_until(lambda: pool.members("web") == SET, 20, lambda: f"restored pool, got {pool.members('web')}")
-        finally:
-            stop.set()
-            runner.join(timeout=10)
         approvals: list[dict[str, Any]] = sim.approvals()
 
     (approval,) = approvals
@@ -94,8 +66,3 @@ def test_platform_reboot_is_drained_approved_once_and_restored(
     assert approved >= max(drains)
     senders = {r.detail.get("sender", "") for r in store.query(event_id=EVENT_ID) if r.kind == "event"}
     assert all(sender.startswith(("reported by web-0, attested", "reported by web-1, attested")) for sender in senders)
-
-
-def _status(sim: Simulator) -> str | None:
-    events = requests.get(f"{sim.base_urls[0]}/_sim/events", timeout=5).json()
-    return str(events[0]["EventStatus"]) if events else None

@@ -33,10 +33,11 @@ from agent.sources.http import MetadataUnavailableError
 from agent.state_files import StateDirError
 from tests.kit import FakeClock, RecordingReadiness
 from tests.unit.agent.full_disk import no_room_to_grow, write_until_it_fails
-from wire.commands import Command, CommandType, encode_command, new_command
+from wire.commands import Command, CommandType, canonical_bytes, encode_command, new_command
 from wire.errors import RetryableError
 from wire.model import Cloud, CommandResult
-from wire.signing import generate_keypair, load_private_key, load_public_key, sign_command
+from wire.signing import generate_keypair, load_private_key, load_public_key, sign, sign_command
+from wire.tracecontext import TRACEPARENT, new_trace
 
 VM = "WestNO_0"
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -765,3 +766,141 @@ def test_a_dry_run_approved_nothing(harness: Harness) -> None:
     processor = harness.processor(dry_run=True)
     processor.handle(wire(command()))
     assert processor.approved_event_ids() == frozenset()
+
+
+# ---- trace context
+
+
+def test_an_approval_keeps_its_trace_in_the_ledger_its_log_lines_and_its_result(
+    harness: Harness, keys: tuple[Ed25519PrivateKey, Ed25519PublicKey], caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a signed approval carrying its maintenance's trace
+    harness.imds.add()
+    trace = new_trace()
+    cmd = sign_command(
+        new_command(CommandType.APPROVE, target=VM, event_id=EVENT_ID, issued_at=START, trace=trace), keys[0]
+    )
+
+    # WHEN it is carried out
+    with caplog.at_level(logging.INFO, logger="mbridge.commands"):
+        result = harness.processor(verify_key=keys[1]).handle(wire(cmd))
+
+    # THEN the POST is recorded with the trace id, the result carries it on, and so do the lines
+    # saying the command came and what became of it
+    assert harness.imds.posts == [EVENT_ID]
+    entry = harness.ledger().get(cmd.command_id)
+    assert entry is not None
+    assert entry.trace_id == trace.trace_id
+    assert result is not None
+    assert result.accepted
+    assert result.trace_id == trace.trace_id
+    assert entry.result is not None
+    assert entry.result.trace_id == trace.trace_id
+    traced = [r.getMessage() for r in caplog.records if getattr(r, "trace_id", None) == trace.trace_id]
+    assert any(m.startswith("received approve command") for m in traced)
+    assert any("approved: StartRequests POSTed" in m for m in traced)
+
+
+def test_a_trace_context_that_is_not_one_neither_refuses_a_signed_command_nor_is_kept(
+    harness: Harness, keys: tuple[Ed25519PrivateKey, Ed25519PublicKey], caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a signed approval whose sender put a traceparent that is not W3C's form
+    harness.imds.add()
+    document = {**command().to_wire(), TRACEPARENT: "00-" + "Z" * 52}
+    document["signature"] = sign(canonical_bytes(document), keys[0])
+
+    # WHEN it is handled
+    result = harness.processor(verify_key=keys[1]).handle(json.dumps(document).encode())
+
+    # THEN it runs as any signed command does (a trace decides nothing), the trace is ignored, and
+    # the log says why
+    assert result is not None
+    assert result.accepted
+    assert result.trace_id == ""
+    assert harness.imds.posts == [EVENT_ID]
+    entry = harness.ledger().get(document["command_id"])
+    assert entry is not None
+    assert entry.trace_id is None
+    assert any("trace context that is not one" in r.getMessage() for r in caplog.records)
+
+
+def test_the_signature_covers_the_trace_and_a_trace_never_stands_in_for_it(
+    harness: Harness, keys: tuple[Ed25519PrivateKey, Ed25519PublicKey]
+) -> None:
+    # GIVEN a signed approval with a trace, the same with its traceparent changed on the way, and
+    # an unsigned one with a valid trace
+    harness.imds.add()
+    signed = sign_command(
+        new_command(CommandType.APPROVE, target=VM, event_id=EVENT_ID, issued_at=START, trace=new_trace()), keys[0]
+    )
+    retraced = {**signed.to_wire(), TRACEPARENT: new_trace().traceparent}
+    unsigned = new_command(CommandType.APPROVE, target=VM, event_id=EVENT_ID, issued_at=START, trace=new_trace())
+    processor = harness.processor(verify_key=keys[1])
+
+    # WHEN the altered and the unsigned ones arrive
+    altered = processor.handle(json.dumps(retraced).encode())
+    bare = processor.handle(wire(unsigned))
+
+    # THEN both are refused as any command whose signature does not hold, and nothing is POSTed
+    assert altered is not None
+    assert altered.reason.startswith("bad signature: ")
+    assert bare is not None
+    assert bare.reason.startswith("unsigned: ")
+    assert harness.imds.posts == []
+    # AND the genuine one still runs
+    genuine = processor.handle(wire(signed))
+    assert genuine is not None
+    assert genuine.accepted
+
+
+def test_a_ledger_made_before_traces_gets_their_column_and_keeps_its_commands(harness: Harness) -> None:
+    # GIVEN a ledger as an agent before traces made it, holding a command
+    with sqlite3.connect(harness.path) as db:
+        db.executescript(_LEDGER_BEFORE_TRACES)
+        db.execute("PRAGMA user_version = 1")
+        cmd = command(CommandType.DRAIN, execute_in=30)
+        db.execute(
+            "INSERT INTO commands (command_id, digest, state, body, type, event_id, execute_at, expires_at, "
+            "received_at, updated_at) VALUES (?, ?, 'held', ?, 'drain', ?, ?, ?, ?, ?)",
+            (
+                cmd.command_id,
+                hashlib.sha256(wire(cmd)).hexdigest(),
+                wire(cmd),
+                EVENT_ID,
+                START.timestamp() + 30,
+                START.timestamp() + 600,
+                START.timestamp(),
+                START.timestamp(),
+            ),
+        )
+    db.close()
+
+    # WHEN this agent opens it and runs the held command
+    processor = harness.processor()
+    harness.clock.advance(30)
+    (result,) = processor.run_due()
+
+    # THEN the command runs without a trace, and the ledger keeps its schema version (an older agent
+    # rolled back to reads it still)
+    assert result.accepted
+    assert result.trace_id == ""
+    entry = harness.ledger().get(cmd.command_id)
+    assert entry is not None
+    assert entry.trace_id is None
+    with sqlite3.connect(harness.path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (1,)
+        assert "trace_id" in {row[1] for row in db.execute("PRAGMA table_info(commands)")}
+    db.close()
+
+
+# The ledger's schema as agents before traces made it.
+_LEDGER_BEFORE_TRACES = """
+CREATE TABLE commands (
+    command_id  TEXT PRIMARY KEY, digest TEXT NOT NULL,
+    state       TEXT NOT NULL CHECK (state IN ('held', 'executing', 'done')),
+    body BLOB NOT NULL, type TEXT NOT NULL, event_id TEXT NOT NULL, execute_at REAL, expires_at REAL NOT NULL,
+    received_at REAL NOT NULL, updated_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, accepted INTEGER,
+    reason TEXT, result_target TEXT, result_event_id TEXT, reported INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX commands_due ON commands (state, execute_at);
+"""

@@ -19,6 +19,7 @@ from wire.commands import (
     encode_command,
     new_command,
 )
+from wire.tracecontext import TRACEPARENT, TRACESTATE, TraceContext
 
 ISSUED = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 _ABSENT = object()  # an override that removes the field
@@ -214,3 +215,27 @@ def test_times_are_normalised_to_utc() -> None:
     # THEN they are stored and written as UTC
     assert command.issued_at.tzinfo is timezone.utc
     assert command.to_wire()["issued_at"] == "2024-05-01T12:00:00Z"
+
+
+def test_a_command_carries_its_trace_context_in_the_signed_body_and_reads_it_back() -> None:
+    # GIVEN a command for a traced maintenance
+    trace = TraceContext("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "01", "rojo=1")
+    command = new_command(CommandType.APPROVE, target="vm-0", event_id="E1", issued_at=ISSUED, trace=trace)
+
+    # WHEN it goes over the wire
+    received = decode_command(encode_command(command))
+
+    # THEN the trace comes back as sent, and the bytes a signature covers include it
+    assert received.command == command
+    assert received.trace_problem is None
+    assert json.loads(received.canonical)[TRACEPARENT] == trace.traceparent
+    assert json.loads(received.canonical)[TRACESTATE] == "rojo=1"
+
+
+@pytest.mark.parametrize("traceparent", ["00-nonsense", 7, None, "00-" + "0" * 32 + "-00f067aa0ba902b7-01"])
+def test_a_trace_context_that_is_not_one_is_ignored_not_refused(traceparent: object) -> None:
+    received = decode_command(body(traceparent=traceparent))
+    assert received.command.trace is None
+    assert received.trace_problem is not None
+    # still covered as received: a verifier checks the bytes that were signed
+    assert json.loads(received.canonical)[TRACEPARENT] == traceparent

@@ -353,3 +353,68 @@ def test_an_agent_with_nothing_open_lets_its_command_path_go_and_an_event_of_its
         stop.set()
         runner.join(timeout=10)
     assert not runner.is_alive()
+
+
+# ---- one trace per maintenance
+
+
+def _traces(state: AgentState) -> list[tuple[str, str, str]]:
+    """(status, trace id, span id) of each envelope in the outbox, in order."""
+    carried = []
+    for message in state.messages():
+        envelope = decode(message.body)
+        parent = str(envelope.extensions["traceparent"])
+        _, trace_id, span_id, _ = parent.split("-")
+        carried.append((envelope.type.rsplit(".", 1)[-1], trace_id, span_id))
+    return carried
+
+
+def test_every_envelope_of_one_maintenance_shares_its_trace_across_a_restart_each_with_a_span_of_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN an agent that sees a live migration scheduled, then stops and starts again
+    state = AgentState(tmp_path / "agent.db")
+    agent, _ = build(tmp_path, FakeTransport(), state=state)
+    with caplog.at_level("INFO", logger="mbridge.agent"):
+        for n in (1, 2):
+            agent.handle_observation(observation(n))
+    restarted, _ = build(tmp_path, FakeTransport(), state=state)
+
+    # WHEN the restarted agent sees it start and go away
+    for n in (3, 4):
+        restarted.handle_observation(observation(n))
+
+    # THEN its three envelopes carry one trace, each publish a span of its own
+    carried = _traces(state)
+    assert [status for status, _, _ in carried] == ["scheduled", "started", "completed"]
+    assert len({trace_id for _, trace_id, _ in carried}) == 1
+    assert len({span_id for _, _, span_id in carried}) == 3
+    # AND the line saying the agent detected it names the trace
+    trace_id = carried[0][1]
+    assert any(getattr(r, "trace_id", None) == trace_id and "scheduled" in r.getMessage() for r in caplog.records)
+    # AND the ended event's trace is not kept: a later event of the same id starts its own
+    assert state.load("maintenance_traces") == []
+
+
+def test_another_maintenance_has_a_trace_of_its_own_and_a_saved_trace_that_does_not_read_is_not_used(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a state whose saved traces were damaged (not a list of [event, trace id] pairs)
+    state = AgentState(tmp_path / "agent.db")
+    state.record([], {"maintenance_traces": [["azure:anything", "NOT-A-TRACE"], 7]})
+    agent, _ = build(tmp_path, FakeTransport(), state=state)
+
+    # WHEN it sees a live migration scheduled, then a document with its start and another event
+    agent.handle_observation(observation(2))
+    entry = {"EventId": "E-OTHER", "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": ["WestNO_0"]}
+    started = json.loads(fixture_text("azure/live-migration-3.json"))["Events"]
+    both = parse_scheduled_events(json.dumps({"DocumentIncarnation": 10, "Events": [*started, entry]}))
+    agent.handle_observation(AzureObservation(document=both, observed_at=observation(3).observed_at, lag_bound=0.0))
+
+    # THEN the two maintenances have two traces, each kept for the event's later steps
+    carried = _traces(state)
+    assert [status for status, _, _ in carried] == ["scheduled", "started", "scheduled"]
+    assert carried[0][1] == carried[1][1] != carried[2][1]
+    saved = state.load("maintenance_traces")
+    assert saved is not None
+    assert [trace_id for _, trace_id in saved] == [carried[1][1], carried[2][1]]

@@ -7,6 +7,7 @@ tests/contract/test_state_store.py and tests/contract/test_audit_log.py.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def test_a_file_from_the_earlier_schema_keeps_its_state_and_takes_new_records(tm
         half_way = NOW + LONGEST_HOLD / 2
         still_full = not store.reserve("web", "azure:e-new", ["web-1"], 1, now=half_way, expires_at=HELD_UNTIL)
         freed = store.reserve("web", "azure:e-new", ["web-1"], 1, now=NOW + LONGEST_HOLD, expires_at=HELD_UNTIL)
-        store.append(record("e-new", "web-1"))
+        store.append(replace(record("e-new", "web-1"), trace_id="4bf92f3577b34da6a3ce929d0e0e4736"))
         by_event = store.query(event_id="e-old")
         by_vm = store.query(vm="web-1")
         indexes = {row[0] for row in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -71,6 +72,8 @@ def test_a_file_from_the_earlier_schema_keeps_its_state_and_takes_new_records(tm
     assert freed.expired == (Reservation("azure:e-old", ("web-0",), None, NOW + LONGEST_HOLD),)
     assert [line.event_id for line in by_event] == ["E-OLD"]  # event ids match case-insensitively
     assert [line.event_id for line in by_vm] == ["e-new"]
+    # (a record written before trace ids has none; one written now keeps its own)
+    assert [line.trace_id for line in (*by_event, *by_vm)] == ["", "4bf92f3577b34da6a3ce929d0e0e4736"]
     assert "audit_event" not in indexes
     assert "audit_vm" in indexes
 
