@@ -5,6 +5,7 @@ unreachable, a role not granted yet)."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,28 @@ WRONG = {
     ],
     "pubsub without a project": ["--transport", "pubsub"],
 }  # fmt: skip
+# Checked by building the Service Bus client, which the 3.9 compatibility run does not install.
+NEEDS_THE_SDK = {
+    "a namespace and a connection string",
+    "a namespace that is not a fully qualified name",
+    "a connection string given as the namespace",
+    "a malformed connection string",
+}
+
+
+def _has_servicebus() -> bool:
+    try:
+        return importlib.util.find_spec("azure.servicebus") is not None
+    except ModuleNotFoundError:  # no `azure` package at all
+        return False
+
+
+WITHOUT_THE_SDK = pytest.mark.skipif(
+    not _has_servicebus(), reason="azure-servicebus is not installed (the 3.9 compatibility run omits it)"
+)
+CASES = [
+    pytest.param(bus, id=name, marks=WITHOUT_THE_SDK if name in NEEDS_THE_SDK else ()) for name, bus in WRONG.items()
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +75,7 @@ def agent_flags(metadata_url: str, state_dir: Path, bus: list[str]) -> list[str]
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("bus", list(WRONG.values()), ids=list(WRONG))
+@pytest.mark.parametrize("bus", CASES)
 def test_check_calls_bus_settings_that_cannot_work_a_configuration_error(
     clean_env: pytest.MonkeyPatch, azure: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], bus: list[str]
 ) -> None:
@@ -70,7 +93,7 @@ def test_check_calls_bus_settings_that_cannot_work_a_configuration_error(
         assert out.rstrip().endswith("a configuration error: see the PROBLEM lines above")
 
 
-@pytest.mark.parametrize("bus", list(WRONG.values()), ids=list(WRONG))
+@pytest.mark.parametrize("bus", CASES)
 def test_the_start_refuses_them_at_once_with_one_line_and_exit_2(
     clean_env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], bus: list[str]
 ) -> None:
