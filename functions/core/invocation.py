@@ -28,6 +28,7 @@ from functions.core.ports import (
     StateStore,
 )
 from functions.core.proofs_seen import ProofsSeen
+from functions.core.telemetry import NO_TELEMETRY, Telemetry
 from functions.core.tracing import span_of
 from wire.bounds import AUDIT_RESOURCES, bounded
 from wire.commands import Command
@@ -75,6 +76,8 @@ class Deps:
     monotonic: Callable[[], float] = time.monotonic
     # Proof bindings whose first value this process found in the store: no request when one comes again.
     proofs_seen: ProofsSeen = field(default_factory=ProofsSeen)
+    # Spans and metrics of each invocation (functions/core/telemetry.py); off by default.
+    telemetry: Telemetry = NO_TELEMETRY
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,9 @@ class Taken:
     at: datetime | None  # approve: execute_at
     reason: str
     event: MaintenanceEvent
+    # When it was taken, and when the agent saw the step it answers: the latencies telemetry measures.
+    taken_at: datetime | None = None
+    noticed_at: datetime | None = None
 
 
 @dataclass
@@ -98,6 +104,8 @@ class Outcome:
     actions: list[Taken] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic, repr=False)  # on `Deps.monotonic`
     trace_id: str = ""  # of the message's maintenance, for the line the app logs about the outcome
+    # Seconds each event admitted from a budget's waiting line had waited there (telemetry).
+    budget_waits: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -148,7 +156,8 @@ class Invocation:
 
     def __post_init__(self) -> None:
         if self.trace is None:
-            self.trace, self.relays_trace = span_of(self.envelope)
+            self.trace, parent = span_of(self.envelope)
+            self.relays_trace = parent is not None
 
     @property
     def trace_id(self) -> str:
@@ -253,11 +262,12 @@ class Invocation:
                 "rule": decision.rule,
             },
         )
-        self.outcome.actions.append(Taken(action, bounded(vm), at, reason, self.event))
         # Stamped when the action was taken, not when the step arrived: after a slow load balancer the
         # audit log must show when each VM really left its pool (the drain period counts from then).
+        taken_at = self.moment()
+        self.outcome.actions.append(Taken(action, bounded(vm), at, reason, self.event, taken_at, self.envelope.time))
         record = event_record(
-            self.moment(),
+            taken_at,
             AuditKind.ACTION,
             self.envelope,
             self.event,

@@ -367,3 +367,4 @@ def _admit_waiting(run: Invocation, pool: str, leaving: str | None = None) -> No
         if outcome.actions[before:] and outcome.actions[before].action is ActionName.WAIT:
             return  # still no room; it stays parked (the same entry was re-parked)
         store.unpark(pool, parked.event_key)
+        outcome.budget_waits.append(max(0.0, (run.now - parked.parked_at).total_seconds()))

@@ -48,7 +48,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from functions.core.checks import audit_malformed, decode_actionable
 from functions.core.invocation import (
@@ -66,7 +66,8 @@ from functions.core.lifecycle import act
 from functions.core.log_fields import event_fields, fields
 from functions.core.policy import TRUST_REPORTER_NAME
 from functions.core.ports import ActionName, AuditKind, AuditRecord, Claim, Result, StateStore
-from functions.core.tracing import span_of, trace_id_of
+from functions.core.telemetry import FAILED, PROOF_REUSED, ActionTiming, InvocationReport, report
+from functions.core.tracing import carried_trace, span_of
 from wire.bounds import bounded
 from wire.envelope import Envelope
 from wire.errors import MalformedEnvelopeError, RetryableError
@@ -101,21 +102,54 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     Raises:
         RetryableError: a transient failure; the platform must redeliver the message.
     """
+    told = InvocationReport(started=now, began=deps.monotonic())
+    try:
+        outcome = _process(body, deps, now, accepted_at or now, told)
+    except Exception as exc:
+        told.result, told.error = FAILED, type(exc).__name__
+        _told(told, deps)
+        raise
+    told.result, told.envelope_id = outcome.result.value, outcome.envelope_id
+    told.actions = tuple(_timing(taken) for taken in outcome.actions if taken.taken_at is not None)
+    told.budget_waits = tuple(outcome.budget_waits)
+    _told(told, deps)
+    return outcome
+
+
+def _told(told: InvocationReport, deps: Deps) -> None:
+    """The invocation ended: its report goes to telemetry (a no-op unless MBRIDGE_TELEMETRY is set)."""
+    told.ended = told.started + timedelta(seconds=max(0.0, deps.monotonic() - told.began))
+    report(deps.telemetry, told)
+
+
+def _timing(taken: Taken) -> ActionTiming:
+    assert taken.taken_at is not None  # only actions noted by `Invocation.note` are timed
+    return ActionTiming(taken.action.value, taken.taken_at, taken.noticed_at or taken.taken_at, taken.event.not_before)
+
+
+def _process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime, told: InvocationReport) -> Outcome:
+    """`process`, telling `told` what it learns on the way (it may fail at any step)."""
     try:
         envelope = decode_actionable(body)
     except MalformedEnvelopeError as exc:
+        told.refusal = Result.MALFORMED.value
         return Outcome(audit_malformed(body, exc, deps, now), Result.MALFORMED)
-    identity = _identify(envelope, deps, accepted_at or now, now)
+    told.envelope_id = envelope.id
+    identity = _identify(envelope, deps, accepted_at, now)
     if isinstance(envelope.data, CommandResult):
-        return _audit_result(envelope, envelope.data, identity, deps, now)
+        return _audit_result(envelope, envelope.data, identity, deps, now, told)
     reported = envelope.data
+    told.event_id, told.vm, told.cloud = reported.event_id, reported.reporter, reported.cloud.value
     # A report is recorded under its trace whatever becomes of it; the trace is never checked for
     # anything (a forger picks it as freely as any other attribute).
-    trace, relays_trace = span_of(envelope)
+    trace, parent = span_of(envelope)
+    told.trace, told.parent_span_id = trace, parent
+    relays_trace = parent is not None
     trace_id = trace.trace_id
     refusal = _refusal(reported, identity)
     if refusal is not None:
         result, reason = refusal
+        told.refusal = result.value
         deps.audit.append(
             event_record(now, result, envelope, reported, action=ActionName.NONE, reason=reason, trace_id=trace_id)
         )
@@ -130,6 +164,7 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     assert isinstance(identity, Identity)
     forged = _rebound(identity, deps)
     if forged is not None:
+        told.refusal = PROOF_REUSED
         deps.audit.append(
             event_record(
                 now, Result.UNVERIFIED, envelope, reported, action=ActionName.NONE, reason=forged, trace_id=trace_id
@@ -269,7 +304,12 @@ def _wait_for_claim(key: str, store: StateStore, wait: ClaimWait) -> tuple[Claim
 
 
 def _audit_result(
-    envelope: Envelope, result: CommandResult, identity: Identity | str, deps: Deps, now: datetime
+    envelope: Envelope,
+    result: CommandResult,
+    identity: Identity | str,
+    deps: Deps,
+    now: datetime,
+    told: InvocationReport,
 ) -> Outcome:
     """Audit an agent's answer to a command; one its target's proof does not vouch for is `unverified`."""
     if isinstance(identity, str):
@@ -279,7 +319,13 @@ def _audit_result(
     else:
         refusal = None
     kind = Result.COMMAND_RESULT if refusal is None else Result.UNVERIFIED
-    trace_id = trace_id_of(envelope)
+    carried = carried_trace(envelope)
+    trace_id = carried.trace_id if carried is not None else ""
+    told.event_id, told.vm = result.event_id, result.target
+    if carried is not None:  # an answer without a trace context starts none: the exporter picks the span's ids
+        told.trace, told.parent_span_id = carried.child(), carried.span_id
+    if refusal is not None:
+        told.refusal = kind.value
     LOGGER.log(
         logging.INFO if refusal is None else logging.WARNING,
         "command %s %s by %s%s",

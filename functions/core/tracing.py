@@ -29,12 +29,12 @@ LOGGER = logging.getLogger("mbridge.functions")
 _FOR_COMMANDS: ContextVar[TraceContext | None] = ContextVar("mbridge_command_trace", default=None)
 
 
-def span_of(envelope: Envelope) -> tuple[TraceContext, bool]:
-    """This invocation's span of the envelope's trace, and whether the envelope carried one (the
-    sender then takes it in commands)."""
+def span_of(envelope: Envelope) -> tuple[TraceContext, str | None]:
+    """This invocation's span of the envelope's trace, and the envelope's own span id, its parent
+    (None: the envelope carried no trace context, and its sender takes none in commands)."""
     carried, problem = received(envelope.extensions)
     if carried is not None:
-        return carried.child(), True
+        return carried.child(), carried.span_id
     started = new_trace()
     if problem is not None:
         LOGGER.warning(
@@ -44,13 +44,14 @@ def span_of(envelope: Envelope) -> tuple[TraceContext, bool]:
             bounded(problem),
             extra=fields(envelope_id=envelope.id, trace_id=started.trace_id),
         )
-    return started, False
+    return started, None
 
 
-def trace_id_of(envelope: Envelope) -> str:
-    """The trace id an envelope carries, or "" (a command result of an agent older than traces)."""
+def carried_trace(envelope: Envelope) -> TraceContext | None:
+    """The trace context an envelope carries, or None (a command result of an agent older than
+    traces, or one whose trace context is not one: a result's is only passed on, not logged)."""
     carried, _ = received(envelope.extensions)
-    return carried.trace_id if carried is not None else ""
+    return carried
 
 
 @contextmanager
