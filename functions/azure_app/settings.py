@@ -19,6 +19,7 @@ from cryptography import x509
 from functions.central.event_grid import AzureScope
 from functions.core.policy import TRUST_ATTESTED, Policy, load_policy
 from functions.notify import WebhookConfig, WebhookConfigError, webhook_config
+from functions.telemetry import AZURE_MONITOR, OFF, TELEMETRY, telemetry_setting
 from functions.trust.azure_attested import (
     DEFAULT_SIGNER_NAMES,
     AttestationError,
@@ -81,6 +82,9 @@ WEBHOOK_URL = "MBRIDGE_WEBHOOK_URL"
 WEBHOOK_TEMPLATE = "MBRIDGE_WEBHOOK_TEMPLATE"
 WEBHOOK_ACTIONS = "MBRIDGE_WEBHOOK_ACTIONS"
 WEBHOOK_SUMMARY_SECONDS = "MBRIDGE_WEBHOOK_SUMMARY_SECONDS"
+# Spans and metrics of each invocation to Application Insights (docs/operations.md#telemetry): TELEMETRY,
+# imported from functions.telemetry, and the connection string the platform sets.
+APPLICATIONINSIGHTS_CONNECTION_STRING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 
 DEFAULT_COMMANDS_QUEUE = "maintenance-commands"
 DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
@@ -173,6 +177,10 @@ class Settings:
     read_probes: bool = True
     # Whether the app reconciles with Resource Graph's maintenanceresources table (docs/azure.md).
     central_reconcile: bool = False
+    # off, or azure-monitor: each invocation a span and metrics to Application Insights, whose
+    # connection string the platform sets (functions/telemetry).
+    telemetry: str = OFF
+    app_insights_connection_string: str | None = field(default=None, repr=False)
 
     @property
     def central_scope(self) -> AzureScope:
@@ -240,7 +248,23 @@ class Settings:
             autohealer_check=env.flag(AUTOHEALER_CHECK, default=True),
             agent_health_port=env.port(AGENT_HEALTH_PORT, 9797),
             read_probes=env.flag(READ_PROBES, default=True),
+            telemetry=_telemetry(env),
+            app_insights_connection_string=env.optional(APPLICATIONINSIGHTS_CONNECTION_STRING),
         )
+
+
+def _telemetry(env: _Env) -> str:
+    """off, or azure-monitor, which needs the Application Insights connection string."""
+    try:
+        chosen = telemetry_setting(env.optional(TELEMETRY), AZURE_MONITOR)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+    if chosen != OFF and env.optional(APPLICATIONINSIGHTS_CONNECTION_STRING) is None:
+        raise SettingsError(
+            f"{TELEMETRY}={chosen} exports to Application Insights, and {APPLICATIONINSIGHTS_CONNECTION_STRING} "
+            "is not set: the deployment sets it (docs/azure.md); set it, or leave telemetry off"
+        )
+    return chosen
 
 
 def central_functions(environ: Mapping[str, str]) -> tuple[bool, bool]:

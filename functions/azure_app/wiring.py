@@ -8,6 +8,7 @@ naming the setting, not the indexing.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -33,7 +34,9 @@ from functions.core.balancers import CompositeBalancer, ReadinessBalancer
 from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import CommandSender, LoadBalancer
 from functions.core.process import ClaimWait, Deps
+from functions.core.telemetry import NO_TELEMETRY, Telemetry
 from functions.notify import notifying_audit
+from functions.telemetry import OFF, TELEMETRY
 from functions.trust.azure_attested import IssuerNotServedError
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from functions.trust.verifiers import AzureAttestedVerifier, CloudVerifier, VmDirectory
@@ -81,7 +84,29 @@ def build_deps(settings: Settings, *, credential: TokenCredential | None = None)
         # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
         claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
         verifier=build_verifier(settings, credential, directory=directory),
+        telemetry=build_telemetry(settings, credential),
     )
+
+
+def build_telemetry(settings: Settings, credential: TokenCredential) -> Telemetry:
+    """MBRIDGE_TELEMETRY=azure-monitor: each invocation a span and metrics in Application Insights,
+    sent with the app's identity (the component takes Entra ID tokens only). Off: nothing is imported."""
+    if settings.telemetry == OFF:
+        return NO_TELEMETRY
+    # A block of its own: the 3.9 type check (mbridge approve reads this module) then follows none of
+    # these imports, whose modules take 3.10 and newer.
+    if sys.version_info >= (3, 10):
+        from azure.monitor.opentelemetry.exporter import AzureMonitorMetricExporter, AzureMonitorTraceExporter
+
+        from functions.telemetry import exporting
+
+        connection = settings.app_insights_connection_string
+        return exporting(
+            AzureMonitorTraceExporter(connection_string=connection, credential=credential),
+            AzureMonitorMetricExporter(connection_string=connection, credential=credential),
+            cloud="azure",
+        )
+    raise SettingsError(f"{TELEMETRY}={settings.telemetry} needs Python 3.10 or newer")
 
 
 def _directory(settings: Settings, credential: TokenCredential) -> VmDirectory | None:

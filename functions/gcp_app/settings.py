@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from functions.core.policy import DEFAULT_POLICY, Policy, PolicyError, load_policy
 from functions.notify import WebhookConfig, WebhookConfigError, webhook_config
+from functions.telemetry import GCP, OFF, TELEMETRY, telemetry_setting
 from functions.trust.gce_token import GOOGLE_CERTS_URL
 from functions.trust.trust_file import TrustFileError, load_trust_file
 from wire.errors import PermanentError
@@ -56,7 +57,8 @@ ENV_WEBHOOK_URL = "MBRIDGE_WEBHOOK_URL"
 ENV_WEBHOOK_TEMPLATE = "MBRIDGE_WEBHOOK_TEMPLATE"
 ENV_WEBHOOK_ACTIONS = "MBRIDGE_WEBHOOK_ACTIONS"
 ENV_WEBHOOK_SUMMARY_SECONDS = "MBRIDGE_WEBHOOK_SUMMARY_SECONDS"
-
+# Spans to Cloud Trace and metrics to Cloud Monitoring for each invocation (docs/operations.md#telemetry).
+ENV_TELEMETRY = TELEMETRY
 DEFAULT_DATABASE = "(default)"
 DEFAULT_PREFIX = "mbridge_"
 DEFAULT_COMMANDS_TOPIC = "maintenance-commands"
@@ -121,6 +123,8 @@ class Settings:
     webhook: WebhookConfig | None = None
     # > 1: the commands of VM v go to wire.shards.entity_for(commands_topic, v, commands_shards).
     commands_shards: int = 1
+    # off, or gcp: each invocation a span in Cloud Trace and metrics in Cloud Monitoring (functions/telemetry).
+    telemetry: str = OFF
 
     @property
     def trusted_projects(self) -> tuple[str, ...]:
@@ -193,6 +197,7 @@ class Settings:
                 get(ENV_WEBHOOK_ACTIONS),
                 get(ENV_WEBHOOK_SUMMARY_SECONDS),
             ),
+            telemetry=_telemetry(get(ENV_TELEMETRY)),
         )
 
 
@@ -219,6 +224,13 @@ def _zones(text: str, variable: str) -> tuple[str, ...]:
 
 def _items(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _telemetry(text: str) -> str:
+    try:
+        return telemetry_setting(text, GCP)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
 
 
 def _boolean(name: str, text: str, *, default: bool) -> bool:

@@ -11,6 +11,7 @@ Tests replace the whole `Deps` with `override(deps)`; nothing else in this modul
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from functions.core.balancers import CompositeBalancer, ReadinessBalancer
 from functions.core.policy import TRUST_ATTESTED
 from functions.core.ports import LoadBalancer, Maintenance
 from functions.core.process import ClaimWait, Deps
+from functions.core.telemetry import NO_TELEMETRY, Telemetry
 from functions.gcp_app import logging as logs
 from functions.gcp_app.autohealer import ComputeMigReader, MigAutohealers
 from functions.gcp_app.commands import PubSubCommandSender
@@ -36,6 +38,7 @@ from functions.gcp_app.probe_times import PURPOSE, ComputeBackendReader, GroupPr
 from functions.gcp_app.settings import ENV_TRUST_AUDIENCE, ENV_TRUST_FILE, Settings, SettingsError
 from functions.notify import notifying_audit
 from functions.notify.webhook import where
+from functions.telemetry import OFF, TELEMETRY
 from functions.trust.gce_instances import GceInstance, InstanceDirectory
 from functions.trust.gce_token import GoogleCerts
 from functions.trust.trust_file import TrustFileError, load_trust_file
@@ -145,7 +148,29 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
         # A redelivery meeting a live claim waits here; bounced to the bus it would dead-letter.
         claim_wait=ClaimWait(clock=lambda: datetime.now(timezone.utc)),
         verifier=build_verifier(settings, directory),
+        telemetry=build_telemetry(settings),
     )
+
+
+def build_telemetry(settings: Settings) -> Telemetry:
+    """MBRIDGE_TELEMETRY=gcp: each invocation a span in Cloud Trace and metrics in Cloud Monitoring,
+    of the function's project, with Application Default Credentials. Off: nothing is imported."""
+    if settings.telemetry == OFF:
+        return NO_TELEMETRY
+    # A block of its own: a 3.9 type check then follows none of these imports (3.10 and newer).
+    if sys.version_info >= (3, 10):
+        from opentelemetry.exporter.cloud_monitoring import CloudMonitoringMetricsExporter
+        from opentelemetry.exporter.cloud_trace import CloudTraceSpanExporter
+
+        from functions.telemetry import exporting
+
+        return exporting(
+            CloudTraceSpanExporter(project_id=settings.project),  # type: ignore[no-untyped-call]
+            # Each instance writes series of its own: Cloud Monitoring refuses two writers of one series.
+            CloudMonitoringMetricsExporter(project_id=settings.project, add_unique_identifier=True),
+            cloud="gcp",
+        )
+    raise SettingsError(f"{TELEMETRY}={settings.telemetry} needs Python 3.10 or newer")
 
 
 def instance_directory(settings: Settings, clients: Clients | None = None) -> ComputeInstanceDirectory:

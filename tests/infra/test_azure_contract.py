@@ -159,6 +159,8 @@ NOT_DEPLOYED = {
     app_settings.AGENT_HEALTH_PORT,
     # the load balancer's probe is read unless set false (docs/policy.md#probe-aware-drains)
     app_settings.READ_PROBES,
+    # telemetry is off unless set (docs/operations.md#telemetry): an operator turns it on by hand
+    app_settings.TELEMETRY,
 }
 # A trust file makes the function trust the keys written in it instead of Azure's: local runs only.
 NEVER_DEPLOYED = {app_settings.TRUST_FILE}

@@ -371,6 +371,8 @@ NOT_DEPLOYED = {
     settings.ENV_AGENT_HEALTH_PORT,
     # the probes' times are read unless set false (docs/policy.md#probe-aware-drains)
     settings.ENV_READ_PROBES,
+    # telemetry is off unless set (docs/operations.md#telemetry): an operator turns it on by hand
+    settings.ENV_TELEMETRY,
 }
 # A trust file makes the function trust the keys written in it instead of Google's: local runs only.
 NEVER_DEPLOYED = {settings.ENV_TRUST_FILE}

@@ -1,0 +1,49 @@
+"""MBRIDGE_TELEMETRY: whether the function apps export each invocation as an OpenTelemetry span
+and metrics, and where to (docs/operations.md#telemetry).
+
+Nothing here imports OpenTelemetry: the default, `off`, loads none of it. An app that names an
+exporter builds it (the exporter's module is the app's own import, so each app's requirements
+name only its own cloud's) and hands it to `exporting`, which loads the adapter (otel.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from functions.core.telemetry import Telemetry
+
+TELEMETRY = "MBRIDGE_TELEMETRY"
+OFF = "off"
+AZURE_MONITOR = "azure-monitor"  # Application Insights (APPLICATIONINSIGHTS_CONNECTION_STRING)
+GCP = "gcp"  # Cloud Trace and Cloud Monitoring
+# Metrics are exported once a minute: what Application Insights and Cloud Monitoring aggregate by.
+METRICS_INTERVAL_MILLIS = 60_000
+
+
+def telemetry_setting(value: str | None, exporter: str) -> str:
+    """The setting's value (`off` when unset) for an app whose cloud's exporter is `exporter`.
+
+    Raises:
+        ValueError: anything but `off` or `exporter`; the message names the setting.
+    """
+    chosen = (value or "").strip().lower() or OFF
+    if chosen not in (OFF, exporter):
+        raise ValueError(f"{TELEMETRY} must be {OFF} or {exporter}, not {chosen[:40]!r}")
+    return chosen
+
+
+def exporting(spans: Any, metrics: Any, *, cloud: str) -> Telemetry:
+    """Invocations as spans through `spans` (a SpanExporter), in batches from a thread of the SDK's
+    (an invocation never waits on the network), and metrics through `metrics` (a MetricExporter)
+    once a minute. (Typed Any, and the version checked: the settings, which the 3.9 type check
+    reads, import this module, and OpenTelemetry's own modules take 3.10 and newer.)"""
+    if sys.version_info >= (3, 10):
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from functions.telemetry.otel import OtelTelemetry
+
+        reader = PeriodicExportingMetricReader(metrics, export_interval_millis=METRICS_INTERVAL_MILLIS)
+        return OtelTelemetry(BatchSpanProcessor(spans), [reader], cloud=cloud)
+    raise RuntimeError("OpenTelemetry's SDK takes Python 3.10 or newer; the function apps run on 3.11")

@@ -1,0 +1,182 @@
+"""OpenTelemetry spans and metrics of the functions' invocations (the core's `Telemetry` port).
+
+Imported only when MBRIDGE_TELEMETRY names an exporter (functions/telemetry/__init__.py): with the
+default, no OpenTelemetry module is loaded.
+
+Each invocation is one span of the maintenance's trace with the ids the core gave it: the trace
+id of the audit records, the envelope's span as parent, and as its own id the span id the
+commands for the event carry, so an exported trace joins the agent's spans, and a command found in
+the agent's ledger names the span that sent it. The SDK picks a span's own id itself, from its
+`IdGenerator`; `_GivenIds` hands it the core's instead, on the thread that starts the span. The
+parent is a remote, non-recording span built from the trace context, so nothing else of the
+process's context (a current span of the Functions host's, say) is taken as the parent.
+
+The providers are this adapter's own, never the global ones: the function hosts and SDK clients
+may set up theirs, and neither should export the other's spans.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from functions.core.telemetry import FAILED, InvocationReport
+from wire.tracecontext import TraceContext
+
+SCOPE = "mbridge.functions"
+SPAN_NAME = "mbridge.process"
+SERVICE_NAME = "maintenance-bridge-functions"
+
+# Metric names (docs/operations.md#telemetry); seconds throughout, as OpenTelemetry's conventions do.
+INVOCATION_DURATION = "mbridge.invocation.duration"
+ACTIONS = "mbridge.actions"
+REFUSALS = "mbridge.refusals"
+NOTICE_TO_ACTION = "mbridge.notice_to_action"
+NOT_BEFORE_MARGIN = "mbridge.not_before_margin"
+BUDGET_WAIT = "mbridge.budget_wait.duration"
+# Measured from a notice to the drain or approval that answers it; a restore answers an end.
+NOTICED_ACTIONS = frozenset({"drain", "approve"})
+# Span attributes, beside OpenTelemetry's error.type on a failed invocation.
+ATTRIBUTE_PREFIX = "mbridge."
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class _GivenIds(IdGenerator):
+    """The SDK's ids, but for the span being started on this thread, which gets the core's."""
+
+    def __init__(self) -> None:
+        self._random = RandomIdGenerator()
+        self._given = threading.local()
+
+    def give(self, trace_id: int | None, span_id: int | None) -> None:
+        self._given.trace_id, self._given.span_id = trace_id, span_id
+
+    def generate_trace_id(self) -> int:
+        given = getattr(self._given, "trace_id", None)
+        self._given.trace_id = None
+        return given if given is not None else self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        given = getattr(self._given, "span_id", None)
+        self._given.span_id = None
+        return given if given is not None else self._random.generate_span_id()
+
+
+class OtelTelemetry:
+    """Spans through `span_processor`, metrics through `metric_readers` (an exporter's periodic
+    reader in the apps, the SDK's in-memory ones in tests)."""
+
+    def __init__(
+        self,
+        span_processor: SpanProcessor,
+        metric_readers: Sequence[MetricReader],
+        *,
+        cloud: str,
+        resource: Resource | None = None,
+    ) -> None:
+        resource = resource or Resource.create({"service.name": SERVICE_NAME, "cloud.provider": cloud})
+        self._ids = _GivenIds()
+        self.tracer_provider = TracerProvider(resource=resource, id_generator=self._ids)
+        self.tracer_provider.add_span_processor(span_processor)
+        self._tracer = self.tracer_provider.get_tracer(SCOPE)
+        self.meter_provider = MeterProvider(metric_readers=list(metric_readers), resource=resource)
+        meter = self.meter_provider.get_meter(SCOPE)
+        self._duration = meter.create_histogram(INVOCATION_DURATION, unit="s", description="One invocation of process")
+        self._actions = meter.create_counter(ACTIONS, unit="{action}", description="Actions taken, by kind")
+        self._refusals = meter.create_counter(REFUSALS, unit="{report}", description="Reports refused, by reason")
+        self._notice = meter.create_histogram(
+            NOTICE_TO_ACTION, unit="s", description="From the agent seeing a notice to its drain or approval"
+        )
+        self._margin = meter.create_histogram(
+            NOT_BEFORE_MARGIN, unit="s", description="From a drain or approval to the event's NotBefore"
+        )
+        self._budget_wait = meter.create_histogram(
+            BUDGET_WAIT, unit="s", description="How long an event waited in a budget's line"
+        )
+        # Serialises span starts: `_GivenIds` is per thread, but a processor may start spans of its own.
+        self._lock = threading.Lock()
+
+    def invocation(self, report: InvocationReport) -> None:
+        self._span(report)
+        self._measure(report)
+
+    def shutdown(self) -> None:
+        """Export what is pending and stop (the worker is going away)."""
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+
+    def _span(self, report: InvocationReport) -> None:
+        own = report.trace
+        attributes = {ATTRIBUTE_PREFIX + name: value for name, value in report.attributes().items()}
+        if report.error:
+            attributes["error.type"] = report.error
+        with self._lock:
+            self._ids.give(
+                int(own.trace_id, 16) if own is not None else None, int(own.span_id, 16) if own is not None else None
+            )
+            span = self._tracer.start_span(
+                SPAN_NAME,
+                context=_parent(own, report.parent_span_id),
+                kind=SpanKind.CONSUMER,
+                attributes=attributes,
+                start_time=_nanoseconds(report.started),
+            )
+            self._ids.give(None, None)  # a span the sampler dropped took none of them
+        for action in report.actions:
+            span.add_event(
+                f"{ATTRIBUTE_PREFIX}{action.action}",
+                {f"{ATTRIBUTE_PREFIX}action": action.action},
+                timestamp=_nanoseconds(action.taken_at),
+            )
+        if report.result == FAILED:
+            span.set_status(Status(StatusCode.ERROR, report.error))
+        span.end(end_time=_nanoseconds(report.ended or report.started))
+
+    def _measure(self, report: InvocationReport) -> None:
+        self._duration.record(report.seconds, {"result": report.result})
+        if report.refusal:
+            self._refusals.add(1, {"reason": report.refusal})
+        for action in report.actions:
+            self._actions.add(1, {"action": action.action})
+            if action.action not in NOTICED_ACTIONS:
+                continue
+            labels = {"action": action.action}
+            self._notice.record(max(0.0, (action.taken_at - action.noticed_at).total_seconds()), labels)
+            if action.not_before is not None:
+                # Negative when the action came after NotBefore: the platform may have gone ahead.
+                self._margin.record((action.not_before - action.taken_at).total_seconds(), labels)
+        for waited in report.budget_waits:
+            self._budget_wait.record(waited)
+
+
+def _parent(own: TraceContext | None, parent_span_id: str | None) -> Context:
+    """The context a span starts in: the envelope's span as a remote parent, or none (a root span,
+    of the trace the functions started, or of one the SDK picks when no envelope was read)."""
+    if own is None or parent_span_id is None:
+        return Context()
+    remote = SpanContext(
+        trace_id=int(own.trace_id, 16),
+        span_id=int(parent_span_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(own.flags, 16)),
+        # already checked to be W3C's form by wire.tracecontext; the SDK checks it again
+        trace_state=TraceState.from_header([own.tracestate]) if own.tracestate else None,
+    )
+    return trace.set_span_in_context(NonRecordingSpan(remote), Context())
+
+
+def _nanoseconds(moment: datetime) -> int:
+    """Nanoseconds since the epoch, in integers: a float of them loses the microseconds."""
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
