@@ -19,7 +19,8 @@ from cryptography import x509
 from functions.central.event_grid import AzureScope
 from functions.core.policy import TRUST_ATTESTED, Policy, load_policy
 from functions.notify import WebhookConfig, WebhookConfigError, webhook_config
-from functions.telemetry import AZURE_MONITOR, OFF, TELEMETRY, telemetry_setting
+from functions.telemetry import AZURE_MONITOR, OFF, telemetry_setting
+from functions.telemetry import TELEMETRY as TELEMETRY
 from functions.trust.azure_attested import (
     DEFAULT_SIGNER_NAMES,
     AttestationError,
