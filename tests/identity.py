@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
 from agent.proofs import AzureAttestedProver, GceIdentityProver
 from agent.sources.azure.client import AzureImdsClient
 from agent.sources.gce.client import GceMetadataClient
@@ -56,3 +59,14 @@ def proven_by_metadata(cloud: Cloud, url: str, body: bytes) -> bytes:
         return GceIdentityProver(gce, DEFAULT_AUDIENCE).prove(body)
     finally:
         gce.close()
+
+
+def microsoft_name(common_name: str) -> x509.Name:
+    """An issuer name as Microsoft's issuing CAs carry it (what a forger puts in its signer certificate)."""
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.COUNTRY_NAME, "US"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Microsoft Corporation"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )

@@ -64,15 +64,20 @@ def _standalone(subscription_id: str, name: str) -> str:
 
 
 def verifier_from_trust(
-    document: Mapping[str, Any], *, nonce_of: Callable[[bytes], str] = session_nonce
+    document: Mapping[str, Any],
+    *,
+    nonce_of: Callable[[bytes], str] = session_nonce,
+    fetch_issuer: Callable[[str], bytes] | None = None,
 ) -> CloudVerifier:
     """The verifier a trust file describes. `nonce_of` (the Azure key → nonce rule) is for drills that
-    simulate a ground key without grinding one."""
+    simulate a ground key without grinding one. `fetch_issuer` (url → the certificate there) lets the
+    Azure verifier fetch a signer's issuing CA from its caIssuers URL (off by default: a trust file
+    names the intermediates it needs)."""
     if document.get("format") != FORMAT:
         raise TrustFileError(f"not a trust file: its format must be {FORMAT!r}, got {document.get('format')!r}")
     azure, gce = document.get("azure"), document.get("gce")
     return CloudVerifier(
-        azure=None if azure is None else _azure(_section(azure, "azure"), nonce_of),
+        azure=None if azure is None else _azure(_section(azure, "azure"), nonce_of, fetch_issuer),
         gce=None if gce is None else _gce(_section(gce, "gce")),
     )
 
@@ -87,7 +92,9 @@ def load_trust_file(path: str | Path) -> CloudVerifier:
     return verifier_from_trust(document)
 
 
-def _azure(section: Mapping[str, Any], nonce_of: Callable[[bytes], str]) -> AzureAttestedVerifier:
+def _azure(
+    section: Mapping[str, Any], nonce_of: Callable[[bytes], str], fetch_issuer: Callable[[str], bytes] | None
+) -> AzureAttestedVerifier:
     vms = section.get("vms")
     if not isinstance(vms, dict) or not all(isinstance(k, str) and _vm_entry(v) for k, v in vms.items()):
         raise TrustFileError('azure.vms must map each vmId to its VM name, or to {"name": ..., "resource_id": ...}')
@@ -98,6 +105,7 @@ def _azure(section: Mapping[str, Any], nonce_of: Callable[[bytes], str]) -> Azur
         subscriptions=_names(section["subscriptions"], "azure.subscriptions") if "subscriptions" in section else None,
         directory=MappedVms(vms),
         nonce_of=nonce_of,
+        fetch_issuer=fetch_issuer,
     )
 
 

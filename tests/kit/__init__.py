@@ -4,6 +4,7 @@
 - `RecordingSender`: the CommandSender port
 - `FakeBalancer`: the LoadBalancer port (pools in memory, the local pool's contract)
 - `RecordingReadiness`: the agent's readiness
+- `RecordingWebhook`: the webhook port of the notifier (functions/notify/webhook.py)
 - `Killed`: a crash (a BaseException) for a hook to raise where an invocation dies
 
 A fake fails, slows or crashes where a test says through its hooks (`fail`, `on`), instead of a
@@ -15,5 +16,6 @@ from tests.kit.clock import FakeClock
 from tests.kit.commands import RecordingSender
 from tests.kit.crash import Killed
 from tests.kit.readiness import RecordingReadiness
+from tests.kit.webhook import RecordingWebhook
 
-__all__ = ["FakeBalancer", "FakeClock", "Killed", "RecordingReadiness", "RecordingSender"]
+__all__ = ["FakeBalancer", "FakeClock", "Killed", "RecordingReadiness", "RecordingSender", "RecordingWebhook"]

@@ -16,8 +16,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.x509.oid import NameOID
 
 from agent.proofs import AzureAttestedProver
 from functions.azure_app import wiring
@@ -27,6 +25,7 @@ from functions.trust.verifiers import AzureAttestedVerifier, VmRecord
 from simulator.attestation import AttestationAuthority
 from tests.factories import azure_event
 from tests.fixtures import FIXTURES
+from tests.identity import microsoft_name
 from wire.envelope import decode, encode, envelope_for_event
 from wire.errors import RetryableError
 from wire.identity import UnverifiedError
@@ -36,17 +35,6 @@ NOW = datetime(2026, 1, 15, 12, 0, 0, tzinfo=timezone.utc)
 VM_ID = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 SUBSCRIPTION = "8d10da13-8125-4ba9-a717-bf7490507b3d"
 STORM = 20
-
-
-def microsoft_name(common_name: str) -> x509.Name:
-    """An issuer name as Microsoft's issuing CAs carry it."""
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.COUNTRY_NAME, "US"),
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Microsoft Corporation"),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
 
 
 class Answer:

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import pytest
 
@@ -19,9 +18,8 @@ from functions.core.ports import AuditRecord
 from functions.core.process import Deps, process
 from functions.local_app.store import SqliteStore
 from functions.notify import WebhookNotifier
-from functions.notify.webhook import Delivery, WebhookClient
 from tests.factories import azure_event
-from tests.kit import FakeBalancer, FakeClock, RecordingSender
+from tests.kit import FakeBalancer, FakeClock, RecordingSender, RecordingWebhook
 from wire.envelope import Envelope, encode, envelope_for_event
 from wire.identity import Identity, UnverifiedError
 from wire.model import EventKind, EventStatus, MaintenanceEvent
@@ -196,29 +194,6 @@ def test_held_refusals_ask_for_a_wake_up_when_their_summary_falls_due(setup: Set
 # ---------------------------------------------------------------- a flood, through process() and the webhook
 
 
-class GatedClient(WebhookClient):
-    """A webhook that takes nothing until the test opens the gate, then takes everything."""
-
-    def __init__(self) -> None:
-        super().__init__("http://127.0.0.1/hook")
-        self.gate = threading.Event()
-        self.lock = threading.Lock()
-        self.bodies: list[dict[str, Any]] = []
-
-    def twin(self) -> WebhookClient:
-        return self  # one gate and one record of what came, for both queues
-
-    def post(self, body: bytes) -> Delivery:
-        assert self.gate.wait(60), "the test never opened the gate"
-        with self.lock:
-            self.bodies.append(json.loads(body))
-        return Delivery(True, 1, 0.0, "HTTP 200")
-
-    def texts(self) -> list[str]:
-        with self.lock:
-            return [body["text"] for body in self.bodies]
-
-
 class ProofOnlyFor:
     """A verifier that vouches for the VMs it is given and for no one else."""
 
@@ -247,7 +222,7 @@ def report(reporter: str, status: EventStatus, description: str = "") -> Mainten
 def test_a_flood_of_unverified_reports_never_pushes_out_a_genuine_notice() -> None:
     # GIVEN the webhook notifier as the apps wire it, in front of a webhook that takes nothing yet
     # (so every notice waits in its queue), and a clock that moves only when told
-    store, clock, client = SqliteStore(":memory:"), FakeClock(NOW), GatedClient()
+    store, clock, client = SqliteStore(":memory:"), FakeClock(NOW), RecordingWebhook(threading.Event())
     notifier = WebhookNotifier(client)
     audit = NotifyingAuditLog(store, notifier, cloud="azure", monotonic=clock.monotonic)
     deps = Deps(
@@ -267,6 +242,7 @@ def test_a_flood_of_unverified_reports_never_pushes_out_a_genuine_notice() -> No
         assert process(encode(envelope_for_event(forged, NOW)), deps, NOW).result == "unverified"
     process(encode(envelope_for_event(report("web-0", EventStatus.COMPLETED), NOW)), deps, NOW)
     # AND the webhook takes what waits
+    assert client.gate is not None
     client.gate.set()
     assert notifier.settle(60.0)
     # THEN every genuine notice went out, in order, none dropped; of the refusals one summary so far
