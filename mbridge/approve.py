@@ -8,6 +8,12 @@ on the events channel. Exit codes: 0 accepted, 1 rejected (the reason is printed
 as a usage error of the command line, told apart by its one line `mbridge approve: <setting> (...)`.
 `--no-wait` (wait=None) prints the command_id and returns 0 once the bus accepted the command.
 
+A command carries a trace only when the operator gives one (`trace`, `--trace`): a new span of that
+trace, inside the signed body as the functions send it. This command has no audit log to look the
+event's trace up in, and cannot know whether the target's agent reads trace fields (an agent older
+than traces refuses a command with a field it does not know; the functions send one only to an
+agent whose report carried a trace context): so without `--trace` it sends none.
+
 A result counts only when its proof of identity is the target VM's (`verifier`): any VM may publish
 on the events channel, and a forged "accepted" would tell the operator an approval happened that
 did not. Results without such a proof are printed as ignored, and the wait goes on. Without a
@@ -26,6 +32,7 @@ from wire.errors import BridgeError, MalformedEnvelopeError
 from wire.identity import IdentityVerifier, UnverifiedError
 from wire.model import Cloud, CommandResult
 from wire.timefmt import format_rfc3339
+from wire.tracecontext import new_trace
 from wire.transports.base import CommandSender, OutboundMessage, ResultReader
 
 if TYPE_CHECKING:
@@ -55,9 +62,11 @@ def run_approve(
     verifier: IdentityVerifier | None,
     clock: Clock,
     out: TextIO,
+    trace: str | None = None,
 ) -> int:
     """Send one approve command and report its outcome; returns the exit code. `verifier` None
-    takes results without checking who sent them (unsafe)."""
+    takes results without checking who sent them (unsafe); `trace` (a trace id) the trace the
+    command is a span of (None: it carries none)."""
     if cloud is Cloud.GCE:
         print(
             "GCE has no in-VM approval: its 'start now' is instances.performMaintenance "
@@ -65,7 +74,13 @@ def run_approve(
             file=out,
         )
         return EXIT_REJECTED
-    command = new_command(CommandType.APPROVE, target=target, event_id=event_id, issued_at=clock.now())
+    command = new_command(
+        CommandType.APPROVE,
+        target=target,
+        event_id=event_id,
+        issued_at=clock.now(),
+        trace=new_trace(trace) if trace is not None else None,
+    )
     if signing_key is not None:
         from wire.signing import sign_command
 
@@ -80,7 +95,8 @@ def run_approve(
         return EXIT_ACCEPTED
     print(
         f"sent approve command {command.command_id} for event {event_id} to {target} "
-        f"({'signed' if command.signature else 'unsigned'}, expires {format_rfc3339(command.expires_at)})",
+        f"({'signed' if command.signature else 'unsigned'}, expires {format_rfc3339(command.expires_at)}"
+        f"{f', trace {trace}' if trace is not None else ''})",
         file=out,
     )
     if reader is None:

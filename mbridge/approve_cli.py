@@ -27,6 +27,7 @@ from agent.config import (
 )
 from agent.timing import SystemClock
 from mbridge.approve import EXIT_CONFIG, EXIT_NO_ANSWER, run_approve
+from mbridge.trace_flag import trace_id
 from wire.errors import BridgeError
 from wire.identity import IdentityVerifier
 from wire.model import Cloud
@@ -79,6 +80,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "2 no answer (or a configuration error, before anything is sent)",
     )
     waiting.add_argument("--no-wait", action="store_true", help="return once the bus accepted the command")
+    parser.add_argument(
+        "--trace",
+        type=trace_id,
+        default=None,
+        help="the event's trace id (its audit records' trace_id): the command carries a new span of it. Only for an "
+        "agent that reads traces (its log lines carry trace_id); an older agent rejects the command. Default: none",
+    )
     parser.add_argument(
         "--signing-key",
         default=env("MBRIDGE_SIGNING_KEY"),
@@ -162,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             verifier=verifier,
             clock=SystemClock(),
             out=sys.stdout,
+            trace=args.trace,
         )
     finally:
         operator.close()

@@ -7,6 +7,9 @@ The same command reads the three audit logs the function apps write:
     mbridge audit list --table-endpoint https://ACCOUNT.table.core.windows.net --vm web-0   # Azure
     mbridge audit list --firestore-project my-project --event 5DD55B64-...                  # Google Cloud
 
+`--trace` is one maintenance of one VM: the records with that trace id (`trace_id`), with `--vm`
+and `--event` applied to them; the log is asked for the trace alone (docs/operations.md).
+
 `--vm` is the VM's whole story: every record that names it (functions.core.audit_codec.names),
 also those filed under another VM, such as a report a compromised VM sent about it.
 
@@ -37,9 +40,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.config import default_state_dir, env
-from functions.core.audit_codec import also_named
+from functions.core.audit_codec import also_named, names
 from functions.core.ports import AuditRecord
 from mbridge.text_table import aligned, cell, short_id, width
+from mbridge.trace_flag import trace_id
 from wire.errors import BridgeError
 from wire.timefmt import format_rfc3339
 
@@ -63,6 +67,10 @@ class AuditReader(Protocol):
         """The records from `since` on, oldest first, at most `most` (`mbridge fleet`)."""
         ...
 
+    def query_trace(self, trace_id: str) -> Sequence[AuditRecord]:
+        """The records of one trace, oldest first (`--trace`)."""
+        ...
+
 
 class SourceError(Exception):
     """The chosen audit log cannot be opened; the message says what to pass."""
@@ -82,6 +90,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--vm", help="only the records that name this VM: filed under it, or naming it (a report about several VMs)"
     )
     listing.add_argument("--event", help="only records of this event id (case-insensitive)")
+    listing.add_argument(
+        "--trace",
+        type=trace_id,
+        help="only the records of this trace: one maintenance of one VM (32 lowercase hex, a record's trace_id)",
+    )
     listing.add_argument(
         "--format",
         choices=(TABLE, JSON),
@@ -143,6 +156,8 @@ def audit_line(record: AuditRecord) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     def read(reader: AuditReader) -> Sequence[AuditRecord]:
+        if args.trace is not None:
+            return of_trace(reader, args.trace, vm=args.vm, event_id=args.event)
         if args.vm is None:
             return reader.query(event_id=args.event)
         return reader.query_naming(args.vm, event_id=args.event)
@@ -151,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if records is None:
         return 2
     if not records:
-        print(f"mbridge audit: {nothing_found(args.vm, args.event)}", file=sys.stderr)
+        print(f"mbridge audit: {nothing_found(args.vm, args.event, args.trace)}", file=sys.stderr)
         return NO_RECORD
     terminal = sys.stdout.isatty()
     if (args.format or (TABLE if terminal else JSON)) == JSON:
@@ -163,8 +178,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def nothing_found(vm: str | None, event_id: str | None) -> str:
+def of_trace(reader: AuditReader, trace: str, *, vm: str | None, event_id: str | None) -> Sequence[AuditRecord]:
+    """The records of one trace; of those, the ones that name `vm` and are of `event_id` when given.
+    The log is asked for the trace alone (its records are one maintenance of one VM, a few dozen);
+    the other filters are applied here."""
+    return [
+        record
+        for record in reader.query_trace(trace)
+        if (vm is None or names(record, vm)) and (event_id is None or record.event_id.lower() == event_id.lower())
+    ]
+
+
+def nothing_found(vm: str | None, event_id: str | None, trace: str | None = None) -> str:
     """What stderr says when no record matches."""
+    if trace is not None:
+        of_event = f" of event {event_id!r}" if event_id is not None else ""
+        naming = f" names VM {vm!r}" if vm is not None else ""
+        return f"no audit record of trace {trace}{of_event}{naming}"
     if vm is not None and event_id is not None:
         return f"no audit record of event {event_id!r} names VM {vm!r}"
     if vm is not None:

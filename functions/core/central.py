@@ -18,6 +18,14 @@ be of VMs in the deployment's scope; this module acts on them:
   (logged with `alert=agent-silent`, notified), and with policy `silent_agents: drain` takes the VM
   out of its pools on the centre's word. Never an approval from there: that is the agent's (Azure
   would start the event for every VM it names, docs/security.md).
+- **One trace per event and VM.** A report from the centre is a span of the trace the event's
+  records of that VM already have (`event_trace`): the agent's report's when the agent reported it
+  first, else that of the centre's first report of it; none yet, it starts one. The agent's trace
+  wins: a centre's report after the agent's joins it, while an agent's report after the centre's
+  keeps the trace its envelope carries (the agent started it, and its commands carry it), so the
+  centre's records before it stay in the centre's trace. A report matched by time has an id of its
+  own and finds none. Its commands (a drain through /readyz) carry no trace: the centre's word is
+  not the agent's, which may be too old to read one.
 """
 
 from __future__ import annotations
@@ -34,10 +42,11 @@ from functions.core.lifecycle import ENDING, act, recall_end
 from functions.core.log_fields import event_fields
 from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord, Claim, Result
 from functions.core.process import ClaimBusyError
-from wire.envelope import envelope_for_event
+from wire.envelope import Envelope, envelope_for_event
 from wire.errors import PermanentError
 from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
 from wire.timefmt import format_rfc3339, parse_rfc3339
+from wire.tracecontext import TraceContext, is_trace_id, new_trace
 
 LOGGER = logging.getLogger("mbridge.functions.central")
 
@@ -188,8 +197,7 @@ def _part(report: CentralReport, vm: str, deps: Deps, now: datetime, quiet_repea
         return Outcome(envelope.id, Result.DUPLICATE)
     if claim is Claim.BUSY:
         raise ClaimBusyError(f"the {report.source} report of {event.event_id} for {vm} is being processed; retry later")
-    run = Invocation(deps, now, envelope, event, Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic()))
-    run.drain_only = True
+    run = _on_centres_word(deps, now, envelope, event)
     run.path = f"{SENDER_PREFIX}{report.source}"
 
     def steps() -> None:
@@ -206,6 +214,17 @@ def _part(report: CentralReport, vm: str, deps: Deps, now: datetime, quiet_repea
             _watch(run, report, vm)
 
     return run.carry_through(key, steps)
+
+
+def _on_centres_word(deps: Deps, now: datetime, envelope: Envelope, event: MaintenanceEvent) -> Invocation:
+    """The invocation of a VM's part on the control plane's word: drains and restores only, in the
+    trace the event's records of the VM already have (`event_trace`)."""
+    outcome = Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic())
+    trace = event_trace(deps.audit, event.reporter, event.event_id)
+    run = Invocation(deps, now, envelope, event, outcome, trace=trace)
+    outcome.trace_id = run.trace_id
+    run.drain_only = True
+    return run
 
 
 def _watch(run: Invocation, report: CentralReport, vm: str) -> None:
@@ -257,6 +276,14 @@ def agent_reported(audit: AuditLog, vm: str, report: CentralReport) -> bool:
     )
 
 
+def event_trace(audit: AuditLog, vm: str, event_id: str) -> TraceContext | None:
+    """A new span of the trace the event's records of `vm` have: the agent's report's, else the
+    first record's that has one (the centre's earlier report); None when no record has a trace."""
+    records = [record for record in audit.query(vm=vm, event_id=event_id) if is_trace_id(record.trace_id)]
+    chosen = next((record for record in records if _from_agent(record)), records[0] if records else None)
+    return new_trace(chosen.trace_id) if chosen is not None else None
+
+
 def _from_agent(record: AuditRecord) -> bool:
     return record.kind == AuditKind.EVENT and not str(record.detail.get("sender", "")).startswith(SENDER_PREFIX)
 
@@ -268,8 +295,7 @@ def _silent(report: CentralReport, vm: str, deps: Deps, now: datetime, since: da
     claim = deps.store.claim(key, now, CLAIM_LEASE)
     if claim is not Claim.CLAIMED:
         return Outcome(envelope.id, Result.DUPLICATE)  # found by another sweep
-    run = Invocation(deps, now, envelope, event, Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic()))
-    run.drain_only = True
+    run = _on_centres_word(deps, now, envelope, event)
     waited = (now - since).total_seconds()
     reason = (
         f"the control plane ({report.source}) reported {event.kind.value} {event.event_id} {event.status.value} "

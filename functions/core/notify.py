@@ -55,6 +55,7 @@ PLACEHOLDERS: Mapping[str, str] = {
     "cloud": "azure or gce",
     "time": "when the record was written, RFC 3339 UTC",
     "at": "an approval's execute_at, RFC 3339 UTC (empty when it runs at once)",
+    "trace_id": "the W3C trace id of the maintenance (empty when the record has none)",
 }
 
 # Slack's incoming webhooks and Teams' Incoming Webhook connector both post a body's "text".
@@ -408,6 +409,7 @@ def notice_values(record: AuditRecord, cloud: str = "") -> dict[str, str]:
         "cloud": str(detail.get("cloud", "") or cloud),
         "time": format_rfc3339(record.time),
         "at": format_rfc3339(record.at) if record.at else "",
+        "trace_id": record.trace_id,
     }
     values["summary"] = bounded(_summary(values))
     # Last, and once: the headline is ours, but it quotes the record (an entity escaped twice would

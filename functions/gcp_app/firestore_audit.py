@@ -108,6 +108,16 @@ class FirestoreAuditLog:
         snapshots.sort(key=lambda snapshot: (snapshot.get("recorded_at"), snapshot.id))
         return [_audit_record(snapshot.to_dict() or {}) for snapshot in snapshots]
 
+    def query_trace(self, trace_id: str) -> Sequence[AuditRecord]:
+        """The records of one trace, oldest first (`mbridge audit list --trace`): served by the
+        single-field index Firestore keeps on `trace_id` by itself (no composite index, so no
+        `order_by`: the few records of one trace are put in order here, as `query_naming` does)."""
+        query = self._collection.where(filter=firestore.FieldFilter("trace_id", "==", trace_id))
+        with firestore_errors(self._database, "query the audit log"):
+            snapshots = list(query.stream())
+        snapshots.sort(key=lambda snapshot: (snapshot.get("recorded_at"), snapshot.id))
+        return [_audit_record(snapshot.to_dict() or {}) for snapshot in snapshots]
+
     def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
         """The records written from `since` on (by `recorded_at`, the commit time), oldest first, at most
         `most` of them: a view of the whole log that reads only what it shows (`mbridge fleet`). By

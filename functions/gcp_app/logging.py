@@ -13,6 +13,13 @@ The structured fields of functions.core.log_fields (`event_id`, `vm`, `command_i
 `extra`, as the function core does) become both top-level keys of the line (`jsonPayload.event_id`,
 as in the agent's lines) and labels (`labels.event_id`, indexed).
 
+A line with a `trace_id` (a field or a label: every line about a maintenance) also carries
+`logging.googleapis.com/trace` = `projects/<project>/traces/<trace id>`, the project being the
+function's own (`MBRIDGE_GCP_PROJECT`, else `GOOGLE_CLOUD_PROJECT`: where the telemetry exporter
+writes the trace too): Cloud Logging files the entry under that trace, and Cloud Trace shows it
+beside the trace's spans. No `logging.googleapis.com/spanId`: a line knows the maintenance's trace,
+not the span of the invocation that logs it (that span is the telemetry exporter's).
+
 An exception's traceback goes into `message`, where Error Reporting finds it.
 """
 
@@ -28,12 +35,14 @@ from typing import Any
 
 from functions.core.log_fields import record_fields
 from wire.bounds import bounded
+from wire.tracecontext import is_trace_id
 
 ROOT_LOGGER = "mbridge"
 # A traceback keeps its frames, but not an exception message of any size (a log entry holds 256 KiB).
 MAX_TRACEBACK = 16 * 1024
 LABELS_KEY = "logging.googleapis.com/labels"
 SOURCE_KEY = "logging.googleapis.com/sourceLocation"
+TRACE_KEY = "logging.googleapis.com/trace"
 _SEVERITY = {
     logging.DEBUG: "DEBUG",
     logging.INFO: "INFO",
@@ -51,8 +60,9 @@ def severity(levelno: int) -> str:
     return "DEFAULT"
 
 
-def structured(record: logging.LogRecord) -> dict[str, Any]:
-    """The JSON object of one log record."""
+def structured(record: logging.LogRecord, project: str | None = None) -> dict[str, Any]:
+    """The JSON object of one log record; with `project`, a line of a trace names it as Cloud Logging
+    links it (`TRACE_KEY`)."""
     message = bounded(record.getMessage())
     if record.exc_info:
         trace = "".join(traceback.format_exception(*record.exc_info)).rstrip()
@@ -77,6 +87,9 @@ def structured(record: logging.LogRecord) -> dict[str, Any]:
             SOURCE_KEY: {"file": record.pathname, "line": str(record.lineno), "function": record.funcName},
         }
     )
+    trace_id = structured_fields.get("trace_id") or labels.get("trace_id")  # the outcome line's is a label
+    if project and is_trace_id(trace_id):
+        entry[TRACE_KEY] = f"projects/{project}/traces/{trace_id}"
     return entry
 
 
@@ -87,26 +100,34 @@ class StructuredHandler(logging.Handler):
     framework may swap sys.stdout after this handler is installed.
     """
 
+    def __init__(self, project: str | None = None) -> None:
+        super().__init__()
+        self.project = project
+
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = json.dumps(structured(record), ensure_ascii=False, default=str)
+            line = json.dumps(structured(record, self.project), ensure_ascii=False, default=str)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
         except Exception:  # a log line must never fail the invocation
             self.handleError(record)
 
 
-def configure(level: str = "INFO", logger_name: str = ROOT_LOGGER) -> logging.Logger:
+def configure(level: str = "INFO", logger_name: str = ROOT_LOGGER, project: str | None = None) -> logging.Logger:
     """Send this project's records (`mbridge.*`) as structured lines, once per process; a later
-    call only changes the level.
+    call only changes the level and the Google Cloud project the lines' traces are of (None: lines
+    name no trace).
 
     Only our namespace is configured, and it stops propagating: the functions framework may
     configure the root logger itself (plain lines, execution ids), and each record must appear
     once. Library loggers keep the root configuration.
     """
     logger = logging.getLogger(logger_name)
-    if not any(isinstance(handler, StructuredHandler) for handler in logger.handlers):
-        logger.addHandler(StructuredHandler())
+    handlers = [handler for handler in logger.handlers if isinstance(handler, StructuredHandler)]
+    if not handlers:
+        logger.addHandler(StructuredHandler(project))
+    for handler in handlers:
+        handler.project = project
     logger.setLevel(level)
     logger.propagate = False
     return logger

@@ -306,7 +306,7 @@ def deps() -> Deps:
     with _lock:
         if _built is None:
             settings = Settings.from_env()
-            logs.configure(settings.log_level)
+            logs.configure(settings.log_level, project=settings.project)
             _built = build_deps(settings)
             LOG.info(
                 "wired: project %s, Firestore database %s, commands topic %s (%d shards), instance groups %s, "

@@ -412,6 +412,16 @@ class SqliteStore:
             rows = self._db.execute(sql + " ORDER BY seq", params).fetchall()
         return [audit_record(dict(zip(AUDIT_FIELDS, row))) for row in rows]
 
+    def query_trace(self, trace_id: str) -> Sequence[AuditRecord]:
+        """The records of one trace (`trace_id`), oldest first (`mbridge audit list --trace`). No index
+        serves it: SQLite reads the whole local table, which stays small."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE trace_id = ? ORDER BY seq",  # noqa: S608 (fixed names only)
+                (trace_id,),
+            ).fetchall()
+        return [audit_record(dict(zip(AUDIT_FIELDS, row))) for row in rows]
+
     def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
         """The records from `since` on (by their `time`), oldest first, at most `most` of them: a view of
         the whole log that reads only what it shows (`mbridge fleet`)."""

@@ -24,11 +24,14 @@ from datetime import datetime, timedelta, timezone
 from typing import TextIO
 
 from mbridge.demo.play import Result, Verdict
-from mbridge.demo.timeline import STAGES, EventTimeline
+from mbridge.demo.timeline import LIVE_STAGES, STAGES, EventTimeline
 from wire.version import version
 
 # Red is for what went wrong, and the one thing the chart shows going wrong is a refused report:
 # "started" is the maintenance taking place as planned, drawn in a neutral grey.
+# A live line's stage column: as wide as the longest stage, so that every line's detail starts in
+# the same column.
+STAGE_WIDTH = max(len(stage) for stage in LIVE_STAGES)
 COLOURS = {
     "detected": "#4e79a7",
     "published": "#76b7b2",
@@ -82,7 +85,7 @@ class LiveLines:
     def stage(self, timeline: EventTimeline, stage: str, detail: str, when: datetime) -> None:
         elapsed = timeline.ms_since_injection(when)
         since = f"  (+{elapsed:,.0f} ms)" if elapsed is not None and stage != "injected" else ""
-        self.say(f"  {timeline.key:<18} {stage:<13} {detail}{since}", when)
+        self.say(f"  {timeline.key:<18} {stage:<{STAGE_WIDTH}} {detail}{since}", when)
 
     def flush(self, everything: bool = False) -> None:
         due = self._now() - timedelta(seconds=self.hold)

@@ -31,6 +31,18 @@ from wire.model import Cloud, EventKind, EventStatus, MaintenanceEvent
 from wire.timefmt import parse_rfc3339
 
 STAGES = ("detected", "published", "decided", "drained", "approved", "started", "completed", "restored")
+# Every stage a live line names (mbridge.demo.report.LiveLines.stage): the summary's, and those only
+# told as they happen. The live lines pad a stage to the longest of these.
+LIVE_STAGES = (
+    "injected",
+    *STAGES,
+    "approval sent",
+    "reported centrally",
+    "silent",
+    "refused",
+    "forged",
+    "deleted",
+)
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,29 @@ def test_a_vm_s_records_are_every_record_that_names_it_wherever_it_is_filed(back
     assert list(reader.query(vm="web-0")) == [written[0], written[4]]
 
 
+def test_a_trace_s_records_come_oldest_first_and_no_other(backend: Backend) -> None:
+    # GIVEN the records of two traces on two VMs, interleaved, and records of no trace
+    one, two = "4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c"
+    written = [
+        record("event", "web-0", "E-ONE", trace_id=one),
+        record("event", "web-1", "E-TWO", trace_id=two),
+        record("event", "web-2", "E-OLD"),
+        record("decision", "web-0", "E-ONE", rule="5-azure-scheduled", trace_id=one),
+        record("action", "web-1", "E-TWO", action="drain", trace_id=two),
+        record("action", "web-0", "E-ONE", action="approve", trace_id=one),
+    ]
+    backend.audit.append_all(written[:3])
+    for entry in written[3:]:
+        backend.audit.append(entry)
+    reader = _reader(backend)
+
+    # WHEN one trace's records are read
+    # THEN they are those of that trace, in the order written; a trace no record has finds none
+    assert list(reader.query_trace(one)) == [written[0], written[3], written[5]]
+    assert list(reader.query_trace(two)) == [written[1], written[4]]
+    assert list(reader.query_trace("1" * 32)) == []
+
+
 def _written_now(kind: str, vm: str, event_id: str, **fields: Any) -> AuditRecord:
     """A record of the present moment: a query since a time is by when it was written (Firestore's
     commit time) or its own `time` (SQLite, Table Storage), and here they agree."""

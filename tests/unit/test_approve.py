@@ -89,6 +89,7 @@ def run(
     signing_key: Ed25519PrivateKey | None = None,
     cloud: Cloud = Cloud.AZURE,
     verifier: IdentityVerifier | None = None,
+    trace: str | None = None,
 ) -> int:
     return run_approve(
         event_id=EVENT_ID,
@@ -101,6 +102,7 @@ def run(
         verifier=verifier if verifier is not None else ProofsOfTest(),
         clock=clock,
         out=out,
+        trace=trace,
     )
 
 
@@ -149,6 +151,42 @@ def test_a_signing_key_signs_the_command(sender: FakeSender, clock: FakeClock, o
     received = decode_command(sender.sent[0].body)
     assert received.command.signature is not None
     verify(received.canonical, received.command.signature, load_public_key(public_pem))
+
+
+def test_a_command_carries_the_trace_the_operator_gives_and_none_without(
+    sender: FakeSender, clock: FakeClock, out: io.StringIO
+) -> None:
+    # GIVEN the event's trace id, as its audit records show it, and the operator's signing key
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    private_pem, public_pem = generate_keypair()
+
+    # WHEN approve runs with the trace, then without
+    run(sender, clock, out, reader=None, wait=None, signing_key=load_private_key(private_pem), trace=trace_id)
+    run(sender, clock, out, reader=None, wait=None)
+
+    # THEN the first command is a new span of that trace, inside the signed body; the second has none
+    traced, untraced = (decode_command(message.body) for message in sender.sent)
+    assert traced.command.trace is not None
+    assert traced.command.trace.trace_id == trace_id
+    assert len(traced.command.trace.span_id) == 16
+    assert traced.trace_problem is None
+    assert traced.command.signature is not None
+    verify(traced.canonical, traced.command.signature, load_public_key(public_pem))
+    assert untraced.command.trace is None
+    assert b"traceparent" not in sender.sent[1].body
+
+
+@pytest.mark.parametrize(
+    "wrong", ["4BF92F3577B34DA6A3CE929D0E0E4736", "0" * 32, "abc", "00-" + "1" * 32 + "-" + "2" * 16 + "-01"]
+)
+def test_a_trace_flag_that_is_no_trace_id_is_a_usage_error(wrong: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    approve_cli.configure(parser)
+    assert parser.parse_args(["--event-id", EVENT_ID, "--target", VM]).trace is None
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--event-id", EVENT_ID, "--target", VM, "--trace", wrong])
+    assert exited.value.code == 2
+    assert "is not a trace id" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("accepted", "code"), [(True, 0), (False, 1)])

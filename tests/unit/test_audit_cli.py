@@ -225,3 +225,39 @@ def test_hostile_values_never_break_the_table(logged: tuple[World, list[str]], m
     assert all(char.isprintable() for line in table for char in line)
     assert "evil\\x1b[2J\\x0aline\\x0d" in table[1]
     assert max(width(line) for line in table) <= 100
+
+
+def test_a_trace_lists_its_own_records_and_a_value_that_is_no_trace_id_is_refused(
+    logged: tuple[World, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    world, flags = logged
+    what_happened(world)
+    code, out, _ = audit_list([*flags, "--format", "json"], capsys)
+    everything = lines(out)
+    trace = everything[0]["trace_id"]
+    assert code == 0
+    assert trace
+
+    # WHEN the records of the first report's trace are asked for, alone and with a VM or event
+    code, out, err = audit_list([*flags, "--trace", trace, "--format", "json"], capsys)
+
+    # THEN they are exactly those with that trace id, oldest first
+    assert (code, err) == (0, "")
+    assert lines(out) == [line for line in everything if line["trace_id"] == trace]
+    assert {line["vm"] for line in lines(out)} == {"web-0"}
+    assert lines(audit_list([*flags, "--trace", trace, "--vm", "web-0", "--format", "json"], capsys)[1]) == lines(out)
+    # ... and with a VM or an event the trace's records do not name, nothing, said as for the others
+    code, out, err = audit_list([*flags, "--trace", trace, "--vm", "web-1"], capsys)
+    assert (code, out) == (NO_RECORD, "")
+    assert f"no audit record of trace {trace} names VM 'web-1'" in err
+    code, _, err = audit_list([*flags, "--trace", "1" * 32], capsys)
+    assert code == NO_RECORD
+    assert f"no audit record of trace {'1' * 32}" in err
+
+    # WHEN the value is not a trace id: upper case, too short, all zeros, a traceparent
+    for wrong in [trace.upper(), trace[:31], "0" * 32, f"00-{trace}-{'1' * 16}-01"]:
+        with pytest.raises(SystemExit) as exited:
+            main(["audit", "list", *flags, "--trace", wrong])
+        # THEN it is a usage error (2) that says what a trace id is
+        assert exited.value.code == 2
+        assert "is not a trace id: 32 lowercase hex digits, not all zeros" in capsys.readouterr().err

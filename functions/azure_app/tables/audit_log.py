@@ -90,6 +90,15 @@ class TableAuditLog:
         partition alone is `query(vm=...)`."""
         return [record for record in self.query(event_id=event_id) if names(record, vm)]
 
+    def query_trace(self, trace_id: str) -> Sequence[AuditRecord]:
+        """The records of one trace, oldest first (`mbridge audit list --trace`). Table Storage has no
+        index on `trace_id`: the service scans the whole table, as for `query` by event, and returns
+        only the trace's records (a few dozen: one maintenance of one VM)."""
+        with table_errors(self._table.table_name, "query the audit log"):
+            rows = list(self._table.query_entities("trace_id eq @trace", parameters={"trace": trace_id}))
+        rows.sort(key=lambda row: int(row["written_ns"]))
+        return [audit_record(row) for row in rows]
+
     def query_since(self, since: datetime, *, most: int, vm: str | None = None) -> Sequence[AuditRecord]:
         """The records from `since` on (by their `time`), oldest first, at most `most` of them: a view of
         the whole log that reads only what it shows (`mbridge fleet`).

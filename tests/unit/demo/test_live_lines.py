@@ -7,12 +7,16 @@ the test's own."""
 from __future__ import annotations
 
 import io
+import re
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
+import mbridge.demo
 from mbridge.demo.report import LiveLines
-from mbridge.demo.timeline import EventTimeline
+from mbridge.demo.timeline import LIVE_STAGES, EventTimeline
 from wire.model import Cloud, EventKind
 
+DEMO = Path(mbridge.demo.__file__).parent
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
 
@@ -111,3 +115,36 @@ def test_a_line_learnt_after_its_hold_is_still_printed() -> None:
 
     lines = out.getvalue().splitlines()
     assert [line.split()[3] for line in lines] == ["restored", "completed"]
+
+
+def test_every_stage_s_detail_starts_in_the_same_column() -> None:
+    # GIVEN one live line of each stage, the longest ("reported centrally") among them
+    live, out, _ = narration(hold=0.0)
+    timeline = reboot()
+    for stage in LIVE_STAGES:
+        live.stage(timeline, stage, "DETAIL", at(1))
+    live.flush(everything=True)
+
+    # THEN each line has its stage after the flow, and its detail at one column, one space after the
+    # longest stage
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(LIVE_STAGES)
+    columns = {line.index("DETAIL") for line in lines}
+    assert len(columns) == 1
+    for line, stage in zip(lines, LIVE_STAGES):
+        assert line[: line.index("DETAIL")].rstrip().endswith(f"user-reboot        {stage}")
+    widest = max(LIVE_STAGES, key=len)
+    assert f"{widest} DETAIL" in lines[LIVE_STAGES.index(widest)]
+
+
+def test_every_stage_the_demo_tells_is_one_the_live_lines_align() -> None:
+    # GIVEN the demo's sources: every stage named where a line is told (a mark, a listener call, the play)
+    told = re.compile(r"(?:_mark|_on_stage|\.stage)\(\s*timeline,\s*\"([^\"]+)\"")
+    named = {
+        stage
+        for source in (DEMO / "timeline.py", DEMO / "play.py", DEMO / "report.py")
+        for stage in told.findall(source.read_text(encoding="utf-8"))
+    }
+    # THEN each is in LIVE_STAGES, whose longest sets the column (the search finds them all)
+    assert {"reported centrally", "approval sent", "injected", "deleted"} <= named
+    assert named <= set(LIVE_STAGES)

@@ -36,6 +36,7 @@ from tests.unit.functions.test_trust import opened
 from wire.commands import CommandType
 from wire.envelope import envelope_for_event
 from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
+from wire.tracecontext import TraceContext, new_trace
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 SET = ("web-0", "web-1", "web-2")
@@ -49,11 +50,12 @@ class World(AgentsWorld):
 
     outcomes: list[Outcome] = field(default_factory=list)
 
-    def agent(self, status: EventStatus, vm: str = "web-0") -> None:
-        """web-0's agent reports the step of the Reboot."""
+    def agent(self, status: EventStatus, vm: str = "web-0", trace: TraceContext | None = None) -> None:
+        """web-0's agent reports the step of the Reboot (in `trace`, as an agent of this version does)."""
         event = reboot(status, of=vm)
+        carried = trace.attributes() if trace is not None else None
         self.outcomes.append(
-            process(proven(envelope_for_event(event, self.clock.now()), vm), self.deps(), self.clock.now())
+            process(proven(envelope_for_event(event, self.clock.now(), carried), vm), self.deps(), self.clock.now())
         )
 
     def centre(self, status: EventStatus, source: str = EVENT_GRID, vms: tuple[str, ...] = ("web-0",)) -> None:
@@ -67,6 +69,14 @@ class World(AgentsWorld):
 
     def taken(self, action: ActionName) -> list[str]:
         return [taken.vm for outcome in self.outcomes for taken in outcome.actions if taken.action is action]
+
+    def traces(self, vm: str = "web-0") -> list[tuple[str, str, str]]:
+        """The sender, status and trace id of each report of the Reboot about `vm`, oldest first."""
+        return [
+            (str(record.detail.get("sender", "")), record.status, record.trace_id)
+            for record in self.store.query(vm=vm, event_id=EVENT_ID)
+            if record.kind == AuditKind.EVENT
+        ]
 
     def audited(self, kind: str) -> list[str]:
         return [record.vm for record in self.store.query() if record.kind == kind]
@@ -373,3 +383,58 @@ def test_a_report_matched_by_time_far_from_the_agents_notice_is_found_silent_and
     (record,) = [r for r in world.store.query() if r.kind == AuditKind.AGENT_SILENT]
     assert "not drained: the maintenance was already under way" in record.reason
     assert world.taken(ActionName.DRAIN) == ["web-0"]  # the agent's own Reboot, an hour ago, only
+
+
+# ---------------------------------------------------------------- one trace per event and VM
+
+
+def test_the_centres_report_joins_the_trace_of_the_agents_report_of_the_event(world: World) -> None:
+    # GIVEN web-0's agent reported the Reboot in its own trace, and web-1's agent without one
+    agents = new_trace()
+    world.agent(EventStatus.SCHEDULED, trace=agents)
+    world.agent(EventStatus.SCHEDULED, vm="web-1")
+    (web1_trace,) = {trace for _, _, trace in world.traces("web-1")}
+
+    # WHEN the control plane reports the event of both VMs, and its end
+    world.clock.advance(60)
+    world.centre(EventStatus.SCHEDULED, vms=("web-0", "web-1"))
+    world.clock.advance(600)
+    world.centre(EventStatus.COMPLETED, vms=("web-0", "web-1"))
+
+    # THEN every record of each VM's part is in that VM's trace: the agent's, or the one the functions
+    # started for the agent's report; the centre's outcomes say so too
+    assert {record.trace_id for record in world.store.query(vm="web-0", event_id=EVENT_ID)} == {agents.trace_id}
+    assert {record.trace_id for record in world.store.query(vm="web-1", event_id=EVENT_ID)} == {web1_trace}
+    assert [outcome.trace_id for outcome in world.outcomes[2:]] == [agents.trace_id, web1_trace] * 2
+    # ... and nothing sent for the centre's steps carries a trace (its word is not the agent's)
+    assert all(command.trace is None for command in world.sent.commands if command.type is not CommandType.APPROVE)
+
+
+def test_a_centres_report_first_starts_a_trace_its_other_reports_join_and_the_agents_own_wins(
+    world: World,
+) -> None:
+    # GIVEN the control plane reported the Reboot first, by two feeds, and the agent stayed silent
+    world.centre(EventStatus.SCHEDULED)
+    world.centre(EventStatus.SCHEDULED, source=RESOURCE_GRAPH)
+    world.clock.advance(SILENT_AFTER + 1)
+    world.sweep()
+    centres = world.traces()[0][2]
+    assert {record.trace_id for record in world.store.query(vm="web-0", event_id=EVENT_ID)} == {centres}
+
+    # WHEN the agent then reports it in its own trace, and the centre reports the end
+    agents = new_trace()
+    world.agent(EventStatus.SCHEDULED, trace=agents)
+    world.clock.advance(600)
+    world.centre(EventStatus.COMPLETED)
+
+    # THEN the agent's report keeps its trace, and the centre's end joins it: the agent's trace wins
+    # from its first report on, the centre's records before it stay in the trace the centre started
+    assert [(sender.startswith("control plane"), status, trace) for sender, status, trace in world.traces()] == [
+        (True, "scheduled", centres),
+        (True, "scheduled", centres),
+        (False, "scheduled", agents.trace_id),
+        (True, "completed", agents.trace_id),
+    ]
+    assert world.audited(AuditKind.AGENT_SILENT) == ["web-0"]
+    (silent,) = [r for r in world.store.query(vm="web-0") if r.kind == AuditKind.AGENT_SILENT]
+    assert silent.trace_id == centres

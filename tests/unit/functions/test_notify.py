@@ -20,6 +20,7 @@ from functions.core.notify import (
     NotifyingAuditLog,
     TemplateError,
     WebhookTemplate,
+    digest_notice,
     notice_values,
 )
 from functions.core.policy import Policy
@@ -153,6 +154,7 @@ def test_every_placeholder_has_a_value_for_every_record() -> None:
         reason="drained; approved after the drain period",
         at=NOW + timedelta(seconds=30),
         detail={"kind": "reboot", "cloud": "azure"},
+        trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
     )
     # WHEN an approval is rendered
     body = json.loads(template.render(notice_values(record)))
@@ -162,10 +164,30 @@ def test_every_placeholder_has_a_value_for_every_record() -> None:
     assert body["cloud"] == "azure"
     assert body["time"] == "2026-03-01T12:00:00Z"
     assert body["at"] == "2026-03-01T12:00:30Z"
+    assert body["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert body["summary"] == (
         "[maintenance-bridge] web-0: reboot E-1 approved, to start at 2026-03-01T12:00:30Z: "
         "drained; approved after the drain period"
     )
+
+
+def test_the_trace_id_of_a_record_without_one_or_of_a_digest_is_empty() -> None:
+    # GIVEN a template with the trace id, and a record of no trace (written before traces were kept)
+    template = WebhookTemplate.parse('{"text": "${summary}", "trace": "${trace_id}"}')
+    record = AuditRecord(time=NOW, kind="decision", envelope_id="env", event_id="E-1", vm="web-0", rule="5-platform")
+    traced = AuditRecord(
+        time=NOW, kind="action", envelope_id="env", event_id="E-2", vm="web-1", action="drain", trace_id="ab" * 16
+    )
+    # WHEN it is rendered, and a digest of it and a traced one
+    alone = json.loads(template.render(notice_values(record)))
+    notices = [
+        Notice(r.event_id, r.vm, r.kind, r.action, "{}", line=notice_values(r)["summary"]) for r in (record, traced)
+    ]
+    digest = json.loads(digest_notice(notices, template).body)
+    # THEN the trace id is empty: the record has none, and a digest is of several traces
+    assert alone["trace"] == ""
+    assert digest["trace"] == ""
+    assert json.loads(template.render(notice_values(traced)))["trace"] == "ab" * 16
 
 
 # ---------------------------------------------------------------- the filter

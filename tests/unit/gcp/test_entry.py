@@ -23,6 +23,7 @@ from cloudevents.http import CloudEvent
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1, firestore
 
+from functions.core.log_fields import fields
 from functions.core.policy import Policy
 from functions.core.ports import ActionName, Result
 from functions.core.process import Deps, Outcome, Taken
@@ -697,6 +698,36 @@ def test_a_log_line_is_one_json_object_cloud_logging_understands(
     )
     assert (entry["x"], entry["time"].endswith("Z")) == (1, True)
     assert mbridge_logger.propagate is False
+
+
+def test_a_line_of_a_trace_names_it_as_cloud_logging_links_it_to_cloud_trace(
+    mbridge_logger: logging.Logger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN structured logging of the function's project
+    logs.configure("INFO", project="my-project-123")
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    log = logging.getLogger("mbridge.gcp.test")
+    # WHEN a line of a maintenance's trace is logged, an outcome line, a line of no trace, and one
+    # whose trace id is not one
+    log.info("drained", extra=fields(event_id="E-1", vm="web-0", trace_id=trace_id))
+    entry_module.log_outcome(Outcome("e" * 64, Result.PROCESSED, trace_id=trace_id), {})
+    log.info("wired", extra=fields(trace_id=""))
+    log.info("odd", extra={"trace_id": "not-a-trace"})
+    drained, outcome, wired, odd = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+
+    # THEN the lines of the trace name it as projects/<project>/traces/<trace id>, beside the field,
+    # and no span; the others name no trace
+    linked = f"projects/my-project-123/traces/{trace_id}"
+    assert (drained[logs.TRACE_KEY], drained["trace_id"]) == (linked, trace_id)
+    assert outcome[logs.TRACE_KEY] == linked
+    assert not any(key.endswith("/spanId") for key in drained)
+    assert logs.TRACE_KEY not in wired
+    assert logs.TRACE_KEY not in odd
+    # ... and without a project (configured again: the same handler), no line names a trace
+    logs.configure("INFO")
+    log.info("drained", extra=fields(trace_id=trace_id))
+    (line,) = capsys.readouterr().out.splitlines()
+    assert logs.TRACE_KEY not in json.loads(line)
 
 
 def test_info_records_log_at_info_severity(mbridge_logger: logging.Logger, capsys: pytest.CaptureFixture[str]) -> None:
