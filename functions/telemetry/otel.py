@@ -1,5 +1,9 @@
 """OpenTelemetry spans and metrics of the functions' invocations (the core's `Telemetry` port).
 
+Every entry point's invocation is one span named for its operation (`mbridge.process`,
+`mbridge.central`, `mbridge.sweep`, `mbridge.recover`), and its metrics carry the operation as the
+label `operation`.
+
 Imported only when MBRIDGE_TELEMETRY names an exporter (functions/telemetry/__init__.py): with the
 default, no OpenTelemetry module is loaded.
 
@@ -13,6 +17,7 @@ process's context (a current span of the Functions host's, say) is taken as the 
 
 The providers are this adapter's own, never the global ones: the function hosts and SDK clients
 may set up theirs, and neither should export the other's spans.
+
 """
 
 from __future__ import annotations
@@ -30,11 +35,15 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from functions.core.telemetry import FAILED, InvocationReport
+from functions.core.telemetry import CENTRAL, FAILED, PROCESS, InvocationReport
 from wire.tracecontext import TraceContext
 
 SCOPE = "mbridge.functions"
-SPAN_NAME = "mbridge.process"
+SPAN_PREFIX = "mbridge."
+SPAN_NAME = SPAN_PREFIX + PROCESS  # an agent's message; the other operations' spans are named alike
+# Operations that consume a message of a bus (a span of kind CONSUMER); the others, a timer's or an
+# operator's, are INTERNAL.
+CONSUMING = frozenset({PROCESS, CENTRAL})
 SERVICE_NAME = "maintenance-bridge-functions"
 
 # Metric names (docs/operations.md#telemetry); seconds throughout, as OpenTelemetry's conventions do.
@@ -126,9 +135,9 @@ class OtelTelemetry:
                 int(own.trace_id, 16) if own is not None else None, int(own.span_id, 16) if own is not None else None
             )
             span = self._tracer.start_span(
-                SPAN_NAME,
+                SPAN_PREFIX + report.operation,
                 context=_parent(own, report.parent_span_id),
-                kind=SpanKind.CONSUMER,
+                kind=SpanKind.CONSUMER if report.operation in CONSUMING else SpanKind.INTERNAL,
                 attributes=attributes,
                 start_time=_nanoseconds(report.started),
             )
@@ -144,11 +153,12 @@ class OtelTelemetry:
         span.end(end_time=_nanoseconds(report.ended or report.started))
 
     def _measure(self, report: InvocationReport) -> None:
-        self._duration.record(report.seconds, {"result": report.result})
-        if report.refusal:
-            self._refusals.add(1, {"reason": report.refusal})
+        operation = report.operation
+        self._duration.record(report.seconds, {"operation": operation, "result": report.result})
+        for refusal in report.refusals:
+            self._refusals.add(1, {"operation": operation, "reason": refusal})
         for action in report.actions:
-            self._actions.add(1, {"action": action.action})
+            self._actions.add(1, {"operation": operation, "action": action.action})
             if action.action not in NOTICED_ACTIONS:
                 continue
             labels = {"action": action.action}
@@ -157,7 +167,7 @@ class OtelTelemetry:
                 # Negative when the action came after NotBefore: the platform may have gone ahead.
                 self._margin.record((action.not_before - action.taken_at).total_seconds(), labels)
         for waited in report.budget_waits:
-            self._budget_wait.record(waited)
+            self._budget_wait.record(waited, {"operation": operation})
 
 
 def _parent(own: TraceContext | None, parent_span_id: str | None) -> Context:
