@@ -208,13 +208,19 @@ def test_the_counters_count_actions_and_refusals_and_the_latencies_are_measured_
     process(b"not json", run, NOW)
 
     # THEN one drain and one approval were counted, and one refusal of each reason
-    assert exported.points(ACTIONS) == {(("action", "approve"),): 1, (("action", "drain"),): 1}
-    assert exported.points(REFUSALS) == {(("reason", "malformed"),): 1, (("reason", "not-self"),): 1}
+    assert exported.points(ACTIONS) == {
+        (("action", "approve"), ("operation", "process")): 1,
+        (("action", "drain"), ("operation", "process")): 1,
+    }
+    assert exported.points(REFUSALS) == {
+        (("operation", "process"), ("reason", "malformed")): 1,
+        (("operation", "process"), ("reason", "not-self")): 1,
+    }
     # AND three invocations were timed, by what became of them
     assert {key: count for key, (count, _) in exported.points(INVOCATION_DURATION).items()} == {
-        (("result", "processed"),): 1,
-        (("result", "not-self"),): 1,
-        (("result", "malformed"),): 1,
+        (("operation", "process"), ("result", "processed")): 1,
+        (("operation", "process"), ("result", "not-self")): 1,
+        (("operation", "process"), ("result", "malformed")): 1,
     }
     # AND the VM was out 43 s after the agent saw the notice (40 s before the invocation, and the drain's
     # 3 s), and the approval went then
@@ -283,7 +289,7 @@ def test_the_core_hands_each_invocation_over_once_and_the_default_is_a_no_op(sto
     process(report(reboot(), TRACE.attributes()), run, NOW)
     process(b"not json", run, NOW)
 
-    assert [(one.result, one.refusal) for one in told.reports] == [("processed", ""), ("malformed", "malformed")]
+    assert [(one.result, one.refusals) for one in told.reports] == [("processed", ()), ("malformed", ("malformed",))]
     first = told.reports[0]
     assert (first.parent_span_id, first.trace is not None and first.trace.trace_id) == (TRACE.span_id, TRACE.trace_id)
     # AND without a telemetry the invocation's is the no-op, which takes a report and does nothing
