@@ -18,12 +18,21 @@ process's context (a current span of the Functions host's, say) is taken as the 
 The providers are this adapter's own, never the global ones: the function hosts and SDK clients
 may set up theirs, and neither should export the other's spans.
 
+With `flush_seconds`, each invocation's span and metrics are exported before `invocation` returns
+(`force_flush`, for at most that long; a failure is logged, never raised): Cloud Functions may
+throttle the instance's CPU once the request is answered, and the SDK's export threads would not
+run until the next request came, or never (functions/telemetry/__init__.py says which app does it).
+Metrics are flushed at most once every `METRICS_FLUSH_GAP_SECONDS`: Cloud Monitoring takes one
+point of a series every five seconds at most, and the sums are cumulative, so what a skipped flush
+held goes with the next export.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
 from opentelemetry import trace
@@ -37,6 +46,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 
 from functions.core.telemetry import CENTRAL, FAILED, PROCESS, InvocationReport
 from wire.tracecontext import TraceContext
+
+LOGGER = logging.getLogger("mbridge.functions.telemetry")
 
 SCOPE = "mbridge.functions"
 SPAN_PREFIX = "mbridge."
@@ -57,6 +68,10 @@ BUDGET_WAIT = "mbridge.budget_wait.duration"
 NOTICED_ACTIONS = frozenset({"drain", "approve"})
 # Span attributes, beside OpenTelemetry's error.type on a failed invocation.
 ATTRIBUTE_PREFIX = "mbridge."
+
+# Metrics are flushed with an invocation at most this often (Cloud Monitoring: a point of a series
+# every five seconds at most).
+METRICS_FLUSH_GAP_SECONDS = 10.0
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -84,7 +99,8 @@ class _GivenIds(IdGenerator):
 
 class OtelTelemetry:
     """Spans through `span_processor`, metrics through `metric_readers` (an exporter's periodic
-    reader in the apps, the SDK's in-memory ones in tests)."""
+    reader in the apps, the SDK's in-memory ones in tests); with `flush_seconds`, both flushed after
+    each invocation (`monotonic` times the gap between metric flushes)."""
 
     def __init__(
         self,
@@ -93,6 +109,8 @@ class OtelTelemetry:
         *,
         cloud: str,
         resource: Resource | None = None,
+        flush_seconds: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         resource = resource or Resource.create({"service.name": SERVICE_NAME, "cloud.provider": cloud})
         self._ids = _GivenIds()
@@ -115,10 +133,34 @@ class OtelTelemetry:
         )
         # Serialises span starts: `_GivenIds` is per thread, but a processor may start spans of its own.
         self._lock = threading.Lock()
+        self._flush_seconds = flush_seconds
+        self._monotonic = monotonic
+        self._metrics_flushed: float | None = None
 
     def invocation(self, report: InvocationReport) -> None:
         self._span(report)
         self._measure(report)
+        if self._flush_seconds is not None:
+            self.flush(self._flush_seconds)
+
+    def flush(self, seconds: float) -> None:
+        """Export what the processor and the readers hold, waiting at most `seconds` for each; what
+        fails is logged (the invocation it follows is done either way). Metrics are left to the next
+        flush when the last one was less than `METRICS_FLUSH_GAP_SECONDS` ago."""
+        millis = max(1, int(seconds * 1000))
+        self._flushed("spans", lambda: self.tracer_provider.force_flush(millis))
+        now = self._monotonic()
+        if self._metrics_flushed is None or now - self._metrics_flushed >= METRICS_FLUSH_GAP_SECONDS:
+            self._metrics_flushed = now
+            self._flushed("metrics", lambda: self.meter_provider.force_flush(millis))
+
+    @staticmethod
+    def _flushed(what: str, flush: Callable[[], bool]) -> None:
+        try:
+            if not flush():
+                LOGGER.warning("telemetry: %s not exported in time after the invocation", what)
+        except Exception:
+            LOGGER.warning("telemetry: %s not exported after the invocation", what, exc_info=True)
 
     def shutdown(self) -> None:
         """Export what is pending and stop (the worker is going away)."""
