@@ -178,7 +178,8 @@ compat39:
 		tests/contract/test_commands_against_simulator.py --ignore=tests/unit/transports --ignore=tests/unit/azure \
 		--ignore=tests/unit/gcp --ignore=tests/unit/test_build_function_package.py \
 		--ignore=tests/unit/test_function_requirements.py --ignore=tests/unit/test_extras.py \
-		--ignore=tests/unit/bench --ignore=tests/unit/functions/test_telemetry.py -k "not pubsub"
+		--ignore=tests/unit/bench --ignore=tests/unit/functions/test_telemetry.py \
+		--ignore=tests/unit/functions/test_telemetry_entry_points.py -k "not pubsub"
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) .venv39 $(INFRA_VENV) $(TFSCHEMA_VENV) .tfschema-cache $(LOCKS_VENV) $(AGENT_LOCKS_VENV) $(AGENT_BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache infra-check.json

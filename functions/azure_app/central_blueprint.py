@@ -30,8 +30,11 @@ from functions.azure_app.redelivery import backing_off
 from functions.azure_app.resource_graph import resource_graph_rows
 from functions.central.event_grid import AzureScope, event_grid_report
 from functions.central.resource_graph import ResourceGraphRows, reconcile
-from functions.core.central import CentralRefused, process_central, sweep_silent
+from functions.core.central import NOTICE_REFUSED, CentralRefused, process_central, sweep_silent
+from functions.core.invocation import reporting
+from functions.core.ports import Result
 from functions.core.process import Deps, Outcome
+from functions.core.telemetry import CENTRAL
 from wire.bounds import bounded
 
 LOGGER = logging.getLogger("mbridge.functions.azure.central")
@@ -100,25 +103,30 @@ def maintenance_reconcile(timer: func.TimerRequest) -> None:
 
 
 def handle_central(body: bytes, deps: Deps, scope: AzureScope, now: datetime) -> list[Outcome]:
-    """Act on one delivered message: an Event Grid event, or a JSON array of them.
+    """Act on one delivered message: an Event Grid event, or a JSON array of them (one invocation
+    of operation `central` to telemetry).
 
     Raises:
         RetryableError: a transient failure; the platform redelivers the message.
     """
-    try:
-        document: Any = json.loads(body)
-    except ValueError as exc:
-        LOGGER.error("a message on the central queue is not JSON, acknowledged unread: %s", bounded(str(exc)))
-        return []
     outcomes: list[Outcome] = []
-    for event in document if isinstance(document, list) else [document]:
-        if not isinstance(event, dict):
-            LOGGER.error("a message on the central queue holds %s, not an Event Grid event", type(event).__name__)
-            continue
+    with reporting(deps, now, CENTRAL) as told:
         try:
-            report = event_grid_report(event, scope)
-        except CentralRefused as exc:
-            LOGGER.info("central event %s not acted on: %s", str(event.get("id", ""))[:64], bounded(str(exc)))
-            continue
-        outcomes += process_central(report, deps, now)
+            document: Any = json.loads(body)
+        except ValueError as exc:
+            LOGGER.error("a message on the central queue is not JSON, acknowledged unread: %s", bounded(str(exc)))
+            told.refuse(Result.MALFORMED.value)
+            return []
+        for event in document if isinstance(document, list) else [document]:
+            if not isinstance(event, dict):
+                LOGGER.error("a message on the central queue holds %s, not an Event Grid event", type(event).__name__)
+                told.refuse(Result.MALFORMED.value)
+                continue
+            try:
+                report = event_grid_report(event, scope)
+            except CentralRefused as exc:
+                LOGGER.info("central event %s not acted on: %s", str(event.get("id", ""))[:64], bounded(str(exc)))
+                told.refuse(NOTICE_REFUSED)
+                continue
+            outcomes += process_central(report, deps, now, told=told)
     return outcomes

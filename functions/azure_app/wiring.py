@@ -101,10 +101,16 @@ def build_telemetry(settings: Settings, credential: TokenCredential) -> Telemetr
         from functions.telemetry import exporting
 
         connection = settings.app_insights_connection_string
+        # Not flushed after each invocation (exporting's flush): the Functions host keeps the worker
+        # and its threads running between invocations, so the batch processor exports within seconds
+        # and the reader each minute, and a flush would put a round trip to the ingestion endpoint in
+        # every invocation, inside its message lock, and send a burst's spans one request each. A
+        # worker that stops (scale-in, `mbridge recover` exiting) exports what is left on its way out.
         return exporting(
             AzureMonitorTraceExporter(connection_string=connection, credential=credential),
             AzureMonitorMetricExporter(connection_string=connection, credential=credential),
             cloud="azure",
+            flush=False,
         )
     raise SettingsError(f"{TELEMETRY}={settings.telemetry} needs Python 3.10 or newer")
 

@@ -26,6 +26,10 @@ be of VMs in the deployment's scope; this module acts on them:
   centre's records before it stay in the centre's trace. A report matched by time has an id of its
   own and finds none. Its commands (a drain through /readyz) carry no trace: the centre's word is
   not the agent's, which may be too old to read one.
+- **Telemetry.** Each delivery of a feed, or pass over a polled one, is one invocation of operation
+  `central` (its entry point opens it with `invocation.reporting` and hands the report to
+  `process_central`; a notice it cannot act on is refused as `NOTICE_REFUSED`), each sweep one of
+  operation `sweep` (functions/core/telemetry.py).
 """
 
 from __future__ import annotations
@@ -36,12 +40,22 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.core.invocation import CLAIM_LEASE, Deps, Invocation, Outcome, event_record, report_detail
+from functions.core.invocation import (
+    CLAIM_LEASE,
+    Deps,
+    Invocation,
+    Outcome,
+    event_record,
+    report_detail,
+    reporting,
+    tell,
+)
 from functions.core.keys import claim_key, subject_key
 from functions.core.lifecycle import ENDING, act, recall_end
 from functions.core.log_fields import event_fields
 from functions.core.ports import ActionName, AuditKind, AuditLog, AuditRecord, Claim, Result
 from functions.core.process import ClaimBusyError
+from functions.core.telemetry import SWEEP, InvocationReport
 from wire.envelope import Envelope, envelope_for_event
 from wire.errors import PermanentError
 from wire.model import Cloud, EventKind, EventSource, EventStatus, MaintenanceEvent
@@ -70,6 +84,8 @@ SWEEP_MOST = 1000
 # A report matched by time (`CentralReport.matched_by_time`) is the agent's notice of the same kind for
 # the VM first seen this close to it: GCE's metadata value shows at most minutes before the log entry.
 MATCH_WINDOW = timedelta(minutes=10)
+# The refusal telemetry counts for a notice of a feed not acted on (`CentralRefused`).
+NOTICE_REFUSED = "notice-refused"
 
 
 class CentralRefused(PermanentError):
@@ -170,17 +186,31 @@ class CentralReport:
         )
 
 
-def process_central(report: CentralReport, deps: Deps, now: datetime, *, quiet_repeats: bool = False) -> list[Outcome]:
+def process_central(
+    report: CentralReport,
+    deps: Deps,
+    now: datetime,
+    *,
+    quiet_repeats: bool = False,
+    told: InvocationReport | None = None,
+) -> list[Outcome]:
     """Act on a report of the control plane, once per VM it names (see the module docstring).
 
     A repeat of a step this feed already reported for the VM is a duplicate, audited as one; with
     `quiet_repeats` (a feed that is polled, such as Resource Graph, reports every step again on each
-    pass) it is a duplicate that writes nothing.
+    pass) it is a duplicate that writes nothing. What was done is added to `told`, the report of the
+    invocation the entry point opened (`reporting`), when given; the first report names its event.
 
     Raises:
         RetryableError: a transient failure; the feed's message must be redelivered.
     """
-    return [_part(report, vm, deps, now, quiet_repeats) for vm in report.vms]
+    if told is not None and not told.event_id:
+        told.event_id, told.cloud, told.source = report.event_id, report.cloud.value, report.source
+        told.vm = report.vms[0] if len(report.vms) == 1 else ""
+    outcomes = [_part(report, vm, deps, now, quiet_repeats) for vm in report.vms]
+    if told is not None:
+        tell(told, outcomes)
+    return outcomes
 
 
 def _part(report: CentralReport, vm: str, deps: Deps, now: datetime, quiet_repeats: bool) -> Outcome:
@@ -247,18 +277,21 @@ def sweep_silent(deps: Deps, now: datetime, most: int = SWEEP_MOST) -> list[Outc
     whose agent reported, or whose event ended, leave the line.
 
     At most `most` parts are looked at, oldest first (each costs a read of the audit log and a
-    delete): in a wave the rest wait for the next sweep, which the oldest then lead."""
+    delete): in a wave the rest wait for the next sweep, which the oldest then lead. The sweep is
+    one invocation of operation `sweep` to telemetry."""
     bound = timedelta(seconds=deps.policy.silent_agent_seconds)
     found: list[Outcome] = []
-    for looked, watched in enumerate(deps.store.parked(WATCH_LINE)):
-        if looked >= most or now - watched.parked_at < bound:
-            break  # the line is in the order the centre reported: the rest are younger
-        report = CentralReport.from_bytes(watched.envelope)
-        vm = report.vms[0]
-        event = report.part(vm)
-        if recall_end(event, deps.store) is None and not agent_reported(deps.audit, vm, report):
-            found.append(_silent(report, vm, deps, now, watched.parked_at))
-        deps.store.unpark(WATCH_LINE, watched.event_key)
+    with reporting(deps, now, SWEEP) as told:
+        for looked, watched in enumerate(deps.store.parked(WATCH_LINE)):
+            if looked >= most or now - watched.parked_at < bound:
+                break  # the line is in the order the centre reported: the rest are younger
+            report = CentralReport.from_bytes(watched.envelope)
+            vm = report.vms[0]
+            event = report.part(vm)
+            if recall_end(event, deps.store) is None and not agent_reported(deps.audit, vm, report):
+                found.append(_silent(report, vm, deps, now, watched.parked_at))
+                tell(told, found[-1:])
+            deps.store.unpark(WATCH_LINE, watched.event_key)
     return found
 
 

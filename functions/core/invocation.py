@@ -1,11 +1,13 @@
 """One call of `process`: what it may touch (`Deps`), what it acts on (`Invocation`) and what it did
-(`Outcome`, one `Taken` per action), and the audit records it writes on the way."""
+(`Outcome`, one `Taken` per action), and the audit records it writes on the way; and how each entry
+point's invocation reports to telemetry (`reporting`, `tell`)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,7 +30,16 @@ from functions.core.ports import (
     StateStore,
 )
 from functions.core.proofs_seen import ProofsSeen
-from functions.core.telemetry import NO_TELEMETRY, Telemetry
+from functions.core.telemetry import (
+    FAILED,
+    NO_TELEMETRY,
+    NOTHING,
+    PROCESS,
+    ActionTiming,
+    InvocationReport,
+    Telemetry,
+    report,
+)
 from functions.core.tracing import span_of
 from wire.bounds import AUDIT_RESOURCES, bounded
 from wire.commands import Command
@@ -277,6 +288,43 @@ class Invocation:
             trace_id=self.trace_id,
         )
         self.lines.append(replace(record, vm=vm, at=at))
+
+
+@contextmanager
+def reporting(deps: Deps, now: datetime, operation: str = PROCESS) -> Iterator[InvocationReport]:
+    """One invocation of an entry point (`operation`, functions/core/telemetry.py), begun at `now`:
+    the block fills the report, which goes to `deps.telemetry` once the block ended, with the time it
+    took on `deps.monotonic`: failed, naming the exception's type, when it raised (the exception goes
+    on), else what the block's outcomes came to (`tell`), or its first refusal, or `none`.
+    A no-op unless MBRIDGE_TELEMETRY is set."""
+    told = InvocationReport(started=now, began=deps.monotonic(), operation=operation)
+    try:
+        yield told
+    except Exception as exc:
+        told.result, told.error = FAILED, type(exc).__name__
+        raise
+    finally:
+        told.result = told.result or (told.refusals[0] if told.refusals else NOTHING)
+        told.ended = told.started + timedelta(seconds=max(0.0, deps.monotonic() - told.began))
+        report(deps.telemetry, told)
+
+
+def tell(told: InvocationReport, outcomes: Sequence[Outcome]) -> None:
+    """What `outcomes` did, added to the invocation's report: their timed actions, the budget waits
+    they ended, and the result, `processed` once any of them was (else the first one's). A report
+    of one outcome takes its envelope id."""
+    for outcome in outcomes:
+        told.actions += tuple(_timing(taken) for taken in outcome.actions if taken.taken_at is not None)
+        told.budget_waits += tuple(outcome.budget_waits)
+        if outcome.result is Result.PROCESSED or not told.result:
+            told.result = outcome.result.value
+    if len(outcomes) == 1 and not told.envelope_id:
+        told.envelope_id = outcomes[0].envelope_id
+
+
+def _timing(taken: Taken) -> ActionTiming:
+    assert taken.taken_at is not None  # only actions noted by `Invocation.note` are timed
+    return ActionTiming(taken.action.value, taken.taken_at, taken.noticed_at or taken.taken_at, taken.event.not_before)
 
 
 def event_record(

@@ -48,7 +48,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from functions.core.checks import audit_malformed, decode_actionable
 from functions.core.invocation import (
@@ -60,13 +60,15 @@ from functions.core.invocation import (
     Taken,
     event_record,
     report_detail,
+    reporting,
+    tell,
 )
 from functions.core.keys import claim_key, own_part
 from functions.core.lifecycle import act
 from functions.core.log_fields import event_fields, fields
 from functions.core.policy import TRUST_REPORTER_NAME
 from functions.core.ports import ActionName, AuditKind, AuditRecord, Claim, Result, StateStore
-from functions.core.telemetry import FAILED, PROOF_REUSED, ActionTiming, InvocationReport, report
+from functions.core.telemetry import PROOF_REUSED, InvocationReport
 from functions.core.tracing import carried_trace, span_of
 from wire.bounds import bounded
 from wire.envelope import Envelope
@@ -102,29 +104,10 @@ def process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime | None
     Raises:
         RetryableError: a transient failure; the platform must redeliver the message.
     """
-    told = InvocationReport(started=now, began=deps.monotonic())
-    try:
+    with reporting(deps, now) as told:
         outcome = _process(body, deps, now, accepted_at or now, told)
-    except Exception as exc:
-        told.result, told.error = FAILED, type(exc).__name__
-        _told(told, deps)
-        raise
-    told.result, told.envelope_id = outcome.result.value, outcome.envelope_id
-    told.actions = tuple(_timing(taken) for taken in outcome.actions if taken.taken_at is not None)
-    told.budget_waits = tuple(outcome.budget_waits)
-    _told(told, deps)
+        tell(told, [outcome])
     return outcome
-
-
-def _told(told: InvocationReport, deps: Deps) -> None:
-    """The invocation ended: its report goes to telemetry (a no-op unless MBRIDGE_TELEMETRY is set)."""
-    told.ended = told.started + timedelta(seconds=max(0.0, deps.monotonic() - told.began))
-    report(deps.telemetry, told)
-
-
-def _timing(taken: Taken) -> ActionTiming:
-    assert taken.taken_at is not None  # only actions noted by `Invocation.note` are timed
-    return ActionTiming(taken.action.value, taken.taken_at, taken.noticed_at or taken.taken_at, taken.event.not_before)
 
 
 def _process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime, told: InvocationReport) -> Outcome:
@@ -132,7 +115,7 @@ def _process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime, told
     try:
         envelope = decode_actionable(body)
     except MalformedEnvelopeError as exc:
-        told.refusal = Result.MALFORMED.value
+        told.refuse(Result.MALFORMED.value)
         return Outcome(audit_malformed(body, exc, deps, now), Result.MALFORMED)
     told.envelope_id = envelope.id
     identity = _identify(envelope, deps, accepted_at, now)
@@ -149,7 +132,7 @@ def _process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime, told
     refusal = _refusal(reported, identity)
     if refusal is not None:
         result, reason = refusal
-        told.refusal = result.value
+        told.refuse(result.value)
         deps.audit.append(
             event_record(now, result, envelope, reported, action=ActionName.NONE, reason=reason, trace_id=trace_id)
         )
@@ -164,7 +147,7 @@ def _process(body: bytes, deps: Deps, now: datetime, accepted_at: datetime, told
     assert isinstance(identity, Identity)
     forged = _rebound(identity, deps)
     if forged is not None:
-        told.refusal = PROOF_REUSED
+        told.refuse(PROOF_REUSED)
         deps.audit.append(
             event_record(
                 now, Result.UNVERIFIED, envelope, reported, action=ActionName.NONE, reason=forged, trace_id=trace_id
@@ -325,7 +308,7 @@ def _audit_result(
     if carried is not None:  # an answer without a trace context starts none: the exporter picks the span's ids
         told.trace, told.parent_span_id = carried.child(), carried.span_id
     if refusal is not None:
-        told.refusal = kind.value
+        told.refuse(kind.value)
     LOGGER.log(
         logging.INFO if refusal is None else logging.WARNING,
         "command %s %s by %s%s",

@@ -14,7 +14,9 @@ a completion stores it, so a step of the event redelivered later is only audited
 Only an event whose end was seen (a completion processed whose restore failed) is ended without
 more ado; one whose end was never seen is ended only when the operator forces it, with a reason:
 the event may still be under way, and the VM would take traffic during its maintenance. Every run,
-refused or done, is audited as a record of kind `recovery` naming the operator and the reason.
+refused or done, is audited as a record of kind `recovery` naming the operator and the reason,
+and is one invocation of operation `recover` to telemetry (a refused one counts a refusal,
+`RECOVERY_REFUSED`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from functions.core.decide import Decision, Restore, decide
-from functions.core.invocation import Deps, Invocation, Outcome
+from functions.core.invocation import Deps, Invocation, Outcome, reporting, tell
 from functions.core.lifecycle import Ended, end_part, mark_ended, recall_end
 from functions.core.ports import ActionName, AuditKind, AuditRecord, RecordedDrain, Result, StateStore
+from functions.core.telemetry import RECOVER
 from wire.envelope import MAINTENANCE_TYPE_PREFIX, Envelope
 from wire.errors import PermanentError
 from wire.model import KINDS_BY_CLOUD, Cloud, EventKind, EventStatus, MaintenanceEvent
@@ -34,6 +37,8 @@ from wire.timefmt import format_rfc3339, parse_rfc3339
 
 # The rule of the audit records a recovery writes (not a policy rule: an operator's decision).
 RECOVERY_RULE = "recovery"
+# The refusal telemetry counts for a recovery not done (`RecoveryRefusedError`).
+RECOVERY_REFUSED = "recovery-refused"
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,18 @@ def recover(deps: Deps, request: Recovery, now: datetime) -> Outcome:
         RecoveryRefusedError: no such drain, or its event's end was never seen and `force` is off.
         BridgeError: the load balancer could not put the VM back (its drain record is kept).
     """
+    with reporting(deps, now, RECOVER) as told:
+        told.vm, told.event_id = request.vm, request.event_id
+        try:
+            outcome = _recover(deps, request, now)
+        except RecoveryRefusedError:
+            told.refuse(RECOVERY_REFUSED)
+            raise
+        tell(told, [outcome])
+    return outcome
+
+
+def _recover(deps: Deps, request: Recovery, now: datetime) -> Outcome:
     found = [entry for entry in still_drained(deps.store) if _names(entry, request)]
     envelope_id = _recovery_id(request, now)
     if len(found) != 1:

@@ -1,4 +1,4 @@
-"""The telemetry port: what one invocation of `process` was, handed to whatever exports spans and metrics.
+"""The telemetry port: what one invocation of the functions was, handed to whatever exports spans and metrics.
 
 The trace of a maintenance already reaches the audit log, the log lines and the commands
 (functions/core/tracing.py). An exporter outside the core (functions/telemetry, MBRIDGE_TELEMETRY)
@@ -6,6 +6,11 @@ turns each `InvocationReport` into a span of that trace, with the very ids the c
 audit records carry, and into counts and latencies. The core knows no telemetry library: it fills
 one small record per invocation and calls `Telemetry.invocation` once, after the invocation ended,
 whether it succeeded, refused the message or failed.
+
+Every entry point reports the same shape, its `operation` naming which (`reporting` in
+functions/core/invocation.py): `process`, an agent's message; `central`, one delivery of a feed of
+the control plane or one pass over a polled one; `sweep`, one pass of the silent-agent sweep;
+`recover`, one `mbridge recover restore`.
 
 Off by default (`NO_TELEMETRY`): nothing beyond the record is built, and nothing is imported.
 Times are the invocation's own (its `now`, and `Deps.monotonic` for how long it took), so a
@@ -27,8 +32,13 @@ LOGGER = logging.getLogger("mbridge.functions")
 
 # What `InvocationReport.result` says of an invocation that raised (the platform redelivers it).
 FAILED = "failed"
-# `InvocationReport.refusal` of a verified proof reused with another key (process: "proof-reused").
+# A refusal of a verified proof reused with another key (process: "proof-reused").
 PROOF_REUSED = "proof-reused"
+# What an invocation that acted on nothing and refused nothing came to (a sweep that found no one).
+NOTHING = "none"
+# The operations (`InvocationReport.operation`): the entry points that report.
+PROCESS, CENTRAL, SWEEP, RECOVER = "process", "central", "sweep", "recover"
+OPERATIONS = (PROCESS, CENTRAL, SWEEP, RECOVER)
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,9 @@ class ActionTiming:
 @dataclass
 class InvocationReport:
     """One invocation as the core saw it; filled as the invocation learns it.
+
+    An invocation of several events (a feed's message or pass, a sweep) names the first one's
+    event, and its VM when that names one; its actions and waits are all of theirs.
 
     `trace` is the invocation's own span (its span id is the one the commands for the event carry),
     `parent_span_id` the envelope's span; None for both when no envelope was decoded (a malformed
@@ -62,11 +75,17 @@ class InvocationReport:
     event_id: str = ""
     vm: str = ""
     cloud: str = ""
-    # unverified | not-self | malformed | proof-reused; "" when the message was not refused
-    refusal: str = ""
+    # Each message or notice refused, in order: unverified | not-self | malformed | proof-reused
+    # (process), notice-refused | malformed (central), recovery-refused (recover).
+    refusals: tuple[str, ...] = ()
     actions: tuple[ActionTiming, ...] = ()
     # Seconds each event admitted from a budget's waiting line by this invocation had waited.
     budget_waits: tuple[float, ...] = ()
+    operation: str = PROCESS
+    source: str = ""  # the control plane's feed (central): event-grid, resource-graph, ...
+
+    def refuse(self, reason: str) -> None:
+        self.refusals += (reason,)
 
     @property
     def seconds(self) -> float:
@@ -80,7 +99,8 @@ class InvocationReport:
             "cloud": self.cloud,
             "result": self.result,
             "envelope_id": self.envelope_id,
-            "refusal": self.refusal,
+            "source": self.source,
+            "refusal": ",".join(dict.fromkeys(self.refusals)),
             "error": self.error,
         }
         return {name: value for name, value in known.items() if value}
@@ -110,7 +130,8 @@ def report(telemetry: Telemetry, invocation: InvocationReport) -> None:
         telemetry.invocation(invocation)
     except Exception:
         LOGGER.warning(
-            "telemetry of envelope %s not exported",
+            "telemetry of %s invocation %s not exported",
+            invocation.operation,
             invocation.envelope_id[:16],
             exc_info=True,
             extra=fields(envelope_id=invocation.envelope_id),

@@ -34,10 +34,12 @@ from google.cloud import compute_v1
 from functions.central.gce_system_event import system_event_report
 from functions.central.gce_upcoming import GceScope, upcoming_report
 from functions.central.polling import poll_pass
-from functions.core.central import GCE_UPCOMING, CentralRefused, process_central, sweep_silent
+from functions.core.central import GCE_UPCOMING, NOTICE_REFUSED, CentralRefused, process_central, sweep_silent
+from functions.core.invocation import reporting
 from functions.core.notify import NotifyingAuditLog
 from functions.core.ports import Result
 from functions.core.process import Deps, Outcome
+from functions.core.telemetry import CENTRAL
 from functions.gcp_app import wiring
 from functions.gcp_app.entry import NOTICE_SETTLE_SECONDS, UndecodableEventError, log_outcome, message_body
 from functions.gcp_app.settings import Settings
@@ -55,33 +57,38 @@ def _scope() -> GceScope:
 
 
 def handle_log_entry(body: bytes, deps: Deps, scope: GceScope, now: datetime) -> list[Outcome]:
-    """Act on one message of the sink's topic: a LogEntry in JSON.
+    """Act on one message of the sink's topic: a LogEntry in JSON (one invocation of operation
+    `central` to telemetry).
 
     Raises:
         RetryableError: a transient failure; Pub/Sub redelivers the message.
     """
-    try:
-        entry: Any = json.loads(body)
-    except ValueError as exc:
-        LOG.error("a message on the central topic is not JSON, acknowledged unread: %s", bounded(str(exc)))
-        return []
-    if not isinstance(entry, dict):
-        LOG.error("a message on the central topic holds %s, not a LogEntry", type(entry).__name__)
-        return []
-    try:
-        report = system_event_report(entry, scope)
-    except CentralRefused as exc:
-        LOG.warning(
-            "system-event entry %s not acted on: %s",
-            bounded(str(entry.get("insertId")), 64),
-            bounded(str(exc)),
-            extra={"labels": {"result": "refused"}},
-        )
-        return []
-    if report is None:
-        return []
-    outcomes = process_central(report, deps, now)
-    _logged(outcomes, deps, {"source": report.source, "notice_id": report.notice_id[:64]})
+    with reporting(deps, now, CENTRAL) as told:
+        try:
+            entry: Any = json.loads(body)
+        except ValueError as exc:
+            LOG.error("a message on the central topic is not JSON, acknowledged unread: %s", bounded(str(exc)))
+            told.refuse(Result.MALFORMED.value)
+            return []
+        if not isinstance(entry, dict):
+            LOG.error("a message on the central topic holds %s, not a LogEntry", type(entry).__name__)
+            told.refuse(Result.MALFORMED.value)
+            return []
+        try:
+            report = system_event_report(entry, scope)
+        except CentralRefused as exc:
+            LOG.warning(
+                "system-event entry %s not acted on: %s",
+                bounded(str(entry.get("insertId")), 64),
+                bounded(str(exc)),
+                extra={"labels": {"result": "refused"}},
+            )
+            told.refuse(NOTICE_REFUSED)
+            return []
+        if report is None:
+            return []
+        outcomes = process_central(report, deps, now, told=told)
+        _logged(outcomes, deps, {"source": report.source, "notice_id": report.notice_id[:64]})
     return outcomes
 
 

@@ -154,7 +154,9 @@ def build_deps(settings: Settings, clients: Clients | None = None, clock: Callab
 
 def build_telemetry(settings: Settings) -> Telemetry:
     """MBRIDGE_TELEMETRY=gcp: each invocation a span in Cloud Trace and metrics in Cloud Monitoring,
-    of the function's project, with Application Default Credentials. Off: nothing is imported."""
+    of the function's project, with Application Default Credentials, exported before each invocation
+    answers: once it has, Cloud Functions may throttle the instance's CPU, and the SDK's export threads
+    would wait for the next request. Off: nothing is imported."""
     if settings.telemetry == OFF:
         return NO_TELEMETRY
     # A block of its own: a 3.9 type check then follows none of these imports (3.10 and newer).
@@ -169,6 +171,7 @@ def build_telemetry(settings: Settings) -> Telemetry:
             # Each instance writes series of its own: Cloud Monitoring refuses two writers of one series.
             CloudMonitoringMetricsExporter(project_id=settings.project, add_unique_identifier=True),
             cloud="gcp",
+            flush=True,
         )
     raise SettingsError(f"{TELEMETRY}={settings.telemetry} needs Python 3.10 or newer")
 

@@ -19,6 +19,9 @@ AZURE_MONITOR = "azure-monitor"  # Application Insights (APPLICATIONINSIGHTS_CON
 GCP = "gcp"  # Cloud Trace and Cloud Monitoring
 # Metrics are exported once a minute: what Application Insights and Cloud Monitoring aggregate by.
 METRICS_INTERVAL_MILLIS = 60_000
+# How long an app that flushes after each invocation (`exporting(flush=True)`) waits for the export
+# at most: the invocation is done, but its answer to the platform waits for it.
+FLUSH_SECONDS = 5.0
 
 
 def telemetry_setting(value: str | None, exporter: str) -> str:
@@ -33,10 +36,12 @@ def telemetry_setting(value: str | None, exporter: str) -> str:
     return chosen
 
 
-def exporting(spans: Any, metrics: Any, *, cloud: str) -> Telemetry:
-    """Invocations as spans through `spans` (a SpanExporter), in batches from a thread of the SDK's
-    (an invocation never waits on the network), and metrics through `metrics` (a MetricExporter)
-    once a minute. (Typed Any, and the version checked: the settings, which the 3.9 type check
+def exporting(spans: Any, metrics: Any, *, cloud: str, flush: bool = False) -> Telemetry:
+    """Invocations as spans through `spans` (a SpanExporter), in batches from a thread of the SDK's,
+    and metrics through `metrics` (a MetricExporter) once a minute. With `flush`, what an invocation
+    reported is also exported before it returns, waiting at most FLUSH_SECONDS (an app whose CPU may
+    be throttled between requests: functions/telemetry/otel.py); without, an invocation never waits
+    on the network. (Typed Any, and the version checked: the settings, which the 3.9 type check
     reads, import this module, and OpenTelemetry's own modules take 3.10 and newer.)"""
     if sys.version_info >= (3, 10):
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -45,5 +50,7 @@ def exporting(spans: Any, metrics: Any, *, cloud: str) -> Telemetry:
         from functions.telemetry.otel import OtelTelemetry
 
         reader = PeriodicExportingMetricReader(metrics, export_interval_millis=METRICS_INTERVAL_MILLIS)
-        return OtelTelemetry(BatchSpanProcessor(spans), [reader], cloud=cloud)
+        return OtelTelemetry(
+            BatchSpanProcessor(spans), [reader], cloud=cloud, flush_seconds=FLUSH_SECONDS if flush else None
+        )
     raise RuntimeError("OpenTelemetry's SDK takes Python 3.10 or newer; the function apps run on 3.11")

@@ -1,5 +1,9 @@
 """OpenTelemetry spans and metrics of the functions' invocations (the core's `Telemetry` port).
 
+Every entry point's invocation is one span named for its operation (`mbridge.process`,
+`mbridge.central`, `mbridge.sweep`, `mbridge.recover`), and its metrics carry the operation as the
+label `operation`.
+
 Imported only when MBRIDGE_TELEMETRY names an exporter (functions/telemetry/__init__.py): with the
 default, no OpenTelemetry module is loaded.
 
@@ -13,12 +17,22 @@ process's context (a current span of the Functions host's, say) is taken as the 
 
 The providers are this adapter's own, never the global ones: the function hosts and SDK clients
 may set up theirs, and neither should export the other's spans.
+
+With `flush_seconds`, each invocation's span and metrics are exported before `invocation` returns
+(`force_flush`, for at most that long; a failure is logged, never raised): Cloud Functions may
+throttle the instance's CPU once the request is answered, and the SDK's export threads would not
+run until the next request came, or never (functions/telemetry/__init__.py says which app does it).
+Metrics are flushed at most once every `METRICS_FLUSH_GAP_SECONDS`: Cloud Monitoring takes one
+point of a series every five seconds at most, and the sums are cumulative, so what a skipped flush
+held goes with the next export.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
 from opentelemetry import trace
@@ -30,11 +44,17 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from functions.core.telemetry import FAILED, InvocationReport
+from functions.core.telemetry import CENTRAL, FAILED, PROCESS, InvocationReport
 from wire.tracecontext import TraceContext
 
+LOGGER = logging.getLogger("mbridge.functions.telemetry")
+
 SCOPE = "mbridge.functions"
-SPAN_NAME = "mbridge.process"
+SPAN_PREFIX = "mbridge."
+SPAN_NAME = SPAN_PREFIX + PROCESS  # an agent's message; the other operations' spans are named alike
+# Operations that consume a message of a bus (a span of kind CONSUMER); the others, a timer's or an
+# operator's, are INTERNAL.
+CONSUMING = frozenset({PROCESS, CENTRAL})
 SERVICE_NAME = "maintenance-bridge-functions"
 
 # Metric names (docs/operations.md#telemetry); seconds throughout, as OpenTelemetry's conventions do.
@@ -48,6 +68,10 @@ BUDGET_WAIT = "mbridge.budget_wait.duration"
 NOTICED_ACTIONS = frozenset({"drain", "approve"})
 # Span attributes, beside OpenTelemetry's error.type on a failed invocation.
 ATTRIBUTE_PREFIX = "mbridge."
+
+# Metrics are flushed with an invocation at most this often (Cloud Monitoring: a point of a series
+# every five seconds at most).
+METRICS_FLUSH_GAP_SECONDS = 10.0
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -75,7 +99,8 @@ class _GivenIds(IdGenerator):
 
 class OtelTelemetry:
     """Spans through `span_processor`, metrics through `metric_readers` (an exporter's periodic
-    reader in the apps, the SDK's in-memory ones in tests)."""
+    reader in the apps, the SDK's in-memory ones in tests); with `flush_seconds`, both flushed after
+    each invocation (`monotonic` times the gap between metric flushes)."""
 
     def __init__(
         self,
@@ -84,6 +109,8 @@ class OtelTelemetry:
         *,
         cloud: str,
         resource: Resource | None = None,
+        flush_seconds: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         resource = resource or Resource.create({"service.name": SERVICE_NAME, "cloud.provider": cloud})
         self._ids = _GivenIds()
@@ -106,10 +133,34 @@ class OtelTelemetry:
         )
         # Serialises span starts: `_GivenIds` is per thread, but a processor may start spans of its own.
         self._lock = threading.Lock()
+        self._flush_seconds = flush_seconds
+        self._monotonic = monotonic
+        self._metrics_flushed: float | None = None
 
     def invocation(self, report: InvocationReport) -> None:
         self._span(report)
         self._measure(report)
+        if self._flush_seconds is not None:
+            self.flush(self._flush_seconds)
+
+    def flush(self, seconds: float) -> None:
+        """Export what the processor and the readers hold, waiting at most `seconds` for each; what
+        fails is logged (the invocation it follows is done either way). Metrics are left to the next
+        flush when the last one was less than `METRICS_FLUSH_GAP_SECONDS` ago."""
+        millis = max(1, int(seconds * 1000))
+        self._flushed("spans", lambda: self.tracer_provider.force_flush(millis))
+        now = self._monotonic()
+        if self._metrics_flushed is None or now - self._metrics_flushed >= METRICS_FLUSH_GAP_SECONDS:
+            self._metrics_flushed = now
+            self._flushed("metrics", lambda: self.meter_provider.force_flush(millis))
+
+    @staticmethod
+    def _flushed(what: str, flush: Callable[[], bool]) -> None:
+        try:
+            if not flush():
+                LOGGER.warning("telemetry: %s not exported in time after the invocation", what)
+        except Exception:
+            LOGGER.warning("telemetry: %s not exported after the invocation", what, exc_info=True)
 
     def shutdown(self) -> None:
         """Export what is pending and stop (the worker is going away)."""
@@ -126,9 +177,9 @@ class OtelTelemetry:
                 int(own.trace_id, 16) if own is not None else None, int(own.span_id, 16) if own is not None else None
             )
             span = self._tracer.start_span(
-                SPAN_NAME,
+                SPAN_PREFIX + report.operation,
                 context=_parent(own, report.parent_span_id),
-                kind=SpanKind.CONSUMER,
+                kind=SpanKind.CONSUMER if report.operation in CONSUMING else SpanKind.INTERNAL,
                 attributes=attributes,
                 start_time=_nanoseconds(report.started),
             )
@@ -144,11 +195,12 @@ class OtelTelemetry:
         span.end(end_time=_nanoseconds(report.ended or report.started))
 
     def _measure(self, report: InvocationReport) -> None:
-        self._duration.record(report.seconds, {"result": report.result})
-        if report.refusal:
-            self._refusals.add(1, {"reason": report.refusal})
+        operation = report.operation
+        self._duration.record(report.seconds, {"operation": operation, "result": report.result})
+        for refusal in report.refusals:
+            self._refusals.add(1, {"operation": operation, "reason": refusal})
         for action in report.actions:
-            self._actions.add(1, {"action": action.action})
+            self._actions.add(1, {"operation": operation, "action": action.action})
             if action.action not in NOTICED_ACTIONS:
                 continue
             labels = {"action": action.action}
@@ -157,7 +209,7 @@ class OtelTelemetry:
                 # Negative when the action came after NotBefore: the platform may have gone ahead.
                 self._margin.record((action.not_before - action.taken_at).total_seconds(), labels)
         for waited in report.budget_waits:
-            self._budget_wait.record(waited)
+            self._budget_wait.record(waited, {"operation": operation})
 
 
 def _parent(own: TraceContext | None, parent_span_id: str | None) -> Context:

@@ -27,6 +27,7 @@ from functions.core import audit_codec
 from functions.gcp_app import autohealer, compute, instance_directory, probe_times, settings
 from functions.gcp_app.commands import command_message
 from scripts.build_function_package import CLOUDS, build, package_files
+from tests.infra import console
 from tests.infra.sources import (
     AGENT_INSTALL,
     REPO_ROOT,
@@ -371,8 +372,6 @@ NOT_DEPLOYED = {
     settings.ENV_AGENT_HEALTH_PORT,
     # the probes' times are read unless set false (docs/policy.md#probe-aware-drains)
     settings.ENV_READ_PROBES,
-    # telemetry is off unless set (docs/operations.md#telemetry): an operator turns it on by hand
-    settings.ENV_TELEMETRY,
 }
 # A trust file makes the function trust the keys written in it instead of Google's: local runs only.
 NEVER_DEPLOYED = {settings.ENV_TRUST_FILE}
@@ -699,6 +698,8 @@ def test_project_level_grants_carry_a_condition_or_are_the_drainer_role() -> Non
             continue  # compute.instances.list alone, which IAM checks on the project (no name to narrow)
         if key == "google_project_iam_member.build_log_writer":
             continue  # Cloud Logging offers logWriter on no narrower resource
+        if key == "google_project_iam_member.function_telemetry":
+            continue  # nor do Cloud Trace and Cloud Monitoring their writers (and only with telemetry on)
         condition = block(body, "condition")
         assert condition["expression"].strip(), key
 
@@ -839,6 +840,8 @@ def test_function_account_holds_only_its_adapters_roles() -> None:
         ("google_project_iam_member", "roles/datastore.user"),
         ("google_project_iam_member", ref("google_project_iam_custom_role.drainer.name")),
         ("google_project_iam_member", ref("google_project_iam_custom_role.instance_reader[each.value].name")),
+        # the telemetry exporters' roles, granted only with telemetry on (test_telemetry_roles_...)
+        ("google_project_iam_member", ref("each.value")),
         ("google_pubsub_topic_iam_member", "roles/pubsub.publisher"),
         ("google_secret_manager_secret_iam_member", "roles/secretmanager.secretAccessor"),
     }
@@ -1451,3 +1454,45 @@ def test_every_alert_the_functions_log_raises_an_alert_policy() -> None:
     condition = threshold(policy)
     assert "logging.googleapis.com/user/${each.value.name}" in condition["filter"]
     assert (condition["comparison"], condition["threshold_value"]) == ("COMPARISON_GT", 0)
+
+
+@pytest.fixture(scope="module")
+def telemetry_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The root's variables and telemetry locals alone, for `terraform console` (no provider)."""
+    module = tmp_path_factory.mktemp("telemetry")
+    for name in ("variables.tf", "telemetry.tf"):
+        (module / name).write_text((TERRAFORM_GCP / name).read_text(encoding="utf-8"), encoding="utf-8")
+    return module
+
+
+@console.needs_terraform
+def test_telemetry_roles_and_apis_are_granted_and_enabled_only_with_telemetry_on(telemetry_module: Path) -> None:
+    # GIVEN the function deployed with MBRIDGE_TELEMETRY from var.telemetry, off by default
+    assert local("function_environment")[settings.ENV_TELEMETRY] == ref("var.telemetry")
+    assert default("telemetry") == "off"
+    # AND the function's account granted each of local.telemetry_roles on the project, the APIs
+    # enabled with local.telemetry_apis
+    grant = resource("google_project_iam_member.function_telemetry")
+    assert (grant["for_each"], grant["role"], grant["member"], grant["project"]) == (
+        ref("local.telemetry_roles"),
+        ref("each.value"),
+        "serviceAccount:${google_service_account.function.email}",
+        ref("var.project_id"),
+    )
+    assert local("apis").endswith(", local.telemetry_apis)}")
+    required = {"project_id": "shop-prod"}
+
+    def evaluated(telemetry: str) -> Any:
+        return console.evaluate(
+            telemetry_module, "[local.telemetry_roles, local.telemetry_apis]", {**required, "telemetry": telemetry}
+        )
+
+    # THEN off grants and enables nothing; gcp, the writers of spans and of metric points and their APIs
+    assert evaluated("off") == [[], []]
+    assert evaluated("gcp") == [
+        ["roles/cloudtrace.agent", "roles/monitoring.metricWriter"],
+        ["cloudtrace.googleapis.com", "monitoring.googleapis.com"],
+    ]
+    # AND another exporter's name is refused
+    with pytest.raises(AssertionError, match="telemetry must be off or gcp"):
+        evaluated("azure-monitor")

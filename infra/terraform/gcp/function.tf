@@ -42,6 +42,7 @@ locals {
     MBRIDGE_MAINTENANCE_ZONES = join(",", local.maintenance_zones)
     MBRIDGE_READINESS_DRAIN   = tostring(var.readiness_drain)
     MBRIDGE_LOG_LEVEL         = var.log_level
+    MBRIDGE_TELEMETRY         = var.telemetry
     # Who may report (policy trust: attested, the default): an identity token of the one instance
     # of these projects and zones with the report's VM name, asked for this deployment's audience
     # (the agents' MBRIDGE_IDENTITY_AUDIENCE, vm_example.tf). Google's certificates come from the

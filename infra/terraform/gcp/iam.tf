@@ -75,6 +75,16 @@ resource "google_project_iam_member" "function_firestore" {
   }
 }
 
+# With telemetry on (var.telemetry = "gcp"), and only then: the exporters' writes of spans to Cloud
+# Trace and of metric points to Cloud Monitoring (functions/telemetry, docs/operations.md#telemetry).
+# Both roles are project-wide: neither service has a narrower resource to grant them on.
+resource "google_project_iam_member" "function_telemetry" {
+  for_each = local.telemetry_roles
+  project  = var.project_id
+  role     = each.value
+  member   = "serviceAccount:${google_service_account.function.email}"
+}
+
 # Publisher on every commands topic (one per shard).
 resource "google_pubsub_topic_iam_member" "function_commands_publisher" {
   count   = var.commands_shards

@@ -7,7 +7,7 @@
 #   function ──► Firestore (state, audit) │ unmanaged instance groups │ instances.performMaintenance
 #
 # pubsub.tf: topics and subscriptions; function.tf: the function and its source; firestore.tf:
-# database, indexes, TTL; central.tf: the control plane's path (log sink, tick, two functions); iam.tf: service accounts and every role; vm_example.tf: VMs running the agent;
+# database, indexes, TTL; central.tf: the control plane's path (log sink, tick, two functions); iam.tf: service accounts and every role; telemetry.tf: what telemetry adds; vm_example.tf: VMs running the agent;
 # mig_example.tf, mig_health_checks.tf: a managed instance group running the agent (opt-in).
 
 data "google_project" "this" {
@@ -25,7 +25,7 @@ locals {
   # performMaintenance looks VMs up zone by zone (events carry names, not zones).
   maintenance_zones = distinct(concat([for group in local.instance_groups : split("/", group)[0]], var.extra_maintenance_zones))
 
-  apis = [
+  apis = concat([
     "artifactregistry.googleapis.com", # images built from the function source
     "cloudbuild.googleapis.com",       # builds the function
     "cloudscheduler.googleapis.com",   # the central tick (central.tf)
@@ -39,7 +39,8 @@ locals {
     "run.googleapis.com", # gen2 functions are Cloud Run services
     "secretmanager.googleapis.com",
     "storage.googleapis.com",
-  ]
+  ], local.telemetry_apis)
+
 }
 
 resource "google_project_service" "apis" {

@@ -194,6 +194,17 @@ variable "log_level" {
   }
 }
 
+variable "telemetry" {
+  description = "MBRIDGE_TELEMETRY: off, or gcp for a span in Cloud Trace and metrics in Cloud Monitoring of each invocation (docs/operations.md#telemetry). With gcp, the function's runtime account gets roles/cloudtrace.agent and roles/monitoring.metricWriter on the project, and the two APIs are enabled (with enable_apis)."
+  type        = string
+  default     = "off"
+
+  validation {
+    condition     = contains(["off", "gcp"], var.telemetry)
+    error_message = "telemetry must be off or gcp."
+  }
+}
+
 variable "readiness_drain" {
   description = "MBRIDGE_READINESS_DRAIN: also drain through the agents' /readyz (drain/restore commands), for health-check based load balancing."
   type        = bool

@@ -18,8 +18,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -31,6 +36,7 @@ from functions.telemetry import AZURE_MONITOR, GCP, OFF, telemetry_setting
 from functions.telemetry.otel import (
     ACTIONS,
     INVOCATION_DURATION,
+    METRICS_FLUSH_GAP_SECONDS,
     NOT_BEFORE_MARGIN,
     NOTICE_TO_ACTION,
     REFUSALS,
@@ -208,13 +214,19 @@ def test_the_counters_count_actions_and_refusals_and_the_latencies_are_measured_
     process(b"not json", run, NOW)
 
     # THEN one drain and one approval were counted, and one refusal of each reason
-    assert exported.points(ACTIONS) == {(("action", "approve"),): 1, (("action", "drain"),): 1}
-    assert exported.points(REFUSALS) == {(("reason", "malformed"),): 1, (("reason", "not-self"),): 1}
+    assert exported.points(ACTIONS) == {
+        (("action", "approve"), ("operation", "process")): 1,
+        (("action", "drain"), ("operation", "process")): 1,
+    }
+    assert exported.points(REFUSALS) == {
+        (("operation", "process"), ("reason", "malformed")): 1,
+        (("operation", "process"), ("reason", "not-self")): 1,
+    }
     # AND three invocations were timed, by what became of them
     assert {key: count for key, (count, _) in exported.points(INVOCATION_DURATION).items()} == {
-        (("result", "processed"),): 1,
-        (("result", "not-self"),): 1,
-        (("result", "malformed"),): 1,
+        (("operation", "process"), ("result", "processed")): 1,
+        (("operation", "process"), ("result", "not-self")): 1,
+        (("operation", "process"), ("result", "malformed")): 1,
     }
     # AND the VM was out 43 s after the agent saw the notice (40 s before the invocation, and the drain's
     # 3 s), and the approval went then
@@ -283,7 +295,7 @@ def test_the_core_hands_each_invocation_over_once_and_the_default_is_a_no_op(sto
     process(report(reboot(), TRACE.attributes()), run, NOW)
     process(b"not json", run, NOW)
 
-    assert [(one.result, one.refusal) for one in told.reports] == [("processed", ""), ("malformed", "malformed")]
+    assert [(one.result, one.refusals) for one in told.reports] == [("processed", ()), ("malformed", ("malformed",))]
     first = told.reports[0]
     assert (first.parent_span_id, first.trace is not None and first.trace.trace_id) == (TRACE.span_id, TRACE.trace_id)
     # AND without a telemetry the invocation's is the no-op, which takes a report and does nothing
@@ -342,3 +354,127 @@ def test_the_setting_takes_off_or_the_apps_own_exporter() -> None:
     assert telemetry_setting("gcp", GCP) == GCP
     with pytest.raises(ValueError, match="MBRIDGE_TELEMETRY must be off or azure-monitor"):
         telemetry_setting("gcp", AZURE_MONITOR)
+
+
+class Pushed(MetricExporter):
+    """A metric exporter that keeps the names of the metrics of each export it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: list[set[str]] = []
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        names = {
+            metric.name
+            for resource in metrics_data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+        }
+        self.exports.append(names)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+class Batched:
+    """The adapter as the apps build it: a batch processor and a periodic reader, whose own schedules
+    (an hour) never come within a test, so what is exported by then was flushed."""
+
+    def __init__(self, clock: FakeClock, flush_seconds: float | None) -> None:
+        self.spans, self.metrics = InMemorySpanExporter(), Pushed()
+        self.telemetry = OtelTelemetry(
+            BatchSpanProcessor(self.spans, schedule_delay_millis=HOUR_MILLIS),
+            [PeriodicExportingMetricReader(self.metrics, export_interval_millis=HOUR_MILLIS)],
+            cloud="gcp",
+            flush_seconds=flush_seconds,
+            monotonic=clock.monotonic,
+        )
+
+
+HOUR_MILLIS = 3_600_000
+
+
+def test_with_a_flush_each_invocations_report_is_exported_by_the_time_it_returns(store: SqliteStore) -> None:
+    # GIVEN the adapter flushing after each invocation, as the Cloud Function's is
+    clock, sent = FakeClock(NOW), RecordingSender()
+    batched = Batched(clock, flush_seconds=2.0)
+    run = deps(store, sent, batched.telemetry, clock)
+    try:
+        # WHEN a report is processed (its drain takes 3 s of the clock)
+        process(report(reboot(), TRACE.attributes()), run, clock.now())
+
+        # THEN its span and its metrics were exported before process returned
+        assert [span.name for span in batched.spans.get_finished_spans()] == [SPAN_NAME]
+        assert len(batched.metrics.exports) == 1
+        assert {ACTIONS, INVOCATION_DURATION, NOTICE_TO_ACTION} <= batched.metrics.exports[0]
+
+        # AND the next message's span is exported at once, its metrics with the first flush
+        # METRICS_FLUSH_GAP_SECONDS after the last one
+        process(b"not json", run, clock.now())
+        assert len(batched.spans.get_finished_spans()) == 2
+        assert len(batched.metrics.exports) == 1
+        clock.advance(METRICS_FLUSH_GAP_SECONDS)
+        process(b"not json", run, clock.now())
+        assert len(batched.spans.get_finished_spans()) == 3
+        assert len(batched.metrics.exports) == 2
+        assert REFUSALS in batched.metrics.exports[1]
+    finally:
+        batched.telemetry.shutdown()
+
+
+def test_without_a_flush_the_batches_wait_for_their_schedule_or_the_shutdown(store: SqliteStore) -> None:
+    # GIVEN the adapter without a flush, as the Azure app's is (its host keeps the export threads running)
+    clock, sent = FakeClock(NOW), RecordingSender()
+    batched = Batched(clock, flush_seconds=None)
+
+    # WHEN a report is processed
+    process(report(reboot(), TRACE.attributes()), deps(store, sent, batched.telemetry, clock), clock.now())
+
+    # THEN nothing was exported on the invocation's time; the shutdown exports it
+    assert batched.spans.get_finished_spans() == ()
+    assert batched.metrics.exports == []
+    batched.telemetry.shutdown()
+    assert [span.name for span in batched.spans.get_finished_spans()] == [SPAN_NAME]
+    assert ACTIONS in batched.metrics.exports[-1]
+
+
+class StuckProcessor(SimpleSpanProcessor):
+    """Exports as it ends spans, but its flush fails as `failure` says."""
+
+    def __init__(self, exporter: InMemorySpanExporter, failure: str) -> None:
+        super().__init__(exporter)
+        self.failure = failure
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        if self.failure == "raises":
+            raise RuntimeError("the trace endpoint is unreachable")
+        return False  # timed out
+
+
+@pytest.mark.parametrize("failure", ["raises", "times out"])
+def test_a_flush_that_fails_is_logged_and_never_fails_the_invocation(
+    store: SqliteStore, caplog: pytest.LogCaptureFixture, failure: str
+) -> None:
+    clock, sent, spans = FakeClock(NOW), RecordingSender(), InMemorySpanExporter()
+    telemetry = OtelTelemetry(
+        StuckProcessor(spans, failure),
+        [InMemoryMetricReader()],
+        cloud="gcp",
+        flush_seconds=1.0,
+        monotonic=clock.monotonic,
+    )
+    try:
+        outcome = process(report(reboot(), TRACE.attributes()), deps(store, sent, telemetry, clock), clock.now())
+    finally:
+        telemetry.shutdown()
+
+    assert [taken.action.value for taken in outcome.actions] == ["drain", "approve"]
+    assert [record.getMessage() for record in caplog.records if record.name == "mbridge.functions.telemetry"] == [
+        "telemetry: spans not exported after the invocation"
+        if failure == "raises"
+        else "telemetry: spans not exported in time after the invocation"
+    ]
