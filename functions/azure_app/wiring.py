@@ -107,7 +107,9 @@ def build_telemetry(settings: Settings, credential: TokenCredential) -> Telemetr
         # every invocation, inside its message lock, and send a burst's spans one request each. A
         # worker that stops (scale-in, `mbridge recover` exiting) exports what is left on its way out.
         return exporting(
-            AzureMonitorTraceExporter(connection_string=connection, credential=credential),
+            lambda provider: AzureMonitorTraceExporter(
+                connection_string=connection, credential=credential, tracer_provider=provider
+            ),
             AzureMonitorMetricExporter(connection_string=connection, credential=credential),
             cloud="azure",
             flush=False,

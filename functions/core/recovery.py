@@ -82,14 +82,18 @@ def recover(deps: Deps, request: Recovery, now: datetime) -> Outcome:
         RecoveryRefusedError: no such drain, or its event's end was never seen and `force` is off.
         BridgeError: the load balancer could not put the VM back (its drain record is kept).
     """
+    refused: RecoveryRefusedError | None = None
     with reporting(deps, now, RECOVER) as told:
         told.vm, told.event_id = request.vm, request.event_id
         try:
             outcome = _recover(deps, request, now)
-        except RecoveryRefusedError:
+            tell(told, [outcome])
+        except RecoveryRefusedError as error:
+            # Reported as what it is, a refusal (its result `recovery-refused`), not as a failure.
             told.refuse(RECOVERY_REFUSED)
-            raise
-        tell(told, [outcome])
+            refused = error
+    if refused is not None:
+        raise refused
     return outcome
 
 

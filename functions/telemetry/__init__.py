@@ -37,12 +37,15 @@ def telemetry_setting(value: str | None, exporter: str) -> str:
 
 
 def exporting(spans: Any, metrics: Any, *, cloud: str, flush: bool = False) -> Telemetry:
-    """Invocations as spans through `spans` (a SpanExporter), in batches from a thread of the SDK's,
-    and metrics through `metrics` (a MetricExporter) once a minute. With `flush`, what an invocation
-    reported is also exported before it returns, waiting at most FLUSH_SECONDS (an app whose CPU may
-    be throttled between requests: functions/telemetry/otel.py); without, an invocation never waits
-    on the network. (Typed Any, and the version checked: the settings, which the 3.9 type check
-    reads, import this module, and OpenTelemetry's own modules take 3.10 and newer.)"""
+    """Invocations as spans through `spans` (a SpanExporter, or a function of the adapter's own
+    TracerProvider that makes one: Azure Monitor's exporter reads the service's resource from the
+    provider it is given, and without one reads the global provider, which is not ours), in batches
+    from a thread of the SDK's, and metrics through `metrics` (a MetricExporter) once a minute. With
+    `flush`, what an invocation reported is also exported before it returns, waiting at most
+    FLUSH_SECONDS (an app whose CPU may be throttled between requests: functions/telemetry/otel.py);
+    without, an invocation never waits on the network. (Typed Any, and the version checked: the
+    settings, which the 3.9 type check reads, import this module, and OpenTelemetry's own modules
+    take 3.10 and newer.)"""
     if sys.version_info >= (3, 10):
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -50,7 +53,8 @@ def exporting(spans: Any, metrics: Any, *, cloud: str, flush: bool = False) -> T
         from functions.telemetry.otel import OtelTelemetry
 
         reader = PeriodicExportingMetricReader(metrics, export_interval_millis=METRICS_INTERVAL_MILLIS)
-        return OtelTelemetry(
-            BatchSpanProcessor(spans), [reader], cloud=cloud, flush_seconds=FLUSH_SECONDS if flush else None
-        )
+        telemetry = OtelTelemetry(None, [reader], cloud=cloud, flush_seconds=FLUSH_SECONDS if flush else None)
+        exporter = spans if hasattr(spans, "export") else spans(telemetry.tracer_provider)
+        telemetry.tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+        return telemetry
     raise RuntimeError("OpenTelemetry's SDK takes Python 3.10 or newer; the function apps run on 3.11")

@@ -104,7 +104,7 @@ class OtelTelemetry:
 
     def __init__(
         self,
-        span_processor: SpanProcessor,
+        span_processor: SpanProcessor | None,
         metric_readers: Sequence[MetricReader],
         *,
         cloud: str,
@@ -115,7 +115,8 @@ class OtelTelemetry:
         resource = resource or Resource.create({"service.name": SERVICE_NAME, "cloud.provider": cloud})
         self._ids = _GivenIds()
         self.tracer_provider = TracerProvider(resource=resource, id_generator=self._ids)
-        self.tracer_provider.add_span_processor(span_processor)
+        if span_processor is not None:  # else given by `exporting` once the provider exists
+            self.tracer_provider.add_span_processor(span_processor)
         self._tracer = self.tracer_provider.get_tracer(SCOPE)
         self.meter_provider = MeterProvider(metric_readers=list(metric_readers), resource=resource)
         meter = self.meter_provider.get_meter(SCOPE)
