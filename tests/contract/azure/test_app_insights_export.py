@@ -26,23 +26,21 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("azure.monitor.opentelemetry.exporter")
-
-from functions.azure_app import settings as names  # noqa: E402
-from functions.azure_app.settings import Settings  # noqa: E402
-from functions.azure_app.wiring import build_telemetry  # noqa: E402
-from functions.core.policy import Policy  # noqa: E402
-from functions.core.process import Deps, process  # noqa: E402
-from functions.local_app.store import SqliteStore  # noqa: E402
-from functions.telemetry import AZURE_MONITOR  # noqa: E402
-from tests.contract.azure.test_load_balancer import TOKEN, StaticToken, _self_signed  # noqa: E402
-from tests.factories import azure_event  # noqa: E402
-from tests.kit import FakeBalancer, FakeClock, RecordingSender  # noqa: E402
-from tests.peers import free_port  # noqa: E402
-from wire.envelope import encode, envelope_for_event  # noqa: E402
-from wire.identity import ReporterName  # noqa: E402
-from wire.model import EventKind, EventStatus  # noqa: E402
-from wire.tracecontext import TraceContext  # noqa: E402
+from functions.azure_app import settings as names
+from functions.azure_app.settings import Settings
+from functions.azure_app.wiring import build_telemetry
+from functions.core.policy import Policy
+from functions.core.process import Deps, process
+from functions.local_app.store import SqliteStore
+from functions.telemetry import AZURE_MONITOR
+from tests.contract.azure.test_load_balancer import TOKEN, StaticToken, _self_signed
+from tests.factories import azure_event
+from tests.kit import FakeBalancer, FakeClock, RecordingSender
+from tests.peers import free_port
+from wire.envelope import encode, envelope_for_event
+from wire.identity import ReporterName
+from wire.model import EventKind, EventStatus
+from wire.tracecontext import TraceContext
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 TRACE = TraceContext("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "01", "")
@@ -158,14 +156,16 @@ def test_an_invocation_reaches_application_insights_as_a_request_of_its_trace_wi
 
     # WHEN a traced report of web-0's Reboot is processed, and the app stops
     process(encode(envelope_for_event(event, NOW - timedelta(seconds=40), TRACE.attributes())), deps, NOW)
-    shutdown = getattr(telemetry, "shutdown")
+    shutdown = telemetry.shutdown
     shutdown()
     store.close()
 
     # THEN the items went to the track API, each request with the app's token for Azure Monitor
-    assert ingestion.paths and all(path.startswith("/v2.1/track") for path in ingestion.paths)
+    assert ingestion.paths
+    assert all(path.startswith("/v2.1/track") for path in ingestion.paths)
     assert set(ingestion.authorizations) == {f"Bearer {TOKEN}"}
-    assert SCOPES and all(scopes == ("https://monitor.azure.com//.default",) for scopes in SCOPES)
+    assert SCOPES
+    assert all(scopes == ("https://monitor.azure.com//.default",) for scopes in SCOPES)
     assert {item["iKey"] for item in ingestion.items} == {INSTRUMENTATION_KEY}
     # AND the invocation is one request of the maintenance's trace, under the envelope's span
     (request,) = ingestion.of_type("RequestData")
@@ -175,7 +175,8 @@ def test_an_invocation_reaches_application_insights_as_a_request_of_its_trace_wi
     assert request["data"]["baseData"]["success"] is True
     # ... whose own id is the one the drain's and approval's commands for the event carry
     traces = [command.trace for command in sent.commands]
-    assert traces and all(trace is not None and trace.trace_id == TRACE.trace_id for trace in traces)
+    assert traces
+    assert all(trace is not None and trace.trace_id == TRACE.trace_id for trace in traces)
     assert {trace.span_id for trace in traces if trace is not None} == {request["data"]["baseData"]["id"]}
     # AND the counters arrive as custom metrics, one series per action: the drain and the approval
     points = [
@@ -188,4 +189,5 @@ def test_an_invocation_reaches_application_insights_as_a_request_of_its_trace_wi
     assert any(name == "mbridge.invocation.duration" for name, _, _ in points)
     # AND the service's resource comes from the adapter's own provider, not the process's global one
     resource = [properties for name, properties, _ in points if name == "_OTELRESOURCE_"]
-    assert resource and resource[0].get("service.name") == "maintenance-bridge-functions"
+    assert resource
+    assert resource[0].get("service.name") == "maintenance-bridge-functions"
