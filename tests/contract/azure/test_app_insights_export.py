@@ -33,6 +33,7 @@ from functions.core.policy import Policy
 from functions.core.process import Deps, process
 from functions.local_app.store import SqliteStore
 from functions.telemetry import AZURE_MONITOR
+from functions.telemetry.otel import OtelTelemetry
 from tests.contract.azure.test_load_balancer import TOKEN, StaticToken, _self_signed
 from tests.factories import azure_event
 from tests.kit import FakeBalancer, FakeClock, RecordingSender
@@ -156,8 +157,8 @@ def test_an_invocation_reaches_application_insights_as_a_request_of_its_trace_wi
 
     # WHEN a traced report of web-0's Reboot is processed, and the app stops
     process(encode(envelope_for_event(event, NOW - timedelta(seconds=40), TRACE.attributes())), deps, NOW)
-    shutdown = telemetry.shutdown
-    shutdown()
+    assert isinstance(telemetry, OtelTelemetry)
+    telemetry.shutdown()
     store.close()
 
     # THEN the items went to the track API, each request with the app's token for Azure Monitor
