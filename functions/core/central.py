@@ -252,7 +252,7 @@ def _on_centres_word(deps: Deps, now: datetime, envelope: Envelope, event: Maint
     outcome = Outcome(envelope.id, Result.PROCESSED, began=deps.monotonic())
     trace = event_trace(deps.audit, event.reporter, event.event_id)
     run = Invocation(deps, now, envelope, event, outcome, trace=trace)
-    outcome.trace_id = run.trace_id
+    outcome.trace_id, outcome.part_span = run.trace_id, run.trace
     run.drain_only = True
     return run
 

@@ -115,6 +115,9 @@ class Outcome:
     actions: list[Taken] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic, repr=False)  # on `Deps.monotonic`
     trace_id: str = ""  # of the message's maintenance, for the line the app logs about the outcome
+    # The span of a VM's part acted on for an invocation of several (the control plane's, a sweep):
+    # the report links to it, so the maintenance's trace leads to the delivery that acted on it.
+    part_span: TraceContext | None = None
     # Seconds each event admitted from a budget's waiting line had waited there (telemetry).
     budget_waits: list[float] = field(default_factory=list)
 
@@ -316,6 +319,8 @@ def tell(told: InvocationReport, outcomes: Sequence[Outcome]) -> None:
     for outcome in outcomes:
         told.actions += tuple(_timing(taken) for taken in outcome.actions if taken.taken_at is not None)
         told.budget_waits += tuple(outcome.budget_waits)
+        if outcome.part_span is not None:
+            told.links += (outcome.part_span,)
         if outcome.result is Result.PROCESSED or not told.result:
             told.result = outcome.result.value
     if len(outcomes) == 1 and not told.envelope_id:

@@ -83,6 +83,9 @@ class InvocationReport:
     budget_waits: tuple[float, ...] = ()
     operation: str = PROCESS
     source: str = ""  # the control plane's feed (central): event-grid, resource-graph, ...
+    # The spans of the VMs' parts an invocation of several acted on (central, sweep), each in its
+    # maintenance's trace: the invocation's span links to them (it is a root span of its own).
+    links: tuple[TraceContext, ...] = ()
 
     def refuse(self, reason: str) -> None:
         self.refusals += (reason,)

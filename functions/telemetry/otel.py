@@ -42,7 +42,16 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from functions.core.telemetry import CENTRAL, FAILED, PROCESS, InvocationReport
 from wire.tracecontext import TraceContext
@@ -68,6 +77,8 @@ BUDGET_WAIT = "mbridge.budget_wait.duration"
 NOTICED_ACTIONS = frozenset({"drain", "approve"})
 # Span attributes, beside OpenTelemetry's error.type on a failed invocation.
 ATTRIBUTE_PREFIX = "mbridge."
+# Links of one span to the parts it acted on, at most (the SDK's own limit is 128).
+MAX_LINKS = 100
 
 # Metrics are flushed with an invocation at most this often (Cloud Monitoring: a point of a series
 # every five seconds at most).
@@ -182,6 +193,7 @@ class OtelTelemetry:
                 context=_parent(own, report.parent_span_id),
                 kind=SpanKind.CONSUMER if report.operation in CONSUMING else SpanKind.INTERNAL,
                 attributes=attributes,
+                links=_links(report.links),
                 start_time=_nanoseconds(report.started),
             )
             self._ids.give(None, None)  # a span the sampler dropped took none of them
@@ -227,6 +239,15 @@ def _parent(own: TraceContext | None, parent_span_id: str | None) -> Context:
         trace_state=TraceState.from_header([own.tracestate]) if own.tracestate else None,
     )
     return trace.set_span_in_context(NonRecordingSpan(remote), Context())
+
+
+def _links(parts: Sequence[TraceContext]) -> list[Link]:
+    """Links to the spans of the parts an invocation of several acted on, the first MAX_LINKS of
+    them (a reconciliation pass may act on thousands; the SDK would drop past its own limit)."""
+    return [
+        Link(SpanContext(int(part.trace_id, 16), int(part.span_id, 16), is_remote=True, trace_flags=TraceFlags(1)))
+        for part in parts[:MAX_LINKS]
+    ]
 
 
 def _nanoseconds(moment: datetime) -> int:

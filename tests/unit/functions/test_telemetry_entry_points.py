@@ -93,6 +93,11 @@ def test_a_delivered_central_message_is_one_central_span_counting_what_it_refuse
     assert span.attributes["mbridge.result"] == "processed"
     assert span.attributes["mbridge.refusal"] == "notice-refused,malformed"
     assert span.start_time == span.end_time  # on the invocation's clock, which did not move
+    # AND it is a root span of its own that links to web-0's part in the maintenance's trace (its audit records')
+    assert span.parent is None
+    traced = {record.trace_id for record in functions.store.query(vm="web-0") if record.trace_id}
+    assert len(traced) == 1
+    assert [format(link.context.trace_id, "032x") for link in span.links] == list(traced)
     # AND the two it did not act on are counted as refusals of the central operation
     assert functions.exported.points(REFUSALS) == {
         (("operation", "central"), ("reason", "notice-refused")): 1,
@@ -124,6 +129,8 @@ def test_each_reconciliation_pass_is_one_central_span_whatever_it_read(functions
     assert first.attributes is not None
     assert first.attributes["mbridge.source"] == RESOURCE_GRAPH
     assert "mbridge.vm" not in first.attributes  # a report of two VMs names none
+    assert len(first.links) == 2  # one per VM's part it acted on, each in its own maintenance's trace
+    assert len({link.context.trace_id for link in first.links}) == 2
     assert functions.exported.points(REFUSALS) == {(("operation", "central"), ("reason", "notice-refused")): 2}
     assert {key: count for key, (count, _) in functions.exported.points(INVOCATION_DURATION).items()} == {
         (("operation", "central"), ("result", "processed")): 1,
