@@ -1513,21 +1513,9 @@ def drain_refusal(deployment: Deployment, virtual_network: str) -> str:
     return refusal(Deployment(deployment.main.path, parameters=parameters))
 
 
-@dataclass(frozen=True)
-class Telemetry:
-    """The telemetry facts of a deployment (AzureFacts.telemetry_*)."""
-
-    switch: str
-    allowed: tuple[str, ...]
-    default: str
-    setting: dict[str, str]
-    grants: dict[str, frozenset[RoleGrant]]
-    refusal: str
-
-
-def telemetry(deployment: Deployment) -> Telemetry:
-    """MBRIDGE_TELEMETRY: the parameter of main.bicep it is set from, that parameter's @allowed
-    values and default, the setting and grants with each value, and Azure's refusal of another."""
+def telemetry(deployment: Deployment) -> dict[str, Any]:
+    """The AzureFacts.telemetry_* facts: the parameter of main.bicep MBRIDGE_TELEMETRY is set from,
+    its @allowed values and default, the setting and grants with each value, Azure's refusal of another."""
     switch = deployment.settings.get(TELEMETRY_SETTING)
     if not isinstance(switch, ParamRef) or switch.unit is not deployment.main:
         raise ExtractionError(f"{TELEMETRY_SETTING} is not set from a parameter of main.bicep: {switch!r}")
@@ -1537,14 +1525,14 @@ def telemetry(deployment: Deployment) -> Telemetry:
         chosen = Deployment(deployment.main.path, parameters={**deployment.main.assumed, switch.name: value})
         setting[value] = source_text(chosen.settings[TELEMETRY_SETTING])
         grants[value] = frozenset(chosen.grants())
-    return Telemetry(
-        switch=switch.name,
-        allowed=allowed,
-        default=str(value_of(switch)),
-        setting=setting,
-        grants=grants,
-        refusal=parameter_refusal(deployment.main, switch.name, TELEMETRY_REFUSED),
-    )
+    return {
+        "telemetry_switch": switch.name,
+        "telemetry_allowed": allowed,
+        "telemetry_default": str(value_of(switch)),
+        "telemetry_setting": setting,
+        "telemetry_grants": grants,
+        "telemetry_refusal": parameter_refusal(deployment.main, switch.name, TELEMETRY_REFUSED),
+    }
 
 
 def facts_of(deployment: Deployment) -> AzureFacts:
@@ -1598,7 +1586,6 @@ def facts_of(deployment: Deployment) -> AzureFacts:
     # The module declaration's condition, written in main.bicep: the parameter that switches the path.
     switch = resolve(system_topic.unit.caller, system_topic.unit.condition) if system_topic.unit.caller else None
     central_switch = switch.name if isinstance(switch, ParamRef) else f"no switch parameter: {switch!r}"
-    telemetry_facts = telemetry(deployment)
 
     return AzureFacts(
         servicebus_sku=str(namespace.value("sku", "name")),
@@ -1665,12 +1652,7 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         drainer_assignable_to_resource_group=bool(assignable) and all(is_resource_group_id(s) for s in assignable),
         drain_without_virtual_network_refusal=drain_refusal(deployment, ""),
         drain_with_virtual_network_refusal=drain_refusal(deployment, DRAIN_VIRTUAL_NETWORK),
-        telemetry_switch=telemetry_facts.switch,
-        telemetry_allowed=telemetry_facts.allowed,
-        telemetry_default=telemetry_facts.default,
-        telemetry_setting=telemetry_facts.setting,
-        telemetry_grants=telemetry_facts.grants,
-        telemetry_refusal=telemetry_facts.refusal,
+        **telemetry(deployment),
         vmss_terminate_notification_enabled=scale_set.value(*terminate, "enable") is True,
         vmss_not_before_parameter=not_before_parameter,
         not_before_allowed=allowed,
