@@ -133,6 +133,13 @@ param policy string = ''
 @description('MBRIDGE_READINESS_DRAIN: also drain through the agents\' /readyz (drain/restore commands), for health-probe based load balancing; false: through the load balancer\'s pools only (drainLoadBalancerName).')
 param readinessDrain bool = true
 
+@description('MBRIDGE_TELEMETRY (docs/operations.md#telemetry): off, or azure-monitor for a span and metrics of each invocation in this deployment\'s Application Insights, sent with the function identity (which holds Monitoring Metrics Publisher on the component either way: the Functions host sends its own logs there with it).')
+@allowed([
+  'off'
+  'azure-monitor'
+])
+param telemetry string = 'off'
+
 @secure()
 @description('Where the functions post a notice of each decision and action (MBRIDGE_WEBHOOK_URL, docs/operations.md#notifications); empty for none. It holds the webhook\'s key: give a Key Vault reference, @Microsoft.KeyVault(SecretUri=...), to a secret the function identity may read (output functionIdentityPrincipalId), or the https URL itself, which then sits in the app settings.')
 param webhookUrl string = ''
@@ -444,6 +451,7 @@ module functionApp 'modules/functionapp.bicep' = {
     loadBalancerNicResourceGroup: drainEnabled ? drainNicResourceGroupName : ''
     loadBalancerDrainMethod: drainMethod
     readinessDrain: readinessDrain
+    telemetry: telemetry
     policy: policy
     webhookUrl: webhookUrl
     webhookTemplate: webhookTemplate

@@ -133,6 +133,15 @@ class AzureFacts:
     # is checked for subnets/join on that network, so without the drainer role there every drain fails.
     drain_without_virtual_network_refusal: str
     drain_with_virtual_network_refusal: str
+    # MBRIDGE_TELEMETRY: the parameter/variable it is deployed from, every value that one accepts,
+    # its default; the setting and the role grants deployed with each accepted value (value ->);
+    # what the deployment says when given TELEMETRY_REFUSED ("" when it goes ahead)
+    telemetry_switch: str
+    telemetry_allowed: tuple[str, ...]
+    telemetry_default: str
+    telemetry_setting: Mapping[str, str]
+    telemetry_grants: Mapping[str, frozenset[RoleGrant]]
+    telemetry_refusal: str
     # VM scale set example
     vmss_terminate_notification_enabled: bool
     vmss_not_before_parameter: str  # the parameter/variable that sets notBeforeTimeout
@@ -157,6 +166,10 @@ DRAIN_LOAD_BALANCER = "lb-web"
 DRAIN_VIRTUAL_NETWORK = "vnet-web"
 # MBRIDGE_LB_DRAIN's values (functions/azure_app/settings.py), each a drainer role of its own.
 DRAIN_METHODS = ("admin-state", "pool-edit")
+# The app setting of the functions' telemetry (functions/telemetry), and the value its refusal fact
+# is read with: another cloud's exporter.
+TELEMETRY_SETTING = "MBRIDGE_TELEMETRY"
+TELEMETRY_REFUSED = "gcp"
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ from tests.infra.azure_facts import (
     SCOPE_VIRTUAL_NETWORK,
     SCOPE_VM_RESOURCE_GROUPS,
     SYSTEM_TOPIC,
+    TELEMETRY_REFUSED,
+    TELEMETRY_SETTING,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -810,14 +812,24 @@ def _render_template(unit: Unit, text: str) -> str:
 # --- the deployment ------------------------------------------------------------------------
 
 
+class ParameterRefused(ExtractionError):
+    """A value assumed for a parameter of main.bicep that Azure would refuse before deploying."""
+
+
 class Deployment:
     """main.bicep and every module it declares, with the arguments of each declaration."""
 
     def __init__(self, main: Path = MAIN, parameters: Mapping[str, Any] | None = None) -> None:
-        """`parameters`: values of main.bicep's parameters to assume, as a deployment would set them.
-        commandsShards is assumed 1 (one commands entity) unless given: it is how many there are."""
+        """`parameters`: values of main.bicep's parameters to assume, as a deployment would set them;
+        ParameterRefused when one is not declared or breaks its parameter's decorators, as Azure would
+        refuse it. commandsShards is assumed 1 (one commands entity) unless given: it is how many
+        there are."""
         assumed = {"agentPackage": EXAMPLE_AGENT_PACKAGE, "commandsShards": 1, **(parameters or {})}
         self.main = Unit(path=main.resolve(), doc=_parsed(main.resolve()), assumed=assumed)
+        for name, value in (parameters or {}).items():
+            refused = parameter_refusal(self.main, name, value)
+            if refused:
+                raise ParameterRefused(refused)
         self.units: list[Unit] = []
         self._function_identity: Ref | None = None
         self._settings: dict[str, Resolved] | None = None
@@ -1301,6 +1313,29 @@ def _decorator(unit: Unit, parameter: str, kind: str) -> Any:
     return None
 
 
+def parameter_refusal(unit: Unit, name: str, value: Any) -> str:
+    """Why Azure refuses `value` for the parameter `name` of `unit` before deploying anything, in
+    the words of its InvalidTemplate error; "" when the parameter's decorators take it."""
+    parameters = unit.section("parameters")
+    if name not in parameters:
+        return f"The template parameter '{name}' is not found."
+    invalid = f"The provided value for the template parameter '{name}' is not valid."
+    for decorator in parameters[name].get("decorators") or []:
+        kind, argument = decorator["type"], decorator.get("argument")
+        if kind == "allowed" and value not in argument:
+            allowed = ",".join(str(item) for item in argument)
+            return f"{invalid} The value '{value}' is not part of the allowed value(s): '{allowed}'."
+        if kind == "min_length" and len(value) < argument:
+            return f"{invalid} Length of the value should be greater than or equal to '{argument}'."
+        if kind == "max_length" and len(value) > argument:
+            return f"{invalid} Length of the value should be less than or equal to '{argument}'."
+        if kind == "min_value" and value < argument:
+            return f"{invalid} Value should be greater than or equal to '{argument}'."
+        if kind == "max_value" and value > argument:
+            return f"{invalid} Value should be less than or equal to '{argument}'."
+    return ""
+
+
 # --- the facts -----------------------------------------------------------------------------
 
 
@@ -1478,6 +1513,28 @@ def drain_refusal(deployment: Deployment, virtual_network: str) -> str:
     return refusal(Deployment(deployment.main.path, parameters=parameters))
 
 
+def telemetry(deployment: Deployment) -> dict[str, Any]:
+    """The AzureFacts.telemetry_* facts: the parameter of main.bicep MBRIDGE_TELEMETRY is set from,
+    its @allowed values and default, the setting and grants with each value, Azure's refusal of another."""
+    switch = deployment.settings.get(TELEMETRY_SETTING)
+    if not isinstance(switch, ParamRef) or switch.unit is not deployment.main:
+        raise ExtractionError(f"{TELEMETRY_SETTING} is not set from a parameter of main.bicep: {switch!r}")
+    allowed = tuple(str(value) for value in _decorator(deployment.main, switch.name, "allowed") or ())
+    setting, grants = {}, {}
+    for value in allowed:
+        chosen = Deployment(deployment.main.path, parameters={**deployment.main.assumed, switch.name: value})
+        setting[value] = source_text(chosen.settings[TELEMETRY_SETTING])
+        grants[value] = frozenset(chosen.grants())
+    return {
+        "telemetry_switch": switch.name,
+        "telemetry_allowed": allowed,
+        "telemetry_default": str(value_of(switch)),
+        "telemetry_setting": setting,
+        "telemetry_grants": grants,
+        "telemetry_refusal": parameter_refusal(deployment.main, switch.name, TELEMETRY_REFUSED),
+    }
+
+
 def facts_of(deployment: Deployment) -> AzureFacts:
     settings = deployment.settings
     namespace = deployment.one(NAMESPACE)
@@ -1595,6 +1652,7 @@ def facts_of(deployment: Deployment) -> AzureFacts:
         drainer_assignable_to_resource_group=bool(assignable) and all(is_resource_group_id(s) for s in assignable),
         drain_without_virtual_network_refusal=drain_refusal(deployment, ""),
         drain_with_virtual_network_refusal=drain_refusal(deployment, DRAIN_VIRTUAL_NETWORK),
+        **telemetry(deployment),
         vmss_terminate_notification_enabled=scale_set.value(*terminate, "enable") is True,
         vmss_not_before_parameter=not_before_parameter,
         not_before_allowed=allowed,

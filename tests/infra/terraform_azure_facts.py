@@ -55,6 +55,8 @@ from tests.infra.azure_facts import (
     SCOPE_VIRTUAL_NETWORK,
     SCOPE_VM_RESOURCE_GROUPS,
     SYSTEM_TOPIC,
+    TELEMETRY_REFUSED,
+    TELEMETRY_SETTING,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -594,6 +596,38 @@ class _Extractor:
                 return tuple(_QUOTED.findall(found.group("items")))
         raise TerraformSourceError(f"var.{variable} has no contains([...], var.{variable}) validation")
 
+    def _validation_refusal(self, variable: str, value: str) -> str:
+        """The error message of the first `contains([...], var.x)` validation of var.x that refuses
+        `value`; "" when each such validation takes it."""
+        for validation in self.m.variables[variable].get("validation", []):
+            found = _CONTAINS_LIST.search(str(validation.get("condition", "")))
+            if found and found.group("var") == variable and value not in _QUOTED.findall(found.group("items")):
+                return str(validation.get("error_message", ""))
+        return ""
+
+    def _telemetry(self) -> dict[str, Any]:
+        """The AzureFacts.telemetry_* facts: MBRIDGE_TELEMETRY's variable, the values its validation
+        takes and its default, the setting and grants with each value, the refusal of another."""
+        text = self.settings.get(TELEMETRY_SETTING, "")
+        variables = _VARIABLE.findall(text)
+        if len(variables) != 1 or text != f"${{var.{variables[0]}}}":
+            raise TerraformSourceError(f"{TELEMETRY_SETTING} is not set from one variable: {text!r}")
+        [variable] = variables
+        allowed = self._allowed_values(variable)
+        setting, grants = {}, {}
+        for value in allowed:
+            chosen = _Extractor(_Module(self.m.directory, given={**self.m.given, variable: value}))
+            setting[value] = chosen._setting_value(chosen.settings[TELEMETRY_SETTING])
+            grants[value] = chosen._grants()
+        return {
+            "telemetry_switch": variable,
+            "telemetry_allowed": allowed,
+            "telemetry_default": str(self.m.variable_default(variable)),
+            "telemetry_setting": setting,
+            "telemetry_grants": grants,
+            "telemetry_refusal": self._validation_refusal(variable, TELEMETRY_REFUSED),
+        }
+
     # ------------------------------------------------------------ the isolated mode's module
 
     def _vm_subscription_modules(self) -> list[_Module]:
@@ -848,6 +882,7 @@ class _Extractor:
             drainer_assignable_to_resource_group=self._assignable_to_resource_group(drainer),
             drain_without_virtual_network_refusal=self._drain_refusal(""),
             drain_with_virtual_network_refusal=self._drain_refusal(DRAIN_VIRTUAL_NETWORK),
+            **self._telemetry(),
             vmss_terminate_notification_enabled=m.value(notification.get("enabled")) is True,
             vmss_not_before_parameter=not_before_variable[0],
             not_before_allowed=self._allowed_values(not_before_variable[0]),

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
+from functions import telemetry
 from functions.azure_app import settings as app_settings
 from tests.infra.azure_facts import (
     AGENT,
@@ -34,6 +35,8 @@ from tests.infra.azure_facts import (
     SCOPE_VIRTUAL_NETWORK,
     SCOPE_VM_RESOURCE_GROUPS,
     SYSTEM_TOPIC,
+    TELEMETRY_REFUSED,
+    TELEMETRY_SETTING,
     AzureFacts,
     IsolatedCommandsFacts,
     RoleGrant,
@@ -159,8 +162,6 @@ NOT_DEPLOYED = {
     app_settings.AGENT_HEALTH_PORT,
     # the load balancer's probe is read unless set false (docs/policy.md#probe-aware-drains)
     app_settings.READ_PROBES,
-    # telemetry is off unless set (docs/operations.md#telemetry): an operator turns it on by hand
-    app_settings.TELEMETRY,
 }
 # A trust file makes the function trust the keys written in it instead of Azure's: local runs only.
 NEVER_DEPLOYED = {app_settings.TRUST_FILE}
@@ -181,6 +182,28 @@ def test_deployed_settings_are_the_ones_the_function_reads(facts: AzureFacts) ->
     # the only others are the sub-settings of the identity-based trigger connection
     unknown = {name for name in deployed if name.startswith("MBRIDGE_")} - defined
     assert all(name.startswith(f"{app_settings.SERVICEBUS_CONNECTION}__") for name in unknown), sorted(unknown)
+
+
+def test_telemetry_is_one_switch_off_by_default(facts: AzureFacts) -> None:
+    # GIVEN MBRIDGE_TELEMETRY, deployed from one parameter (variable) that takes what the app takes
+    # on Azure (functions/telemetry), off by default (docs/operations.md#telemetry)
+    assert TELEMETRY_SETTING == app_settings.TELEMETRY
+    assert facts.function_app_settings[TELEMETRY_SETTING]
+    assert facts.telemetry_switch
+    assert facts.telemetry_allowed == (telemetry.OFF, telemetry.AZURE_MONITOR)
+    assert facts.telemetry_default == telemetry.OFF
+    # WHEN it is given each value THEN the app setting is that value
+    assert facts.telemetry_setting == {value: value for value in facts.telemetry_allowed}
+    # AND any other value stops the deployment, naming the parameter
+    assert TELEMETRY_REFUSED not in facts.telemetry_allowed
+    assert facts.telemetry_switch in facts.telemetry_refusal
+    assert telemetry.AZURE_MONITOR in facts.telemetry_refusal
+    # AND the grants are the same either way: the identity holds Monitoring Metrics Publisher on the
+    # component with telemetry off too, since the Functions host sends its own logs there with it
+    # (APPLICATIONINSIGHTS_AUTHENTICATION_STRING; the component takes Entra ID tokens only)
+    assert facts.telemetry_grants[telemetry.OFF] == facts.telemetry_grants[telemetry.AZURE_MONITOR] == facts.grants
+    assert RoleGrant(FUNCTION, "Monitoring Metrics Publisher", SCOPE_APP_INSIGHTS) in facts.grants
+    assert facts.function_app_settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"]
 
 
 def test_reports_are_trusted_from_the_deployments_subscription(facts: AzureFacts) -> None:

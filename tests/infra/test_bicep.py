@@ -178,7 +178,7 @@ def test_no_key_is_listed_or_written_anywhere() -> None:
 # --- parameters ----------------------------------------------------------------------------
 
 
-def test_parameters_file_sets_declared_parameters_with_allowed_values() -> None:
+def test_parameters_file_sets_declared_parameters_with_allowed_values(deployment: Deployment) -> None:
     # GIVEN main.bicep's parameters and the example parameters file
     declared = load_bicep(BICEP_DIR / "main.bicep")["parameters"]
     document = json.loads(PARAMETERS_FILE.read_text(encoding="utf-8"))
@@ -190,19 +190,7 @@ def test_parameters_file_sets_declared_parameters_with_allowed_values() -> None:
     assert required <= set(given), f"missing: {sorted(required - set(given))}"
     # AND each value passes the parameter's own validation
     for name, entry in given.items():
-        value = entry["value"]
-        for decorator in declared[name].get("decorators") or []:
-            kind, argument = decorator["type"], decorator["argument"]
-            if kind == "allowed":
-                assert value in argument, f"{name}={value!r} not in {argument}"
-            elif kind == "min_length":
-                assert len(value) >= argument, name
-            elif kind == "max_length":
-                assert len(value) <= argument, name
-            elif kind == "min_value":
-                assert value >= argument, name
-            elif kind == "max_value":
-                assert value <= argument, name
+        assert not bicep_facts.parameter_refusal(deployment.main, name, entry["value"])
     # AND the example really deploys the scale set, asking the user for a key
     assert given["deployExampleScaleSet"]["value"] is True
     assert given["adminSshPublicKey"]["value"] == "<your ssh public key>"
@@ -246,6 +234,29 @@ def test_terminate_not_before_choices_agree_in_main_and_module(deployment: Deplo
     expected = [f"PT{minutes}M" for minutes in range(5, 16)]
     assert next(d["argument"] for d in main if d["type"] == "allowed") == expected
     assert next(d["argument"] for d in own if d["type"] == "allowed") == expected
+
+
+def test_telemetry_choices_agree_in_main_and_module_and_refuse_any_other(deployment: Deployment) -> None:
+    # GIVEN the telemetry parameter of main.bicep and of the function app module
+    module = next(unit for unit in deployment.units if unit.path.name == "functionapp.bicep")
+    main = deployment.main.section("parameters")["telemetry"]
+    own = module.section("parameters")["telemetry"]
+    # THEN both take off and azure-monitor only, main.bicep off by default, the module from main.bicep
+    expected = ["off", "azure-monitor"]
+    assert next(d["argument"] for d in main["decorators"] if d["type"] == "allowed") == expected
+    assert next(d["argument"] for d in own["decorators"] if d["type"] == "allowed") == expected
+    assert main["default"] == "off"
+    assert own.get("default") is None
+    assert module.arguments["telemetry"] == "telemetry"
+    # WHEN it is deployed with each THEN the app setting MBRIDGE_TELEMETRY is that value
+    assert render(deployment.settings["MBRIDGE_TELEMETRY"]) == "telemetry"
+    for value in expected:
+        chosen = Deployment(parameters={"commandsMode": "queue", "telemetry": value})
+        assert value_of(chosen.settings["MBRIDGE_TELEMETRY"]) == value
+    # AND another exporter's name, or another spelling, is refused before anything is deployed
+    for value in ("gcp", "Azure-Monitor", "on", ""):
+        with pytest.raises(bicep_facts.ParameterRefused, match=f"The value '{value}' is not part of the allowed"):
+            Deployment(parameters={"commandsMode": "queue", "telemetry": value})
 
 
 # --- roles ---------------------------------------------------------------------------------

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import hcl2
+import pytest
 import yaml
 
 from functions.azure_app import settings as app_settings
-from tests.infra import terraform_azure_facts
+from tests.infra import console, terraform_azure_facts
 from tests.infra.azure_facts import AzureFacts
 from tests.infra.sources import (
     AGENT_INSTALL,
@@ -161,6 +162,7 @@ def test_variables_with_rules_are_validated() -> None:
         "trust_subscriptions",  # subscription ids
         "commands_mode",  # queue or topic
         "commands_subscription_vms",  # subscription names of 50 characters, principal ids
+        "telemetry",  # off or azure-monitor
     }
     variables = terraform_variables(parsed())
     # THEN each has a validation with a condition and a message
@@ -757,3 +759,32 @@ def test_a_model_change_rolls_the_scale_set_in_health_gated_batches_as_the_bicep
     assert "${azurerm_lb_rule.http}" in scale_set["depends_on"]
     assert "automatic_instance_repair" not in scale_set
     assert resource("azurerm_lb_probe.readyz")["probe_threshold"] == 2
+
+
+@pytest.fixture(scope="module")
+def variables_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The root's variables alone, for `terraform console` (no provider)."""
+    module = tmp_path_factory.mktemp("variables")
+    (module / "variables.tf").write_text(
+        (TERRAFORM_AZURE / "variables.tf").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    return module
+
+
+@console.needs_terraform
+def test_telemetry_takes_off_by_default_or_azure_monitor_and_refuses_any_other(variables_module: Path) -> None:
+    # GIVEN the function app deployed with MBRIDGE_TELEMETRY from var.telemetry
+    assert local("function_app_settings")[app_settings.TELEMETRY] == "${var.telemetry}"
+    required = {"resource_group_name": "rg-mbridge"}
+
+    def evaluated(**telemetry: str) -> Any:
+        return console.evaluate(variables_module, "var.telemetry", {**required, **telemetry})
+
+    # THEN Terraform takes off, the default, and azure-monitor
+    assert evaluated() == "off"
+    assert evaluated(telemetry="off") == "off"
+    assert evaluated(telemetry="azure-monitor") == "azure-monitor"
+    # AND refuses another exporter's name, or another spelling, at plan time
+    for value in ("gcp", "Azure-Monitor", "on", ""):
+        with pytest.raises(AssertionError, match="telemetry must be off or azure-monitor"):
+            evaluated(telemetry=value)

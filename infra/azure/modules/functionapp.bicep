@@ -88,6 +88,13 @@ param loadBalancerDrainMethod string
 @description('MBRIDGE_READINESS_DRAIN: also drain through the agents\' /readyz (drain/restore commands), for health-probe based load balancing.')
 param readinessDrain bool
 
+@description('MBRIDGE_TELEMETRY: off, or azure-monitor for a span and metrics of each invocation in Application Insights (docs/operations.md#telemetry).')
+@allowed([
+  'off'
+  'azure-monitor'
+])
+param telemetry string
+
 @description('The policy as JSON or YAML (docs/policy.md); empty for the default policy.')
 param policy string
 
@@ -171,6 +178,9 @@ var appSettings = [
   { name: 'MBRIDGE_LB_DRAIN', value: loadBalancerDrainMethod }
   { name: 'MBRIDGE_READINESS_DRAIN', value: readinessDrain ? 'true' : 'false' }
   { name: 'MBRIDGE_POLICY', value: policy }
+  // The functions' own spans and metrics, to the Application Insights above with the identity
+  // (docs/operations.md#telemetry); off: nothing of OpenTelemetry is loaded.
+  { name: 'MBRIDGE_TELEMETRY', value: telemetry }
   // Notices of decisions and actions; empty: none.
   { name: 'MBRIDGE_WEBHOOK_URL', value: webhookUrl }
   { name: 'MBRIDGE_WEBHOOK_TEMPLATE', value: webhookTemplate }

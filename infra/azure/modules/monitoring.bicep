@@ -57,6 +57,9 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
 }
 
 // Entra ID ingestion (APPLICATIONINSIGHTS_AUTHENTICATION_STRING) needs this role on the component.
+// Granted whatever the parameter telemetry says: the Functions host sends its own requests, traces
+// and logs to the component with the identity, and with local auth disabled it has no other way
+// in. MBRIDGE_TELEMETRY=azure-monitor adds the functions' spans and metrics on the same grant.
 resource functionPublishesTelemetry 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(appInsights.id, functionPrincipalId, monitoringMetricsPublisherRoleId)
   scope: appInsights

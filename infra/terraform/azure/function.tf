@@ -63,6 +63,9 @@ locals {
     "MBRIDGE_LB_DRAIN"              = var.drain_method
     "MBRIDGE_READINESS_DRAIN"       = var.readiness_drain ? "true" : "false"
     "MBRIDGE_POLICY"                = var.policy
+    # The functions' own spans and metrics, to the Application Insights component with the
+    # identity (docs/operations.md#telemetry); off: nothing of OpenTelemetry is loaded.
+    "MBRIDGE_TELEMETRY" = var.telemetry
     # Notices of decisions and actions (docs/operations.md#notifications); empty: none.
     "MBRIDGE_WEBHOOK_URL"      = var.webhook_url
     "MBRIDGE_WEBHOOK_TEMPLATE" = var.webhook_template

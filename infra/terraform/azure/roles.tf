@@ -151,7 +151,10 @@ resource "azurerm_role_assignment" "function_reads_signing_key" {
   principal_type       = "ServicePrincipal"
 }
 
-# Telemetry with an Entra ID token (APPLICATIONINSIGHTS_AUTHENTICATION_STRING).
+# Telemetry with an Entra ID token (APPLICATIONINSIGHTS_AUTHENTICATION_STRING). Granted whatever
+# var.telemetry says: the Functions host sends its own requests, traces and logs to the component
+# with the identity, and with local authentication disabled it has no other way in.
+# MBRIDGE_TELEMETRY=azure-monitor adds the functions' spans and metrics on the same grant.
 resource "azurerm_role_assignment" "function_publishes_telemetry" {
   scope                = azurerm_application_insights.this.id
   role_definition_name = "Monitoring Metrics Publisher"

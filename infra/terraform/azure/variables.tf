@@ -192,6 +192,17 @@ variable "readiness_drain" {
   default     = true
 }
 
+variable "telemetry" {
+  description = "MBRIDGE_TELEMETRY: off, or azure-monitor for a span and metrics of each invocation in the deployment's Application Insights, sent with the function identity (docs/operations.md#telemetry). The identity holds Monitoring Metrics Publisher on the component either way: the Functions host sends its own logs there with it."
+  type        = string
+  default     = "off"
+
+  validation {
+    condition     = contains(["off", "azure-monitor"], var.telemetry)
+    error_message = "telemetry must be off or azure-monitor."
+  }
+}
+
 variable "log_retention_days" {
   description = "Days the Log Analytics workspace keeps the function app's telemetry."
   type        = number
