@@ -21,6 +21,7 @@ from agent.main import (
     LEDGER_DB,
     build_prover,
     build_transport_checked,
+    import_otel,
     import_transport,
     load_verify_key,
 )
@@ -67,6 +68,7 @@ def check(settings: AgentSettings, out: TextIO, sleep: Callable[[float], None] =
     except ConfigError as exc:
         report(False, str(exc), config=True)  # it starts with the setting: "transport (--transport / ...)"
         sdk = False
+    _check_span_export(settings, report)
     source = open_source(settings)
     try:
         report(True, f"metadata service: {patience.read(source.describe_read)}")
@@ -244,3 +246,15 @@ def _check_state_dir(state_dir: Path, report: Callable[..., None]) -> None:
         report(False, f"state directory {state_dir}: {problem}")
     if not problems:
         report(True, f"state directory {state_dir}: the agent can write its databases there")
+
+
+def _check_span_export(settings: AgentSettings, report: Callable[..., None]) -> None:
+    """Whether the spans can be exported (the collector itself is not asked: nothing is sent before a span)."""
+    if settings.otlp_endpoint is None:
+        return
+    try:
+        import_otel(settings)
+    except ConfigError as exc:
+        report(False, str(exc), config=True)  # it starts with the setting: "otlp endpoint (--otlp-endpoint / ...)"
+        return
+    report(True, f"span export: OpenTelemetry is importable; spans go to {settings.otlp_endpoint}/v1/traces")

@@ -89,6 +89,9 @@ class AgentSettings:
     # How long the command path stays open after the last event, drain or held command of this VM
     # (agent/engagement.py); outside that the agent holds no connection and no receive.
     command_linger: float = DEFAULT_LINGER_SECONDS
+    # The base URL of a local OpenTelemetry collector the agent exports its spans to (agent/otel.py);
+    # None: no export, and nothing of OpenTelemetry is imported.
+    otlp_endpoint: str | None = None
     # The config file the settings were read with, if any (--check names it).
     config_file: Path | None = None
 
@@ -343,6 +346,16 @@ SETTINGS: tuple[Setting, ...] = (
         group="logging",
     ),
     Setting(
+        "otlp_endpoint",
+        "MBRIDGE_OTLP_ENDPOINT",
+        "export the spans of each maintenance's trace (detection, publishes, commands) over OTLP/HTTP to a local "
+        "OpenTelemetry collector at this base URL, e.g. http://127.0.0.1:4318 (/v1/traces is appended); needs "
+        "the agent-otel extra (docs/operations.md#agent-traces)",
+        Url(),
+        default_doc="(none): no export",
+        group="logging",
+    ),
+    Setting(
         "config",
         "MBRIDGE_CONFIG",
         "a TOML file of settings, keyed by the flags without their dashes (poll-interval = 2)",
@@ -459,5 +472,6 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         hook_command=v["hook_command"],
         hook_timeout=v["hook_timeout"],
         command_linger=v["command_linger"],
+        otlp_endpoint=v["otlp_endpoint"],
         config_file=config_file,
     )

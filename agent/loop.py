@@ -31,7 +31,7 @@ from agent.state import AgentState
 from agent.state_files import StateUnavailableError
 from agent.stopping import StopFlag
 from agent.timing import Backoff, Clock
-from agent.traces import TRACES_STATE, Traces
+from agent.traces import TRACES_STATE, Spans, Traces
 from wire.errors import MalformedDocumentError, RetryableError
 from wire.model import Cloud, CommandResult, EventStatus, MaintenanceEvent
 from wire.transports.base import AgentTransport, OutboundMessage, TransportConfigError, TransportUnavailableError
@@ -112,6 +112,7 @@ class Agent:
         forward_all: bool = False,
         hooks: HookRunner | None = None,
         command_linger_seconds: float = DEFAULT_LINGER_SECONDS,
+        spans: Spans | None = None,
     ) -> None:
         self.cloud = cloud
         self.vm_name = vm_name
@@ -149,6 +150,7 @@ class Agent:
         self.liveness = Liveness()
         self._pending = _load_pending(state.load(PENDING_STATE))
         self._traces = Traces(state.load(TRACES_STATE))
+        self._spans = spans  # None: no span is exported (the default)
         self._readiness.set_pending_impact(self._tracker.impact_pending())
         self._register_metrics()
 
@@ -251,6 +253,7 @@ class Agent:
         if len(forwarded) < len(applied.events):
             self._metrics.inc("mbridge_events_not_forwarded_total", len(applied.events) - len(forwarded))
         # Each published event's envelope is a span of its maintenance's trace (agent/traces.py).
+        started = [not self._traces.known(event) for event in forwarded]
         contexts, traces = self._traces.plan(forwarded)
         observed = observation.observed_at
         messages = [(event_message(e, observed, trace), observed.timestamp()) for e, trace in zip(forwarded, contexts)]
@@ -265,6 +268,11 @@ class Agent:
         self._state.record(messages, states)
         self._tracker.commit(applied)
         self._traces.commit(traces)
+        if self._spans is not None:
+            recorded = self._clock.now()
+            for event, trace, first in zip(forwarded, contexts, started):
+                if first:
+                    self._spans.detected(event, trace, observed, recorded)
         self._pending = pending  # replaced whole: /metrics reads it from the server's thread
         if pending:
             self._wake.set()  # a resting command loop opens the path for this VM's event
@@ -386,8 +394,12 @@ class Agent:
                 )
                 self._stop_publisher.wait(delay)
                 continue
-            now = self._clock.now().timestamp()
+            published = self._clock.now()
+            now = published.timestamp()
             self._state.mark_published(pending.seq, now)
+            if self._spans is not None:
+                observed = datetime.fromtimestamp(pending.observed_at, published.tzinfo)
+                self._spans.published(message, observed, published)
             self._publish_backoff.reset()
             self._metrics.inc("mbridge_events_published_total", type=pending.message.attributes.get("type", ""))
             self._metrics.observe("mbridge_publish_lag_seconds", max(0.0, now - pending.observed_at))

@@ -30,7 +30,9 @@ if TYPE_CHECKING:  # imported lazily at run time: only agents with a command cha
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from agent.commands import CommandProcessor
+    from agent.commands.ports import Approver
     from agent.hooks import HookRunner
+    from agent.traces import Spans
 
 LOGGER = logging.getLogger("mbridge.agent")
 READINESS_STATE = "readiness"
@@ -48,6 +50,11 @@ EXIT_CONFIG = 2
 # How long the child that checks the verification key at start may take (a cold start of the
 # interpreter and cryptography on a small VM takes about a second).
 VERIFY_KEY_CHECK_TIMEOUT = 60.0
+
+# The span export (--otlp-endpoint): its module, imported by name (mypy's 3.9 pass leaves it out),
+# and the extra that installs what it imports.
+OTEL_MODULE = "agent.otel"
+OTEL_EXTRA = "agent-otel"
 
 # The module each bus's transport imports, what it needs, and the extra that installs it.
 TRANSPORT_SDKS = {
@@ -78,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         check_verify_key(settings)
         import_transport(settings.transport)
         check_transport_settings(settings)
+        import_otel(settings)
     except ConfigError as exc:
         print(f"mbridge agent: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -111,6 +119,30 @@ def import_transport(transport: str) -> str:
             f"install maintenance-bridge[{extra}] (infra/agent/install-agent.sh does), or choose another transport",
         ) from None
     return f"transport {transport}: {needs} is importable"
+
+
+def import_otel(settings: AgentSettings) -> Any:
+    """The span export's module when --otlp-endpoint is set (None without it: nothing of
+    OpenTelemetry is imported). Raises ConfigError when the extra that brings it is missing."""
+    if settings.otlp_endpoint is None:
+        return None
+    try:
+        return importlib.import_module(OTEL_MODULE)
+    except ImportError as exc:
+        raise SETTING["otlp_endpoint"].error(
+            f"exporting spans needs the OpenTelemetry SDK and its OTLP/HTTP exporter, which cannot be imported ({exc})",
+            f"install maintenance-bridge[{OTEL_EXTRA}] beside the agent (the agent's .pex does not carry it; on "
+            "Python 3.9 pip picks OpenTelemetry 1.41, the last release for 3.9), or leave the setting unset",
+        ) from None
+
+
+def open_spans(settings: AgentSettings, vm_name: str, clock: Clock) -> Spans | None:
+    """Where the agent's spans go: None (the default) unless --otlp-endpoint is set."""
+    otel = import_otel(settings)
+    if otel is None:
+        return None
+    spans: Spans = otel.open_spans(settings.otlp_endpoint, cloud=settings.cloud, vm_name=vm_name, clock=clock)
+    return spans
 
 
 def load_verify_key(settings: AgentSettings) -> Ed25519PublicKey | None:
@@ -224,7 +256,10 @@ def run_agent(
     metrics = agent_metrics()
     readiness = _readiness(state, follows_commands=transport.commands is not None)
     tracker = source.tracker(vm_name, state, stop, _retry)
-    commands = _command_processor(settings, source, vm_name, readiness, clock, stop) if transport.commands else None
+    spans = open_spans(settings, vm_name, clock)
+    commands = (
+        _command_processor(settings, source, vm_name, readiness, clock, stop, spans) if transport.commands else None
+    )
     if commands is not None:
         tracker.follow_approvals(commands.approved_event_ids)
     agent = Agent(
@@ -242,6 +277,7 @@ def run_agent(
         forward_all=settings.forward == "all",
         hooks=_hooks(settings, metrics),
         command_linger_seconds=settings.command_linger,
+        spans=spans,
     )
     agent.attach_watchers(source.watchers(agent, clock))
     metrics.gauge("mbridge_outbox_depth", lambda: float(state.depth()))
@@ -262,6 +298,8 @@ def run_agent(
         transport.close()
         state.close()
         source.close()
+        if spans is not None:
+            spans.close()
     LOGGER.info("agent %s stopped", vm_name)
     return 0
 
@@ -324,6 +362,7 @@ def _command_processor(
     readiness: Readiness,
     clock: Clock,
     stop: StopFlag,
+    spans: Spans | None = None,
 ) -> CommandProcessor:
     from agent.commands import CommandLedger, CommandProcessor
 
@@ -339,11 +378,17 @@ def _command_processor(
             lambda: CommandLedger(settings.state_dir / LEDGER_DB), stop, "the command ledger", StateUnavailableError
         ),
         readiness=readiness,
-        approver=source.approver(),
+        approver=_traced(source.approver(), spans),
         verify_key=verify_key if settings.verify_key else None,
         dry_run=settings.dry_run,
         clock=clock,
+        spans=spans,
     )
+
+
+def _traced(approver: Approver | None, spans: Spans | None) -> Approver | None:
+    """The approver, its POSTs spans of the command carried out when spans are exported."""
+    return approver if approver is None or spans is None else spans.approver(approver)
 
 
 def _start_health(settings: AgentSettings, metrics: Metrics, readiness: Readiness, agent: Agent) -> HealthServer | None:

@@ -103,6 +103,12 @@ def result_message(result: CommandResult, cloud: Cloud, vm_name: str, at: dateti
 def trace_id_of(message: OutboundMessage) -> str | None:
     """The trace id a message's envelope carries, for the log lines about it (None: none, or a row
     an earlier version recorded)."""
+    carried = trace_of(message)
+    return carried.trace_id if carried is not None else None
+
+
+def trace_of(message: OutboundMessage) -> TraceContext | None:
+    """The trace context a message's envelope carries: its trace, and the span of its publish."""
     try:
         document = json.loads(message.body)
     except ValueError:
@@ -110,4 +116,4 @@ def trace_id_of(message: OutboundMessage) -> str | None:
     if not isinstance(document, dict):
         return None
     carried, _ = received(document)
-    return carried.trace_id if carried is not None else None
+    return carried

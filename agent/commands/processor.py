@@ -24,6 +24,8 @@ from wire.timefmt import format_rfc3339
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    from agent.traces import Spans
+
 LOGGER = logging.getLogger("mbridge.commands")
 
 # A held command whose execution met an unavailable IMDS is tried again this much later (its
@@ -54,6 +56,7 @@ class CommandProcessor:
         dry_run: bool,
         clock: Clock,
         on_ignored: Callable[[str], None] = lambda reason: None,
+        spans: Spans | None = None,
     ) -> None:
         self._vm_name = vm_name
         self._ledger = ledger
@@ -66,6 +69,7 @@ class CommandProcessor:
             vm_name=vm_name, cloud=cloud, readiness=readiness, approver=approver, dry_run=dry_run, clock=clock
         )
         self._on_ignored = on_ignored
+        self._spans = spans  # None: no span is exported (the default)
         self._lock = threading.RLock()
         self._last_prune = clock.now()
         interrupted = ledger.requeue_interrupted()
@@ -261,7 +265,13 @@ class CommandProcessor:
     def _execute(self, received: ReceivedCommand) -> CommandResult:
         command = received.command
         attempt = self._ledger.begin(received)
-        result = self._executor.run(command, attempt)
+        if self._spans is None:
+            result = self._executor.run(command, attempt)
+        else:
+            # A span of the command's trace, under the span that sent it; an approval's POST is its child.
+            with self._spans.command(command) as done:
+                result = self._executor.run(command, attempt)
+                done(result)
         LOGGER.info(
             "%s command %s for event %s: %s (%s)",
             command.type.value,

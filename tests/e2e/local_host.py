@@ -3,6 +3,7 @@ with the simulator's trust and signs its commands; a default policy but a 1 s dr
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -75,3 +76,12 @@ def event_status(sim: Simulator) -> str | None:
     """The status of the simulator's first event, None when it has none."""
     events = requests.get(f"{sim.base_urls[0]}/_sim/events", timeout=5).json()
     return str(events[0]["EventStatus"]) if events else None
+
+
+def commands_sent(bus_path: Path) -> list[bytes]:
+    """Every command the functions put on the embedded bus, settled or not (read only)."""
+    db = sqlite3.connect(f"{bus_path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return [bytes(body) for (body,) in db.execute("SELECT body FROM commands ORDER BY seq")]
+    finally:
+        db.close()

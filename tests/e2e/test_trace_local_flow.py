@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from functions.local_app.store import SqliteStore
 from mbridge.cli import main
 from simulator import Simulator
 from tests.agent_runner import AgentThread
-from tests.e2e.local_host import Deployment, event_status, running_host
+from tests.e2e.local_host import Deployment, commands_sent, event_status, running_host
 from tests.waiting import wait_until
 from wire.commands import CommandType, decode_command
 from wire.envelope import decode
@@ -83,7 +82,7 @@ def test_one_maintenance_is_one_trace_from_detection_to_the_approval_post_and_it
     assert len(printed) == len(records)
     assert {line["trace_id"] for line in printed} == {trace_id}
     # AND so does the signed command, as it travelled on the bus
-    (command,) = [decode_command(body).command for body in _commands_sent(bus_path)]
+    (command,) = [decode_command(body).command for body in commands_sent(bus_path)]
     assert command.type is CommandType.APPROVE
     assert command.trace is not None
     assert command.trace.trace_id == trace_id
@@ -108,12 +107,3 @@ def _trace_id(traceparent: str) -> str:
 
 def _results_audited(store: SqliteStore) -> int:
     return sum(r.kind == "command-result" for r in store.query(event_id=EVENT_ID))
-
-
-def _commands_sent(bus_path: Path) -> list[bytes]:
-    """Every command the functions put on the embedded bus, settled or not (read only)."""
-    db = sqlite3.connect(f"{bus_path.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        return [bytes(body) for (body,) in db.execute("SELECT body FROM commands ORDER BY seq")]
-    finally:
-        db.close()

@@ -37,6 +37,14 @@ def test_the_extras_are_split_by_side() -> None:
     # GIVEN the VM side: one bus client each, nothing of the function apps
     assert found["agent-servicebus"] == {"azure-servicebus", "azure-identity"}
     assert found["agent-pubsub"] == {"google-cloud-pubsub"}
+    # AND the agent's span export, an extra of its own, in none of the agent's locks (its .pex)
+    assert found["agent-otel"] == {
+        "opentelemetry-api",
+        "opentelemetry-sdk",
+        "opentelemetry-exporter-otlp-proto-http",
+    }
+    for lock in sorted((ROOT / "requirements").glob("agent*.txt")):
+        assert "opentelemetry-exporter-otlp" not in lock.read_text(encoding="utf-8"), lock.name
     # AND the function side: each cloud's SDKs
     assert {"azure-functions", "azure-mgmt-network", "azure-data-tables"} <= found["functions-azure"]
     assert {"google-cloud-compute", "google-cloud-firestore", "functions-framework"} <= found["functions-gcp"]
@@ -48,22 +56,22 @@ def test_the_extras_are_split_by_side() -> None:
 
 def test_the_guard_refuses_what_the_extras_do_not_bring() -> None:
     # GIVEN the Pub/Sub transport, imported with only the demo extra's packages allowed
-    refused = subprocess.run(
-        [sys.executable, str(IMPORT_GUARD), "demo", "wire.transports.pubsub.client"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    refused = guarded("demo", "wire.transports.pubsub.client")
     # THEN the import fails, naming the distribution
     assert refused.returncode != 0
     assert "comes from google-cloud-pubsub, which the extras given do not bring" in refused.stderr
     # AND with the VM's Pub/Sub extra it imports
-    allowed = subprocess.run(
-        [sys.executable, str(IMPORT_GUARD), "agent-pubsub", "wire.transports.pubsub.client"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    allowed = guarded("agent-pubsub", "wire.transports.pubsub.client")
     assert allowed.returncode == 0, allowed.stderr
+
+
+def test_the_span_export_imports_with_its_extra_alone() -> None:
+    allowed = guarded("agent-otel", "agent.otel")
+    assert allowed.returncode == 0, allowed.stderr
+
+
+def guarded(extra: str, module: str) -> subprocess.CompletedProcess[str]:
+    """Import `module` with only what the project's dependencies and `extra` bring allowed."""
+    return subprocess.run(
+        [sys.executable, str(IMPORT_GUARD), extra, module], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
